@@ -1,0 +1,238 @@
+"""Lazy dask arrays over ``.npy`` files, through dask's public ``from_array``.
+
+:func:`from_npy` wraps a :class:`NpyFileArray` (a tiny array-like holding a
+:class:`~npydask.reader.FileRef`) in ``dask.array.from_array`` with
+``inline_array=True``: each task is ``getter(NpyFileArray, slices)`` and
+reads exactly its chunk's bytes on whichever worker runs it. The array-like
+has no ``copy`` method and is no ndarray, so dask neither copies nor hashes
+data; its token is (path, size, mtime, inode, header, settings), which makes
+``x.name`` deterministic under both of dask's array engines.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.array.core import normalize_chunks
+from dask.base import tokenize
+from dask.utils import parse_bytes
+
+from npydask.reader import BACKENDS, FileRef, _check_key, _fspath
+from npydask.region import Box
+
+__all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
+
+DEVICES = ("cpu", "gpu")
+
+
+class NpyFileArray:
+    """An array-like view of one ``.npy`` file for ``dask.array.from_array``.
+
+    Supports basic indexing (integers, slices with any step, ``Ellipsis``);
+    each access reads only the box it covers.
+    """
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: FileRef) -> None:
+        self.ref = ref
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.ref.header.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.ref.header.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"NpyFileArray({self.ref.path!r}, shape={self.shape}, dtype={self.dtype.str})"
+
+    def __dask_tokenize__(self) -> Any:
+        r = self.ref
+        return ("npydask.NpyFileArray", r.path, r.identity, r.header, r.options, r.backend)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NpyFileArray, (self.ref,))
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        box, post = split_index(index, self.shape)
+        block = self.ref.read(box)
+        return block[post] if post else block
+
+
+def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]]:
+    """Split a basic index into the box it covers and the in-memory index that finishes it.
+
+    Returns ``(box, post)`` with ``numpy_array[index] == read(box)[post]``;
+    ``post`` is empty when the box is the answer.
+    """
+    if not isinstance(index, tuple):
+        index = (index,)
+    if any(i is Ellipsis for i in index):
+        at = next(k for k, i in enumerate(index) if i is Ellipsis)
+        fill = (slice(None),) * (len(shape) - len(index) + 1)
+        index = index[:at] + fill + index[at + 1 :]
+    if len(index) > len(shape):
+        raise IndexError(f"too many indices: {len(index)} for an array of {len(shape)} dimensions")
+    index = index + (slice(None),) * (len(shape) - len(index))
+    start, stop, post, trivial = [], [], [], True
+    for axis, (i, n) in enumerate(zip(index, shape)):
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            count = len(range(a, b, step))
+            if count == 0:
+                start.append(0)
+                stop.append(0)
+                post.append(slice(None))
+            elif step > 0:
+                start.append(a)
+                stop.append(a + (count - 1) * step + 1)
+                post.append(slice(None, None, step))
+                trivial &= step == 1
+            else:
+                start.append(a + (count - 1) * step)
+                stop.append(a + 1)
+                post.append(slice(None, None, step))
+                trivial = False
+        elif hasattr(i, "__index__") and not isinstance(i, bool | np.bool_):
+            k = i.__index__()
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
+            k %= n
+            start.append(k)
+            stop.append(k + 1)
+            post.append(0)
+            trivial = False
+        else:
+            raise IndexError(f"npydask arrays take integers, slices and Ellipsis only, found {i!r}")
+    return Box(tuple(start), tuple(stop)), (() if trivial else tuple(post))
+
+
+def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, limit: int) -> tuple[int, ...]:
+    """A chunk shape of at most ``limit`` bytes whose chunks are contiguous in the file.
+
+    Axes are kept whole from the fastest-varying file axis outwards; the first
+    axis that no longer fits is split into balanced pieces and slower axes
+    get chunks of one.
+
+    Examples
+    --------
+    >>> auto_chunks((64, 256, 256), np.dtype("f4"), False, 4 << 20)
+    (4, 256, 256)
+    >>> auto_chunks((300, 1000), np.dtype("f8"), True, 800_000)
+    (300, 333)
+    """
+    file_shape = shape[::-1] if fortran_order else shape
+    itemsize = max(dtype.itemsize, 1)
+    inner = itemsize
+    k = len(file_shape)
+    while k > 0 and inner * file_shape[k - 1] <= limit:
+        inner *= file_shape[k - 1]
+        k -= 1
+    chunks = list(file_shape)
+    if k > 0:
+        n = file_shape[k - 1]
+        per = max(1, limit // inner)
+        pieces = math.ceil(n / per)
+        chunks[k - 1] = max(1, math.ceil(n / pieces))
+        for axis in range(k - 1):
+            chunks[axis] = 1
+    chunks = [max(c, 1) if n else 0 for c, n in zip(chunks, file_shape)]
+    return tuple(chunks[::-1] if fortran_order else chunks)
+
+
+def _resolve_chunks(chunks: Any, ref: FileRef) -> tuple[tuple[int, ...], ...]:
+    header = ref.header
+    limit = None
+    if chunks == "auto":
+        limit = parse_bytes(dask.config.get("array.chunk-size"))
+    elif isinstance(chunks, str):
+        try:
+            limit = parse_bytes(chunks)
+        except ValueError as e:
+            raise ValueError(f"chunks={chunks!r}: expected 'auto', a byte size like '128MiB', or sizes") from e
+    if limit is not None:
+        chunks = auto_chunks(header.shape, header.dtype, header.fortran_order, limit)
+    return normalize_chunks(chunks, header.shape, dtype=header.dtype)
+
+
+def check_device(device: str) -> None:
+    """Refuse an unknown device, and ``"gpu"`` where CuPy or a CUDA device is missing."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, found {device!r}")
+    if device == "gpu":
+        from npydask.gpu import require_gpu
+
+        require_gpu()
+
+
+def from_npy(
+    path: str | os.PathLike[str],
+    chunks: Any = "auto",
+    *,
+    key: str | None = None,
+    device: str = "cpu",
+    backend: str = "auto",
+) -> da.Array:
+    """A lazy dask array equal to ``numpy.load(path)``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npy`` file. Its header is read and checked now.
+    chunks : "auto", int, tuple, or byte size
+        Anything ``dask.array.core.normalize_chunks`` takes. ``"auto"`` (or a
+        byte size such as ``"128MiB"``) picks chunks of at most
+        ``array.chunk-size`` bytes that are contiguous in the file.
+    key : str, optional
+        Member name inside an ``.npz`` archive.
+    device : {"cpu", "gpu"}
+        ``"gpu"`` gives CuPy chunks (needs ``pip install 'npydask[gpu]'``).
+    backend : {"auto", "mmap", "pread"}
+        Host reader. ``"auto"`` maps whole contiguous chunks on local file
+        systems (zero-copy, read-only) and preads everything else.
+
+    Returns
+    -------
+    dask.array.Array
+        Each task carries the path, the header facts and its region only. The
+        name is deterministic in (path, size, mtime, key, chunks, device,
+        backend). A task whose file changed since this call fails with
+        :class:`~npydask.errors.FileChangedError` naming the file.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.arange(12.0).reshape(3, 4))
+    >>> x = npydask.from_npy(p, chunks=(1, 4))
+    >>> x.numblocks, float(x.sum().compute())
+    ((3, 1), 66.0)
+    """
+    path = _fspath(path)
+    _check_key(key, path)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    check_device(device)
+    ref = FileRef.open(path, backend)
+    normalized = _resolve_chunks(chunks, ref)
+    source = NpyFileArray(ref)
+    meta = np.empty((0,) * source.ndim, source.dtype)
+    name = "npy-" + tokenize(source, normalized, key, device, backend)
+    return da.from_array(
+        source, chunks=normalized, name=name, fancy=False, inline_array=True, meta=meta, asarray=False
+    )

@@ -1,0 +1,288 @@
+"""Opening files safely, and a bounded per-process cache of open files.
+
+Every path npydask reads goes through :func:`open_regular`: it opens without
+blocking (``O_NONBLOCK``, so a FIFO cannot hang the caller), refuses anything
+that is not a regular file with a builtin ``OSError`` carrying the path, and
+returns a ``FileIO`` that closes its descriptor when the last reference goes.
+
+:func:`acquire` is the cache every task uses: one ``stat`` per call, and the
+cached :class:`OpenFile` (descriptor plus parsed header) is reused while the
+file's identity (size, mtime, inode) is unchanged. A task that was built for
+one identity and finds another raises :class:`~npydask.errors.FileChangedError`.
+Eviction only drops the cache's reference: a thread still reading holds its
+own, so a descriptor is never closed (and its number reused) under a reader.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from npydask import config
+from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
+from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, parse_header, parse_preamble
+
+__all__ = [
+    "FileIdentity",
+    "OpenFile",
+    "acquire",
+    "clear_cache",
+    "fs_type",
+    "open_regular",
+    "pread_exact",
+    "read_header_from",
+]
+
+_FIRST_READ = 4096
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What must stay the same for cached facts about a file to stay true."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        """The identity in a ``stat`` result."""
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _check_regular(st: os.stat_result, path: str) -> None:
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "expected a regular .npy file, found a directory", path)
+    raise OSError(errno.EINVAL, f"expected a regular .npy file, found {kind}", path)
+
+
+def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat_result]:
+    """Open ``path`` read-only without blocking and check it is a regular file.
+
+    Returns
+    -------
+    file, stat_result
+        An unbuffered ``FileIO`` (closed when garbage collected) and its ``fstat``.
+
+    Raises
+    ------
+    OSError
+        The builtin subclass for the failure (``FileNotFoundError``,
+        ``PermissionError``, ``IsADirectoryError``), or ``OSError`` with
+        ``EINVAL`` for a FIFO, socket or device; the path is in the message.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    if direct:
+        flags |= os.O_DIRECT
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, path)
+        os.set_blocking(fd, True)
+        f = io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return f, st
+
+
+def pread_exact(fd: int, dest: memoryview, offset: int, path: str) -> None:
+    """Fill ``dest`` from ``offset``, looping over short reads.
+
+    Raises
+    ------
+    FileChangedError
+        If the file ends before ``dest`` is full (it was truncated).
+    """
+    done = 0
+    total = len(dest)
+    while done < total:
+        n = os.preadv(fd, [dest[done:]], offset + done)
+        if n == 0:
+            raise FileChangedError(
+                errno.EIO,
+                f"file ended at byte {offset + done} while reading bytes {offset}..{offset + total}: "
+                "it was truncated after opening; re-open it",
+                path,
+            )
+        done += n
+
+
+def read_header_from(f: io.FileIO, size: int, path: str) -> NpyHeader:
+    """Read and parse the header of an open file and check its payload is all there."""
+    fd = f.fileno()
+    first = os.pread(fd, min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
+    _, start, hlen = parse_preamble(first, path)
+    need = start + hlen
+    if need > len(first) and size > len(first):
+        first += os.pread(fd, min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
+    header = parse_header(first, source=path)
+    end = header.data_offset + header.nbytes
+    if size < end:
+        raise NpyFormatError(
+            f"{path}: truncated .npy file: expected {header.nbytes} bytes of payload after offset "
+            f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
+            f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
+        )
+    return header
+
+
+@dataclass
+class OpenFile:
+    """An open ``.npy`` file with its parsed header, as kept in the cache."""
+
+    path: str
+    file: io.FileIO
+    identity: FileIdentity
+    header: NpyHeader
+    local: bool
+    _direct: io.FileIO | None = field(default=None, repr=False)
+    _direct_refused: bool = field(default=False, repr=False)
+
+    @property
+    def fd(self) -> int:
+        """The (buffered-I/O-free) descriptor for ``pread``."""
+        return self.file.fileno()
+
+    def direct_fd(self) -> int | None:
+        """A second descriptor opened with ``O_DIRECT``, or ``None`` where refused (warned once)."""
+        if self._direct is None and not self._direct_refused:
+            try:
+                self._direct, _ = open_regular(self.path, direct=True)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.refuse_direct(e)
+        return None if self._direct is None else self._direct.fileno()
+
+    def refuse_direct(self, cause: BaseException) -> None:
+        """Record that the file system refuses ``O_DIRECT`` here and warn once."""
+        self._direct_refused = True
+        self._direct = None
+        warnings.warn(
+            f"{self.path}: the file system refuses O_DIRECT ({cause}); reading through the page cache instead",
+            NpyDaskWarning,
+            stacklevel=4,
+        )
+
+
+_cache: OrderedDict[tuple[str, int | None], OpenFile] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def acquire(path: str, expected: FileIdentity | None = None, *, member: int | None = None) -> OpenFile:
+    """The cached open file for ``path``, (re)opened if its identity changed.
+
+    Parameters
+    ----------
+    path : str
+        The file.
+    expected : FileIdentity, optional
+        The identity the caller planned for; a different one raises
+        :class:`FileChangedError` instead of reading other data.
+    member : int, optional
+        Reserved for archive members (the header's offset inside the file).
+    """
+    st = os.stat(path)
+    ident = FileIdentity.of(st)
+    if expected is not None and ident != expected:
+        raise _changed(path, expected, ident)
+    key = (path, member)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and hit.identity == ident:
+            _cache.move_to_end(key)
+            return hit
+    f, fst = open_regular(path)
+    ident = FileIdentity.of(fst)
+    if expected is not None and ident != expected:
+        raise _changed(path, expected, ident)
+    opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
+    limit = config.get("handle_cache_size")
+    with _cache_lock:
+        _cache[key] = opened
+        _cache.move_to_end(key)
+        while len(_cache) > limit:
+            _cache.popitem(last=False)  # drop our reference only; readers keep theirs
+    return opened
+
+
+def _changed(path: str, expected: FileIdentity, found: FileIdentity) -> FileChangedError:
+    what = [
+        f"{name} {getattr(expected, name)} -> {getattr(found, name)}"
+        for name in ("size", "mtime_ns", "ino")
+        if getattr(expected, name) != getattr(found, name)
+    ]
+    return FileChangedError(
+        errno.ESTALE,
+        f"file changed after it was opened lazily ({', '.join(what)}); "
+        "npydask refuses to return other data: open it again",
+        path,
+    )
+
+
+def clear_cache() -> None:
+    """Forget every cached open file (descriptors close once no reader holds them)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+# --------------------------------------------------------------------------
+# Local or network file system: from /proc/self/mountinfo, keyed by st_dev.
+
+_REMOTE = {
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "9p",
+    "afs", "glusterfs", "fuse", "fuseblk", "orangefs", "pvfs2", "ocfs2", "gfs2", "davfs",
+}  # fmt: skip
+_fs_types: dict[int, str] = {}
+
+
+def _load_mountinfo() -> None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split(" - ", 1)
+        fields = parts[0].split()
+        if len(parts) != 2 or len(fields) < 3:
+            continue
+        try:
+            major, minor = (int(x) for x in fields[2].split(":"))
+        except ValueError:
+            continue
+        fstype = parts[1].split()[0] if parts[1].split() else ""
+        _fs_types[os.makedev(major, minor)] = fstype
+
+
+def fs_type(st: os.stat_result) -> str:
+    """File system type name of the mount holding a file ('' if unknown)."""
+    if st.st_dev not in _fs_types:
+        _load_mountinfo()
+        _fs_types.setdefault(st.st_dev, "")
+    return _fs_types[st.st_dev]
+
+
+def is_local(st: os.stat_result) -> bool:
+    """Whether a file lives on a local file system (mapping it is safe and cheap)."""
+    kind = fs_type(st)
+    return kind.split(".", 1)[0] not in _REMOTE

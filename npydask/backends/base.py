@@ -1,0 +1,58 @@
+"""The one interface every reader implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from npydask.backends._files import OpenFile
+from npydask.config import ReadOptions
+from npydask.region import ReadPlan
+
+__all__ = ["Backend", "destination"]
+
+
+class Backend(ABC):
+    """Reads a planned region of an open file into an array.
+
+    ``read`` returns an array of ``plan.shape`` and the file's dtype, in C
+    order: ``out`` itself when given (C-contiguous, that shape and dtype).
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``plan`` from ``f``."""
+
+
+def destination(plan: ReadPlan, dtype: np.dtype, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The result array and the file-order buffer the bytes land in.
+
+    For a C file (or a region whose file and C layouts coincide) both are the
+    same array; for a Fortran region a separate buffer is returned, to be
+    transposed into the result with :func:`finish`.
+    """
+    result = np.empty(plan.shape, dtype) if out is None else out
+    if same_layout(plan):
+        return result, result
+    return result, np.empty(plan.file_shape, dtype)
+
+
+def same_layout(plan: ReadPlan) -> bool:
+    """Whether the file-order bytes of the region are already its C-order bytes."""
+    return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
+
+
+def finish(result: np.ndarray, buffer: np.ndarray) -> np.ndarray:
+    """Move a Fortran-ordered buffer into the C-ordered result."""
+    if buffer is not result:
+        np.copyto(result, buffer.T)
+    return result
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """A flat ``uint8`` view of a C-contiguous array of any dtype."""
+    return a.reshape(-1).view(np.uint8)

@@ -1,0 +1,144 @@
+"""Settings: one home, an environment-variable twin each, and a context manager.
+
+=====================  ===========================  =========  ==============================================
+setting                environment variable         default    meaning
+=====================  ===========================  =========  ==============================================
+``direct_io``          ``NPYDASK_DIRECT_IO``        ``False``  pread backend opens files with ``O_DIRECT``
+``gap_bytes``          ``NPYDASK_GAP_BYTES``        65536      runs closer than this are read as one span
+``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``   64 MiB     largest span read to cut runs from
+``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
+=====================  ===========================  =========  ==============================================
+
+Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
+``max_span_bytes``) are captured as :class:`ReadOptions` when a lazy array is
+built and travel inside its tasks, because workers do not see the client's
+configuration. ``handle_cache_size`` is per process and read where it runs.
+
+Examples
+--------
+>>> import npydask
+>>> with npydask.config.set(gap_bytes=0):
+...     npydask.config.get("gap_bytes")
+0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ReadOptions", "get", "read_options", "set"]
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false, yes/no, on/off), found {text!r}")
+
+
+def _parse_size(text: str) -> int:
+    from dask.utils import parse_bytes
+
+    value = parse_bytes(text.strip())
+    if value < 0:
+        raise ValueError(f"expected a non-negative size, found {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _Setting:
+    env: str
+    default: Any
+    parse: Any
+
+
+_SETTINGS: dict[str, _Setting] = {
+    "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
+    "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 64 * 1024, _parse_size),
+    "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
+    "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
+}
+
+_overrides: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def get(name: str) -> Any:
+    """Current value of a setting: an active :func:`set`, else its env var, else the default."""
+    setting = _SETTINGS.get(name)
+    if setting is None:
+        raise KeyError(f"unknown npydask setting {name!r}; known: {sorted(_SETTINGS)}")
+    if name in _overrides:
+        return _overrides[name]
+    raw = os.environ.get(setting.env)
+    if raw is None:
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {setting.env}={raw!r}: {e}") from e
+
+
+def _check(name: str, value: Any) -> Any:
+    setting = _SETTINGS.get(name)
+    if setting is None:
+        raise KeyError(f"unknown npydask setting {name!r}; known: {sorted(_SETTINGS)}")
+    if isinstance(value, str):
+        return setting.parse(value)
+    if type(setting.default) is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"setting {name!r} takes a bool, found {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"setting {name!r} takes a non-negative int, found {value!r}")
+    return value
+
+
+class set(contextlib.AbstractContextManager):  # noqa: A001 - mirrors dask.config.set
+    """Change settings globally, or for a ``with`` block.
+
+    Parameters
+    ----------
+    **values
+        ``setting=value`` pairs; strings are parsed as the env var would be.
+    """
+
+    def __init__(self, **values: Any) -> None:
+        checked = {k: _check(k, v) for k, v in values.items()}
+        with _lock:
+            self._previous = {k: _overrides.get(k, _MISSING) for k in checked}
+            _overrides.update(checked)
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            for k, v in self._previous.items():
+                if v is _MISSING:
+                    _overrides.pop(k, None)
+                else:
+                    _overrides[k] = v
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The settings that change how bytes are read, frozen into each task."""
+
+    direct_io: bool = False
+    gap_bytes: int = 64 * 1024
+    max_span_bytes: int = 64 * 1024 * 1024
+
+
+def read_options(**overrides: Any) -> ReadOptions:
+    """Snapshot the current read settings (with ``overrides`` applied)."""
+    values = {name: get(name) for name in ("direct_io", "gap_bytes", "max_span_bytes")}
+    values.update({k: _check(k, v) for k, v in overrides.items() if v is not None})
+    return ReadOptions(**values)
+

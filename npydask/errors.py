@@ -1,0 +1,48 @@
+"""Every exception npydask raises of its own.
+
+Each subclasses the builtin a user would catch anyway, so ``except ValueError``
+keeps working. Operating-system failures (a missing file, a permission denied,
+a directory given as a file) are *not* wrapped: they surface as the builtin
+``OSError`` subclass with the path in the message (SPEC section 7).
+
+This module imports nothing of npydask's.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FileChangedError",
+    "GpuUnavailableError",
+    "NpyDaskWarning",
+    "NpyFormatError",
+    "RoiError",
+]
+
+
+class NpyFormatError(ValueError):
+    """A file (or header buffer) is not a valid, loadable ``.npy`` payload.
+
+    Raised for a bad magic string, an unknown version, a malformed or oversized
+    header, an object dtype (npydask never unpickles) and a truncated payload.
+    The message names the file, what was expected and what was found.
+    """
+
+
+class RoiError(ValueError):
+    """A region of interest lies outside the array, or ends before it starts."""
+
+
+class FileChangedError(OSError):
+    """A file changed (size, mtime or inode) after it was opened lazily.
+
+    Raised by a task at compute time instead of returning other data. Re-open
+    the file (call ``from_npy`` again) to read its new contents.
+    """
+
+
+class GpuUnavailableError(RuntimeError):
+    """``device="gpu"`` was asked for but CuPy or a usable CUDA device is missing."""
+
+
+class NpyDaskWarning(UserWarning):
+    """A fallback was taken (for example O_DIRECT refused by the file system)."""

@@ -1,0 +1,411 @@
+"""The NPY format header: a strict, pure parser.
+
+An ``.npy`` file is (``numpy/lib/_format_impl.py`` is the reference)::
+
+    magic      6 bytes   b"\\x93NUMPY"
+    version    2 bytes   major, minor: (1, 0), (2, 0) or (3, 0)
+    hlen       2 bytes   little-endian uint16 (version 1.0)
+               4 bytes   little-endian uint32 (versions 2.0 and 3.0)
+    header     hlen      a Python dict literal, latin-1 (1.0, 2.0) or utf-8 (3.0):
+                         {'descr': <dtype descr>, 'fortran_order': <bool>,
+                          'shape': <tuple of ints>, }
+                         padded with spaces and ended by one newline
+    payload    nbytes    the array's bytes, C or Fortran order
+
+This module never touches a file and never evaluates code: the header text is
+matched against numpy's canonical spelling first, and anything else goes
+through :func:`ast.parse` whose tree is walked by hand, accepting only string,
+integer and boolean literals, tuples, lists and the one dict. Validation runs
+in a fixed order (magic, version, length, encoding, syntax, keys, values,
+dtype, size) and every failure raises :class:`~npydask.errors.NpyFormatError`
+naming the source, what was expected and what was found.
+
+npydask is at least as strict as ``numpy.load(path, allow_pickle=False)``;
+the one place it is more lenient is the header size, accepted up to
+:data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from npydask.errors import NpyFormatError
+
+__all__ = [
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "NpyHeader",
+    "VERSIONS",
+    "parse_header",
+    "parse_preamble",
+]
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER_BYTES = 1 << 20
+"""Largest header text accepted (1 MiB); numpy itself stops at 10,000 characters."""
+MAX_NDIM = 64
+"""numpy's ``NPY_MAXDIMS`` (64 since numpy 2.0)."""
+_MAX_INTP = int(np.iinfo(np.intp).max)
+_EXPECTED_KEYS = ("descr", "fortran_order", "shape")
+
+
+class VersionInfo(NamedTuple):
+    """How one NPY version stores its header length and text."""
+
+    length_format: str
+    encoding: str
+
+    @property
+    def preamble_size(self) -> int:
+        """Bytes before the header text: magic, version and length field."""
+        return len(MAGIC) + 2 + struct.calcsize(self.length_format)
+
+
+VERSIONS: dict[tuple[int, int], VersionInfo] = {
+    (1, 0): VersionInfo("<H", "latin1"),
+    (2, 0): VersionInfo("<I", "latin1"),
+    (3, 0): VersionInfo("<I", "utf8"),
+}
+"""The version table: (major, minor) -> length field format and text encoding."""
+
+MIN_PREAMBLE = len(MAGIC) + 2 + 2
+MAX_PREAMBLE = len(MAGIC) + 2 + 4
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """Everything needed to find an array's bytes in a file.
+
+    Attributes
+    ----------
+    version : tuple of int
+        NPY format version, ``(1, 0)``, ``(2, 0)`` or ``(3, 0)``.
+    shape : tuple of int
+        Logical (C-order) shape of the array.
+    dtype : numpy.dtype
+        Element type exactly as stored, byte order included.
+    fortran_order : bool
+        Whether the payload is laid out in Fortran (column-major) order.
+    data_offset : int
+        Absolute byte offset of the payload in the file.
+    nbytes : int
+        Size of the payload in bytes.
+
+    Examples
+    --------
+    >>> import io, numpy as np, npydask
+    >>> buf = io.BytesIO(); np.save(buf, np.zeros((2, 3), "<f4"))
+    >>> h = npydask.parse_header(buf.getvalue())
+    >>> h.shape, h.dtype.str, h.data_offset, h.nbytes
+    ((2, 3), '<f4', 128, 24)
+    """
+
+    version: tuple[int, int]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    data_offset: int
+    nbytes: int
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    def with_offset(self, base: int) -> NpyHeader:
+        """The same header with ``data_offset`` moved by ``base`` bytes (an .npz member)."""
+        return NpyHeader(
+            self.version, self.shape, self.dtype, self.fortran_order, self.data_offset + base, self.nbytes
+        )
+
+
+def _fail(source: str, expected: str, found: str, hint: str = "") -> NpyFormatError:
+    msg = f"{source}: not a valid .npy file: expected {expected}, found {found}"
+    if hint:
+        msg += f"; {hint}"
+    return NpyFormatError(msg)
+
+
+def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int], int, int]:
+    """Check the magic, version and header length.
+
+    Parameters
+    ----------
+    buf : bytes
+        At least the first :data:`MAX_PREAMBLE` bytes of the file (fewer if the
+        file is shorter).
+    source : str
+        Name used in error messages (the path).
+
+    Returns
+    -------
+    version, header_start, header_length : tuple
+        The version, the offset of the header text and its length in bytes.
+    """
+    buf = bytes(buf[:MAX_PREAMBLE])
+    if len(buf) < len(MAGIC) or buf[: len(MAGIC)] != MAGIC:
+        raise _fail(source, f"the magic string {MAGIC!r} in the first 6 bytes", repr(buf[: len(MAGIC)]))
+    if len(buf) < len(MAGIC) + 2:
+        raise _fail(source, "2 version bytes after the magic string", f"only {len(buf)} bytes in all")
+    version = (buf[6], buf[7])
+    info = VERSIONS.get(version)
+    if info is None:
+        known = ", ".join(f"{a}.{b}" for a, b in VERSIONS)
+        raise _fail(source, f"format version {known}", f"version {version[0]}.{version[1]}")
+    end = info.preamble_size
+    if len(buf) < end:
+        raise _fail(source, f"a {end - 8}-byte header length field", f"a file of {len(buf)} bytes")
+    (hlen,) = struct.unpack(info.length_format, buf[8:end])
+    if hlen > MAX_HEADER_BYTES:
+        raise _fail(
+            source,
+            f"a header of at most {MAX_HEADER_BYTES} bytes",
+            f"a header length of {hlen} bytes",
+            "the file is corrupt or not meant for reading without pickle",
+        )
+    return version, end, hlen
+
+
+def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
+    """Parse the header at the start of an ``.npy`` file.
+
+    Parameters
+    ----------
+    buf : bytes
+        The file's first bytes: the preamble and the whole header text (the
+        payload may follow and is ignored).
+    source : str, optional
+        How to name the data in error messages (npydask passes the path).
+
+    Returns
+    -------
+    NpyHeader
+
+    Raises
+    ------
+    NpyFormatError
+        If anything about the header is invalid (see the module docstring).
+
+    Examples
+    --------
+    >>> import io, numpy as np, npydask
+    >>> buf = io.BytesIO(); np.save(buf, np.arange(6, dtype=">i2").reshape(3, 2))
+    >>> npydask.parse_header(buf.getvalue()).dtype
+    dtype('>i2')
+    """
+    buf = memoryview(buf).cast("B")
+    version, start, hlen = parse_preamble(buf[:MAX_PREAMBLE], source)
+    raw = bytes(buf[start : start + hlen])
+    if len(raw) < hlen:
+        raise _fail(
+            source, f"a header of {hlen} bytes after the preamble", f"only {len(raw)} bytes", "the file is truncated"
+        )
+    dtype, fortran, shape = _parse_text(raw, VERSIONS[version].encoding, source)
+    return NpyHeader(
+        version=version,
+        shape=shape,
+        dtype=dtype,
+        fortran_order=fortran,
+        data_offset=start + hlen,
+        nbytes=math.prod(shape) * dtype.itemsize,
+    )
+
+
+# --------------------------------------------------------------------------
+# Header text -> (dtype, fortran_order, shape), memoised on the raw bytes.
+
+_MEMO: dict[tuple[bytes, str], tuple[np.dtype, bool, tuple[int, ...]]] = {}
+_MEMO_LIMIT = 4096
+
+_INT = r"(?:0|[1-9][0-9]*)"
+_CANONICAL = re.compile(
+    r"\{'descr': '(?P<descr>[^'\\\n]+)', 'fortran_order': (?P<fortran>True|False), "
+    rf"'shape': \((?P<shape>|{_INT},|{_INT}(?:, {_INT})+)\), \}} *\n\Z",
+    re.ASCII,
+)
+
+
+def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
+    key = (raw, encoding)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise _fail(source, f"header text in {encoding}", f"undecodable bytes ({e.reason} at byte {e.start})") from e
+    match = _CANONICAL.match(text)
+    if match is not None:
+        descr: Any = match["descr"]
+        fortran: Any = match["fortran"] == "True"
+        shape: Any = tuple(int(s) for s in match["shape"].split(",") if s)
+    else:
+        descr, fortran, shape = _parse_literal(text, source)
+    result = _validate(descr, fortran, shape, source)
+    if len(_MEMO) >= _MEMO_LIMIT:
+        _MEMO.clear()
+    _MEMO[key] = result
+    return result
+
+
+def _parse_literal(text: str, source: str) -> tuple[Any, Any, Any]:
+    """The slow path: any literal spelling of the dict, still strictly checked."""
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    if not text.endswith("\n"):
+        raise _fail(source, "header text ending in a newline", repr(shown[-40:]))
+    if not text.startswith("{"):
+        raise _fail(source, "header text starting with '{'", repr(shown[:40]))
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise _fail(source, "a Python dict literal as header", repr(shown)) from e
+    node = tree.body
+    if not isinstance(node, ast.Dict):
+        raise _fail(source, "a dict as header", f"{type(node).__name__}: {shown!r}")
+    # Only spaces may follow the dict, then the one final newline.
+    lines = text.split("\n")
+    if node.end_lineno != len(lines) - 1 or lines[-2].encode("utf8")[node.end_col_offset :].strip(b" "):
+        raise _fail(source, "only spaces and one newline after the header dict", repr(shown))
+    values: dict[str, Any] = {}
+    for k, v in zip(node.keys, node.values):
+        name = _literal(k, source) if k is not None else None
+        if not isinstance(name, str) or name in values:
+            raise _fail(source, f"the keys {list(_EXPECTED_KEYS)} once each", f"{name!r} in {shown!r}")
+        values[name] = _literal(v, source)
+    if sorted(values) != list(_EXPECTED_KEYS):
+        raise _fail(source, f"exactly the keys {list(_EXPECTED_KEYS)}", f"{sorted(values)}")
+    return values["descr"], values["fortran_order"], values["shape"]
+
+
+def _literal(node: ast.AST, source: str) -> Any:
+    """Convert a literal node: str, int, bool, tuple, list; nothing else."""
+    if isinstance(node, ast.Constant) and type(node.value) in (str, int, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = node.operand
+        if isinstance(inner, ast.Constant) and type(inner.value) is int:
+            return -inner.value
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(e, source) for e in node.elts)
+    if isinstance(node, ast.List):
+        return [_literal(e, source) for e in node.elts]
+    found = type(node).__name__
+    if isinstance(node, ast.Constant):
+        found = f"a {type(node.value).__name__} constant"
+    raise _fail(source, "only string, integer and boolean literals, tuples and lists in the header", found)
+
+
+def _validate(descr: Any, fortran: Any, shape: Any, source: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
+    if type(fortran) is not bool:
+        raise _fail(source, "'fortran_order' to be True or False", repr(fortran))
+    if type(shape) is not tuple or not all(type(d) is int for d in shape):
+        raise _fail(source, "'shape' to be a tuple of ints", repr(shape))
+    if any(d < 0 for d in shape):
+        raise _fail(source, "'shape' of non-negative ints", repr(shape))
+    if len(shape) > MAX_NDIM:
+        raise _fail(source, f"at most {MAX_NDIM} dimensions", f"{len(shape)}")
+    dtype = _dtype_from_descr(descr, source)
+    count = math.prod(shape)
+    if count > _MAX_INTP or count * dtype.itemsize > _MAX_INTP:
+        raise _fail(
+            source,
+            f"an array of at most {_MAX_INTP} bytes",
+            f"shape {shape} of {dtype.itemsize}-byte items",
+            "the header is corrupt",
+        )
+    return dtype, fortran, shape
+
+
+@functools.lru_cache(maxsize=1024)
+def _dtype_from_str(descr: str) -> np.dtype:
+    return np.dtype(descr)
+
+
+def _dtype_from_descr(descr: Any, source: str) -> np.dtype:
+    try:
+        if isinstance(descr, str):
+            dtype = _dtype_from_str(descr)
+        else:
+            dtype = _descr_to_dtype(descr)
+    except NpyFormatError:
+        raise
+    except Exception as e:  # numpy's dtype constructor over untrusted input
+        raise _fail(source, "a dtype description numpy understands", f"{descr!r} ({e})") from e
+    if dtype.hasobject:
+        raise _fail(
+            source,
+            "a dtype without Python objects",
+            f"{descr!r}",
+            "object arrays need pickle, which npydask never uses; "
+            "re-save the data with a numeric, string or structured dtype",
+        )
+    if dtype.shape != ():
+        raise _fail(source, "a dtype without a top-level subarray shape", repr(descr), "numpy cannot load it either")
+    if dtype.itemsize == 0:
+        raise _fail(source, "a dtype with a non-zero item size", repr(descr))
+    return dtype
+
+
+def _descr_to_dtype(descr: Any) -> np.dtype:
+    """numpy's ``descr_to_dtype`` with type checks on every part."""
+    if isinstance(descr, str):
+        return _dtype_from_str(descr)
+    if isinstance(descr, tuple):
+        if len(descr) != 2 or not _is_shape(descr[1]):
+            raise TypeError(f"a subarray descr is (descr, shape), found {descr!r}")
+        return np.dtype((_descr_to_dtype(descr[0]), descr[1]))
+    if not isinstance(descr, list):
+        raise TypeError(f"a descr is a string, a list of fields or a (descr, shape) tuple, found {descr!r}")
+    names: list[str] = []
+    titles: list[str | None] = []
+    formats: list[np.dtype] = []
+    offsets: list[int] = []
+    offset = 0
+    for field in descr:
+        if not isinstance(field, tuple) or len(field) not in (2, 3):
+            raise TypeError(f"a field is (name, descr) or (name, descr, shape), found {field!r}")
+        name = field[0]
+        dt = _descr_to_dtype(field[1])
+        if len(field) == 3:
+            if not _is_shape(field[2]):
+                raise TypeError(f"a field shape is an int or a tuple of ints, found {field[2]!r}")
+            dt = np.dtype((dt, field[2]))
+        title: str | None = None
+        if isinstance(name, tuple):
+            if len(name) != 2 or not all(isinstance(s, str) for s in name):
+                raise TypeError(f"a titled field name is (title, name), found {name!r}")
+            title, name = name
+        if not isinstance(name, str):
+            raise TypeError(f"a field name is a string, found {name!r}")
+        is_pad = name == "" and title is None and dt.type is np.void and dt.names is None
+        if not is_pad:
+            names.append(name)
+            titles.append(title)
+            formats.append(dt)
+            offsets.append(offset)
+        offset += dt.itemsize
+    return np.dtype({"names": names, "formats": formats, "titles": titles, "offsets": offsets, "itemsize": offset})
+
+
+def _is_shape(value: Any) -> bool:
+    if type(value) is int:
+        return value >= 0
+    return type(value) is tuple and all(type(d) is int and d >= 0 for d in value)

@@ -1,0 +1,200 @@
+"""Reading headers and regions: a plan from :mod:`npydask.region`, bytes from a backend.
+
+:class:`FileRef` is what a lazy task carries: the path, the identity the file
+had when the graph was built, the parsed header and the read settings. It
+pickles as those few fields and reopens the file (through the per-process
+handle cache) wherever it lands; a file whose identity changed meanwhile
+fails the task with :class:`~npydask.errors.FileChangedError`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from npydask import backends
+from npydask.backends._files import FileIdentity, OpenFile, acquire, open_regular, read_header_from
+from npydask.backends.base import same_layout
+from npydask.config import ReadOptions, read_options
+from npydask.header import NpyHeader
+from npydask.region import Box, ReadPlan, normalize_box, plan_read
+
+__all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
+
+BACKENDS = ("auto", "mmap", "pread")
+
+
+def _fspath(path: str | os.PathLike[str]) -> str:
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        raise TypeError(f"expected a str or os.PathLike path, found bytes {path!r}")
+    return path
+
+
+def _check_key(key: str | None, path: str) -> None:
+    if key is not None:
+        raise NotImplementedError(
+            f"{path}: reading the .npz member {key!r} is not supported in this version; "
+            "extract it with numpy.load(path)[key] and numpy.save, or pass a .npy file"
+        )
+
+
+def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyHeader:
+    """Read and check the header of an ``.npy`` file.
+
+    Besides :func:`~npydask.parse_header`'s checks, the file must hold at least
+    ``nbytes`` of payload after ``data_offset``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    key : str, optional
+        Member name inside an ``.npz`` archive.
+
+    Raises
+    ------
+    NpyFormatError
+        A malformed header, an object dtype, a truncated payload.
+    OSError
+        The builtin subclass when the path cannot be opened as a regular file.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.ones((3, 4), ">f8"))
+    >>> h = npydask.read_header(p)
+    >>> h.shape, h.dtype.str, h.fortran_order
+    ((3, 4), '>f8', False)
+    """
+    path = _fspath(path)
+    _check_key(key, path)
+    f, st = open_regular(path)
+    with f:
+        return read_header_from(f, st.st_size, path)
+
+
+def _on_distributed_worker() -> bool:
+    worker = sys.modules.get("distributed.worker")
+    if worker is None:
+        return False
+    try:
+        worker.get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | None) -> backends.Backend:
+    """Resolve ``"auto"``: a zero-copy mapping only for whole contiguous regions on local disks.
+
+    Everything that is copied anyway (a strided region, a Fortran region,
+    a caller's ``out``), files on network file systems, and chunks on a
+    distributed worker (which counts and may spill what it holds) use pread.
+    """
+    if name != "auto":
+        return backends.get(name)
+    if out is None and plan.is_contiguous and same_layout(plan) and f.local and not _on_distributed_worker():
+        return backends.get("mmap")
+    return backends.get("pread")
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, path: str) -> None:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{path}: out must be a numpy.ndarray, found {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(
+            f"{path}: out must be a writeable C-contiguous array of shape {shape} and dtype {dtype.str}, "
+            f"found shape {out.shape}, dtype {out.dtype.str}, "
+            f"{'C-contiguous' if out.flags.c_contiguous else 'not C-contiguous'}"
+        )
+
+
+def read_region(
+    path: str | os.PathLike[str],
+    start: Sequence[int] | None = None,
+    stop: Sequence[int] | None = None,
+    *,
+    key: str | None = None,
+    out: np.ndarray | None = None,
+    backend: str = "pread",
+) -> np.ndarray:
+    """Read the box ``[start, stop)`` of an ``.npy`` file, touching only its bytes.
+
+    Equals ``numpy.load(path)[tuple(slice(a, b) for a, b in zip(start, stop))]``
+    in values, dtype and shape, and is C-contiguous, for C- and
+    Fortran-ordered files.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    start, stop : sequence of int, optional
+        Corners of the box in logical (C-order) coordinates. ``None`` is the
+        whole range; a shorter sequence covers the leading axes. Must satisfy
+        ``0 <= start <= stop <= shape``.
+    key : str, optional
+        Member name inside an ``.npz`` archive.
+    out : numpy.ndarray, optional
+        A writeable C-contiguous array of the region's shape and dtype to
+        fill; it is returned.
+    backend : {"pread", "mmap", "auto"}
+        How to read. The default returns a fresh, writeable array; ``"auto"``
+        may return a read-only zero-copy view of a mapping for a contiguous
+        region.
+
+    Raises
+    ------
+    RoiError
+        If the box does not fit the array.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(p, np.asfortranarray(np.arange(20).reshape(4, 5)))
+    >>> npydask.read_region(p, (1, 2), (3, 4))
+    array([[ 7,  8],
+           [12, 13]])
+    """
+    path = _fspath(path)
+    _check_key(key, path)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    f = acquire(path)
+    box = normalize_box(f.header.shape, start, stop, source=path)
+    if out is not None:
+        _check_out(out, box.shape, f.header.dtype, path)
+    plan = plan_read(f.header, box)
+    return choose_backend(backend, f, plan, out).read(f, plan, read_options(), out)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file as a lazy task sees it: path, identity, header and read settings.
+
+    No open file, no mapping, no data: it pickles in a few hundred bytes and
+    reopens the file where it is unpickled.
+    """
+
+    path: str
+    identity: FileIdentity
+    header: NpyHeader
+    options: ReadOptions
+    backend: str = "auto"
+
+    @classmethod
+    def open(cls, path: str, backend: str = "auto", options: ReadOptions | None = None) -> FileRef:
+        """Open ``path`` now (parsing and checking its header) and remember its identity."""
+        f = acquire(path)
+        return cls(path, f.identity, f.header, options or read_options(), backend)
+
+    def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``box``, failing if the file is no longer the one that was opened."""
+        f = acquire(self.path, self.identity)
+        plan = plan_read(f.header, box)
+        return choose_backend(self.backend, f, plan, out).read(f, plan, self.options, out)
