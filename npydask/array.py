@@ -137,6 +137,8 @@ def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, li
     >>> auto_chunks((300, 1000), np.dtype("f8"), True, 800_000)
     (300, 333)
     """
+    if 0 in shape:
+        return tuple(shape)  # nothing to read: one empty chunk
     file_shape = shape[::-1] if fortran_order else shape
     itemsize = max(dtype.itemsize, 1)
     inner = itemsize
@@ -152,7 +154,6 @@ def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, li
         chunks[k - 1] = max(1, math.ceil(n / pieces))
         for axis in range(k - 1):
             chunks[axis] = 1
-    chunks = [max(c, 1) if n else 0 for c, n in zip(chunks, file_shape)]
     return tuple(chunks[::-1] if fortran_order else chunks)
 
 

@@ -36,7 +36,7 @@ def save(tmp_path):
 
     def _save(array: np.ndarray, name: str | None = None, *, order: str = "C") -> str:
         path = tmp_path / (name or f"a{next(counter)}.npy")
-        np.save(path, np.asfortranarray(array) if order == "F" else np.ascontiguousarray(array))
+        np.save(path, np.array(array, order=order, copy=True))
         return str(path)
 
     return _save
