@@ -11,7 +11,7 @@ Examples
 (2, 3, 4)
 >>> x = npydask.from_npy(p)
 >>> float(x[1].sum().compute())
-222.0
+210.0
 """
 
 from __future__ import annotations
