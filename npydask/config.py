@@ -4,7 +4,7 @@
 setting                environment variable         default    meaning
 =====================  ===========================  =========  ==============================================
 ``direct_io``          ``NPYDASK_DIRECT_IO``        ``False``  pread backend opens files with ``O_DIRECT``
-``gap_bytes``          ``NPYDASK_GAP_BYTES``        65536      runs closer than this are read as one span
+``gap_bytes``          ``NPYDASK_GAP_BYTES``        4096       runs closer than this are read as one span
 ``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``   64 MiB     largest span read to cut runs from
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
 =====================  ===========================  =========  ==============================================
@@ -60,7 +60,7 @@ class _Setting:
 
 _SETTINGS: dict[str, _Setting] = {
     "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
-    "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 64 * 1024, _parse_size),
+    "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _parse_size),
     "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
 }
@@ -132,7 +132,7 @@ class ReadOptions:
     """The settings that change how bytes are read, frozen into each task."""
 
     direct_io: bool = False
-    gap_bytes: int = 64 * 1024
+    gap_bytes: int = 4096
     max_span_bytes: int = 64 * 1024 * 1024
 
 

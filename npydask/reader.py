@@ -103,6 +103,11 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
     return backends.get("pread")
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+
+
 def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, path: str) -> None:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{path}: out must be a numpy.ndarray, found {type(out).__name__}")
@@ -163,8 +168,7 @@ def read_region(
     """
     path = _fspath(path)
     _check_key(key, path)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    _check_backend(backend)
     f = acquire(path)
     box = normalize_box(f.header.shape, start, stop, source=path)
     if out is not None:
@@ -188,13 +192,26 @@ class FileRef:
     backend: str = "auto"
 
     @classmethod
-    def open(cls, path: str, backend: str = "auto", options: ReadOptions | None = None) -> FileRef:
+    def open(cls, path: str | os.PathLike[str], backend: str = "auto", options: ReadOptions | None = None) -> FileRef:
         """Open ``path`` now (parsing and checking its header) and remember its identity."""
+        path = _fspath(path)
+        _check_backend(backend)
         f = acquire(path)
         return cls(path, f.identity, f.header, options or read_options(), backend)
 
     def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
-        """Read ``box``, failing if the file is no longer the one that was opened."""
+        """Read ``box``, failing if the file is no longer the one that was opened.
+
+        Raises
+        ------
+        RoiError
+            If ``box`` does not fit the array.
+        FileChangedError
+            If the file's size, mtime or inode changed since :meth:`open`.
+        """
+        box = normalize_box(self.header.shape, box.start, box.stop, source=self.path)
+        if out is not None:
+            _check_out(out, box.shape, self.header.dtype, self.path)
         f = acquire(self.path, self.identity)
         plan = plan_read(f.header, box)
         return choose_backend(self.backend, f, plan, out).read(f, plan, self.options, out)

@@ -78,8 +78,9 @@ def normalize_box(
     hi = _complete(stop, shape, "stop", shape, source)
     for axis, (a, b, n) in enumerate(zip(lo, hi, shape)):
         if not 0 <= a <= b <= n:
+            what = "ends before it starts" if 0 <= b < a <= n else "is outside the array"
             raise RoiError(
-                f"{source}: region start={list(lo)} stop={list(hi)} is outside the array of shape {shape} "
+                f"{source}: region start={list(lo)} stop={list(hi)} {what} (array of shape {shape}) "
                 f"on axis {axis}: expected 0 <= start <= stop <= {n}, found start={a}, stop={b}"
             )
     return Box(lo, hi)
@@ -93,7 +94,9 @@ def _complete(
     try:
         values = [_as_index(v) for v in given]
     except TypeError as e:
-        raise RoiError(f"{source}: region {what} must be a sequence of integers, found {given!r}") from e
+        raise RoiError(
+            f"{source}: region {what} must be a sequence of integers (array of shape {shape}), found {given!r}"
+        ) from e
     if len(values) > len(shape):
         raise RoiError(
             f"{source}: region {what} has {len(values)} values but the array of shape {shape} "
@@ -253,6 +256,14 @@ def plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     >>> [(r.offset, r.length) for r in p.runs()]
     [(160, 12), (184, 12)]
     """
+    if not (len(box.start) == len(box.stop) == header.ndim) or not all(
+        0 <= a <= b <= n for a, b, n in zip(box.start, box.stop, header.shape)
+    ):
+        # A box that does not fit would silently plan reads of other bytes.
+        raise RoiError(
+            f"region start={list(box.start)} stop={list(box.stop)} does not fit the array of shape "
+            f"{header.shape}: expected {header.ndim} axes with 0 <= start <= stop <= shape; use normalize_box"
+        )
     fortran = header.fortran_order
     shape = header.shape[::-1] if fortran else header.shape
     lo = box.start[::-1] if fortran else box.start

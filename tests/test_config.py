@@ -11,7 +11,7 @@ from npydask import config
 
 def test_defaults_and_env_twins(monkeypatch):
     assert config.get("direct_io") is False
-    assert config.get("gap_bytes") == 64 * 1024
+    assert config.get("gap_bytes") == 4096
     monkeypatch.setenv("NPYDASK_DIRECT_IO", "yes")
     monkeypatch.setenv("NPYDASK_GAP_BYTES", "1MiB")
     monkeypatch.setenv("NPYDASK_HANDLE_CACHE_SIZE", "7")
@@ -29,7 +29,7 @@ def test_set_is_a_context_manager_and_restores():
         with config.set(gap_bytes="2KiB"):
             assert config.get("gap_bytes") == 2048
         assert config.get("gap_bytes") == 0
-    assert config.get("gap_bytes") == 64 * 1024 and config.get("direct_io") is False
+    assert config.get("gap_bytes") == 4096 and config.get("direct_io") is False
 
 
 def test_bad_settings_are_refused():

@@ -74,6 +74,17 @@ def _check_regular(st: os.stat_result, path: str) -> None:
     raise OSError(errno.EINVAL, f"expected a regular .npy file, found {kind}", path)
 
 
+class _Handle(io.FileIO):
+    """A ``FileIO`` that closes quietly when collected.
+
+    Cached handles are meant to be closed by the garbage collector once no
+    reader holds them; that is not a leak, so no ``ResourceWarning``.
+    """
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat_result]:
     """Open ``path`` read-only without blocking and check it is a regular file.
 
@@ -97,7 +108,7 @@ def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat
         st = os.fstat(fd)
         _check_regular(st, path)
         os.set_blocking(fd, True)
-        f = io.FileIO(fd, "rb", closefd=True)
+        f = _Handle(fd, "rb", closefd=True)
     except BaseException:
         os.close(fd)
         raise
@@ -126,14 +137,27 @@ def pread_exact(fd: int, dest: memoryview, offset: int, path: str) -> None:
         done += n
 
 
+def _pread_upto(fd: int, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes at ``offset``: fewer only at the end of the file (short reads looped)."""
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def read_header_from(f: io.FileIO, size: int, path: str) -> NpyHeader:
     """Read and parse the header of an open file and check its payload is all there."""
     fd = f.fileno()
-    first = os.pread(fd, min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
+    first = _pread_upto(fd, min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
     _, start, hlen = parse_preamble(first, path)
     need = start + hlen
     if need > len(first) and size > len(first):
-        first += os.pread(fd, min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
+        first += _pread_upto(fd, min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
     header = parse_header(first, source=path)
     end = header.data_offset + header.nbytes
     if size < end:
@@ -145,9 +169,13 @@ def read_header_from(f: io.FileIO, size: int, path: str) -> NpyHeader:
     return header
 
 
-@dataclass
+@dataclass(eq=False)
 class OpenFile:
-    """An open ``.npy`` file with its parsed header, as kept in the cache."""
+    """An open ``.npy`` file with its parsed header, as kept in the cache.
+
+    Its descriptors close when the last reference to it goes (the cache's or
+    a reader's), never while a reader holds it.
+    """
 
     path: str
     file: io.FileIO
@@ -156,31 +184,55 @@ class OpenFile:
     local: bool
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
+    _direct_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def fd(self) -> int:
         """The (buffered-I/O-free) descriptor for ``pread``."""
         return self.file.fileno()
 
-    def direct_fd(self) -> int | None:
-        """A second descriptor opened with ``O_DIRECT``, or ``None`` where refused (warned once)."""
-        if self._direct is None and not self._direct_refused:
-            try:
-                self._direct, _ = open_regular(self.path, direct=True)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                self.refuse_direct(e)
-        return None if self._direct is None else self._direct.fileno()
+    def direct_file(self) -> io.FileIO | None:
+        """A second handle opened with ``O_DIRECT``, or ``None`` where refused (warned once).
+
+        The caller keeps the returned object for as long as it reads through
+        it, so a concurrent :meth:`refuse_direct` cannot close it underneath.
+
+        Raises
+        ------
+        FileChangedError
+            If the path now names another file than the one opened (replaced
+            or rewritten meanwhile): reading it would return other data.
+        """
+        with self._direct_lock:
+            if self._direct is None and not self._direct_refused:
+                try:
+                    direct, st = open_regular(self.path, direct=True)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self._refuse(e)
+                else:
+                    found = FileIdentity.of(st)
+                    if found != self.identity:
+                        direct.close()
+                        raise _changed(self.path, self.identity, found)
+                    self._direct = direct
+            return self._direct
 
     def refuse_direct(self, cause: BaseException) -> None:
         """Record that the file system refuses ``O_DIRECT`` here and warn once."""
+        with self._direct_lock:
+            if not self._direct_refused:
+                self._refuse(cause)
+
+    def _refuse(self, cause: BaseException) -> None:
+        # Dropping the reference is safe: readers hold their own (see direct_file).
         self._direct_refused = True
         self._direct = None
         warnings.warn(
             f"{self.path}: the file system refuses O_DIRECT ({cause}); reading through the page cache instead",
             NpyDaskWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
 
 
@@ -206,23 +258,33 @@ def acquire(path: str, expected: FileIdentity | None = None, *, member: int | No
     if expected is not None and ident != expected:
         raise _changed(path, expected, ident)
     key = (path, member)
+    limit = config.get("handle_cache_size")
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit.identity == ident:
             _cache.move_to_end(key)
+            _trim(limit)  # the setting may have been lowered since
             return hit
     f, fst = open_regular(path)
-    ident = FileIdentity.of(fst)
-    if expected is not None and ident != expected:
-        raise _changed(path, expected, ident)
-    opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
-    limit = config.get("handle_cache_size")
+    try:
+        ident = FileIdentity.of(fst)
+        if expected is not None and ident != expected:
+            raise _changed(path, expected, ident)
+        opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
+    except BaseException:
+        f.close()
+        raise
     with _cache_lock:
         _cache[key] = opened
         _cache.move_to_end(key)
-        while len(_cache) > limit:
-            _cache.popitem(last=False)  # drop our reference only; readers keep theirs
+        _trim(limit)
     return opened
+
+
+def _trim(limit: int) -> None:
+    """Drop the least recently used entries beyond ``limit`` (call with the lock held)."""
+    while len(_cache) > limit:
+        _cache.popitem(last=False)  # drop our reference only; readers keep theirs
 
 
 def _changed(path: str, expected: FileIdentity, found: FileIdentity) -> FileChangedError:

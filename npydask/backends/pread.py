@@ -56,11 +56,13 @@ class _Reader:
 
     def __init__(self, f: OpenFile, direct: bool) -> None:
         self.f = f
-        self.direct_fd = f.direct_fd() if direct else None
+        # Hold the O_DIRECT handle itself, not just its number: the file may
+        # drop it meanwhile (another thread finding O_DIRECT refused).
+        self.direct = f.direct_file() if direct else None
         self._scratch: np.ndarray | None = None
 
     def read_into(self, dest: np.ndarray, offset: int) -> None:
-        if self.direct_fd is not None:
+        if self.direct is not None:
             try:
                 self._read_direct(dest, offset)
                 return
@@ -68,10 +70,12 @@ class _Reader:
                 if e.errno != errno.EINVAL:
                     raise
                 self.f.refuse_direct(e)
-                self.direct_fd = None
+                self.direct = None
         pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
 
     def _read_direct(self, dest: np.ndarray, offset: int) -> None:
+        assert self.direct is not None
+        fd = self.direct.fileno()
         size = self.f.identity.size
         done = 0
         while done < len(dest):
@@ -84,8 +88,10 @@ class _Reader:
                 self._scratch = aligned_empty(max(length, DIRECT_ALIGNMENT))
             scratch = self._scratch[:length]
             got = 0
-            while got < wanted:
-                n = os.preadv(self.direct_fd, [memoryview(scratch[got:wanted])], lo + got)
+            # Stop at EOF: a short read there leaves an unaligned offset that
+            # O_DIRECT would refuse (EINVAL), which is not a refusal of O_DIRECT.
+            while got < wanted and lo + got < size:
+                n = os.preadv(fd, [memoryview(scratch[got:wanted])], lo + got)
                 if n == 0:
                     break
                 got += n
