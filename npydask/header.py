@@ -234,8 +234,12 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
 
 _MEMO: dict[tuple[bytes, str], tuple[np.dtype, bool, tuple[int, ...]]] = {}
 _MEMO_LIMIT = 4096
+_MEMO_MAX_KEY = 4096
+"""Longer header texts are not memoised: the memo holds at most 16 MiB of keys."""
 
-_INT = r"(?:0|[1-9][0-9]*)"
+# At most 19 digits: longer numbers (too large for intp anyway, and possibly past
+# Python's int-from-string digit limit) take the slow path, which refuses them.
+_INT = r"(?:0|[1-9][0-9]{0,18})"
 _CANONICAL = re.compile(
     r"\{'descr': '(?P<descr>[^'\\\n]+)', 'fortran_order': (?P<fortran>True|False), "
     rf"'shape': \((?P<shape>|{_INT},|{_INT}(?:, {_INT})+)\), \}} *\n\Z",
@@ -260,9 +264,10 @@ def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool,
     else:
         descr, fortran, shape = _parse_literal(text, source)
     result = _validate(descr, fortran, shape, source)
-    if len(_MEMO) >= _MEMO_LIMIT:
-        _MEMO.clear()
-    _MEMO[key] = result
+    if len(raw) <= _MEMO_MAX_KEY:
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        _MEMO[key] = result
     return result
 
 
@@ -323,8 +328,10 @@ def _validate(descr: Any, fortran: Any, shape: Any, source: str) -> tuple[np.dty
     if len(shape) > MAX_NDIM:
         raise _fail(source, f"at most {MAX_NDIM} dimensions", f"{len(shape)}")
     dtype = _dtype_from_descr(descr, source)
-    count = math.prod(shape)
-    if count > _MAX_INTP or count * dtype.itemsize > _MAX_INTP:
+    # numpy's own rule (PyArray_NewFromDescr): the item size times every
+    # non-zero dimension must fit in intp, so an empty array cannot hide a
+    # dimension that overflows.
+    if math.prod(d for d in shape if d) * max(dtype.itemsize, 1) > _MAX_INTP:
         raise _fail(
             source,
             f"an array of at most {_MAX_INTP} bytes",
@@ -335,8 +342,13 @@ def _validate(descr: Any, fortran: Any, shape: Any, source: str) -> tuple[np.dty
 
 
 @functools.lru_cache(maxsize=1024)
-def _dtype_from_str(descr: str) -> np.dtype:
+def _cached_dtype(descr: str) -> np.dtype:
     return np.dtype(descr)
+
+
+def _dtype_from_str(descr: str) -> np.dtype:
+    # Only short strings are cached: a valid comma-separated descr can be ~1 MiB long.
+    return _cached_dtype(descr) if len(descr) <= 256 else np.dtype(descr)
 
 
 def _dtype_from_descr(descr: Any, source: str) -> np.dtype:
@@ -359,8 +371,10 @@ def _dtype_from_descr(descr: Any, source: str) -> np.dtype:
         )
     if dtype.shape != ():
         raise _fail(source, "a dtype without a top-level subarray shape", repr(descr), "numpy cannot load it either")
-    if dtype.itemsize == 0:
-        raise _fail(source, "a dtype with a non-zero item size", repr(descr))
+    if dtype.itemsize == 0 and dtype.kind in "SU":
+        # numpy writes '|V0' and '[]' (and reads them back) but never 'S0'/'U0',
+        # which it would silently widen to one character.
+        raise _fail(source, "a string dtype with a non-zero length", repr(descr))
     return dtype
 
 
