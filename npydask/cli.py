@@ -103,8 +103,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with _client(args.scheduler, args.workers) as client:
         t0 = time.perf_counter()
-        stats = [x.min(), x.max(), x.mean(), x.std()]
-        lo, hi, mean, std = (float(v) for v in client.compute(stats, sync=True))
+        x64 = x.astype("f8")
+        # std from sums: dask's query-planning engine (2026.8) raises in x.std()
+        stats = [x.min(), x.max(), x64.mean(), (x64 * x64).mean()]
+        lo, hi, mean, meansq = (float(v) for v in client.compute(stats, sync=True))
+        std = max(meansq - mean * mean, 0.0) ** 0.5
         took = time.perf_counter() - t0
     print(f"on the cluster: min {lo:.2f}, max {hi:.2f}, mean {mean:.3f}, std {std:.3f} ({took:.2f} s)")
     ok = np.isclose(mean, vol.mean(dtype=np.float64), rtol=1e-4) and lo == vol.min() and hi == vol.max()
