@@ -1,0 +1,397 @@
+"""Which files a dataset reads, in which order, and which of them each shard holds.
+
+This is NVIDIA DALI's ``fn.readers.numpy`` file selection, so that the same
+arguments give the same list, the same length and the same shard boundaries.
+The rules below follow DALI's source (``dali/operators/reader/loader/``:
+``filesystem.cc`` ``traverse_directories``/``list_files``/``list_subdirectories``,
+``file_loader.h`` ``FileLoader::PrepareMetadataImpl`` and ``loader.cc``
+``start_index``); where npydask differs, the rule says so.
+
+Three sources, exactly one of them per call:
+
+``file_root`` (+ ``file_filter``)
+    Directory discovery. ``file_filter`` is a case-sensitive glob
+    (:func:`fnmatch.fnmatchcase`, like DALI's ``fnmatch(3)`` without flags)
+    matched against a file's *base name*. The files directly in ``file_root``
+    come first, sorted byte-wise; then each *immediate* subdirectory, in
+    byte-wise order, with its own files sorted byte-wise. Deeper folders are
+    ignored. ``recursive=True`` (an npydask extension; DALI has no such
+    option) walks every depth and sorts all relative paths byte-wise as whole
+    strings (so ``"a.npy" < "a/b.npy" < "a0.npy"``).
+``file_list``
+    A text file, one path per line, relative to ``file_root`` or, without
+    ``file_root``, to the folder of the list file as spelled (DALI takes the
+    text before the list's last ``/``). Trailing whitespace (``\\r`` of CRLF
+    files included) is stripped and blank lines are skipped. The rest of the
+    line is the path: the numpy reader has no labels, so ``"a.npy 3"`` names
+    a file called ``a.npy 3``.
+``files``
+    A list of paths relative to ``file_root`` (or to the working directory
+    without one); order kept.
+
+Every result is ``os.path.join(file_root, entry)`` as a ``str``, so an absolute
+entry overrides ``file_root``. ``file_filter`` and ``recursive`` apply only to
+discovery. Only discovery touches the file system (and ``file_root`` is
+checked to be a directory); listed entries are not checked here, opening them
+reports what is missing.
+
+What counts during discovery:
+
+* Byte-wise order is the order of ``os.fsencode(name)``, never the locale
+  (``"B" < "a"``, ``"a10" < "a2"``, non-ASCII after ASCII), as DALI's
+  ``std::sort`` of ``std::string``.
+* Hidden names are not special: ``*.npy`` matches ``.x.npy`` and a ``.cache/``
+  subdirectory is listed like any other (DALI uses no ``FNM_PERIOD`` and skips
+  only ``.`` and ``..``).
+* A file is a regular file or a symlink to one. A directory whose name matches
+  the filter is not a file. npydask differs from DALI here: DALI keeps every
+  symlink whose *name* matches (dangling ones and links to directories too)
+  and fails later when reading it, and fails discovery outright on a dangling
+  symlink in ``file_root``; npydask skips dangling symlinks, symlink loops
+  and links to non-files.
+* Symlinked directories are followed, as DALI's ``stat`` does. Without
+  ``recursive`` this is DALI's rule exactly, so an immediate subdirectory that
+  is a symlink to ``file_root`` or to a sibling lists those files a second time
+  under its own name, as DALI does. With ``recursive=True`` every directory
+  (by ``(st_dev, st_ino)``) is walked once: first the real tree under
+  ``file_root``, then symlinked directories that lead somewhere not yet walked,
+  fewest symlinks first and byte-wise within a round. A link to ``file_root``,
+  to an ancestor or into the tree adds nothing; a link out of the tree adds
+  that tree once, under the link's name. Loops always end.
+* An unreadable subdirectory raises the :class:`PermissionError` of
+  :func:`os.scandir` (DALI fails too).
+
+Sharding is contiguous, as DALI's ``start_index``: shard ``k`` of ``S`` over
+``N`` files holds ``[N*k // S, N*(k+1) // S)``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import operator
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable, Iterable
+
+__all__ = ["DEFAULT_FILE_FILTER", "select_files", "shard_range"]
+
+DEFAULT_FILE_FILTER = "*.npy"
+"""DALI's default ``file_filter`` for ``fn.readers.numpy``."""
+
+PathArg = str | os.PathLike[str]
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def select_files(
+    file_root: PathArg | None = None,
+    *,
+    file_filter: str = DEFAULT_FILE_FILTER,
+    file_list: PathArg | None = None,
+    files: Iterable[PathArg] | None = None,
+    recursive: bool = False,
+) -> list[str]:
+    """The paths a dataset reads, in read order, as DALI's numpy reader selects them.
+
+    Parameters
+    ----------
+    file_root : str or os.PathLike, optional
+        Folder to discover files in (when neither ``files`` nor ``file_list``
+        is given), or the folder that listed entries are relative to.
+    file_filter : str, default ``"*.npy"``
+        Case-sensitive glob on a discovered file's base name. Ignored for
+        ``files`` and ``file_list``.
+    file_list : str or os.PathLike, optional
+        Text file with one path per line; blank lines skipped, trailing
+        whitespace stripped. Relative to ``file_root``, else to the list's
+        folder.
+    files : iterable of str or os.PathLike, optional
+        Paths relative to ``file_root`` (or the working directory); order kept.
+    recursive : bool, default False
+        Discover files at every depth instead of the root and its immediate
+        subdirectories. Ignored for ``files`` and ``file_list``.
+
+    Returns
+    -------
+    list of str
+        ``os.path.join(file_root, entry)`` for each entry, in read order.
+
+    Raises
+    ------
+    ValueError
+        Neither ``file_root``, ``files`` nor ``file_list`` given; ``files`` and
+        ``file_list`` both given; an empty ``files`` or ``file_list``; an empty
+        path; no file found by discovery.
+    TypeError
+        A path given as ``bytes`` or as something that is not a path, or
+        ``files`` given as a single path instead of a list.
+    FileNotFoundError, NotADirectoryError
+        ``file_root`` does not exist or is not a directory.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> for rel in ["b.npy", "a.npy", "notes.txt", "s1/c.npy", "s0/d.npy", "s0/deep/e.npy"]:
+    ...     os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+    ...     open(os.path.join(root, rel), "wb").close()
+    >>> [os.path.relpath(p, root) for p in select_files(root)]
+    ['a.npy', 'b.npy', 's0/d.npy', 's1/c.npy']
+    >>> [os.path.relpath(p, root) for p in select_files(root, recursive=True)]
+    ['a.npy', 'b.npy', 's0/d.npy', 's0/deep/e.npy', 's1/c.npy']
+    >>> select_files(root, files=["s1/c.npy", "/abs/x.npy"])[1]
+    '/abs/x.npy'
+    """
+    root = None if file_root is None else _path_str(file_root, "file_root")
+    if not isinstance(file_filter, str):
+        raise TypeError(f"file_filter must be a str glob such as '*.npy', got {file_filter!r}")
+    if files is not None and file_list is not None:
+        raise ValueError(
+            "files and file_list were both given; pass the paths through one of them "
+            "(DALI accepts only one)"
+        )
+    if root is None and files is None and file_list is None:
+        raise ValueError(
+            "no files to select: pass file_root (a folder to discover files in), "
+            "files=[...] or file_list=PATH"
+        )
+    if root is not None:
+        root_stat = _stat_root(root)
+
+    if files is not None:
+        entries = _entries_from_files(files)
+        return [os.path.join(root, e) if root is not None else e for e in entries]
+    if file_list is not None:
+        list_path = _path_str(file_list, "file_list")
+        entries = _entries_from_list(list_path)
+        base = root if root is not None else os.path.dirname(list_path)
+        return [os.path.join(base, e) for e in entries]
+
+    assert root is not None
+    match = re.compile(fnmatch.translate(file_filter)).match
+    if recursive:
+        found = _discover_recursive(root, root_stat, match)
+    else:
+        found = _discover_flat(root, match)
+    if not found:
+        where = "at any depth under" if recursive else "directly in or one folder below"
+        hint = "" if recursive else "; pass recursive=True to search deeper folders"
+        raise ValueError(
+            f"no file found {where} file_root {root!r} matching file_filter {file_filter!r} "
+            f"(a case-sensitive glob on the base name){hint}"
+        )
+    # Discovered names are relative and non-empty, so one prefix joins them all
+    # exactly as os.path.join(root, rel) would, without 20,000 calls to it.
+    prefix = os.path.join(root, "")
+    return [prefix + rel for rel in found]
+
+
+def shard_range(n: int, shard_id: int, num_shards: int) -> range:
+    """Indices of the files shard ``shard_id`` of ``num_shards`` holds, as DALI splits them.
+
+    Shard ``k`` of ``S`` over ``N`` files is ``range(N*k // S, N*(k+1) // S)``:
+    contiguous, in order, sizes differing by at most one (DALI's
+    ``start_index``).
+
+    Raises
+    ------
+    ValueError
+        A value that is not an integer or is negative, ``num_shards < 1``,
+        ``shard_id >= num_shards``, or more shards than files (DALI refuses
+        that too).
+
+    Examples
+    --------
+    >>> [shard_range(10, k, 3) for k in range(3)]
+    [range(0, 3), range(3, 6), range(6, 10)]
+    """
+    n = _count(n, "n (the number of files)")
+    shard_id = _count(shard_id, "shard_id")
+    num_shards = _count(num_shards, "num_shards")
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be at least 1, got {num_shards}")
+    if shard_id >= num_shards:
+        raise ValueError(
+            f"shard_id must be in [0, num_shards); got shard_id={shard_id} with "
+            f"num_shards={num_shards}"
+        )
+    if num_shards > n:
+        raise ValueError(
+            f"num_shards={num_shards} is more than the {n} files; every shard needs at least one "
+            "file: use fewer shards or more files"
+        )
+    return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def _path_str(value: object, name: str) -> str:
+    """``os.fspath(value)`` as a non-empty ``str``; bytes and non-paths refused."""
+    try:
+        path = os.fspath(value)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise TypeError(f"{name} must be a str or os.PathLike path, got {value!r}") from e
+    if isinstance(path, bytes):
+        raise TypeError(
+            f"{name} must be a str path, got bytes {path!r}; decode it with os.fsdecode() first"
+        )
+    if not path:
+        raise ValueError(f"{name} is an empty path; pass '.' for the current directory")
+    return path
+
+
+def _count(value: object, name: str) -> int:
+    """A non-negative Python int from an int-like value (``bool`` refused)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}") from e
+    if number < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {number}")
+    return number
+
+
+def _stat_root(root: str) -> os.stat_result:
+    """Stat ``file_root`` (following symlinks) and insist that it is a directory."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            "file_root does not exist (or is a dangling symlink); pass the folder holding the "
+            "files",
+            root,
+        ) from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            "file_root is not a directory; pass its folder as file_root, or the file itself "
+            "through files=[...]",
+            root,
+        )
+    return st
+
+
+def _entries_from_files(files: Iterable[PathArg]) -> list[str]:
+    if isinstance(files, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"files must be a list of paths, got the single path {files!r}; wrap it in a list"
+        )
+    entries = [_path_str(f, f"files[{i}]") for i, f in enumerate(files)]
+    if not entries:
+        raise ValueError(
+            "files is an empty list; give at least one path, or use file_root to discover files"
+        )
+    return entries
+
+
+def _entries_from_list(list_path: str) -> list[str]:
+    """Paths in a list file, decoded as file names are; trailing space cut, blanks skipped."""
+    with open(list_path, "rb") as f:
+        data = f.read()
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM) :]
+    entries = [os.fsdecode(line) for line in (raw.rstrip() for raw in data.split(b"\n")) if line]
+    if not entries:
+        raise ValueError(
+            f"file_list {list_path!r} names no files (it is empty or holds only blank lines); "
+            "write one path per line"
+        )
+    return entries
+
+
+# -- discovery ---------------------------------------------------------------------------------
+
+
+def _fs_bytes(name: str) -> bytes:
+    """``os.fsencode(name)`` without its Python-level overhead (it is a sort key)."""
+    return name.encode(_FS_ENCODING, _FS_ERRORS)
+
+
+def _sorted(names: list[str]) -> list[str]:
+    """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts."""
+    names.sort(key=_fs_bytes)
+    return names
+
+
+def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[str]], list[str]]:
+    """One directory: its subdirectories (symlinks followed) and matching files, unsorted."""
+    dirs: list[os.DirEntry[str]] = []
+    names: list[str] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            # DirEntry answers from d_type without a stat, except for symlinks
+            # (followed) and file systems that report DT_UNKNOWN.
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a symlink loop (ELOOP): not a file, not a folder
+                if not entry.is_symlink():
+                    raise
+                continue
+            if is_dir:
+                dirs.append(entry)
+            elif match(entry.name) and entry.is_file():
+                names.append(entry.name)
+    return dirs, names
+
+
+def _discover_flat(root: str, match: Callable[[str], object]) -> list[str]:
+    """DALI's ``traverse_directories``: the root's files, then each immediate subdirectory's."""
+    dirs, names = _scan(root, match)
+    found = _sorted(names)
+    for sub in _sorted([d.name for d in dirs]):
+        _, sub_names = _scan(os.path.join(root, sub), match)
+        found.extend(sub + os.sep + name for name in _sorted(sub_names))
+    return found
+
+
+def _discover_recursive(
+    root: str, root_stat: os.stat_result, match: Callable[[str], object]
+) -> list[str]:
+    """Every depth, each directory (by device and inode) once; real paths before symlinked ones."""
+    visited = {(root_stat.st_dev, root_stat.st_ino)}
+    found: list[str] = []
+
+    def walk_real(rel: str, path: str, links: list[tuple[str, str]]) -> None:
+        # Depth-first through real directories; symlinked ones wait for a later round.
+        stack = [(rel, path)]
+        while stack:
+            rel_dir, dir_path = stack.pop()
+            dirs, names = _scan(dir_path, match)
+            found.extend(rel_dir + os.sep + name if rel_dir else name for name in names)
+            for d in dirs:
+                child = rel_dir + os.sep + d.name if rel_dir else d.name
+                if d.is_symlink():
+                    links.append((child, d.path))
+                    continue
+                st = d.stat(follow_symlinks=False)
+                key = (st.st_dev, st.st_ino)
+                if key not in visited:  # a bind mount can loop without symlinks
+                    visited.add(key)
+                    stack.append((child, d.path))
+
+    links: list[tuple[str, str]] = []
+    walk_real("", root, links)
+    while links:
+        links.sort(key=lambda link: _fs_bytes(link[0]))
+        next_links: list[tuple[str, str]] = []
+        for rel, path in links:
+            try:
+                st = os.stat(path)
+            except OSError:  # vanished or became dangling since it was listed
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in visited or not stat.S_ISDIR(st.st_mode):
+                continue
+            visited.add(key)
+            walk_real(rel, path, next_links)
+        links = next_links
+    return _sorted(found)

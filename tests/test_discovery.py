@@ -1,0 +1,507 @@
+"""npydask.discovery: DALI's file selection order, list files, symlinks, and shard tables."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npydask.discovery import DEFAULT_FILE_FILTER, select_files, shard_range
+
+needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="POSIX symlinks")
+
+
+def touch(root: Path, *rels: str) -> None:
+    """Create empty files (and their folders) under ``root``."""
+    for rel in rels:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
+def rel(paths: list[str], root: Path) -> list[str]:
+    """The selected paths relative to ``root`` (after checking they are joined onto it)."""
+    prefix = str(root) + os.sep
+    assert all(isinstance(p, str) and p.startswith(prefix) for p in paths), paths
+    return [p[len(prefix) :] for p in paths]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """Root files, two immediate subdirectories, a deeper one, and non-matching files."""
+    touch(
+        tmp_path,
+        "b.npy", "a.npy", "notes.txt", "c.npy.bak",
+        "s1/z.npy", "s1/y.npy",
+        "s0/x.npy", "s0/deep/w.npy", "s0/deep/deeper/v.npy",
+        "empty_dir/readme.md",
+    )  # fmt: skip
+    return tmp_path
+
+
+# -- discovery order ---------------------------------------------------------------------------
+
+
+def test_flat_order_root_files_then_each_immediate_subdir(tree):
+    got = select_files(tree)
+    assert rel(got, tree) == ["a.npy", "b.npy", "s0/x.npy", "s1/y.npy", "s1/z.npy"]
+
+
+def test_paths_are_exactly_os_path_join_of_root_and_entry(tree):
+    got = select_files(str(tree) + os.sep)  # a trailing separator is kept, as os.path.join does
+    assert got[0] == os.path.join(str(tree) + os.sep, "a.npy")
+    assert got[2] == os.path.join(str(tree) + os.sep, "s0/x.npy")
+
+
+def test_relative_root_is_joined_not_resolved(tree, monkeypatch):
+    monkeypatch.chdir(tree)
+    assert select_files(".")[:3] == ["./a.npy", "./b.npy", "./s0/x.npy"]
+    monkeypatch.chdir(tree.parent)
+    assert select_files(tree.name, recursive=True)[0] == os.path.join(tree.name, "a.npy")
+
+
+def test_pathlike_root_gives_str_paths(tree):
+    assert select_files(tree) == select_files(str(tree))
+    assert all(type(p) is str for p in select_files(tree))
+
+
+def test_recursive_walks_every_depth_and_sorts_whole_relative_paths(tree):
+    got = select_files(tree, recursive=True)
+    assert rel(got, tree) == [
+        "a.npy", "b.npy", "s0/deep/deeper/v.npy", "s0/deep/w.npy", "s0/x.npy", "s1/y.npy", "s1/z.npy",
+    ]  # fmt: skip
+
+
+def test_recursive_sorts_paths_byte_wise_not_root_files_first(tmp_path):
+    # '-' (0x2d) < '.' (0x2e) < '/' (0x2f) < '0' (0x30): whole relative paths are compared.
+    touch(tmp_path, "a.npy", "a/b.npy", "a0.npy", "a-.npy")
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == ["a-.npy", "a.npy", "a/b.npy", "a0.npy"]
+    # Without recursive, root files come first whatever their names.
+    assert rel(select_files(tmp_path), tmp_path) == ["a-.npy", "a.npy", "a0.npy", "a/b.npy"]
+
+
+def test_byte_wise_sorting_not_locale_not_natural(tmp_path):
+    names = ["z.npy", "a2.npy", "B.npy", "a10.npy", "é.npy", "_.npy", "a.npy", "Z.npy", "ä.npy"]
+    touch(tmp_path, *names)
+    got = rel(select_files(tmp_path), tmp_path)
+    assert got == ["B.npy", "Z.npy", "_.npy", "a.npy", "a10.npy", "a2.npy", "z.npy", "ä.npy", "é.npy"]
+    assert got == sorted(names, key=lambda s: s.encode())
+
+
+def test_subdirectories_sorted_byte_wise(tmp_path):
+    touch(tmp_path, "b/1.npy", "B/1.npy", "a10/1.npy", "a2/1.npy", "ü/1.npy")
+    got = rel(select_files(tmp_path), tmp_path)
+    assert got == ["B/1.npy", "a10/1.npy", "a2/1.npy", "b/1.npy", "ü/1.npy"]
+
+
+@pytest.mark.skipif(sys.platform != "linux" or sys.getfilesystemencoding() != "utf-8", reason="raw byte names")
+def test_undecodable_names_sort_by_their_bytes(tmp_path):
+    # b"\x80" decodes to the surrogate "\udc80", which sorts after "é" as str but before it as bytes.
+    try:
+        for raw in (b"\x80.npy", "é.npy".encode(), b"a.npy"):
+            open(os.path.join(os.fsencode(tmp_path), raw), "wb").close()
+    except OSError:
+        pytest.skip("file system refuses non-UTF-8 names")
+    got = rel(select_files(tmp_path), tmp_path)
+    assert [os.fsencode(g) for g in got] == [b"a.npy", b"\x80.npy", "é.npy".encode()]
+
+
+# -- the filter --------------------------------------------------------------------------------
+
+
+def test_default_filter_is_dalis():
+    assert DEFAULT_FILE_FILTER == "*.npy"
+
+
+def test_filter_is_case_sensitive(tmp_path):
+    touch(tmp_path, "lower.npy", "UPPER.NPY", "Mixed.Npy")
+    assert rel(select_files(tmp_path), tmp_path) == ["lower.npy"]
+    assert rel(select_files(tmp_path, file_filter="*.NPY"), tmp_path) == ["UPPER.NPY"]
+    assert rel(select_files(tmp_path, file_filter="*.[nN][pP][yY]"), tmp_path) == [
+        "Mixed.Npy", "UPPER.NPY", "lower.npy",
+    ]  # fmt: skip
+
+
+def test_filter_matches_base_names_only(tree):
+    assert rel(select_files(tree, file_filter="x*"), tree) == ["s0/x.npy"]
+    with pytest.raises(ValueError, match="matching file_filter 's0/\\*'"):
+        select_files(tree, file_filter="s0/*")
+    assert rel(select_files(tree, file_filter="*"), tree) == [
+        "a.npy", "b.npy", "c.npy.bak", "notes.txt", "empty_dir/readme.md", "s0/x.npy", "s1/y.npy", "s1/z.npy",
+    ]  # fmt: skip
+
+
+def test_directory_matching_the_filter_is_not_a_file(tmp_path):
+    touch(tmp_path, "a.npy", "dir.npy/inner.npy", "dir.npy/deeper.npy/x.npy")
+    assert rel(select_files(tmp_path), tmp_path) == ["a.npy", "dir.npy/inner.npy"]
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == [
+        "a.npy", "dir.npy/deeper.npy/x.npy", "dir.npy/inner.npy",
+    ]  # fmt: skip
+
+
+def test_hidden_files_and_folders_are_included_as_dali_does(tmp_path):
+    # DALI's fnmatch has no FNM_PERIOD and only "." and ".." are skipped.
+    touch(tmp_path, ".hidden.npy", "a.npy", ".cache/c.npy", ".cache/.h.npy", "s/.x.npy")
+    assert rel(select_files(tmp_path), tmp_path) == [
+        ".hidden.npy", "a.npy", ".cache/.h.npy", ".cache/c.npy", "s/.x.npy",
+    ]  # fmt: skip
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == [
+        ".cache/.h.npy", ".cache/c.npy", ".hidden.npy", "a.npy", "s/.x.npy",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+def test_special_files_are_skipped(tmp_path):
+    touch(tmp_path, "a.npy")
+    os.mkfifo(tmp_path / "pipe.npy")
+    assert rel(select_files(tmp_path), tmp_path) == ["a.npy"]
+
+
+# -- file_list ---------------------------------------------------------------------------------
+
+
+def test_file_list_blank_lines_crlf_and_trailing_space(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(b"b.npy\r\n\r\n  \t\r\nsub/a.npy  \r\nc d.npy\n\n  lead.npy\nlast.npy")
+    got = select_files(tmp_path, file_list=listing)
+    assert got == [os.path.join(str(tmp_path), e) for e in ["b.npy", "sub/a.npy", "c d.npy", "  lead.npy", "last.npy"]]
+
+
+def test_file_list_has_no_labels_a_trailing_number_is_part_of_the_path(tmp_path):
+    (tmp_path / "list.txt").write_text("a.npy 3\n")
+    assert select_files(tmp_path, file_list=tmp_path / "list.txt") == [os.path.join(str(tmp_path), "a.npy 3")]
+
+
+def test_file_list_relative_to_file_root_or_to_the_lists_folder(tmp_path):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "l.txt").write_text("x.npy\nsub/y.npy\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    assert select_files(data, file_list=lists / "l.txt") == [str(data / "x.npy"), str(data / "sub/y.npy")]
+    assert select_files(file_list=lists / "l.txt") == [str(lists / "x.npy"), str(lists / "sub/y.npy")]
+
+
+def test_file_list_given_by_bare_name_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "l.txt").write_text("x.npy\n")
+    monkeypatch.chdir(tmp_path)
+    assert select_files(file_list="l.txt") == ["x.npy"]
+
+
+def test_file_list_absolute_entries_override_the_root(tmp_path):
+    other = str(tmp_path / "elsewhere" / "z.npy")
+    (tmp_path / "l.txt").write_text(f"a.npy\n{other}\n")
+    assert select_files(tmp_path, file_list=tmp_path / "l.txt") == [str(tmp_path / "a.npy"), other]
+    assert select_files(file_list=tmp_path / "l.txt") == [str(tmp_path / "a.npy"), other]
+
+
+def test_file_list_ignores_the_filter_and_keeps_order_and_duplicates(tmp_path):
+    (tmp_path / "l.txt").write_text("z.txt\na.npy\nz.txt\n")
+    got = select_files(tmp_path, file_list=tmp_path / "l.txt", file_filter="*.npy", recursive=True)
+    assert rel(got, tmp_path) == ["z.txt", "a.npy", "z.txt"]
+
+
+def test_file_list_utf8_names_and_bom(tmp_path):
+    (tmp_path / "l.txt").write_bytes(b"\xef\xbb\xbf\xc3\xa9.npy\nb.npy\n")
+    assert rel(select_files(tmp_path, file_list=tmp_path / "l.txt"), tmp_path) == ["é.npy", "b.npy"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n", b"\r\n  \n\t\n"])
+def test_file_list_without_entries_raises(tmp_path, content):
+    listing = tmp_path / "l.txt"
+    listing.write_bytes(content)
+    with pytest.raises(ValueError, match="names no files") as info:
+        select_files(file_list=listing)
+    assert str(listing) in str(info.value)
+
+
+def test_missing_file_list_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        select_files(file_list=tmp_path / "nope.txt")
+    assert "nope.txt" in str(info.value)
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def test_files_order_and_duplicates_kept(tmp_path):
+    got = select_files(tmp_path, files=["z.npy", "a.npy", Path("sub/m.npy"), "z.npy"])
+    assert rel(got, tmp_path) == ["z.npy", "a.npy", "sub/m.npy", "z.npy"]
+
+
+def test_files_absolute_entries_override_root_and_filter_is_ignored(tmp_path):
+    got = select_files(tmp_path, files=["a.txt", "/abs/b.npy"], file_filter="*.npy")
+    assert got == [str(tmp_path / "a.txt"), "/abs/b.npy"]
+
+
+def test_files_without_root_are_kept_as_given(tmp_path):
+    assert select_files(files=["rel/a.npy", Path("b.npy"), "/abs/c.npy"]) == ["rel/a.npy", "b.npy", "/abs/c.npy"]
+
+
+def test_files_accepts_any_iterable(tmp_path):
+    assert select_files(files=(f"{i}.npy" for i in range(3))) == ["0.npy", "1.npy", "2.npy"]
+
+
+def test_listed_entries_are_not_checked_for_existence(tmp_path):
+    assert select_files(tmp_path, files=["missing.npy"]) == [str(tmp_path / "missing.npy")]
+
+
+# -- argument errors ---------------------------------------------------------------------------
+
+
+def test_nothing_given_raises():
+    with pytest.raises(ValueError, match="pass file_root"):
+        select_files()
+
+
+def test_files_and_file_list_together_raise(tmp_path):
+    (tmp_path / "l.txt").write_text("a.npy\n")
+    with pytest.raises(ValueError, match="files and file_list were both given"):
+        select_files(tmp_path, files=["a.npy"], file_list=tmp_path / "l.txt")
+
+
+def test_empty_files_raises(tmp_path):
+    with pytest.raises(ValueError, match="files is an empty list"):
+        select_files(tmp_path, files=[])
+
+
+def test_single_path_as_files_raises(tmp_path):
+    for single in ("a.npy", Path("a.npy"), b"a.npy"):
+        with pytest.raises(TypeError, match="wrap it in a list"):
+            select_files(tmp_path, files=single)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"file_root": b"/tmp"}, TypeError, "file_root must be a str path, got bytes"),
+        ({"file_root": 3}, TypeError, "file_root must be a str or os.PathLike path, got 3"),
+        ({"file_root": ""}, ValueError, "file_root is an empty path"),
+        ({"files": ["a.npy", b"b.npy"]}, TypeError, r"files\[1\] must be a str path, got bytes"),
+        ({"files": ["a.npy", None]}, TypeError, r"files\[1\] must be a str or os.PathLike path, got None"),
+        ({"files": [""]}, ValueError, r"files\[0\] is an empty path"),
+        ({"file_list": b"l.txt"}, TypeError, "file_list must be a str path, got bytes"),
+        ({"file_root": ".", "file_filter": b"*.npy"}, TypeError, "file_filter must be a str glob"),
+    ],
+)
+def test_bad_argument_types(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        select_files(**kwargs)
+
+
+def test_missing_root_raises_file_not_found_naming_it(tmp_path):
+    missing = tmp_path / "nope"
+    for kwargs in ({}, {"files": ["a.npy"]}):
+        with pytest.raises(FileNotFoundError) as info:
+            select_files(missing, **kwargs)
+        assert info.value.filename == str(missing)
+        assert str(missing) in str(info.value) and "file_root does not exist" in str(info.value)
+
+
+def test_root_that_is_a_file_raises_not_a_directory(tmp_path):
+    (tmp_path / "f.npy").touch()
+    with pytest.raises(NotADirectoryError) as info:
+        select_files(tmp_path / "f.npy")
+    assert str(tmp_path / "f.npy") in str(info.value) and "files=[...]" in str(info.value)
+
+
+def test_no_file_found_names_root_and_filter(tree):
+    with pytest.raises(ValueError) as info:
+        select_files(tree, file_filter="*.zarr")
+    message = str(info.value)
+    assert repr(str(tree)) in message and "'*.zarr'" in message and "recursive=True" in message
+    with pytest.raises(ValueError, match="at any depth under"):
+        select_files(tree, file_filter="*.zarr", recursive=True)
+
+
+def test_files_only_deeper_than_one_level_are_not_found_without_recursive(tmp_path):
+    touch(tmp_path, "a/b/c.npy")
+    with pytest.raises(ValueError, match="one folder below"):
+        select_files(tmp_path)
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == ["a/b/c.npy"]
+
+
+def test_empty_root_raises(tmp_path):
+    with pytest.raises(ValueError, match="no file found"):
+        select_files(tmp_path)
+
+
+@pytest.mark.skipif(os.name == "nt" or os.geteuid() == 0, reason="root reads every folder")
+def test_unreadable_subdirectory_raises_permission_error(tmp_path):
+    touch(tmp_path, "a.npy", "locked/b.npy")
+    (tmp_path / "locked").chmod(0)
+    try:
+        with pytest.raises(PermissionError) as info:
+            select_files(tmp_path)
+        assert "locked" in str(info.value)
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+
+
+# -- symlinks ----------------------------------------------------------------------------------
+
+
+@needs_symlinks
+def test_flat_follows_symlinked_subdirectories_even_back_to_the_root_as_dali(tmp_path):
+    touch(tmp_path, "a.npy", "sub/b.npy")
+    os.symlink(".", tmp_path / "loop")  # loop -> root
+    os.symlink("sub", tmp_path / "alias")  # alias -> sub
+    # DALI lists an immediate subdirectory by its name whatever it points to.
+    assert rel(select_files(tmp_path), tmp_path) == ["a.npy", "alias/b.npy", "loop/a.npy", "sub/b.npy"]
+
+
+@needs_symlinks
+def test_recursive_symlink_to_parent_terminates_and_adds_nothing(tmp_path):
+    touch(tmp_path, "a.npy", "sub/b.npy", "sub/deep/c.npy")
+    os.symlink("..", tmp_path / "sub" / "up")  # sub/up -> root
+    os.symlink("..", tmp_path / "sub" / "deep" / "up")  # sub/deep/up -> sub
+    os.symlink(".", tmp_path / "self")  # self -> root
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == ["a.npy", "sub/b.npy", "sub/deep/c.npy"]
+    # The flat walk lists each immediate subdirectory once: sub/up is two levels down.
+    assert rel(select_files(tmp_path), tmp_path) == ["a.npy", "self/a.npy", "sub/b.npy"]
+
+
+@needs_symlinks
+def test_recursive_mutual_loops_list_each_folder_once_under_its_real_path(tmp_path):
+    touch(tmp_path, "x/1.npy", "y/2.npy")
+    os.symlink("../y", tmp_path / "x" / "to_y")
+    os.symlink("../x", tmp_path / "y" / "to_x")
+    os.symlink("y", tmp_path / "a_alias")  # sorts before the real folder; the real path still wins
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == ["x/1.npy", "y/2.npy"]
+
+
+@needs_symlinks
+def test_recursive_link_out_of_the_tree_is_walked_once(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    touch(root, "a.npy")
+    touch(outside, "o.npy", "deeper/p.npy")
+    os.symlink(root, outside / "back")  # leads back into the tree: adds nothing
+    os.symlink(outside, root / "l2")
+    os.symlink(outside, root / "l1")  # two links to one folder: the byte-wise first is walked
+    assert rel(select_files(root, recursive=True), root) == ["a.npy", "l1/deeper/p.npy", "l1/o.npy"]
+
+
+@needs_symlinks
+def test_recursive_nested_links_fewest_hops_first(tmp_path):
+    root, ext1, ext2 = tmp_path / "root", tmp_path / "ext1", tmp_path / "ext2"
+    touch(root, "r.npy")
+    touch(ext1, "e1.npy")
+    touch(ext2, "e2.npy")
+    os.symlink(ext2, ext1 / "to_ext2")  # reachable through two links ...
+    os.symlink(ext1, root / "a")
+    os.symlink(ext2, root / "z")  # ... and through one, which wins although "z" sorts last
+    assert rel(select_files(root, recursive=True), root) == ["a/e1.npy", "r.npy", "z/e2.npy"]
+
+
+@needs_symlinks
+def test_dangling_and_looping_symlinks_are_skipped(tmp_path):
+    touch(tmp_path, "a.npy", "sub/b.npy")
+    os.symlink(tmp_path / "nowhere.npy", tmp_path / "dead.npy")
+    os.symlink(tmp_path / "nowhere", tmp_path / "deaddir")
+    os.symlink("nowhere.npy", tmp_path / "sub" / "dead.npy")
+    os.symlink("selfloop.npy", tmp_path / "selfloop.npy")  # ELOOP when followed
+    for recursive in (False, True):
+        assert rel(select_files(tmp_path, recursive=recursive), tmp_path) == ["a.npy", "sub/b.npy"]
+
+
+@needs_symlinks
+def test_symlinks_to_files_count_as_files_and_links_to_folders_do_not(tmp_path):
+    touch(tmp_path, "sub/b.npy")
+    os.symlink("sub/b.npy", tmp_path / "link.npy")
+    os.symlink("sub", tmp_path / "dirlink.npy")  # a folder under a matching name: walked, not read
+    assert rel(select_files(tmp_path), tmp_path) == ["link.npy", "dirlink.npy/b.npy", "sub/b.npy"]
+    assert rel(select_files(tmp_path, recursive=True), tmp_path) == ["link.npy", "sub/b.npy"]
+
+
+@needs_symlinks
+def test_symlinked_root_is_followed(tmp_path):
+    touch(tmp_path, "real/a.npy")
+    os.symlink(tmp_path / "real", tmp_path / "root")
+    assert select_files(tmp_path / "root") == [str(tmp_path / "root" / "a.npy")]
+
+
+@needs_symlinks
+def test_dangling_root_raises_file_not_found(tmp_path):
+    os.symlink(tmp_path / "nowhere", tmp_path / "root")
+    with pytest.raises(FileNotFoundError, match="dangling"):
+        select_files(tmp_path / "root")
+
+
+# -- many files --------------------------------------------------------------------------------
+
+
+TWENTY_THOUSAND = [f"f{i:05d}.npy" for i in range(20_000)]
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory) -> Path:
+    """20,000 empty files: half in the root, half in one subdirectory."""
+    root = tmp_path_factory.mktemp("many")
+    (root / "sub").mkdir()
+    half = len(TWENTY_THOUSAND) // 2
+    for i, name in enumerate(TWENTY_THOUSAND):
+        open(root / name if i < half else root / "sub" / name, "wb").close()
+    return root
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_twenty_thousand_files_are_discovered_quickly(many_files, recursive):
+    t0 = time.perf_counter()
+    got = select_files(many_files, recursive=recursive)
+    elapsed = time.perf_counter() - t0  # about 0.1 s on a laptop-class disk
+    half = len(TWENTY_THOUSAND) // 2
+    assert rel(got, many_files) == TWENTY_THOUSAND[:half] + [f"sub/{n}" for n in TWENTY_THOUSAND[half:]]
+    assert elapsed < 10, f"discovering 20,000 files took {elapsed:.2f} s"
+
+
+# -- shards ------------------------------------------------------------------------------------
+
+
+def test_shard_table_ten_files_three_shards():
+    assert [shard_range(10, k, 3) for k in range(3)] == [range(0, 3), range(3, 6), range(6, 10)]
+
+
+def test_single_shard_is_everything_and_one_file_per_shard():
+    assert shard_range(7, 0, 1) == range(7)
+    assert [shard_range(4, k, 4) for k in range(4)] == [range(k, k + 1) for k in range(4)]
+
+
+@pytest.mark.parametrize("n", range(1, 31))
+def test_shards_partition_contiguously_with_sizes_within_one(n):
+    for s in range(1, n + 1):
+        shards = [shard_range(n, k, s) for k in range(s)]
+        assert [i for r in shards for i in r] == list(range(n))  # contiguous, in order, no gap
+        assert all(r.step == 1 and r.start == n * k // s and r.stop == n * (k + 1) // s for k, r in enumerate(shards))
+        sizes = [len(r) for r in shards]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+def test_shard_arguments_accept_numpy_integers():
+    assert shard_range(np.int64(10), np.int32(2), np.uint8(3)) == range(6, 10)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((10, 3, 3), "shard_id=3 with num_shards=3"),
+        ((10, 5, 3), "shard_id=5 with num_shards=3"),
+        ((10, -1, 3), "shard_id must be a non-negative integer, got -1"),
+        ((10, 0, 0), "num_shards must be at least 1, got 0"),
+        ((10, 0, -2), "num_shards must be a non-negative integer, got -2"),
+        ((3, 0, 4), "num_shards=4 is more than the 3 files"),
+        ((0, 0, 1), "num_shards=1 is more than the 0 files"),
+        ((-1, 0, 1), r"n \(the number of files\) must be a non-negative integer, got -1"),
+        ((10, 1.0, 3), "shard_id must be a non-negative integer, got 1.0"),
+        ((10, 0, "3"), "num_shards must be a non-negative integer, got '3'"),
+        ((10.0, 0, 3), "got 10.0"),
+        ((10, True, 3), "shard_id must be a non-negative integer, got True"),
+        ((10, 0, None), "num_shards must be a non-negative integer, got None"),
+    ],
+)
+def test_shard_errors_name_the_numbers(args, match):
+    with pytest.raises(ValueError, match=match):
+        shard_range(*args)
