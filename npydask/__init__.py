@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from npydask import config
 from npydask.array import from_npy
+from npydask.dataset import NpyDataset, open_dataset
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.header import NpyHeader, parse_header
 from npydask.reader import read_header, read_region
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FileChangedError",
     "GpuUnavailableError",
+    "NpyDataset",
     "NpyDaskWarning",
     "NpyFormatError",
     "NpyHeader",
@@ -34,6 +36,7 @@ __all__ = [
     "__version__",
     "config",
     "from_npy",
+    "open_dataset",
     "parse_header",
     "read_header",
     "read_region",

@@ -24,6 +24,7 @@ from dask.utils import parse_bytes
 
 from npydask.reader import BACKENDS, FileRef, _check_key, _fspath
 from npydask.region import Box
+from npydask.roi import FileRoi
 
 __all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
 
@@ -31,20 +32,22 @@ DEVICES = ("cpu", "gpu")
 
 
 class NpyFileArray:
-    """An array-like view of one ``.npy`` file for ``dask.array.from_array``.
+    """An array-like view of one ``.npy`` file (optionally cut to a ROI) for ``from_array``.
 
     Supports basic indexing (integers, slices with any step, ``Ellipsis``);
-    each access reads only the box it covers.
+    each access reads only the bytes of the box it covers, and fills the
+    cells a ``"pad"`` ROI puts outside the file.
     """
 
-    __slots__ = ("ref",)
+    __slots__ = ("ref", "roi")
 
-    def __init__(self, ref: FileRef) -> None:
+    def __init__(self, ref: FileRef, roi: FileRoi | None = None) -> None:
         self.ref = ref
+        self.roi = roi
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.ref.header.shape
+        return self.ref.header.shape if self.roi is None else self.roi.shape
 
     @property
     def dtype(self) -> np.dtype:
@@ -59,20 +62,48 @@ class NpyFileArray:
             raise TypeError("len() of a 0-d array")
         return self.shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
     def __repr__(self) -> str:
         return f"NpyFileArray({self.ref.path!r}, shape={self.shape}, dtype={self.dtype.str})"
 
     def __dask_tokenize__(self) -> Any:
         r = self.ref
-        return ("npydask.NpyFileArray", r.path, r.identity, r.header, r.options, r.backend)
+        return ("npydask.NpyFileArray", r.path, r.identity, r.header, r.options, r.backend, self.roi)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (NpyFileArray, (self.ref,))
+        return (NpyFileArray, (self.ref, self.roi))
 
     def __getitem__(self, index: Any) -> np.ndarray:
         box, post = split_index(index, self.shape)
-        block = self.ref.read(box)
+        block = self.read(box)
         return block[post] if post else block
+
+    def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``box`` (in this view's output coordinates) into ``out`` or a new array."""
+        roi = self.roi
+        if roi is None:
+            return self.ref.read(box, out)
+        shape = self.ref.header.shape
+        lo = tuple(a + s for a, s in zip(box.start, roi.start))
+        hi = tuple(b + s for b, s in zip(box.stop, roi.start))
+        inside_lo = tuple(min(max(a, 0), n) for a, n in zip(lo, shape))
+        inside_hi = tuple(max(min(b, n), a) for b, n, a in zip(hi, shape, inside_lo))
+        if inside_lo == lo and inside_hi == hi:
+            return self.ref.read(Box(lo, hi), out)
+        if out is None:
+            out = np.empty(box.shape, self.dtype)
+        if self.dtype.kind in "VSUMm" or roi.fill_value is None:
+            out[...] = np.zeros((), self.dtype)
+        else:
+            out[...] = roi.fill_value
+        inner = Box(inside_lo, inside_hi)
+        if inner.size:
+            where = tuple(slice(a - s, b - s) for a, b, s in zip(inside_lo, inside_hi, lo))
+            out[where] = self.ref.read(inner)
+        return out
 
 
 def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]]:
@@ -157,19 +188,23 @@ def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, li
     return tuple(chunks[::-1] if fortran_order else chunks)
 
 
-def _resolve_chunks(chunks: Any, ref: FileRef) -> tuple[tuple[int, ...], ...]:
-    header = ref.header
-    limit = None
-    if chunks == "auto":
-        limit = parse_bytes(dask.config.get("array.chunk-size"))
-    elif isinstance(chunks, str):
+def chunk_limit(chunks: Any) -> int | None:
+    """The byte limit ``"auto"`` or a size string stands for; ``None`` for explicit chunks."""
+    if isinstance(chunks, str):
+        text = dask.config.get("array.chunk-size") if chunks == "auto" else chunks
         try:
-            limit = parse_bytes(chunks)
+            return int(parse_bytes(text))
         except ValueError as e:
             raise ValueError(f"chunks={chunks!r}: expected 'auto', a byte size like '128MiB', or sizes") from e
+    return None
+
+
+def resolve_chunks(chunks: Any, source: Any, fortran_order: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Normalise ``chunks`` for ``source``; ``"auto"`` and sizes give file-contiguous chunks."""
+    limit = chunk_limit(chunks)
     if limit is not None:
-        chunks = auto_chunks(header.shape, header.dtype, header.fortran_order, limit)
-    return normalize_chunks(chunks, header.shape, dtype=header.dtype)
+        chunks = auto_chunks(source.shape, source.dtype, fortran_order, limit)
+    return normalize_chunks(chunks, source.shape, dtype=source.dtype)
 
 
 def check_device(device: str) -> None:
@@ -230,10 +265,18 @@ def from_npy(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     ref = FileRef.open(path, backend)
-    normalized = _resolve_chunks(chunks, ref)
     source = NpyFileArray(ref)
-    meta = np.empty((0,) * source.ndim, source.dtype)
-    name = "npy-" + tokenize(source, normalized, key, device, backend)
-    return da.from_array(
-        source, chunks=normalized, name=name, fancy=False, inline_array=True, meta=meta, asarray=False
-    )
+    return wrap(source, resolve_chunks(chunks, source, ref.header.fortran_order), device=device, key=key)
+
+
+def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu", key: str | None = None) -> da.Array:
+    """A dask array over an npydask array-like, one small task per chunk.
+
+    ``source`` (an :class:`NpyFileArray` or a group of files) is embedded in
+    every task (``inline_array=True``): it is a few hundred bytes and has no
+    ``copy`` method, so dask neither copies nor hashes data; its
+    ``__dask_tokenize__`` makes the name deterministic.
+    """
+    meta = np.empty((0,) * len(source.shape), source.dtype)
+    name = "npy-" + tokenize(source, chunks, key, device)
+    return da.from_array(source, chunks=chunks, name=name, fancy=False, inline_array=True, meta=meta, asarray=False)

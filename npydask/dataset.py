@@ -1,0 +1,382 @@
+"""Datasets of many ``.npy`` files: NVIDIA DALI ``fn.readers.numpy`` parity on Dask.
+
+:func:`open_dataset` selects files as DALI does (:mod:`npydask.discovery`),
+reads and checks every header (in parallel, or from a persistent index),
+resolves the ROI arguments per file (:mod:`npydask.roi`) and keeps the files
+of one shard. The :class:`NpyDataset` it returns is immutable and cheap: lazy
+arrays are made only when asked for (``ds[i]``, ``ds.stack()``,
+``ds.concatenate()``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
+from npydask.backends._files import FileIdentity, open_regular, read_header_from
+from npydask.config import read_options
+from npydask.discovery import select_files, shard_range
+from npydask.header import NpyHeader
+from npydask.reader import BACKENDS, FileRef, _check_key
+from npydask.roi import RoiArgs, resolve_roi
+from npydask.stacking import join, plan_groups
+
+__all__ = ["NpyDataset", "open_dataset", "scan_headers"]
+
+_BATCH = 256
+
+
+def _scan_one(path: str) -> tuple[FileIdentity, NpyHeader]:
+    f, st = open_regular(path)
+    with f:
+        return FileIdentity.of(st), read_header_from(f, st.st_size, path)
+
+
+def _scan_batch(paths: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader] | BaseException]:
+    out: list[tuple[FileIdentity, NpyHeader] | BaseException] = []
+    for p in paths:
+        try:
+            out.append(_scan_one(p))
+        except (OSError, ValueError) as e:
+            out.append(e)
+    return out
+
+
+def scan_headers(paths: Sequence[str], *, threads: int | None = None) -> list[tuple[FileIdentity, NpyHeader] | BaseException]:
+    """Open, read and check the header of every path, in parallel; failures come back as exceptions.
+
+    Each file costs one ``open``, one ``fstat``, one ``pread`` and one
+    ``close``; header texts shared by many files are parsed once.
+    """
+    if len(paths) <= _BATCH:
+        return _scan_batch(paths)
+    batches = [paths[i : i + _BATCH] for i in range(0, len(paths), _BATCH)]
+    workers = threads or min(8, (os.cpu_count() or 1) * 2)
+    with ThreadPoolExecutor(workers, thread_name_prefix="npydask-scan") as pool:
+        return [r for batch in pool.map(_scan_batch, batches) for r in batch]
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return f"{dtype.name} ({dtype.str})" if dtype.fields is None else str(dtype)
+
+
+class NpyDataset:
+    """An immutable, ordered set of ``.npy`` files with one dtype and ndim.
+
+    Made by :func:`open_dataset`. ``len(ds)``, ``ds.files``, ``ds.headers``,
+    ``ds.shapes`` (after ROI), ``ds.dtype``, ``ds.ndim``, ``ds.nbytes``;
+    ``ds[i]`` is file ``i`` as a lazy array, ``ds[a:b]`` and ``ds[[i, j]]`` are
+    sub-datasets, ``ds.stack()`` and ``ds.concatenate()`` join the files.
+    """
+
+    __slots__ = ("_device", "_views")
+
+    def __init__(self, views: Sequence[NpyFileArray], *, device: str = "cpu") -> None:
+        self._views = tuple(views)
+        self._device = device
+
+    # -- facts ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __iter__(self) -> Iterator[da.Array]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def files(self) -> list[str]:
+        """The files' paths in read order (``os.path.join(file_root, entry)``)."""
+        return [v.ref.path for v in self._views]
+
+    @property
+    def headers(self) -> list[NpyHeader]:
+        """Each file's header."""
+        return [v.ref.header for v in self._views]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Each file's output shape, after the ROI."""
+        return [v.shape for v in self._views]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype every file shares (byte order included)."""
+        if not self._views:
+            raise ValueError("an empty dataset has no dtype")
+        return self._views[0].dtype
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions every file shares."""
+        if not self._views:
+            raise ValueError("an empty dataset has no ndim")
+        return len(self._views[0].shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all outputs (after ROI)."""
+        return sum(v.nbytes for v in self._views)
+
+    @property
+    def views(self) -> tuple[NpyFileArray, ...]:
+        """The per-file array-likes the lazy arrays are built on."""
+        return self._views
+
+    def __repr__(self) -> str:
+        if not self._views:
+            return "NpyDataset(0 files)"
+        shapes = sorted(set(self.shapes))
+        shown = str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes, e.g. {shapes[0]}..{shapes[-1]}"
+        first = self.files[0]
+        more = f" .. {self.files[-1]}" if len(self) > 1 else ""
+        return (
+            f"NpyDataset({len(self)} files, dtype={_dtype_name(self.dtype)}, ndim={self.ndim}, "
+            f"shape {shown}, {_human(self.nbytes)}, device={self._device!r}: {first}{more})"
+        )
+
+    # -- selection -----------------------------------------------------------
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return NpyDataset(self._views[index], device=self._device)
+        if isinstance(index, (list, tuple, np.ndarray)):
+            picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
+            return NpyDataset([self._views[i] for i in picks], device=self._device)
+        return self.array(self._index(index))
+
+    def _index(self, i: Any) -> int:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"dataset indices are integers, slices or lists of integers, found {i!r}")
+        k = i.__index__()
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"file index {k} is out of range for a dataset of {len(self)} files")
+        return k % len(self)
+
+    def shard(self, shard_id: int, num_shards: int) -> NpyDataset:
+        """Shard ``shard_id`` of ``num_shards``: DALI's contiguous ``[floor(N*k/S), floor(N*(k+1)/S))``."""
+        r = shard_range(len(self), shard_id, num_shards)
+        return NpyDataset(self._views[r.start : r.stop], device=self._device)
+
+    # -- lazy arrays ---------------------------------------------------------
+    def array(self, i: int, chunks: Any = "auto") -> da.Array:
+        """File ``i`` (after ROI) as a lazy array."""
+        view = self._views[self._index(i)]
+        return wrap(view, resolve_chunks(chunks, view, view.ref.header.fortran_order), device=self._device)
+
+    def arrays(self) -> list[da.Array]:
+        """Every file as a lazy array, in order."""
+        return [self.array(i) for i in range(len(self))]
+
+    def stack(self, chunks: Any = None) -> da.Array:
+        """One lazy array of shape ``(len(ds), *shape)``; all output shapes must be equal.
+
+        Files under about an eighth of dask's ``array.chunk-size`` are read
+        several per task; larger files keep chunks of their own. ``chunks``
+        (anything ``normalize_chunks`` takes for the stacked shape) overrides
+        the grouping.
+        """
+        self._need_files("stack")
+        shapes = self.shapes
+        for i, s in enumerate(shapes):
+            if s != shapes[0]:
+                raise ValueError(
+                    f"cannot stack files of different shapes: {self.files[0]} has {shapes[0]} but "
+                    f"{self.files[i]} has {s}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
+                )
+        return self._join(chunks, axis=0, stacked=True)
+
+    def concatenate(self, axis: int = 0, chunks: Any = None) -> da.Array:
+        """One lazy array joining the files along ``axis``; other extents must agree."""
+        self._need_files("concatenate")
+        ndim = self.ndim
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"axis {axis} is out of range for arrays of {ndim} dimensions")
+        axis %= ndim
+        shapes = self.shapes
+        ref = shapes[0][:axis] + shapes[0][axis + 1 :]
+        for i, s in enumerate(shapes):
+            if s[:axis] + s[axis + 1 :] != ref:
+                raise ValueError(
+                    f"cannot concatenate along axis {axis}: {self.files[0]} has shape {shapes[0]} but "
+                    f"{self.files[i]} has {s}; all extents but axis {axis} must agree"
+                )
+        return self._join(chunks, axis=axis, stacked=False)
+
+    def _need_files(self, what: str) -> None:
+        if not self._views:
+            raise ValueError(f"cannot {what} an empty dataset")
+
+    def _join(self, chunks: Any, *, axis: int, stacked: bool) -> da.Array:
+        views = self._views
+        limit = chunk_limit("auto" if chunks is None else chunks)
+        if limit is None:
+            return self._join_explicit(chunks, axis=axis, stacked=stacked)
+        plan = plan_groups(
+            [v.nbytes for v in views],
+            [v.shape for v in views],
+            self.dtype,
+            [v.ref.header.fortran_order for v in views],
+            limit=limit,
+            axis=axis,
+            stacked=stacked,
+        )
+        return join(views, plan, axis=axis, stacked=stacked, device=self._device)
+
+    def _join_explicit(self, chunks: Any, *, axis: int, stacked: bool) -> da.Array:
+        from dask.array.core import normalize_chunks
+
+        from npydask.stacking import GroupPlan
+
+        views = self._views
+        lengths = [1 if stacked else v.shape[axis] for v in views]
+        first = views[0].shape
+        total = (len(views), *first) if stacked else (*first[:axis], sum(lengths), *first[axis + 1 :])
+        normalized = normalize_chunks(chunks, total, dtype=self.dtype)
+        join_axis = 0 if stacked else axis
+        # A group ends where a file boundary meets a chunk boundary; chunks may span files.
+        file_edges = np.cumsum([0, *lengths]).tolist()
+        chunk_edges = np.cumsum([0, *normalized[join_axis]]).tolist()
+        at_chunk_edge = set(chunk_edges)
+        bounds, inner = [], []
+        a = 0
+        for k in range(1, len(file_edges)):
+            if file_edges[k] in at_chunk_edge:
+                lo, hi = file_edges[a], file_edges[k]
+                pieces = [e2 - e1 for e1, e2 in zip(chunk_edges, chunk_edges[1:]) if lo <= e1 and e2 <= hi]
+                grid = list(normalized)
+                grid[join_axis] = tuple(pieces)
+                bounds.append((a, k))
+                inner.append(tuple(grid))
+                a = k
+        return join(views, GroupPlan(tuple(bounds), tuple(inner)), axis=axis, stacked=stacked, device=self._device)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def open_dataset(
+    file_root: str | os.PathLike[str] | None = None,
+    *,
+    file_filter: str = "*.npy",
+    file_list: str | os.PathLike[str] | None = None,
+    files: Sequence[str | os.PathLike[str]] | None = None,
+    recursive: bool = False,
+    key: str | None = None,
+    index: str | os.PathLike[str] | None = None,
+    roi_start: Any = None,
+    rel_roi_start: Any = None,
+    roi_end: Any = None,
+    rel_roi_end: Any = None,
+    roi_shape: Any = None,
+    rel_roi_shape: Any = None,
+    roi_axes: Any = None,
+    out_of_bounds_policy: str = "error",
+    fill_value: Any = 0,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    device: str = "cpu",
+    backend: str = "auto",
+) -> NpyDataset:
+    """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
+
+    Parameters
+    ----------
+    file_root, file_filter, file_list, files, recursive
+        Which files, in which order (see :mod:`npydask.discovery`).
+    key : str, optional
+        Member name inside ``.npz`` archives.
+    index : path, optional
+        A persistent header index (JSON, never pickle), reused while files
+        keep their size and mtime and refreshed for the others.
+    roi_start, rel_roi_start, roi_end, rel_roi_end, roi_shape, rel_roi_shape, roi_axes
+        DALI's ROI arguments (see :mod:`npydask.roi`); a 2-D value gives one
+        row per file of the whole list, before sharding.
+    out_of_bounds_policy : {"error", "trim_to_shape", "pad"}
+    fill_value : scalar
+        Value of padded cells (``"pad"``).
+    shard_id, num_shards : int
+        Keep shard ``shard_id`` of ``num_shards`` (contiguous, as DALI).
+    device : {"cpu", "gpu"}
+    backend : {"auto", "mmap", "pread"}
+
+    Raises
+    ------
+    ValueError
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims.
+    NpyFormatError
+        A file that is not a valid ``.npy`` file.
+    OSError
+        A file that cannot be opened (the builtin subclass, naming it).
+    RoiError
+        A ROI outside a file with ``out_of_bounds_policy="error"``, or ending before it starts.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(4): np.save(os.path.join(root, f"{i}.npy"), np.full((3, 5), i, "i2"))
+    >>> ds = npydask.open_dataset(root, roi_start=[1, 1], roi_shape=[2, 3])
+    >>> len(ds), ds.shapes[0], int(ds.stack().sum().compute())
+    (4, (2, 3), 36)
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    check_device(device)
+    paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
+    _check_key(key, paths[0])
+    roi_args = RoiArgs.from_user(
+        roi_start=roi_start,
+        rel_roi_start=rel_roi_start,
+        roi_end=roi_end,
+        rel_roi_end=rel_roi_end,
+        roi_shape=roi_shape,
+        rel_roi_shape=rel_roi_shape,
+        roi_axes=roi_axes,
+        out_of_bounds_policy=out_of_bounds_policy,
+        fill_value=fill_value,
+        n_files=len(paths),
+    )
+    picked = shard_range(len(paths), shard_id, num_shards)
+    chosen = [paths[i] for i in picked]
+    if index is not None:
+        from npydask.index import scan_with_index
+
+        scanned = scan_with_index(os.fspath(index), chosen, scan_headers)
+    else:
+        scanned = scan_headers(chosen)
+    options = read_options()
+    views: list[NpyFileArray] = []
+    first: tuple[str, np.dtype, int] | None = None
+    for global_i, path, result in zip(picked, chosen, scanned):
+        if isinstance(result, BaseException):
+            raise result
+        identity, header = result
+        if first is None:
+            first = (path, header.dtype, header.ndim)
+        elif header.dtype != first[1] or header.dtype.str != first[1].str:
+            raise ValueError(
+                f"all files of a dataset must share one dtype: {first[0]} holds {_dtype_name(first[1])} "
+                f"but {path} holds {_dtype_name(header.dtype)}"
+            )
+        elif header.ndim != first[2]:
+            raise ValueError(
+                f"all files of a dataset must share one ndim: {first[0]} has {first[2]} dimensions "
+                f"but {path} has {header.ndim} (shape {header.shape})"
+            )
+        roi = None
+        if roi_args.has_roi or roi_args.out_of_bounds_policy != "error":
+            roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=path)
+            if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
+                roi = None
+        views.append(NpyFileArray(FileRef(path, identity, header, options, backend), roi))
+    return NpyDataset(views, device=device)
+

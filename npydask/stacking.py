@@ -1,0 +1,192 @@
+"""Many files as one lazy array: groups of files per task, stacked or concatenated.
+
+Planning is pure (:func:`plan_groups`): consecutive files are grouped so a
+task reads several small files into one block, while a file of about an
+eighth of dask's ``array.chunk-size`` or more gets chunks of its own and is
+never copied together with another. Each group becomes one
+``dask.array.from_array`` over a :class:`FileGroup` (which carries only its
+own files' paths, headers and ROIs) and the groups are joined with
+``dask.array.concatenate``, so no task carries the whole dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.array.core import normalize_chunks
+
+from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
+from npydask.region import Box
+
+__all__ = ["FileGroup", "GroupPlan", "join", "plan_groups"]
+
+
+class FileGroup:
+    """Consecutive files as one array-like: stacked on a new axis 0, or joined along ``axis``."""
+
+    __slots__ = ("axis", "dtype", "offsets", "shape", "stacked", "views")
+
+    def __init__(self, views: Sequence[NpyFileArray], axis: int, stacked: bool) -> None:
+        self.views = tuple(views)
+        self.axis = axis
+        self.stacked = stacked
+        self.dtype = self.views[0].dtype
+        first = self.views[0].shape
+        if stacked:
+            self.shape = (len(self.views), *first)
+            self.offsets = tuple(range(len(self.views) + 1))
+        else:
+            lengths = [v.shape[axis] for v in self.views]
+            self.offsets = (0, *np.cumsum(lengths).tolist())
+            self.shape = (*first[:axis], self.offsets[-1], *first[axis + 1 :])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        how = "stack" if self.stacked else f"concatenate(axis={self.axis})"
+        return f"FileGroup({len(self.views)} files, {how}, shape={self.shape}, dtype={self.dtype.str})"
+
+    def __dask_tokenize__(self) -> Any:
+        return ("npydask.FileGroup", self.axis, self.stacked, [v.__dask_tokenize__() for v in self.views])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FileGroup, (self.views, self.axis, self.stacked))
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        box, post = split_index(index, self.shape)
+        out = np.empty(box.shape, self.dtype)
+        axis = 0 if self.stacked else self.axis
+        lo, hi = box.start[axis], box.stop[axis]
+        for k, view in enumerate(self.views):
+            a, b = max(lo, self.offsets[k]), min(hi, self.offsets[k + 1])
+            if a >= b:
+                continue
+            dest = [slice(None)] * len(box.shape)
+            dest[axis] = slice(a - lo, b - lo)
+            if self.stacked:
+                inner = Box(box.start[1:], box.stop[1:])
+                view.read(inner, out=out[a - lo])  # a C-contiguous slab: read in place
+            else:
+                start = list(box.start)
+                stop = list(box.stop)
+                start[axis], stop[axis] = a - self.offsets[k], b - self.offsets[k]
+                part = Box(tuple(start), tuple(stop))
+                if axis == 0:
+                    view.read(part, out=out[a - lo : b - lo])
+                else:
+                    out[tuple(dest)] = view.read(part)
+        return out[post] if post else out
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Which files form each task group, and the chunks inside each group."""
+
+    bounds: tuple[tuple[int, int], ...]
+    inner_chunks: tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def _target_group_bytes(total: int, limit: int, threads: int) -> int:
+    """Bytes per group: at most ``limit``, yet two groups per thread once the data exceeds a few MiB."""
+    if total <= 4 << 20:
+        return limit
+    return max(1 << 20, min(limit, math.ceil(total / (2 * threads))))
+
+
+def plan_groups(
+    sizes: Sequence[int],
+    shapes: Sequence[tuple[int, ...]],
+    dtype: np.dtype,
+    fortran: Sequence[bool],
+    *,
+    limit: int,
+    axis: int,
+    stacked: bool,
+    threads: int | None = None,
+) -> GroupPlan:
+    """Group consecutive files for tasks.
+
+    Files under ``limit / 8`` bytes are packed several per group up to the
+    target group size; a larger file is a group of its own, split into
+    file-contiguous chunks of at most ``limit`` bytes (along any axis when
+    stacked; along ``axis`` only when concatenating, so groups still line up).
+
+    Examples
+    --------
+    >>> plan = plan_groups([100] * 10, [(25,)] * 10, np.dtype("f4"), [False] * 10, limit=1000,
+    ...                    axis=0, stacked=True)
+    >>> plan.bounds
+    ((0, 10),)
+    """
+    threads = threads or os.cpu_count() or 1
+    target = _target_group_bytes(sum(sizes), limit, threads)
+    small = limit // 8
+    bounds: list[tuple[int, int]] = []
+    inner: list[tuple[tuple[int, ...], ...]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if size >= small and size > 0:
+            if start < i:
+                bounds.append((start, i))
+                inner.append(_whole(shapes, start, i, axis, stacked))
+            bounds.append((i, i + 1))
+            inner.append(_split(shapes[i], dtype, fortran[i], limit, axis, stacked))
+            start, acc = i + 1, 0
+            continue
+        if acc + size > target and start < i:
+            bounds.append((start, i))
+            inner.append(_whole(shapes, start, i, axis, stacked))
+            start, acc = i, 0
+        acc += size
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+        inner.append(_whole(shapes, start, len(sizes), axis, stacked))
+    return GroupPlan(tuple(bounds), tuple(inner))
+
+
+def _whole(shapes: Sequence[tuple[int, ...]], a: int, b: int, axis: int, stacked: bool) -> tuple[tuple[int, ...], ...]:
+    first = shapes[a]
+    if stacked:
+        return ((b - a,), *((n,) for n in first))
+    length = sum(s[axis] for s in shapes[a:b])
+    return tuple((length,) if d == axis else (n,) for d, n in enumerate(first))
+
+
+def _split(
+    shape: tuple[int, ...], dtype: np.dtype, fortran: bool, limit: int, axis: int, stacked: bool
+) -> tuple[tuple[int, ...], ...]:
+    chunk = auto_chunks(shape, dtype, fortran, limit)
+    if stacked:
+        return ((1,), *normalize_chunks(chunk, shape, dtype=dtype))
+    # Concatenating: only split along the joining axis, so every group spans the other axes whole.
+    per = max(1, limit // max(1, math.prod(n for d, n in enumerate(shape) if d != axis) * dtype.itemsize))
+    return normalize_chunks(tuple(per if d == axis else n for d, n in enumerate(shape)), shape, dtype=dtype)
+
+
+def join(
+    views: Sequence[NpyFileArray],
+    plan: GroupPlan,
+    *,
+    axis: int,
+    stacked: bool,
+    device: str = "cpu",
+) -> da.Array:
+    """One lazy array from the groups of ``plan``."""
+    arrays = [
+        wrap(FileGroup(views[a:b], axis, stacked), chunks, device=device)
+        for (a, b), chunks in zip(plan.bounds, plan.inner_chunks)
+    ]
+    if len(arrays) == 1:
+        return arrays[0]
+    return da.concatenate(arrays, axis=0 if stacked else axis)
