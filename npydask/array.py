@@ -11,6 +11,7 @@ data; its token is (path, size, mtime, inode, header, settings), which makes
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from typing import Any
@@ -19,7 +20,6 @@ import dask
 import dask.array as da
 import numpy as np
 from dask.array.core import normalize_chunks
-from dask.base import tokenize
 from dask.utils import parse_bytes
 
 from npydask.reader import BACKENDS, FileRef, _check_key, _fspath
@@ -70,8 +70,8 @@ class NpyFileArray:
         return f"NpyFileArray({self.ref.path!r}, shape={self.shape}, dtype={self.dtype.str})"
 
     def __dask_tokenize__(self) -> Any:
-        r = self.ref
-        return ("npydask.NpyFileArray", r.path, r.identity, r.header, r.options, r.backend, self.roi)
+        roi = self.roi
+        return ("npydask.NpyFileArray", self.ref.token, None if roi is None else repr(roi))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NpyFileArray, (self.ref, self.roi))
@@ -278,5 +278,8 @@ def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu
     ``__dask_tokenize__`` makes the name deterministic.
     """
     meta = np.empty((0,) * len(source.shape), source.dtype)
-    name = "npy-" + tokenize(source, chunks, key, device)
+    # The source's token is already a hash of (path, identity, header, settings); hashing its
+    # repr with the chunks is ~10x cheaper than tokenize() walking the chunk tuples.
+    facts = repr((source.__dask_tokenize__(), chunks, key, device)).encode("utf8", "surrogateescape")
+    name = "npy-" + hashlib.blake2b(facts, digest_size=16).hexdigest()
     return da.from_array(source, chunks=chunks, name=name, fancy=False, inline_array=True, meta=meta, asarray=False)

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.backends._files import FileIdentity, open_regular, read_header_from
+from npydask.backends._files import FileIdentity, scan_file
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
 from npydask.header import NpyHeader
@@ -32,17 +32,11 @@ __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 _BATCH = 256
 
 
-def _scan_one(path: str) -> tuple[FileIdentity, NpyHeader]:
-    f, st = open_regular(path)
-    with f:
-        return FileIdentity.of(st), read_header_from(f, st.st_size, path)
-
-
 def _scan_batch(paths: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader] | BaseException]:
     out: list[tuple[FileIdentity, NpyHeader] | BaseException] = []
     for p in paths:
         try:
-            out.append(_scan_one(p))
+            out.append(scan_file(p))
         except (OSError, ValueError) as e:
             out.append(e)
     return out
@@ -78,8 +72,17 @@ class NpyDataset:
     __slots__ = ("_device", "_views")
 
     def __init__(self, views: Sequence[NpyFileArray], *, device: str = "cpu") -> None:
-        self._views = tuple(views)
-        self._device = device
+        object.__setattr__(self, "_views", tuple(views))
+        object.__setattr__(self, "_device", device)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"NpyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._views, self._device))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -253,6 +256,10 @@ class NpyDataset:
                 inner.append(tuple(grid))
                 a = k
         return join(views, GroupPlan(tuple(bounds), tuple(inner)), axis=axis, stacked=stacked, device=self._device)
+
+
+def _rebuild(views: tuple[NpyFileArray, ...], device: str) -> NpyDataset:
+    return NpyDataset(views, device=device)
 
 
 def _human(n: int) -> str:

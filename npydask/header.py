@@ -44,6 +44,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "NpyHeader",
     "VERSIONS",
+    "header_end",
     "parse_header",
     "parse_preamble",
 ]
@@ -211,15 +212,19 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
     >>> npydask.parse_header(buf.getvalue()).dtype
     dtype('>i2')
     """
-    buf = memoryview(buf).cast("B")
+    if not isinstance(buf, bytes):
+        buf = bytes(memoryview(buf).cast("B")[: MAX_PREAMBLE + MAX_HEADER_BYTES])
+    hit = _MEMO.get(buf[: header_end(buf)])
+    if hit is not None:
+        return hit
     version, start, hlen = parse_preamble(buf[:MAX_PREAMBLE], source)
-    raw = bytes(buf[start : start + hlen])
+    raw = buf[start : start + hlen]
     if len(raw) < hlen:
         raise _fail(
             source, f"a header of {hlen} bytes after the preamble", f"only {len(raw)} bytes", "the file is truncated"
         )
     dtype, fortran, shape = _parse_text(raw, VERSIONS[version].encoding, source)
-    return NpyHeader(
+    header = NpyHeader(
         version=version,
         shape=shape,
         dtype=dtype,
@@ -227,15 +232,35 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
         data_offset=start + hlen,
         nbytes=math.prod(shape) * dtype.itemsize,
     )
+    if hlen <= _MEMO_MAX_KEY:
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        _MEMO[buf[: start + hlen]] = header
+    return header
 
 
 # --------------------------------------------------------------------------
 # Header text -> (dtype, fortran_order, shape), memoised on the raw bytes.
 
-_MEMO: dict[tuple[bytes, str], tuple[np.dtype, bool, tuple[int, ...]]] = {}
+_MEMO: dict[bytes, NpyHeader] = {}
+"""Validated headers keyed on their exact preamble and header bytes (version and length included)."""
 _MEMO_LIMIT = 4096
 _MEMO_MAX_KEY = 4096
 """Longer header texts are not memoised: the memo holds at most 16 MiB of keys."""
+
+
+def header_end(buf: bytes) -> int:
+    """Where the header of ``buf`` ends by its length field: 0 if the preamble is short or unknown.
+
+    Unchecked (no limit, no magic): callers use it to size a read, or as a memo key.
+    """
+    if len(buf) < MAX_PREAMBLE or buf[7] != 0:
+        return 0
+    if buf[6] == 1:
+        return 10 + (buf[8] | buf[9] << 8)
+    if buf[6] in (2, 3):
+        return 12 + int.from_bytes(buf[8:12], "little")
+    return 0
 
 # At most 19 digits: longer numbers (too large for intp anyway, and possibly past
 # Python's int-from-string digit limit) take the slow path, which refuses them.
@@ -248,10 +273,6 @@ _CANONICAL = re.compile(
 
 
 def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
-    key = (raw, encoding)
-    hit = _MEMO.get(key)
-    if hit is not None:
-        return hit
     try:
         text = raw.decode(encoding)
     except UnicodeDecodeError as e:
@@ -263,12 +284,7 @@ def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool,
         shape: Any = tuple(int(s) for s in match["shape"].split(",") if s)
     else:
         descr, fortran, shape = _parse_literal(text, source)
-    result = _validate(descr, fortran, shape, source)
-    if len(raw) <= _MEMO_MAX_KEY:
-        if len(_MEMO) >= _MEMO_LIMIT:
-            _MEMO.clear()
-        _MEMO[key] = result
-    return result
+    return _validate(descr, fortran, shape, source)
 
 
 def _parse_literal(text: str, source: str) -> tuple[Any, Any, Any]:

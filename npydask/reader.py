@@ -9,6 +9,9 @@ fails the task with :class:`~npydask.errors.FileChangedError`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npydask import backends
-from npydask.backends._files import FileIdentity, OpenFile, acquire, open_regular, read_header_from
+from npydask.backends._files import FileIdentity, OpenFile, acquire, scan_file
 from npydask.backends.base import same_layout
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
@@ -73,9 +76,7 @@ def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyH
     """
     path = _fspath(path)
     _check_key(key, path)
-    f, st = open_regular(path)
-    with f:
-        return read_header_from(f, st.st_size, path)
+    return scan_file(path)[1]
 
 
 def _on_distributed_worker() -> bool:
@@ -198,6 +199,16 @@ class FileRef:
         _check_backend(backend)
         f = acquire(path)
         return cls(path, f.identity, f.header, options or read_options(), backend)
+
+    @functools.cached_property
+    def token(self) -> str:
+        """A deterministic hash of everything that decides what the file reads as."""
+        h, i = self.header, self.identity
+        facts = (
+            self.path, i.size, i.mtime_ns, i.ino, h.version, h.shape, h.dtype.str, h.dtype.descr,
+            h.fortran_order, h.data_offset, dataclasses.astuple(self.options), self.backend,
+        )  # fmt: skip
+        return hashlib.blake2b(repr(facts).encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
 
     def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
         """Read ``box``, failing if the file is no longer the one that was opened.
