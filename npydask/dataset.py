@@ -32,8 +32,11 @@ __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 _BATCH = 256
 
 
-def _scan_batch(paths: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader] | BaseException]:
-    out: list[tuple[FileIdentity, NpyHeader] | BaseException] = []
+Scanned = tuple[FileIdentity, NpyHeader, bytes]
+
+
+def _scan_batch(paths: Sequence[str]) -> list[Scanned | BaseException]:
+    out: list[Scanned | BaseException] = []
     for p in paths:
         try:
             out.append(scan_file(p))
@@ -42,8 +45,8 @@ def _scan_batch(paths: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader] | B
     return out
 
 
-def scan_headers(paths: Sequence[str], *, threads: int | None = None) -> list[tuple[FileIdentity, NpyHeader] | BaseException]:
-    """Open, read and check the header of every path, in parallel; failures come back as exceptions.
+def scan_headers(paths: Sequence[str], *, threads: int | None = None) -> list[Scanned | BaseException]:
+    """Identity, header and raw header bytes of every path, in parallel; failures come back as exceptions.
 
     Each file costs one ``open``, one ``fstat``, one ``pread`` and one
     ``close``; header texts shared by many files are parsed once.
@@ -366,7 +369,7 @@ def open_dataset(
     for global_i, path, result in zip(picked, chosen, scanned):
         if isinstance(result, BaseException):
             raise result
-        identity, header = result
+        identity, header = result[0], result[1]
         if first is None:
             first = (path, header.dtype, header.ndim)
         elif header.dtype != first[1] or header.dtype.str != first[1].str:

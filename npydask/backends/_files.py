@@ -115,8 +115,8 @@ def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat
     return f, st
 
 
-def scan_file(path: str) -> tuple[FileIdentity, NpyHeader]:
-    """Identity and checked header of ``path``: one open, fstat, pread and close.
+def scan_file(path: str) -> tuple[FileIdentity, NpyHeader, bytes]:
+    """Identity, checked header and raw header bytes of ``path``: one open, fstat, pread and close.
 
     The lean twin of :func:`open_regular` plus :func:`read_header_from` for
     opening datasets of many files (no ``FileIO`` wrapper; ``O_NONBLOCK`` is
@@ -126,7 +126,8 @@ def scan_file(path: str) -> tuple[FileIdentity, NpyHeader]:
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
-        return FileIdentity.of(st), read_header_from(fd, st.st_size, path)
+        header, raw = _read_header_raw(fd, st.st_size, path)
+        return FileIdentity.of(st), header, raw
     finally:
         os.close(fd)
 
@@ -168,7 +169,10 @@ def _pread_upto(fd: int, length: int, offset: int) -> bytes:
 
 def read_header_from(f: io.FileIO | int, size: int, path: str) -> NpyHeader:
     """Read and parse the header of an open file (or descriptor) and check its payload is all there."""
-    fd = f if isinstance(f, int) else f.fileno()
+    return _read_header_raw(f if isinstance(f, int) else f.fileno(), size, path)[0]
+
+
+def _read_header_raw(fd: int, size: int, path: str) -> tuple[NpyHeader, bytes]:
     first = _pread_upto(fd, min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
     need = header_end(first)
     if need > len(first) and size > len(first):
@@ -182,7 +186,7 @@ def read_header_from(f: io.FileIO | int, size: int, path: str) -> NpyHeader:
             f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
             f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
         )
-    return header
+    return header, first[: header.data_offset]
 
 
 @dataclass(eq=False)

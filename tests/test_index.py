@@ -1,0 +1,111 @@
+"""The persistent header index: reused while files are unchanged, refreshed, atomic, never pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import npydask
+from npydask import index as index_mod
+from npydask.errors import NpyDaskWarning
+
+
+@pytest.fixture
+def folder(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(20):
+        np.save(data / f"{i:02d}.npy", np.full((3, 4), i, "<i4"))
+    return data
+
+
+def count_scans(monkeypatch):
+    calls = []
+    from npydask import dataset
+
+    real = dataset.scan_headers
+
+    def counting(paths, **kw):
+        calls.append(list(paths))
+        return real(paths, **kw)
+
+    monkeypatch.setattr(dataset, "scan_headers", counting)
+    return calls
+
+
+def test_index_is_built_then_reused(folder, tmp_path, monkeypatch):
+    idx = tmp_path / "index.json"
+    calls = count_scans(monkeypatch)
+    ds = npydask.open_dataset(folder, index=idx)
+    assert len(calls) == 1 and len(calls[0]) == 20
+    data = json.loads(idx.read_text())
+    assert data["format"] == "npydask-header-index" and len(data["files"]) == 20
+    calls.clear()
+    again = npydask.open_dataset(folder, index=idx)
+    assert calls == []  # every header came from the index
+    assert again.headers == ds.headers and again.files == ds.files
+    np.testing.assert_array_equal(again.stack().compute(), np.stack([np.full((3, 4), i, "<i4") for i in range(20)]))
+
+
+def test_changed_added_and_removed_files_are_noticed(folder, tmp_path, monkeypatch):
+    idx = tmp_path / "index.json"
+    npydask.open_dataset(folder, index=idx)
+    calls = count_scans(monkeypatch)
+    np.save(folder / "05.npy", np.zeros((3, 4, 1), "<i4").reshape(3, 4))  # rewritten
+    st = os.stat(folder / "05.npy")
+    os.utime(folder / "05.npy", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    np.save(folder / "20.npy", np.zeros((3, 4), "<i4"))  # added
+    os.remove(folder / "00.npy")  # removed
+    ds = npydask.open_dataset(folder, index=idx)
+    assert sorted(os.path.basename(p) for p in calls[0]) == ["05.npy", "20.npy"]
+    assert len(ds) == 20
+    files = json.loads(idx.read_text())["files"]
+    assert not any(k.endswith("00.npy") for k in files) and any(k.endswith("20.npy") for k in files)
+    np.testing.assert_array_equal(ds[4].compute(), np.zeros((3, 4), "<i4"))  # 05.npy is now index 4
+
+
+def test_index_never_trusts_a_tampered_entry(folder, tmp_path):
+    idx = tmp_path / "index.json"
+    npydask.open_dataset(folder, index=idx)
+    data = json.loads(idx.read_text())
+    key = next(iter(data["files"]))
+    data["files"][key][3] = data["files"][key][3].replace("'<i4'", "'|O'")
+    idx.write_text(json.dumps(data))
+    ds = npydask.open_dataset(folder, index=idx)  # the damaged entry is rescanned from the file
+    assert ds.dtype == np.dtype("<i4")
+
+
+@pytest.mark.parametrize("content", ["not json", '{"format": "other", "version": 1, "files": {}}', '{"format": "npydask-header-index", "version": 1, "files": {"a": [1]}}'])
+def test_unusable_index_is_rebuilt_with_a_warning(folder, tmp_path, content):
+    idx = tmp_path / "index.json"
+    idx.write_text(content)
+    with pytest.warns(NpyDaskWarning, match="index"):
+        ds = npydask.open_dataset(folder, index=idx)
+    assert len(ds) == 20
+    assert json.loads(idx.read_text())["format"] == "npydask-header-index"
+
+
+def test_write_is_atomic_and_leaves_no_temporary(folder, tmp_path, monkeypatch):
+    idx = tmp_path / "index.json"
+    npydask.open_dataset(folder, index=idx)
+    before = idx.read_bytes()
+
+    def broken_dump(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(index_mod.json, "dump", broken_dump)
+    np.save(folder / "21.npy", np.zeros((3, 4), "<i4"))
+    with pytest.raises(RuntimeError, match="disk full"):
+        npydask.open_dataset(folder, index=idx)
+    assert idx.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".npydask-index")] == []
+
+
+def test_bad_file_still_raises_with_an_index(folder, tmp_path):
+    idx = tmp_path / "index.json"
+    (folder / "zz.npy").write_bytes(b"garbage")
+    with pytest.raises(npydask.NpyFormatError, match="zz.npy"):
+        npydask.open_dataset(folder, index=idx)
