@@ -28,8 +28,8 @@ __version__ = "0.1.0"
 __all__ = [
     "FileChangedError",
     "GpuUnavailableError",
-    "NpyDataset",
     "NpyDaskWarning",
+    "NpyDataset",
     "NpyFormatError",
     "NpyHeader",
     "RoiError",

@@ -22,7 +22,7 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
-from npydask.reader import BACKENDS, FileRef, _check_key, _fspath
+from npydask.reader import BACKENDS, FileRef, _fspath
 from npydask.region import Box
 from npydask.roi import FileRoi
 
@@ -199,11 +199,19 @@ def chunk_limit(chunks: Any) -> int | None:
     return None
 
 
-def resolve_chunks(chunks: Any, source: Any, fortran_order: bool = False) -> tuple[tuple[int, ...], ...]:
-    """Normalise ``chunks`` for ``source``; ``"auto"`` and sizes give file-contiguous chunks."""
+def resolve_chunks(chunks: Any, source: NpyFileArray) -> tuple[tuple[int, ...], ...]:
+    """Normalise ``chunks`` for ``source``; ``"auto"`` and sizes give file-contiguous chunks.
+
+    A deflated ``.npz`` member is one chunk under ``"auto"``: every chunk of it
+    would inflate the member's prefix again.
+    """
     limit = chunk_limit(chunks)
     if limit is not None:
-        chunks = auto_chunks(source.shape, source.dtype, fortran_order, limit)
+        ref = source.ref
+        if ref.compressed:
+            chunks = source.shape
+        else:
+            chunks = auto_chunks(source.shape, source.dtype, ref.header.fortran_order, limit)
     return normalize_chunks(chunks, source.shape, dtype=source.dtype)
 
 
@@ -260,13 +268,12 @@ def from_npy(
     ((3, 1), 66.0)
     """
     path = _fspath(path)
-    _check_key(key, path)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    ref = FileRef.open(path, backend)
+    ref = FileRef.open(path, backend, key=key)
     source = NpyFileArray(ref)
-    return wrap(source, resolve_chunks(chunks, source, ref.header.fortran_order), device=device, key=key)
+    return wrap(source, resolve_chunks(chunks, source), device=device, key=key)
 
 
 def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu", key: str | None = None) -> da.Array:

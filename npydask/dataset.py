@@ -32,31 +32,33 @@ __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 _BATCH = 256
 
 
-Scanned = tuple[FileIdentity, NpyHeader, bytes]
+Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
 
 
-def _scan_batch(paths: Sequence[str]) -> list[Scanned | BaseException]:
+def _scan_batch(paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
     out: list[Scanned | BaseException] = []
     for p in paths:
         try:
-            out.append(scan_file(p))
-        except (OSError, ValueError) as e:
+            out.append(scan_file(p, key))
+        except (OSError, ValueError, KeyError) as e:
             out.append(e)
     return out
 
 
-def scan_headers(paths: Sequence[str], *, threads: int | None = None) -> list[Scanned | BaseException]:
+def scan_headers(
+    paths: Sequence[str], *, threads: int | None = None, key: str | None = None
+) -> list[Scanned | BaseException]:
     """Identity, header and raw header bytes of every path, in parallel; failures come back as exceptions.
 
     Each file costs one ``open``, one ``fstat``, one ``pread`` and one
     ``close``; header texts shared by many files are parsed once.
     """
     if len(paths) <= _BATCH:
-        return _scan_batch(paths)
+        return _scan_batch(paths, key)
     batches = [paths[i : i + _BATCH] for i in range(0, len(paths), _BATCH)]
     workers = threads or min(8, (os.cpu_count() or 1) * 2)
     with ThreadPoolExecutor(workers, thread_name_prefix="npydask-scan") as pool:
-        return [r for batch in pool.map(_scan_batch, batches) for r in batch]
+        return [r for batch in pool.map(_scan_batch, batches, [key] * len(batches)) for r in batch]
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -171,7 +173,7 @@ class NpyDataset:
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
         """File ``i`` (after ROI) as a lazy array."""
         view = self._views[self._index(i)]
-        return wrap(view, resolve_chunks(chunks, view, view.ref.header.fortran_order), device=self._device)
+        return wrap(view, resolve_chunks(chunks, view), device=self._device)
 
     def arrays(self) -> list[da.Array]:
         """Every file as a lazy array, in order."""
@@ -342,7 +344,7 @@ def open_dataset(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
-    _check_key(key, paths[0])
+    _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
         rel_roi_start=rel_roi_start,
@@ -357,19 +359,19 @@ def open_dataset(
     )
     picked = shard_range(len(paths), shard_id, num_shards)
     chosen = [paths[i] for i in picked]
-    if index is not None:
+    if index is not None and key is None:
         from npydask.index import scan_with_index
 
         scanned = scan_with_index(os.fspath(index), chosen, scan_headers)
-    else:
-        scanned = scan_headers(chosen)
+    else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
+        scanned = scan_headers(chosen, key=key)
     options = read_options()
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
     for global_i, path, result in zip(picked, chosen, scanned):
         if isinstance(result, BaseException):
             raise result
-        identity, header = result[0], result[1]
+        identity, header, _, compressed = result
         if first is None:
             first = (path, header.dtype, header.ndim)
         elif header.dtype != first[1] or header.dtype.str != first[1].str:
@@ -387,6 +389,6 @@ def open_dataset(
             roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=path)
             if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
                 roi = None
-        views.append(NpyFileArray(FileRef(path, identity, header, options, backend), roi))
+        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed), roi))
     return NpyDataset(views, device=device)
 

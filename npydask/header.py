@@ -163,7 +163,8 @@ def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int]
     """
     buf = bytes(buf[:MAX_PREAMBLE])
     if len(buf) < len(MAGIC) or buf[: len(MAGIC)] != MAGIC:
-        raise _fail(source, f"the magic string {MAGIC!r} in the first 6 bytes", repr(buf[: len(MAGIC)]))
+        hint = "it is a zip archive: for an .npz member pass key='name'" if buf.startswith(b"PK\x03\x04") else ""
+        raise _fail(source, f"the magic string {MAGIC!r} in the first 6 bytes", repr(buf[: len(MAGIC)]), hint)
     if len(buf) < len(MAGIC) + 2:
         raise _fail(source, "2 version bytes after the magic string", f"only {len(buf)} bytes in all")
     version = (buf[6], buf[7])

@@ -39,7 +39,7 @@ FORMAT = "npydask-header-index"
 VERSION = 1
 
 Entry = tuple[int, int, int, bytes]
-Scanned = tuple[FileIdentity, NpyHeader, bytes]
+Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
 
 
 def _key(path: str, base: str) -> str:
@@ -111,7 +111,7 @@ def _from_entry(path: str, st: os.stat_result, entry: Entry | None) -> Scanned |
         return None  # a damaged entry: scan the file itself
     if header.data_offset != len(entry[3]) or header.data_offset + header.nbytes > identity.size:
         return None
-    return identity, header, entry[3]
+    return identity, header, entry[3], False
 
 
 def scan_with_index(
@@ -121,7 +121,7 @@ def scan_with_index(
 ) -> list[Any]:
     """Headers of ``paths``, from the index where files are unchanged and by ``scan`` otherwise.
 
-    Returns what ``scan`` returns (per path: ``(identity, header, raw)`` or an
+    Returns what ``scan`` returns (per path: ``(identity, header, raw, deflated)`` or an
     exception). The index is rewritten when an entry was added, refreshed or
     dropped.
     """
@@ -144,7 +144,7 @@ def scan_with_index(
         for i, result in zip(missing, scan([paths[i] for i in missing])):
             results[i] = result
             if not isinstance(result, BaseException):
-                identity, _, raw = result
+                identity, _, raw, _ = result
                 entries[keys[i]] = (identity.size, identity.mtime_ns, identity.ino, raw)
                 changed = True
             elif keys[i] in entries:

@@ -38,12 +38,9 @@ def _fspath(path: str | os.PathLike[str]) -> str:
     return path
 
 
-def _check_key(key: str | None, path: str) -> None:
-    if key is not None:
-        raise NotImplementedError(
-            f"{path}: reading the .npz member {key!r} is not supported in this version; "
-            "extract it with numpy.load(path)[key] and numpy.save, or pass a .npy file"
-        )
+def _check_key(key: str | None) -> None:
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be the name of an .npz member (a str), found {key!r}")
 
 
 def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyHeader:
@@ -75,8 +72,8 @@ def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyH
     ((3, 4), '>f8', False)
     """
     path = _fspath(path)
-    _check_key(key, path)
-    return scan_file(path)[1]
+    _check_key(key)
+    return scan_file(path, key)[1]
 
 
 def _on_distributed_worker() -> bool:
@@ -97,6 +94,8 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
     a caller's ``out``), files on network file systems, and chunks on a
     distributed worker (which counts and may spill what it holds) use pread.
     """
+    if f.member is not None:
+        return backends.get("deflate")  # a compressed .npz member: nothing else can read it
     if name != "auto":
         return backends.get(name)
     if out is None and plan.is_contiguous and same_layout(plan) and f.local and not _on_distributed_worker():
@@ -168,9 +167,9 @@ def read_region(
            [12, 13]])
     """
     path = _fspath(path)
-    _check_key(key, path)
+    _check_key(key)
     _check_backend(backend)
-    f = acquire(path)
+    f = acquire(path, key=key)
     box = normalize_box(f.header.shape, start, stop, source=path)
     if out is not None:
         _check_out(out, box.shape, f.header.dtype, path)
@@ -191,14 +190,23 @@ class FileRef:
     header: NpyHeader
     options: ReadOptions
     backend: str = "auto"
+    key: str | None = None
+    compressed: bool = False
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], backend: str = "auto", options: ReadOptions | None = None) -> FileRef:
-        """Open ``path`` now (parsing and checking its header) and remember its identity."""
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        backend: str = "auto",
+        options: ReadOptions | None = None,
+        key: str | None = None,
+    ) -> FileRef:
+        """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity."""
         path = _fspath(path)
         _check_backend(backend)
-        f = acquire(path)
-        return cls(path, f.identity, f.header, options or read_options(), backend)
+        _check_key(key)
+        f = acquire(path, key=key)
+        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.member is not None)
 
     @functools.cached_property
     def token(self) -> str:
@@ -206,7 +214,7 @@ class FileRef:
         h, i = self.header, self.identity
         facts = (
             self.path, i.size, i.mtime_ns, i.ino, h.version, h.shape, h.dtype.str, h.dtype.descr,
-            h.fortran_order, h.data_offset, dataclasses.astuple(self.options), self.backend,
+            h.fortran_order, h.data_offset, dataclasses.astuple(self.options), self.backend, self.key,
         )  # fmt: skip
         return hashlib.blake2b(repr(facts).encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
 
@@ -223,6 +231,6 @@ class FileRef:
         box = normalize_box(self.header.shape, box.start, box.stop, source=self.path)
         if out is not None:
             _check_out(out, box.shape, self.header.dtype, self.path)
-        f = acquire(self.path, self.identity)
+        f = acquire(self.path, self.identity, key=self.key)
         plan = plan_read(f.header, box)
         return choose_backend(self.backend, f, plan, out).read(f, plan, self.options, out)

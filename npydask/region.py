@@ -193,6 +193,13 @@ class ReadPlan:
         return math.prod(self.shape) * self.itemsize
 
     @property
+    def end(self) -> int:
+        """File offset just past the region's last byte (``offset`` for an empty region)."""
+        if self.run_nbytes == 0:
+            return self.offset
+        return self.offset + sum((n - 1) * s for n, s in zip(self.outer_shape, self.outer_strides)) + self.run_nbytes
+
+    @property
     def n_runs(self) -> int:
         """Number of contiguous runs (0 for an empty region)."""
         return 0 if self.run_nbytes == 0 else math.prod(self.outer_shape)

@@ -76,7 +76,7 @@ class FileGroup:
             dest[axis] = slice(a - lo, b - lo)
             if self.stacked:
                 inner = Box(box.start[1:], box.stop[1:])
-                view.read(inner, out=out[a - lo])  # a C-contiguous slab: read in place
+                view.read(inner, out=out[a - lo, ...])  # a C-contiguous slab: read in place
             else:
                 start = list(box.start)
                 stop = list(box.stop)

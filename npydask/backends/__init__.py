@@ -11,6 +11,8 @@ name         reads with                                               needs
              with the ``direct_io`` setting)
 ``mmap``     a read-only mapping: zero-copy for whole contiguous      -
              chunks, one strided copy otherwise
+``deflate``  inflates a ``savez_compressed`` member up to the region's    -
+             last byte, then one strided copy (chosen automatically)
 ===========  =======================================================  ==========
 """
 
@@ -25,6 +27,7 @@ __all__ = ["Backend", "available", "get"]
 _REGISTRY: dict[str, tuple[str, str]] = {
     "pread": ("npydask.backends.pread", "PreadBackend"),
     "mmap": ("npydask.backends.mmap", "MmapBackend"),
+    "deflate": ("npydask.backends.deflate", "DeflateBackend"),
 }
 _loaded: dict[str, Backend] = {}
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
+from npydask.npz import Member, inflate, locate
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
 
 __all__ = [
@@ -115,19 +116,35 @@ def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat
     return f, st
 
 
-def scan_file(path: str) -> tuple[FileIdentity, NpyHeader, bytes]:
-    """Identity, checked header and raw header bytes of ``path``: one open, fstat, pread and close.
+def member_header(f: io.FileIO, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
+    """Header of ``.npz`` member ``key``: ``data_offset`` absolute in the zip file when stored,
+    relative to the inflated member when deflated."""
+    member = locate(f, path, key)
+    header, raw = _read_header_raw(f.fileno(), member.file_size, path, member)
+    if member.stored:
+        header = header.with_offset(member.data_start)
+    return header, raw, member
+
+
+def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeader, bytes, bool]:
+    """Identity, checked header, raw header bytes and whether it is deflated: one open, fstat, pread, close.
 
     The lean twin of :func:`open_regular` plus :func:`read_header_from` for
     opening datasets of many files (no ``FileIO`` wrapper; ``O_NONBLOCK`` is
-    left on, as it has no effect on regular files).
+    left on, as it has no effect on regular files). With ``key``, the header
+    of that ``.npz`` member (see :func:`member_header`).
     """
+    if key is not None:
+        f, st = open_regular(path)
+        with f:
+            header, raw, member = member_header(f, path, key)
+        return FileIdentity.of(st), header, raw, not member.stored
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
         header, raw = _read_header_raw(fd, st.st_size, path)
-        return FileIdentity.of(st), header, raw
+        return FileIdentity.of(st), header, raw, False
     finally:
         os.close(fd)
 
@@ -172,12 +189,23 @@ def read_header_from(f: io.FileIO | int, size: int, path: str) -> NpyHeader:
     return _read_header_raw(f if isinstance(f, int) else f.fileno(), size, path)[0]
 
 
-def _read_header_raw(fd: int, size: int, path: str) -> tuple[NpyHeader, bytes]:
-    first = _pread_upto(fd, min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
+def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None) -> tuple[NpyHeader, bytes]:
+    """Header and raw header bytes of a file, or of a member's bytes (offsets relative to the member)."""
+
+    def read(length: int, offset: int) -> bytes:
+        if member is None:
+            return _pread_upto(fd, length, offset)
+        if member.stored:
+            return _pread_upto(fd, min(length, max(size - offset, 0)), member.data_start + offset)
+        return inflate(fd, member, min(offset + length, size), path)[offset:]
+
+    first = read(min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
     need = header_end(first)
     if need > len(first) and size > len(first):
         # (parse_header refuses a length over the cap: read no further than it)
-        first += _pread_upto(fd, min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
+        first += read(min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
+    if member is not None:
+        path = f"{path} (member {member.name!r})"
     header = parse_header(first, source=path)
     end = header.data_offset + header.nbytes
     if size < end:
@@ -202,6 +230,7 @@ class OpenFile:
     identity: FileIdentity
     header: NpyHeader
     local: bool
+    member: Member | None = None
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
     _direct_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -256,11 +285,11 @@ class OpenFile:
         )
 
 
-_cache: OrderedDict[tuple[str, int | None], OpenFile] = OrderedDict()
+_cache: OrderedDict[tuple[str, str | None], OpenFile] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def acquire(path: str, expected: FileIdentity | None = None, *, member: int | None = None) -> OpenFile:
+def acquire(path: str, expected: FileIdentity | None = None, *, key: str | None = None) -> OpenFile:
     """The cached open file for ``path``, (re)opened if its identity changed.
 
     Parameters
@@ -270,19 +299,20 @@ def acquire(path: str, expected: FileIdentity | None = None, *, member: int | No
     expected : FileIdentity, optional
         The identity the caller planned for; a different one raises
         :class:`FileChangedError` instead of reading other data.
-    member : int, optional
-        Reserved for archive members (the header's offset inside the file).
+    key : str, optional
+        A member of an ``.npz`` archive: its header, and its
+        :class:`~npydask.npz.Member` when it must be inflated to be read.
     """
     st = os.stat(path)
     ident = FileIdentity.of(st)
     if expected is not None and ident != expected:
         raise _changed(path, expected, ident)
-    key = (path, member)
+    cache_key = (path, key)
     limit = config.get("handle_cache_size")
     with _cache_lock:
-        hit = _cache.get(key)
+        hit = _cache.get(cache_key)
         if hit is not None and hit.identity == ident:
-            _cache.move_to_end(key)
+            _cache.move_to_end(cache_key)
             _trim(limit)  # the setting may have been lowered since
             return hit
     f, fst = open_regular(path)
@@ -290,13 +320,17 @@ def acquire(path: str, expected: FileIdentity | None = None, *, member: int | No
         ident = FileIdentity.of(fst)
         if expected is not None and ident != expected:
             raise _changed(path, expected, ident)
-        opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
+        if key is None:
+            opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
+        else:
+            header, _, member = member_header(f, path, key)
+            opened = OpenFile(path, f, ident, header, is_local(fst), None if member.stored else member)
     except BaseException:
         f.close()
         raise
     with _cache_lock:
-        _cache[key] = opened
-        _cache.move_to_end(key)
+        _cache[cache_key] = opened
+        _cache.move_to_end(cache_key)
         _trim(limit)
     return opened
 

@@ -6,12 +6,13 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from npydask.backends._files import OpenFile
 from npydask.config import ReadOptions
 from npydask.region import ReadPlan
 
-__all__ = ["Backend", "destination"]
+__all__ = ["Backend", "as_bytes", "copy_runs", "destination", "finish", "same_layout"]
 
 
 class Backend(ABC):
@@ -51,6 +52,14 @@ def finish(result: np.ndarray, buffer: np.ndarray) -> np.ndarray:
     if buffer is not result:
         np.copyto(result, buffer.T)
     return result
+
+
+def copy_runs(base: np.ndarray, plan: ReadPlan, dtype: np.dtype, out: np.ndarray | None) -> np.ndarray:
+    """Cut the region out of ``base``, the bytes from ``plan.offset`` to ``plan.end`` (one strided copy)."""
+    result, buffer = destination(plan, dtype, out)
+    grid = as_strided(base, plan.outer_shape + (plan.run_nbytes,), plan.outer_strides + (1,), writeable=False)
+    np.copyto(as_bytes(buffer).reshape(grid.shape), grid)
+    return finish(result, buffer)
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:

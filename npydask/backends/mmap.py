@@ -21,10 +21,9 @@ import os
 from typing import ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from npydask.backends._files import OpenFile
-from npydask.backends.base import Backend, as_bytes, destination, finish, same_layout
+from npydask.backends.base import Backend, copy_runs, same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.region import ReadPlan
@@ -43,15 +42,11 @@ class MmapBackend(Backend):
         dtype = f.header.dtype
         if plan.n_runs == 0:
             return np.empty(plan.shape, dtype) if out is None else out
-        end = plan.offset + sum((n - 1) * s for n, s in zip(plan.outer_shape, plan.outer_strides)) + plan.run_nbytes
         zero_copy = out is None and plan.is_contiguous and same_layout(plan)
-        base = _map(f, plan.offset, end, populate=zero_copy)
+        base = _map(f, plan.offset, plan.end, populate=zero_copy)
         if zero_copy:
             return base.view(dtype).reshape(plan.shape)
-        result, buffer = destination(plan, dtype, out)
-        grid = as_strided(base, plan.outer_shape + (plan.run_nbytes,), plan.outer_strides + (1,), writeable=False)
-        np.copyto(as_bytes(buffer).reshape(grid.shape), grid)
-        return finish(result, buffer)
+        return copy_runs(base, plan, dtype, out)
 
 
 def _map(f: OpenFile, start: int, end: int, *, populate: bool) -> np.ndarray:
