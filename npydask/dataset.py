@@ -182,6 +182,9 @@ class NpyDataset:
     def stack(self, chunks: Any = None) -> da.Array:
         """One lazy array of shape ``(len(ds), *shape)``; all output shapes must be equal.
 
+        Its dtype is ``ds.dtype`` in native byte order, as ``numpy.stack``
+        gives (``>f4`` files stack to ``float32``); ``ds[i]`` keeps the file's.
+
         Files under about an eighth of dask's ``array.chunk-size`` are read
         several per task; larger files keep chunks of their own. ``chunks``
         (anything ``normalize_chunks`` takes for the stacked shape) overrides
@@ -198,7 +201,11 @@ class NpyDataset:
         return self._join(chunks, axis=0, stacked=True)
 
     def concatenate(self, axis: int = 0, chunks: Any = None) -> da.Array:
-        """One lazy array joining the files along ``axis``; other extents must agree."""
+        """One lazy array joining the files along ``axis``; other extents must agree.
+
+        Like ``numpy.concatenate``, the result is in native byte order. Files
+        are grouped into tasks and chunked as :meth:`stack` does.
+        """
         self._need_files("concatenate")
         ndim = self.ndim
         if not -ndim <= axis < ndim:
@@ -246,20 +253,33 @@ class NpyDataset:
         normalized = normalize_chunks(chunks, total, dtype=self.dtype)
         join_axis = 0 if stacked else axis
         # A group ends where a file boundary meets a chunk boundary; chunks may span files.
+        # Files of length 0 along the axis join the next group (trailing ones the last), so
+        # no group is empty unless every file is; each chunk, zero-sized ones included,
+        # lands in exactly one group.
+        n = len(views)
+        sizes = normalized[join_axis]
         file_edges = np.cumsum([0, *lengths]).tolist()
-        chunk_edges = np.cumsum([0, *normalized[join_axis]]).tolist()
-        at_chunk_edge = set(chunk_edges)
+        at_chunk_edge = set(np.cumsum([0, *sizes]).tolist())
         bounds, inner = [], []
-        a = 0
-        for k in range(1, len(file_edges)):
-            if file_edges[k] in at_chunk_edge:
-                lo, hi = file_edges[a], file_edges[k]
-                pieces = [e2 - e1 for e1, e2 in zip(chunk_edges, chunk_edges[1:]) if lo <= e1 and e2 <= hi]
-                grid = list(normalized)
-                grid[join_axis] = tuple(pieces)
-                bounds.append((a, k))
-                inner.append(tuple(grid))
-                a = k
+        a, ci, pos = 0, 0, 0
+        for k in range(1, n + 1):
+            hi = file_edges[k]
+            last = k == n
+            if not last and (hi == file_edges[a] or hi not in at_chunk_edge):
+                continue
+            pieces = []
+            while ci < len(sizes) and (last or pos + sizes[ci] <= hi):
+                pos += sizes[ci]
+                pieces.append(sizes[ci])
+                ci += 1
+            if not pieces:  # trailing files of length 0: they join the last group
+                bounds[-1] = (bounds[-1][0], n)
+                break
+            grid = list(normalized)
+            grid[join_axis] = tuple(pieces)
+            bounds.append((a, k))
+            inner.append(tuple(grid))
+            a = k
         return join(views, GroupPlan(tuple(bounds), tuple(inner)), axis=axis, stacked=stacked, device=self._device)
 
 

@@ -12,23 +12,44 @@ own files' paths, headers and ROIs) and the groups are joined with
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.array.core import normalize_chunks
+from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
 from npydask.region import Box
 
-__all__ = ["FileGroup", "GroupPlan", "join", "plan_groups"]
+__all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "plan_groups"]
+
+
+def joined_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype ``numpy.concatenate`` (and so ``numpy.stack`` and dask) gives arrays of ``dtype``.
+
+    That is ``dtype`` in native byte order: ``>f4`` files stack to ``float32``,
+    as ``np.stack([np.load(f) for f in files])`` does, whatever the grouping.
+
+    Examples
+    --------
+    >>> joined_dtype(np.dtype(">f4")).str, joined_dtype(np.dtype("<i2")).str
+    ('<f4', '<i2')
+    """
+    meta = np.empty((0,), dtype)
+    return np.concatenate([meta, meta]).dtype
 
 
 class FileGroup:
-    """Consecutive files as one array-like: stacked on a new axis 0, or joined along ``axis``."""
+    """Consecutive files as one array-like: stacked on a new axis 0, or joined along ``axis``.
+
+    Blocks are in :func:`joined_dtype` (native byte order), as ``numpy.stack``
+    and ``dask.array.concatenate`` make them, so a join promises the same
+    dtype however many groups it has.
+    """
 
     __slots__ = ("axis", "dtype", "offsets", "shape", "stacked", "views")
 
@@ -36,7 +57,7 @@ class FileGroup:
         self.views = tuple(views)
         self.axis = axis
         self.stacked = stacked
-        self.dtype = self.views[0].dtype
+        self.dtype = joined_dtype(self.views[0].dtype)
         first = self.views[0].shape
         if stacked:
             self.shape = (len(self.views), *first)
@@ -72,17 +93,21 @@ class FileGroup:
             a, b = max(lo, self.offsets[k]), min(hi, self.offsets[k + 1])
             if a >= b:
                 continue
+            in_place = view.dtype.str == self.dtype.str and view.dtype == self.dtype
             dest = [slice(None)] * len(box.shape)
             dest[axis] = slice(a - lo, b - lo)
             if self.stacked:
                 inner = Box(box.start[1:], box.stop[1:])
-                view.read(inner, out=out[a - lo, ...])  # a C-contiguous slab: read in place
+                if in_place:
+                    view.read(inner, out=out[a - lo, ...])  # a C-contiguous slab: read in place
+                else:
+                    out[a - lo, ...] = view.read(inner)  # to native byte order
             else:
                 start = list(box.start)
                 stop = list(box.stop)
                 start[axis], stop[axis] = a - self.offsets[k], b - self.offsets[k]
                 part = Box(tuple(start), tuple(stop))
-                if axis == 0:
+                if axis == 0 and in_place:
                     view.read(part, out=out[a - lo : b - lo])
                 else:
                     out[tuple(dest)] = view.read(part)
@@ -98,7 +123,7 @@ class GroupPlan:
 
 
 def _target_group_bytes(total: int, limit: int, threads: int) -> int:
-    """Bytes per group: at most ``limit``, yet two groups per thread once the data exceeds a few MiB."""
+    """Bytes per task: at most ``limit``, yet two tasks per thread once the data exceeds a few MiB."""
     if total <= 4 << 20:
         return limit
     return max(1 << 20, min(limit, math.ceil(total / (2 * threads))))
@@ -117,9 +142,13 @@ def plan_groups(
 ) -> GroupPlan:
     """Group consecutive files for tasks.
 
-    Files under ``limit / 8`` bytes are packed several per group up to the
-    target group size; a larger file is a group of its own, split into
-    file-contiguous chunks of at most ``limit`` bytes (along any axis when
+    The target task size is ``limit``, or less once the data exceeds a few
+    MiB, so that there are at least two tasks per thread (``threads``
+    defaults to dask's ``num_workers`` setting, else ``CPU_COUNT``, as
+    dask's threaded scheduler does), but never under 1 MiB. Files under
+    ``limit / 8`` bytes are packed several per group up to the target; a
+    larger file, or one over the target, is a group of its own, split into
+    file-contiguous chunks of at most the target (along any axis when
     stacked; along ``axis`` only when concatenating, so groups still line up).
 
     Examples
@@ -129,19 +158,19 @@ def plan_groups(
     >>> plan.bounds
     ((0, 10),)
     """
-    threads = threads or os.cpu_count() or 1
+    threads = threads or dask.config.get("num_workers", None) or CPU_COUNT or 1
     target = _target_group_bytes(sum(sizes), limit, threads)
     small = limit // 8
     bounds: list[tuple[int, int]] = []
     inner: list[tuple[tuple[int, ...], ...]] = []
     start, acc = 0, 0
     for i, size in enumerate(sizes):
-        if size >= small and size > 0:
+        if size > 0 and (size >= small or size > target):
             if start < i:
                 bounds.append((start, i))
                 inner.append(_whole(shapes, start, i, axis, stacked))
             bounds.append((i, i + 1))
-            inner.append(_split(shapes[i], dtype, fortran[i], limit, axis, stacked))
+            inner.append(_split(shapes[i], dtype, fortran[i], target, axis, stacked))
             start, acc = i + 1, 0
             continue
         if acc + size > target and start < i:

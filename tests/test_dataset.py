@@ -1,13 +1,29 @@
-"""open_dataset / NpyDataset: DALI readers.numpy parity against numpy."""
+"""open_dataset / NpyDataset: DALI readers.numpy parity against numpy.
+
+numpy is the oracle (np.load, slicing, np.pad, np.stack, np.concatenate) and
+the files are real. The ROI suite re-expresses DALI's own numpy-reader tests
+(``test_numpy_reader_roi``/``_roi_error``: the same eight 2-D shapes in C,
+Fortran and mixed order); tests/test_dataset_dali.py compares with DALI itself.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
+import re
+import tempfile
 
+import dask
+import dask.array as da
 import numpy as np
 import pytest
+from dask.array.utils import assert_eq
+from hypothesis import given
+from hypothesis import strategies as st
 
 import npydask
+import npydask.stacking
 
 SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
 
@@ -110,3 +126,946 @@ def test_small_files_are_grouped_into_few_tasks(tmp_path):
     assert x.shape == (3000, 4, 4)
     assert len(dict(x.__dask_graph__())) < 100
     np.testing.assert_array_equal(x.compute()[:, 0, 0], np.arange(3000, dtype="f4"))
+
+
+# ==========================================================================
+# Helpers: numpy is the oracle (np.load, slicing and np.pad)
+
+
+def rnd(x: float) -> int:
+    """Round half away from zero (C's llround)."""
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def rel(r: float, n: int) -> float:
+    """DALI's float32 product of a relative value and an extent."""
+    return float(np.float32(r) * np.float32(n))
+
+
+def roi_expected(a: np.ndarray, bounds, policy: str = "error", fill=0) -> np.ndarray | None:
+    """``a`` cut to ``bounds`` ([(start, end)] per axis) under ``policy``; None when "error" refuses."""
+    bounds = [(int(s), int(e)) for s, e in bounds]
+    if policy == "error":
+        if any(not (0 <= s <= n and 0 <= e <= n) for (s, e), n in zip(bounds, a.shape)):
+            return None
+        return a[tuple(slice(s, e) for s, e in bounds)]
+    if policy == "trim_to_shape":
+        return a[tuple(slice(min(max(s, 0), n), min(max(e, 0), n)) for (s, e), n in zip(bounds, a.shape))]
+    before = [max(0, -s) for s, _ in bounds]
+    after = [max(0, e - n) for (_, e), n in zip(bounds, a.shape)]
+    padded = np.pad(a, list(zip(before, after)), constant_values=fill).astype(a.dtype)  # (np.pad makes '>f8' native)
+    return padded[tuple(slice(s + b, e + b) for (s, e), b in zip(bounds, before))]
+
+
+def write_folder(root, shapes, dtype, order: str, seed: int = 0, name="test_{:02d}.npy"):
+    """Files of ``shapes`` in ``order`` ("C", "F" or "mixed"); returns the arrays as np.load reads them."""
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for i, shape in enumerate(shapes):
+        a = (rng.random(shape) * 100).astype(dtype)
+        fortran = order == "F" or (order == "mixed" and rng.random() < 0.5) or (order == "mixed" and i == 1)
+        np.save(os.path.join(root, name.format(i)), np.asfortranarray(a) if fortran else a)
+        arrays.append(np.load(os.path.join(root, name.format(i))))
+    return arrays
+
+
+def assert_datasets_equal(pairs, *, check_chunks: bool = True, per_file: bool = True) -> None:
+    """For each ``(ds, expected[, label])``: every ds[i], ds.arrays() and (equal shapes) ds.stack() equal numpy.
+
+    Everything is computed in one synchronous ``dask.compute``; ``check_chunks``
+    adds dask's own ``assert_eq(..., check_chunks=True)`` on each stack (every
+    block of the promised shape and dtype). ``per_file=False`` reads the files
+    through ds.stack() only, where the shapes allow.
+    """
+    lazy, checks = [], []
+    for ds, expected, *label in pairs:
+        label = label[0] if label else ""
+        assert len(ds) == len(expected), label
+        assert ds.shapes == [e.shape for e in expected], label
+        same = len({e.shape for e in expected}) == 1
+        if per_file or not same:
+            each = ds.arrays()
+            assert ds[-1].name == each[-1].name, label  # the same graphs
+            for x, e, f in zip(each, expected, ds.files):
+                assert x.shape == e.shape and x.dtype == e.dtype, (label, f, x.shape, e.shape, x.dtype, e.dtype)
+                lazy.append(x)
+                checks.append((e, f"{label} {f}"))
+        if same:
+            stacked = ds.stack()
+            want = np.stack(expected)  # numpy's dtype: native byte order
+            assert stacked.dtype == want.dtype and stacked.shape == want.shape, label
+            lazy.append(stacked)
+            checks.append((want, f"{label} stack()"))
+            if check_chunks:
+                assert_eq(stacked, want, check_chunks=True)
+        else:
+            with pytest.raises(ValueError, match="different shapes"):
+                ds.stack()
+    for got, (want, what) in zip(dask.compute(*lazy, scheduler="sync"), checks):
+        assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        assert got.flags.c_contiguous or got.size == 0, what
+
+
+def assert_dataset_equals(ds, expected: list[np.ndarray], *, check_chunks: bool = True) -> None:
+    """Every ds[i] and ds.arrays(), and ds.stack() when all shapes agree, equal ``expected``."""
+    assert_datasets_equal([(ds, expected)], check_chunks=check_chunks)
+
+
+# ==========================================================================
+# DALI's numpy-reader ROI suite, through open_dataset
+
+
+@pytest.fixture(scope="module", params=["C", "F", "mixed"])
+def dali_folder(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"dali_{request.param}")
+    arrays = write_folder(root, SHAPES, "u1", request.param, seed=12345)
+    if request.param == "F":
+        assert all(npydask.read_header(root / f"test_{i:02d}.npy").fortran_order for i in range(len(SHAPES)))
+    if request.param == "mixed":
+        orders = {npydask.read_header(root / f"test_{i:02d}.npy").fortran_order for i in range(len(SHAPES))}
+        assert orders == {False, True}
+    return str(root), arrays, request.param
+
+
+def _full(shape):
+    return [(0, n) for n in shape]
+
+
+def _axes(shape, **per_axis):
+    b = _full(shape)
+    for d, (s, e) in per_axis.items():
+        b[int(d[1:])] = (s, e)
+    return b
+
+
+# name: (open_dataset ROI kwargs, shape -> [(start, end)] per axis, rounded half away from zero as DALI does)
+ROI_CASES = {
+    "roi_start": (dict(roi_start=[1, 2]), lambda s: [(1, s[0]), (2, s[1])]),
+    "rel_roi_start": (
+        dict(rel_roi_start=[0.1, 0.2]),
+        lambda s: [(rnd(rel(0.1, s[0])), s[0]), (rnd(rel(0.2, s[1])), s[1])],
+    ),
+    "roi_end": (dict(roi_end=[8, 7]), lambda s: [(0, 8), (0, 7)]),
+    "rel_roi_end": (dict(rel_roi_end=[0.5, 0.9]), lambda s: [(0, rnd(rel(0.5, s[0]))), (0, rnd(rel(0.9, s[1])))]),
+    "roi_shape": (dict(roi_shape=[4, 5]), lambda s: [(0, 4), (0, 5)]),
+    "rel_roi_shape": (dict(rel_roi_shape=[0.4, 0.8]), lambda s: [(0, rnd(rel(0.4, s[0]))), (0, rnd(rel(0.8, s[1])))]),
+    "scalar_axis0": (dict(roi_start=1, roi_end=9, roi_axes=[0]), lambda s: _axes(s, a0=(1, 9))),
+    "scalar_axis1": (dict(roi_start=1, roi_end=9, roi_axes=[1]), lambda s: _axes(s, a1=(1, 9))),
+    "scalar_axis_scalar": (dict(roi_start=2, roi_end=[7], roi_axes=1), lambda s: _axes(s, a1=(2, 7))),
+    "start_end_axes01": (dict(roi_start=[1, 2], roi_end=[8, 9], roi_axes=[0, 1]), lambda s: [(1, 8), (2, 9)]),
+    "start_end_axes10": (dict(roi_start=[2, 1], roi_end=[9, 8], roi_axes=[1, 0]), lambda s: [(1, 8), (2, 9)]),
+    "negative_axis": (dict(roi_start=[3], roi_end=[6], roi_axes=[-1]), lambda s: _axes(s, a1=(3, 6))),
+    "negative_axes": (dict(roi_start=[3, 1], roi_shape=[2, 4], roi_axes=[-1, -2]), lambda s: [(1, 5), (3, 5)]),
+    "start_rel_end": (
+        dict(roi_start=[1, 2], rel_roi_end=[0.5, 0.4], roi_axes=[0, 1]),
+        lambda s: [(1, rnd(rel(0.5, s[0]))), (2, rnd(rel(0.4, s[1])))],
+    ),
+    "rel_start_end": (
+        dict(rel_roi_start=[0.1, 0.2], roi_end=[8, 9], roi_axes=[0, 1]),
+        lambda s: [(rnd(rel(0.1, s[0])), 8), (rnd(rel(0.2, s[1])), 9)],
+    ),
+    "start_shape": (dict(roi_start=[1, 2], roi_shape=[4, 5]), lambda s: [(1, 5), (2, 7)]),
+    "rel_start_shape": (
+        # end = the unrounded start + roi_shape
+        dict(rel_roi_start=[0.15, 0.25], roi_shape=[3, 4]),
+        lambda s: [(rnd(rel(0.15, s[0])), rnd(rel(0.15, s[0]) + 3)), (rnd(rel(0.25, s[1])), rnd(rel(0.25, s[1]) + 4))],
+    ),
+    "rel_start_rel_shape": (
+        # end = (rel_roi_start + rel_roi_shape) * extent, the float32 values summed in double
+        dict(rel_roi_start=[0.1, 0.3], rel_roi_shape=[0.5, 0.45]),
+        lambda s: [
+            (rnd(rel(r0, n)), rnd((float(np.float32(r0)) + float(np.float32(r1))) * n))
+            for r0, r1, n in [(0.1, 0.5, s[0]), (0.3, 0.45, s[1])]
+        ],
+    ),
+    "start_rel_shape": (
+        dict(roi_start=[2, 1], rel_roi_shape=[0.3, 0.5]),
+        lambda s: [(2, rnd(2 + rel(0.3, s[0]))), (1, rnd(1 + rel(0.5, s[1])))],
+    ),
+    "all_axes_one_value": (dict(roi_start=3), lambda s: [(3, s[0]), (3, s[1])]),
+    "empty_axes": (dict(roi_start=[], roi_end=[], roi_axes=[]), _full),
+    "empty_range": (dict(roi_start=[1], roi_end=[1], roi_axes=[1]), lambda s: _axes(s, a1=(1, 1))),
+    "empty_both": (dict(roi_start=[4, 3], roi_end=[4, 3]), lambda s: [(4, 4), (3, 3)]),
+    "whole": (dict(roi_start=[0, 0], rel_roi_end=[1.0, 1.0]), _full),
+    "out_end": (dict(roi_start=[1, 2], roi_end=[20, 9], roi_axes=[0, 1]), lambda s: [(1, 20), (2, 9)]),
+    "out_start": (dict(roi_start=[-10, 2], roi_end=[8, 9], roi_axes=[0, 1]), lambda s: [(-10, 8), (2, 9)]),
+    "out_rel": (dict(rel_roi_start=[-0.25, 0.5], rel_roi_end=[0.5, 1.3]), lambda s: [
+        (rnd(rel(-0.25, s[0])), rnd(rel(0.5, s[0]))), (rnd(rel(0.5, s[1])), rnd(rel(1.3, s[1])))]),
+    "out_shape": (dict(roi_shape=[100, 8]), lambda s: [(0, 100), (0, 8)]),
+    "fully_outside": (dict(roi_start=[12, -9], roi_end=[18, -1]), lambda s: [(12, 18), (-9, -1)]),
+}
+
+
+def test_dali_roi_suite(dali_folder):
+    """Every ROI form, under every policy (pad with fills 0 and 10), against numpy slicing and np.pad."""
+    root, arrays, order = dali_folder
+    full = order == "mixed"  # C and Fortran files together: every policy, every file alone
+    policies = [("error", 0), ("trim_to_shape", 0), ("pad", 0), ("pad", 10)] if full else [("error", 0), ("pad", 10)]
+    pairs, refused = [], 0
+    for case, (kw, bounds) in ROI_CASES.items():
+        read = {}
+        for policy, fill in policies:
+            label = f"{case} {policy} fill={fill}"
+            expected = [roi_expected(a, bounds(a.shape), policy, fill) for a in arrays]
+            if any(e is None for e in expected):
+                bad = next(i for i, e in enumerate(expected) if e is None)
+                name = f"test_{bad:02d}.npy"
+                with pytest.raises(npydask.RoiError, match=rf"{name}.*{re.escape(str(SHAPES[bad]))}") as info:
+                    npydask.open_dataset(root, out_of_bounds_policy=policy, fill_value=fill, **kw)
+                assert "start=" in str(info.value) and "end=" in str(info.value), label
+                refused += 1
+                continue
+            ds = npydask.open_dataset(root, out_of_bounds_policy=policy, fill_value=fill, **kw)
+            assert ds.files == [os.path.join(root, f"test_{i:02d}.npy") for i in range(len(SHAPES))]
+            read[policy, fill] = ds
+            if not full and policy == "error":
+                assert ds.shapes == [e.shape for e in expected], label
+                continue  # C or Fortran only: "pad" reads the same cells, and its fill too
+            if ("error", 0) in read and (policy, fill) in [("trim_to_shape", 0), ("pad", 0)]:
+                # inside every file: the same graphs as "error" (and "pad" reads no fill)
+                assert ds.shapes == read["error", 0].shapes, label
+                if policy == "trim_to_shape":
+                    assert [x.name for x in ds.arrays()] == [x.name for x in read["error", 0].arrays()], label
+                continue
+            pairs.append((ds, expected, label))
+        if full:
+            # dask's own check that every block is what the graph promises, once per case
+            ds, expected, _ = pairs[-1]  # "pad" always reads
+            if len({e.shape for e in expected}) == 1:
+                assert_eq(ds.stack(chunks=(3, 4, 5)), np.stack(expected), check_chunks=True)
+            else:
+                assert_eq(ds[3], expected[3], check_chunks=True)
+    assert refused >= 5
+    assert_datasets_equal(pairs, check_chunks=False, per_file=full)
+
+
+def test_dali_roi_suite_covers_every_outcome(dali_folder):
+    """The table above reads some cases under "error" and refuses others."""
+    _, arrays, _ = dali_folder
+    refused = [c for c, (_, b) in ROI_CASES.items() if any(roi_expected(a, b(a.shape)) is None for a in arrays)]
+    assert {"out_end", "out_start", "out_rel", "out_shape", "fully_outside"} <= set(refused)
+    assert len(refused) < len(ROI_CASES) // 2
+
+
+def test_rel_roi_end_rounds_half_away(tmp_path):
+    # 0.9f * 15 = 13.5f -> 14 (SPEC's example); 0.5f * 13 = 6.5 -> 7; 0.3f * 5 = 1.5 -> 2
+    a = write_folder(tmp_path, [(15, 13, 5)], "i2", "F")[0]
+    ds = npydask.open_dataset(tmp_path, rel_roi_end=[0.9, 0.5, 0.3])
+    assert ds.shapes == [(14, 7, 2)]
+    np.testing.assert_array_equal(ds[0].compute(), a[:14, :7, :2])
+
+
+@pytest.mark.parametrize(
+    "kw, names",
+    [
+        (dict(roi_start=[1, 2], rel_roi_start=[0.1, 0.2]), ("roi_start", "rel_roi_start")),
+        (dict(roi_end=[8, 7], rel_roi_end=[0.4, 0.5]), ("roi_end", "rel_roi_end")),
+        (dict(roi_end=[8, 7], roi_shape=[8, 7]), ("roi_end", "roi_shape")),
+        (dict(roi_end=[8, 7], rel_roi_shape=[0.4, 0.5]), ("roi_end", "rel_roi_shape")),
+        (dict(rel_roi_end=[0.5, 0.4], roi_shape=[8, 7]), ("rel_roi_end", "roi_shape")),
+        (dict(rel_roi_end=[0.5, 0.4], rel_roi_shape=[0.1, 0.1]), ("rel_roi_end", "rel_roi_shape")),
+        (dict(roi_start=[[1, 1]] * 8, rel_roi_start=[0.1, 0.2]), ("roi_start", "rel_roi_start")),
+    ],
+)
+def test_exclusive_roi_arguments(dali_folder, kw, names):
+    root, *_ = dali_folder
+    with pytest.raises(ValueError, match=rf"{names[0]}.*{names[1]}") as info:
+        npydask.open_dataset(root, **kw)
+    assert not isinstance(info.value, npydask.RoiError)
+
+
+@pytest.mark.parametrize(
+    "kw, file, shape",
+    [
+        (dict(roi_start=[-1, 2]), "test_00.npy", (10, 10)),
+        (dict(roi_end=[100, 8]), "test_00.npy", (10, 10)),
+        (dict(roi_shape=[100, 8]), "test_00.npy", (10, 10)),
+        (dict(roi_end=[11, 5]), "test_00.npy", (10, 10)),
+        (dict(roi_start=[0, 11], roi_end=[5, 11]), "test_00.npy", (10, 10)),
+        (dict(roi_end=[5, 15], files=["test_03.npy", "test_02.npy"]), "test_02.npy", (10, 12)),
+        (dict(rel_roi_end=[1.05], roi_axes=[0], files=["test_03.npy"]), "test_03.npy", (20, 15)),
+    ],
+)
+def test_out_of_bounds_error_names_file_shape_and_roi(dali_folder, kw, file, shape):
+    root, *_ = dali_folder
+    with pytest.raises(npydask.RoiError, match=rf"{re.escape(file)}.*{re.escape(str(shape))}") as info:
+        npydask.open_dataset(root, **kw)
+    assert isinstance(info.value, ValueError)
+    assert "start=" in str(info.value) and "end=" in str(info.value)
+
+
+@pytest.mark.parametrize("policy", ["error", "trim_to_shape", "pad"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(roi_start=[5], roi_end=[3], roi_axes=[0]),
+        dict(roi_start=[5, 5], roi_end=[6, 2]),
+        dict(rel_roi_start=[0.5], rel_roi_end=[0.2], roi_axes=[-1]),
+        dict(roi_start=[-2], roi_end=[-5], roi_axes=[1]),
+        dict(roi_start=[30], roi_end=[25], roi_axes=[0]),
+        dict(roi_start=[[0, 0]] * 5 + [[4, 4]] + [[0, 0]] * 2, roi_end=[3, 3]),  # only file 5
+    ],
+)
+def test_end_before_start_is_refused_whatever_the_policy(dali_folder, kw, policy):
+    root, *_ = dali_folder
+    with pytest.raises(npydask.RoiError, match="ends before it starts"):
+        npydask.open_dataset(root, out_of_bounds_policy=policy, fill_value=3, **kw)
+
+
+def test_bad_roi_arguments(dali_folder):
+    root, *_ = dali_folder
+    with pytest.raises(ValueError, match="out_of_bounds_policy"):
+        npydask.open_dataset(root, out_of_bounds_policy="clamp")
+    with pytest.raises(ValueError, match="roi_axes"):
+        npydask.open_dataset(root, roi_start=[1], roi_axes=[0, -2])  # the same axis twice
+    with pytest.raises(ValueError, match="roi_axes"):
+        npydask.open_dataset(root, roi_start=[1], roi_axes=[2])
+    with pytest.raises(ValueError, match="roi_start"):
+        npydask.open_dataset(root, roi_start=[1, 2, 3])
+    with pytest.raises(ValueError, match="one row per file"):
+        npydask.open_dataset(root, roi_start=[[1, 2]] * 7)  # 8 files
+    with pytest.raises(ValueError, match="fill_value"):
+        npydask.open_dataset(root, out_of_bounds_policy="pad", fill_value="x")
+
+
+@pytest.mark.parametrize("order", ["C", "F", "mixed"])
+def test_per_file_rois_are_rows_of_the_whole_list_before_sharding(tmp_path, order):
+    arrays = write_folder(tmp_path, SHAPES, ">i4", order, seed=3)
+    starts = [[i % 3, (i + 1) % 4] for i in range(len(SHAPES))]
+    ends = [[s0 + 5 + i % 2, s1 + 6] for i, (s0, s1) in enumerate(starts)]
+    rows = [a[s0:e0, s1:e1] for a, (s0, s1), (e0, e1) in zip(arrays, starts, ends)]
+    ds = npydask.open_dataset(tmp_path, roi_start=starts, roi_end=ends)
+    assert_dataset_equals(ds, rows)
+    for k, (lo, hi) in enumerate([(0, 4), (4, 8)]):
+        shard = npydask.open_dataset(tmp_path, roi_start=starts, roi_end=ends, shard_id=k, num_shards=2)
+        assert shard.files == ds.files[lo:hi]
+        assert_dataset_equals(shard, rows[lo:hi])
+        assert ds.shard(k, 2).files == shard.files
+        assert_dataset_equals(ds.shard(k, 2), rows[lo:hi])
+    # numpy 2-D arrays work as rows too, mixed with a shared argument; an empty row means "not given"
+    shapes = np.array([[4, 3]] * len(SHAPES))
+    ds = npydask.open_dataset(tmp_path, roi_start=np.array(starts), roi_shape=shapes, shard_id=1, num_shards=2)
+    assert_dataset_equals(ds, [a[s0 : s0 + 4, s1 : s1 + 3] for a, (s0, s1) in list(zip(arrays, starts))[4:]])
+    some = [[1, 1] if i % 2 else [] for i in range(len(SHAPES))]
+    ds = npydask.open_dataset(tmp_path, roi_start=some)
+    assert_dataset_equals(ds, [a[1:, 1:] if i % 2 else a for i, a in enumerate(arrays)])
+
+
+@pytest.mark.parametrize("fill", [0, 10, -3.5, 1e10])
+def test_pad_fill_is_converted_as_dali_does(tmp_path, fill):
+    arrays = write_folder(tmp_path, [(4, 5), (6, 3)], "i1", "mixed")
+    ds = npydask.open_dataset(tmp_path, roi_start=[-2, 1], roi_end=[5, 7], out_of_bounds_policy="pad", fill_value=fill)
+    converted = {0: 0, 10: 10, -3.5: -4, 1e10: 127}[fill]
+    expected = [roi_expected(a, [(-2, 5), (1, 7)], "pad", converted) for a in arrays]
+    assert_dataset_equals(ds, expected)
+    assert_eq(ds.stack(chunks=(1, 3, 2)), np.stack(expected), check_chunks=True)
+
+
+def test_pad_on_non_native_fortran_3d_files(tmp_path):
+    a = (np.arange(3 * 4 * 5) - 7.25).reshape(3, 4, 5).astype(">f8")
+    np.save(tmp_path / "a.npy", np.asfortranarray(a))
+    np.save(tmp_path / "b.npy", (a * 2).astype(">f8"))
+    ds = npydask.open_dataset(
+        tmp_path, roi_start=[-1, 2, -3], roi_shape=[5, 4, 4], out_of_bounds_policy="pad", fill_value=0.5
+    )
+    b = [(-1, 4), (2, 6), (-3, 1)]
+    expected = [roi_expected(np.load(f), b, "pad", 0.5) for f in ds.files]
+    np.testing.assert_array_equal(np.load(ds.files[1]), a * 2)
+    assert ds.dtype == np.dtype(">f8")
+    assert_dataset_equals(ds, expected)
+    for chunks in [(1, 1, 2, 3), (2, 3, 2, 1), "64B"]:
+        assert_eq(ds.stack(chunks=chunks), np.stack(expected), check_chunks=True)
+
+
+# ==========================================================================
+# Which files, in which order
+
+
+@pytest.fixture
+def tree(tmp_path):
+    rels = ["b.npy", "a.npy", "B.npy", "a10.npy", "a2.npy", "sub2/x.npy", "sub1/z.npy", "sub1/deep/q.npy",
+            "sub1/a.npy", ".h.npy", "A.NPY"]  # fmt: skip
+    for k, rel_path in enumerate(rels):
+        path = tmp_path / rel_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:  # (np.save would add .npy to A.NPY)
+            np.save(f, np.full((2, 3), k, "i8"))
+    (tmp_path / "notes.txt").write_text("not an array")
+    (tmp_path / "dir.npy").mkdir()
+    return tmp_path, {r: k for k, r in enumerate(rels)}
+
+
+def _check_order(ds, root, rels, value_of):
+    assert ds.files == [os.path.join(root, r) for r in rels]
+    np.testing.assert_array_equal(ds.stack()[:, 0, 0].compute(), [value_of[r] for r in rels])
+
+
+def test_discovery_order_through_open_dataset(tree):
+    root, value_of = tree
+    flat = [".h.npy", "B.npy", "a.npy", "a10.npy", "a2.npy", "b.npy", "sub1/a.npy", "sub1/z.npy", "sub2/x.npy"]
+    _check_order(npydask.open_dataset(root), str(root), flat, value_of)
+    _check_order(npydask.open_dataset(str(root)), str(root), flat, value_of)
+    deep = [".h.npy", "B.npy", "a.npy", "a10.npy", "a2.npy", "b.npy", "sub1/a.npy", "sub1/deep/q.npy",
+            "sub1/z.npy", "sub2/x.npy"]  # fmt: skip
+    _check_order(npydask.open_dataset(root, recursive=True), str(root), deep, value_of)
+    a_star = ["a.npy", "a10.npy", "a2.npy", "sub1/a.npy"]
+    _check_order(npydask.open_dataset(root, file_filter="a*.npy"), str(root), a_star, value_of)
+    _check_order(npydask.open_dataset(root, file_filter="*.NPY"), str(root), ["A.NPY"], value_of)
+    with pytest.raises(ValueError, match="no file found"):
+        npydask.open_dataset(root, file_filter="*.npz")
+    with pytest.raises(FileNotFoundError):
+        npydask.open_dataset(root / "missing")
+
+
+def test_file_list_and_files_keep_their_order(tree):
+    root, value_of = tree
+    order = ["sub1/deep/q.npy", "b.npy", "sub1/z.npy", "a.npy", "b.npy"]
+    lst = root / "list.txt"
+    lst.write_text("\n".join(order[:3]) + "\n\n" + "\n".join(order[3:]) + "\n")
+    _check_order(npydask.open_dataset(root, file_list=lst), str(root), order, value_of)
+    ds = npydask.open_dataset(file_list=str(lst))  # relative to the list's folder
+    assert ds.files == [os.path.join(str(root), r) for r in order]
+    _check_order(npydask.open_dataset(root, files=order), str(root), order, value_of)
+    # an absolute entry overrides file_root
+    ds = npydask.open_dataset(root / "sub1", files=[str(root / "a2.npy"), "z.npy"])
+    assert ds.files == [str(root / "a2.npy"), os.path.join(str(root / "sub1"), "z.npy")]
+    np.testing.assert_array_equal(ds.stack()[:, 0, 0].compute(), [value_of["a2.npy"], value_of["sub1/z.npy"]])
+    with pytest.raises(ValueError):
+        npydask.open_dataset(root, files=order, file_list=lst)
+    with pytest.raises(ValueError):
+        npydask.open_dataset(root, files=[])
+    with pytest.raises(ValueError):
+        npydask.open_dataset()
+
+
+# ==========================================================================
+# Shards and sub-datasets
+
+
+@pytest.fixture(scope="module")
+def ten(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ten")
+    for i in range(10):
+        np.save(root / f"{i}.npy", np.full((2 + i % 3, 4), i, "u2"))
+    return root
+
+
+@pytest.mark.parametrize(
+    "n_shards, table",
+    [
+        (3, [(0, 3), (3, 6), (6, 10)]),
+        (1, [(0, 10)]),
+        (4, [(0, 2), (2, 5), (5, 7), (7, 10)]),
+        (7, [(0, 1), (1, 2), (2, 4), (4, 5), (5, 7), (7, 8), (8, 10)]),
+        (10, [(k, k + 1) for k in range(10)]),
+    ],
+)
+def test_shard_tables(ten, n_shards, table):
+    ds = npydask.open_dataset(ten)
+    for k, (lo, hi) in enumerate(table):
+        assert ds.files[lo:hi] == [os.path.join(ten, f"{i}.npy") for i in range(lo, hi)]
+        for shard in (ds.shard(k, n_shards), npydask.open_dataset(ten, shard_id=k, num_shards=n_shards)):
+            assert shard.files == ds.files[lo:hi]
+            firsts = dask.compute(*[x[0, 0] for x in shard.arrays()], scheduler="sync")
+            assert [int(v) for v in firsts] == list(range(lo, hi))
+    assert sum((ds.shard(k, n_shards).files for k in range(n_shards)), []) == ds.files
+
+
+@pytest.mark.parametrize("shard_id, num_shards", [(3, 3), (0, 11), (0, 0), (-1, 2), (1.0, 2), (True, 2)])
+def test_bad_shards(ten, shard_id, num_shards):
+    with pytest.raises(ValueError):
+        npydask.open_dataset(ten, shard_id=shard_id, num_shards=num_shards)
+    with pytest.raises(ValueError):
+        npydask.open_dataset(ten).shard(shard_id, num_shards)
+
+
+def test_sub_datasets(ten):
+    ds = npydask.open_dataset(ten)
+    files = ds.files
+    for index, picks in [
+        (slice(2, 5), [2, 3, 4]),
+        (slice(None, None, -3), [9, 6, 3, 0]),
+        (slice(-2, None), [8, 9]),
+        (slice(5, 2), []),
+        ([7, 1, 7], [7, 1, 7]),
+        ([-1, -10], [9, 0]),
+        (np.array([2, 0]), [2, 0]),
+        (np.array([], dtype=int), []),
+        ([], []),
+        ([np.int64(5)], [5]),
+    ]:
+        sub = ds[index]
+        assert isinstance(sub, npydask.NpyDataset), index
+        assert sub.files == [files[i] for i in picks], index
+        assert len(sub) == len(picks)
+        if picks:
+            assert_eq(sub.concatenate(), np.concatenate([np.load(files[i]) for i in picks]), check_chunks=True)
+            assert sub.dtype == ds.dtype
+    assert ds[[1, 2]][-1].compute()[0, 0] == 2
+    assert ds[2:8].shard(1, 2).files == files[5:8]
+    for i in [0, 9, -1, -10, np.int32(3), np.uint8(4)]:
+        x = ds[i]
+        assert isinstance(x, da.Array)
+        np.testing.assert_array_equal(x.compute(), np.load(files[int(i)]))
+    for bad in [10, -11, [0, 10], [-11]]:
+        with pytest.raises(IndexError):
+            ds[bad]
+    for bad in [1.0, "0", None, True, np.bool_(False), [0.5], [True, False], {0}, [[0], 1]]:
+        with pytest.raises((TypeError, ValueError)):
+            ds[bad]
+    empty = ds[:0]
+    assert len(empty) == 0 and empty.files == [] and empty.nbytes == 0 and "0 files" in repr(empty)
+    for call in (empty.stack, empty.concatenate, lambda: empty.dtype, lambda: empty.ndim):
+        with pytest.raises(ValueError):
+            call()
+
+
+def test_dataset_is_immutable(ten):
+    ds = npydask.open_dataset(ten)
+    files = ds.files
+    for name in ["files", "shapes", "dtype", "_views", "_device", "anything"]:
+        with pytest.raises(AttributeError):
+            setattr(ds, name, None)
+    with pytest.raises(AttributeError):
+        del ds._views
+    ds.files.append("x")
+    ds.shapes.clear()
+    ds.headers.clear()
+    assert ds.files == files and len(ds.shapes) == 10 and len(ds.headers) == 10
+    sub, shard = ds[1:3], ds.shard(0, 2)
+    assert sub is not ds and shard is not ds and len(ds) == 10
+    assert ds.views[0] is ds[:1].views[0]  # sub-datasets share the per-file views, nothing is copied
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.files == files and again.shapes == ds.shapes and again.dtype == ds.dtype
+    np.testing.assert_array_equal(again[3].compute(), np.load(files[3]))
+
+
+def test_repr_is_readable(ten, folder):
+    ds = npydask.open_dataset(ten)
+    text = repr(ds)
+    assert "10 files" in text and "uint16" in text and "(2, 4)" in text and "(4, 4)" in text
+    assert len(text) < 300 and "\n" not in text
+    one = npydask.open_dataset(ten, files=["0.npy"])
+    assert "1 files" in repr(one) or "1 file" in repr(one)
+    assert "(2, 4)" in repr(one) and "uint16" in repr(one)
+    root, _ = folder
+    roi = npydask.open_dataset(root, roi_shape=[3, 2])
+    assert "(3, 2)" in repr(roi) and "8 files" in repr(roi) and "float32" in repr(roi)
+
+
+# ==========================================================================
+# Mixed dtypes and ndims
+
+
+@pytest.mark.parametrize(
+    "first, second, names",
+    [
+        ("<f4", ">f4", ("float32", "float32")),
+        ("i4", "f4", ("int32", "float32")),
+        ("u1", "i1", ("uint8", "int8")),
+        ("<i8", "<u8", ("int64", "uint64")),
+        ("f8", "c16", ("float64", "complex128")),
+    ],
+)
+def test_mixed_dtypes_name_two_files_and_dtypes(tmp_path, first, second, names):
+    np.save(tmp_path / "a.npy", np.zeros((3, 2), first))
+    np.save(tmp_path / "b.npy", np.zeros((3, 2), first))
+    np.save(tmp_path / "c.npy", np.zeros((2, 2), second))
+    with pytest.raises(ValueError, match=rf"a\.npy.*{names[0]}.*c\.npy.*{names[1]}") as info:
+        npydask.open_dataset(tmp_path)
+    text = str(info.value)
+    if first[1:] == second[1:]:  # byte order only: both spellings are named
+        assert first in text and second in text
+    with pytest.raises(ValueError, match=r"c\.npy.*a\.npy"):
+        npydask.open_dataset(tmp_path, files=["c.npy", "a.npy"])
+    assert len(npydask.open_dataset(tmp_path, files=["a.npy", "b.npy"])) == 2
+
+
+def test_mixed_ndims_name_two_files(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((3, 2), "f4"))
+    np.save(tmp_path / "b.npy", np.zeros((3, 2, 1), "f4"))
+    with pytest.raises(ValueError, match=r"a\.npy.*2.*b\.npy.*3"):
+        npydask.open_dataset(tmp_path)
+    with pytest.raises(ValueError, match=r"b\.npy.*3.*a\.npy.*2"):
+        npydask.open_dataset(tmp_path, files=["b.npy", "a.npy"])
+
+
+# ==========================================================================
+# Errors surface at open (or, for files changed later, at compute)
+
+
+def test_non_npy_file_in_folder_fails_at_open_naming_it(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    (tmp_path / "b.npy").write_bytes(b"PK\x03\x04 this is a zip, not an npy file")
+    with pytest.raises(npydask.NpyFormatError, match=r"b\.npy"):
+        npydask.open_dataset(tmp_path)
+    (tmp_path / "b.npy").write_bytes(b"")
+    with pytest.raises(npydask.NpyFormatError, match=r"b\.npy"):
+        npydask.open_dataset(tmp_path)
+    np.save(tmp_path / "b.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(npydask.NpyFormatError, match=r"b\.npy"):
+        npydask.open_dataset(tmp_path)
+    full = tmp_path / "b.npy"
+    np.save(full, np.arange(100))
+    full.write_bytes(full.read_bytes()[:-8])  # truncated payload
+    with pytest.raises(npydask.NpyFormatError, match=r"b\.npy"):
+        npydask.open_dataset(tmp_path)
+    assert npydask.open_dataset(tmp_path, file_filter="a.npy").files == [str(tmp_path / "a.npy")]
+
+
+def test_missing_listed_file_fails_at_open_naming_it(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    with pytest.raises(FileNotFoundError, match=r"nope\.npy"):
+        npydask.open_dataset(tmp_path, files=["a.npy", "nope.npy"])
+    (tmp_path / "list.txt").write_text("a.npy\nsub/gone.npy\n")
+    with pytest.raises(FileNotFoundError, match=r"gone\.npy"):
+        npydask.open_dataset(tmp_path, file_list=tmp_path / "list.txt")
+    os.mkdir(tmp_path / "sub")
+    with pytest.raises(OSError, match="sub"):
+        npydask.open_dataset(tmp_path, files=["a.npy", "sub"])
+
+
+@pytest.mark.parametrize("how", ["rewrite", "touch", "replace"])
+def test_file_changed_after_open_fails_at_compute_naming_it(tmp_path, how):
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.full((4, 5), i, "f4"))
+    ds = npydask.open_dataset(tmp_path, roi_start=[-1, 0], roi_end=[4, 5], out_of_bounds_policy="pad")
+    lazy = [ds[1], ds.stack(), ds.concatenate(axis=1), ds.stack(chunks=(1, 2, 5))]
+    target = tmp_path / "1.npy"
+    if how == "rewrite":
+        np.save(target, np.full((5, 5), 9, "f4"))
+    elif how == "touch":
+        st = os.stat(target)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    else:
+        np.save(tmp_path / "tmp.npy", np.full((4, 5), 9, "f4"))
+        os.replace(tmp_path / "tmp.npy", target)
+    for x in lazy:
+        with pytest.raises(npydask.FileChangedError, match=r"1\.npy"):
+            x.compute()
+    # a file not touched still reads
+    np.testing.assert_array_equal(ds[0].compute()[1:], np.zeros((4, 5), "f4"))
+    # opening again sees the new file
+    np.testing.assert_array_equal(npydask.open_dataset(tmp_path)[1].compute(), np.load(target))
+
+
+# ==========================================================================
+# stack and concatenate: grouping, chunks, equality
+
+
+def _chunk_edges(chunks):
+    return set(np.cumsum([0, *chunks]).tolist())
+
+
+def test_stack_medium_files_keep_one_chunk_each(tmp_path):
+    arrays = []
+    for i in range(6):
+        a = np.full((256, 512), i, "f4") + np.arange(512, dtype="f4")  # 512 KiB
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i % 2 else a)
+        arrays.append(a)
+    with dask.config.set({"array.chunk-size": "1MiB"}):
+        ds = npydask.open_dataset(tmp_path)
+        x = ds.stack()
+        assert x.chunks == ((1,) * 6, (256,), (512,))
+        assert_eq(x, np.stack(arrays), check_chunks=True)
+        y = ds.concatenate(axis=0)
+        assert y.chunks[0] == (256,) * 6
+        assert_eq(y, np.concatenate(arrays), check_chunks=True)
+        z = ds.concatenate(axis=-1)
+        assert z.chunks[1] == (512,) * 6
+        assert_eq(z, np.concatenate(arrays, axis=1), check_chunks=True)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_stack_large_files_get_several_chunks_never_spanning_files(tmp_path, order):
+    arrays = []
+    for i in range(3):
+        a = np.arange(1024 * 1024, dtype="f4").reshape(1024, 1024) * (i + 1)  # 4 MiB
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if order == "F" else a)
+        arrays.append(a)
+    with dask.config.set({"array.chunk-size": "1MiB"}):
+        ds = npydask.open_dataset(tmp_path)
+        x = ds.stack()
+        assert x.chunks[0] == (1, 1, 1)
+        assert x.numblocks[1] * x.numblocks[2] >= 4
+        # chunks are contiguous in the file: whole rows (C) or whole columns (F)
+        assert x.chunks[2 if order == "C" else 1] == (1024,)
+        assert all(c * 1024 * 4 <= 1 << 20 for c in x.chunks[1 if order == "C" else 2])
+        assert_eq(x, np.stack(arrays), check_chunks=True)
+        y = ds.concatenate(axis=0)
+        assert _chunk_edges([1024] * 3) <= _chunk_edges(y.chunks[0])
+        assert len(y.chunks[0]) >= 12
+        assert_eq(y, np.concatenate(arrays), check_chunks=True)
+        z = ds.concatenate(axis=1)
+        assert _chunk_edges([1024] * 3) <= _chunk_edges(z.chunks[1])
+        assert_eq(z, np.concatenate(arrays, axis=1), check_chunks=True)
+
+
+def test_mixed_small_and_large_files_never_share_a_chunk(tmp_path):
+    lengths = [2, 3, 300, 1, 1, 600, 4]  # rows of 1 KiB: files of 2 KiB .. 600 KiB
+    arrays = []
+    for i, n in enumerate(lengths):
+        a = np.arange(n * 256, dtype="i4").reshape(n, 256) + 1000 * i
+        np.save(tmp_path / f"{i}.npy", a)
+        arrays.append(a)
+    with dask.config.set({"array.chunk-size": "256KiB"}):
+        ds = npydask.open_dataset(tmp_path)
+        y = ds.concatenate()
+        edges = _chunk_edges(y.chunks[0])
+        file_edges = np.cumsum([0, *lengths]).tolist()
+        # the large files (>= 32 KiB) start and end on chunk edges; the small ones may share
+        for k in (2, 5):
+            assert file_edges[k] in edges and file_edges[k + 1] in edges
+        assert max(y.chunks[0]) <= 256
+        assert_eq(y, np.concatenate(arrays), check_chunks=True)
+
+
+def test_plan_groups_two_tasks_per_thread():
+    f4 = np.dtype("f4")
+    limit = 128 << 20
+    for threads in (1, 2, 4, 8, 16):
+        # small files: 16 MiB of 4 KiB files
+        n = 4096
+        plan = npydask.stacking.plan_groups([4096] * n, [(1024,)] * n, f4, [False] * n, limit=limit, axis=0,
+                                            stacked=True, threads=threads)  # fmt: skip
+        assert len(plan.bounds) >= min(2 * threads, 16), (threads, len(plan.bounds))
+        assert [b for b in plan.bounds] == sorted(plan.bounds) and plan.bounds[0][0] == 0 and plan.bounds[-1][1] == n
+        # medium files (2 MiB each, below limit / 8): split so each thread still gets two tasks
+        plan = npydask.stacking.plan_groups([2 << 20] * 8, [(512, 1024)] * 8, f4, [False] * 8, limit=limit, axis=0,
+                                            stacked=True, threads=threads)  # fmt: skip
+        tasks = sum(math.prod(len(c) for c in inner) for inner in plan.inner_chunks)
+        assert tasks >= min(2 * threads, 16), (threads, tasks)
+    # little data: one task
+    plan = npydask.stacking.plan_groups([1000] * 100, [(250,)] * 100, f4, [False] * 100, limit=limit, axis=0,
+                                        stacked=True, threads=64)  # fmt: skip
+    assert plan.bounds == ((0, 100),)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_stack_gives_two_tasks_per_thread_beyond_a_few_mib(tmp_path, threads):
+    arrays = []
+    for i in range(8):
+        a = np.full((512, 1024), i, "f4")  # 2 MiB each, 16 MiB in all
+        np.save(tmp_path / f"{i}.npy", a)
+        arrays.append(a)
+    ds = npydask.open_dataset(tmp_path)
+    with dask.config.set(num_workers=threads):  # what dask's threaded scheduler runs
+        x = ds.stack()
+        y = ds.concatenate(axis=1)
+    assert math.prod(x.numblocks) >= 2 * threads
+    assert_eq(x, np.stack(arrays), check_chunks=True)
+    assert math.prod(y.numblocks) >= 2 * threads
+    assert_eq(y, np.concatenate(arrays, axis=1), check_chunks=True)
+
+
+def test_small_files_grouped_with_roi(tmp_path):
+    arrays = write_folder(tmp_path, [(6, 7)] * 200, "u2", "mixed", name="{:04d}.npy")
+    ds = npydask.open_dataset(tmp_path, roi_start=[-1, 2], roi_shape=[4, 4], out_of_bounds_policy="pad", fill_value=7)
+    x = ds.stack()
+    assert math.prod(x.numblocks) < 10
+    assert_eq(x, np.stack([roi_expected(a, [(-1, 3), (2, 6)], "pad", 7) for a in arrays]), check_chunks=True)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [(3, 5, 4), (1, -1, -1), (8, 1, 1), ((2, 3, 3), (10,), (4, 6)), 4, -1, "auto", "2KiB", (5, "auto", -1)],
+)
+def test_stack_explicit_chunks(tmp_path, chunks):
+    arrays = write_folder(tmp_path, [(10, 10)] * 8, "<f8", "mixed")
+    ds = npydask.open_dataset(tmp_path)
+    x = ds.stack(chunks=chunks)
+    if not isinstance(chunks, str) and chunks != -1 and "auto" not in (chunks if isinstance(chunks, tuple) else ()):
+        assert x.chunks == da.core.normalize_chunks(chunks, (8, 10, 10), dtype="f8")
+    assert_eq(x, np.stack(arrays), check_chunks=True)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("chunks", [(7, 4, 3), (2, 1, 3), (-1, 2, -1), 5, "1KiB", None])
+def test_concatenate_explicit_chunks(tmp_path, axis, chunks):
+    rng = np.random.default_rng(abs(axis))
+    lengths = [3, 7, 1, 12, 5]
+    arrays = []
+    for i, n in enumerate(lengths):
+        shape = [4, 6, 5]
+        shape[axis] = n
+        a = rng.standard_normal(shape).astype(">f4")
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i % 2 else a)
+        arrays.append(a)
+    ds = npydask.open_dataset(tmp_path)
+    x = ds.concatenate(axis=axis, chunks=chunks)
+    expected = np.concatenate(arrays, axis=axis)
+    if isinstance(chunks, tuple) or isinstance(chunks, int):
+        assert x.chunks == da.core.normalize_chunks(chunks, expected.shape, dtype=expected.dtype)
+    assert_eq(x, expected, check_chunks=True)
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", "<u2", ">c8", "|b1"])
+def test_joins_have_numpy_dtype_however_grouped(tmp_path, dtype):
+    """ds[i] keeps the file's dtype (as np.load); stack/concatenate give np.stack's (native byte order)."""
+    arrays = [(np.arange(64 * 32) % 7 + i).reshape(64, 32).astype(dtype) for i in range(6)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i % 2 else a)
+    ds = npydask.open_dataset(tmp_path)
+    assert ds.dtype == np.dtype(dtype) and ds.dtype.str == np.dtype(dtype).str
+    assert ds[0].dtype.str == np.dtype(dtype).str and ds[0].compute().dtype.str == np.dtype(dtype).str
+    want = np.stack(arrays)
+    for size in ["128MiB", "8KiB"]:  # one group; a group per file
+        with dask.config.set({"array.chunk-size": size}):
+            joins = [
+                (ds.stack(), want),
+                (ds.concatenate(axis=1), np.concatenate(arrays, axis=1)),
+                (ds.stack(chunks=(4, 64, 32)), want),
+                (ds.concatenate(chunks=(100, 7)), np.concatenate(arrays)),
+            ]
+            for x, e in joins:
+                assert x.dtype.str == e.dtype.str, (size, x.dtype, e.dtype)
+                assert_eq(x, e, check_chunks=True)
+
+
+def test_ragged_stack_names_two_shapes(folder):
+    root, _ = folder
+    ds = npydask.open_dataset(root)
+    with pytest.raises(ValueError, match=r"00\.npy.*\(10, 10\).*01\.npy.*\(12, 10\)"):
+        ds.stack()
+    with pytest.raises(ValueError, match=r"\(10, 10\).*\(10, 12\)"):
+        ds[[0, 2]].stack(chunks=(1, 1, 1))
+    assert_eq(ds[[0, 4]].concatenate(axis=1), np.concatenate([np.load(ds.files[0]), np.load(ds.files[4])], axis=1))
+    with pytest.raises(ValueError, match="axis 2"):
+        ds.concatenate(axis=2)
+    with pytest.raises(ValueError, match="axis"):
+        ds.concatenate(axis=-3)
+
+
+@pytest.mark.parametrize("order", ["C", "F", "mixed"])
+def test_concatenate_slabs(tmp_path, order):
+    rng = np.random.default_rng(7)
+    lengths = [5, 1, 9, 3, 13, 2]
+    arrays = write_folder(tmp_path, [(n, 6, 4) for n in lengths], "<i2", order)
+    ds = npydask.open_dataset(tmp_path)
+    assert_eq(ds.concatenate(), np.concatenate(arrays), check_chunks=True)
+    assert_eq(ds.concatenate(axis=-3), np.concatenate(arrays), check_chunks=True)
+    assert_eq(ds[::-1].concatenate(), np.concatenate(arrays[::-1]), check_chunks=True)
+    # with a ROI that keeps the slabs ragged along axis 0 only
+    roi = npydask.open_dataset(
+        tmp_path, roi_start=[1, -1], roi_end=[5, 3], roi_axes=[1, 2], out_of_bounds_policy="pad", fill_value=-9
+    )
+    expected = [roi_expected(a, [(0, a.shape[0]), (1, 5), (-1, 3)], "pad", -9) for a in arrays]
+    assert_eq(roi.concatenate(), np.concatenate(expected), check_chunks=True)
+    assert_eq(roi.concatenate(chunks=(4, 2, 2)), np.concatenate(expected), check_chunks=True)
+    # slabs along the last axis, cut by a relative ROI on axis 0
+    arrays = write_folder(tmp_path / "cols", [(6, 4, n) for n in lengths], "<i2", order, seed=int(rng.integers(99)))
+    ds = npydask.open_dataset(tmp_path / "cols", rel_roi_start=[0.25], rel_roi_end=[0.75], roi_axes=[0])
+    expected = [a[2:5] for a in arrays]  # 0.25 * 6 = 1.5 -> 2, 0.75 * 6 = 4.5 -> 5
+    assert_eq(ds.concatenate(axis=-1), np.concatenate(expected, axis=-1), check_chunks=True)
+    assert_eq(ds.concatenate(axis=2), np.concatenate(expected, axis=2), check_chunks=True)
+    with pytest.raises(ValueError, match="axis 0"):
+        ds.concatenate(axis=0)
+
+
+def test_concatenate_trimmed_to_empty(tmp_path):
+    arrays = write_folder(tmp_path, [(3, 4), (6, 4), (2, 4)], "f4", "mixed")
+    ds = npydask.open_dataset(tmp_path, roi_start=[3], roi_end=[5], roi_axes=[0], out_of_bounds_policy="trim_to_shape")
+    assert ds.shapes == [(0, 4), (2, 4), (0, 4)]
+    assert_eq(ds.concatenate(), arrays[1][3:5], check_chunks=True)
+    empty = npydask.open_dataset(tmp_path, roi_start=[1, 2], roi_end=[1, 2])
+    assert_eq(empty.stack(), np.zeros((3, 0, 0), "f4"), check_chunks=True)
+    assert_eq(empty.concatenate(axis=1), np.zeros((0, 0), "f4"), check_chunks=True)
+
+
+_lengths = st.lists(st.integers(0, 6), min_size=1, max_size=6)
+
+
+@given(
+    lengths=_lengths,
+    axis=st.integers(-2, 1),
+    fortran=st.lists(st.booleans(), min_size=6, max_size=6),
+    chunks=st.one_of(
+        st.none(),
+        st.sampled_from(["16B", "64B", "1KiB"]),
+        st.tuples(st.integers(1, 9), st.integers(1, 4)),
+        st.integers(1, 5),
+    ),
+    start=st.integers(-2, 2),
+)
+def test_joins_match_numpy_property(lengths, axis, fortran, chunks, start):
+    """Random slab lengths, orders, ROIs and chunks: concatenate and stack equal numpy, chunk for chunk."""
+    with tempfile.TemporaryDirectory() as root:
+        arrays = []
+        for i, n in enumerate(lengths):
+            shape = [3, 3]
+            shape[axis] = n
+            a = np.arange(math.prod(shape), dtype="<i4").reshape(shape) + 100 * i
+            np.save(os.path.join(root, f"{i}.npy"), np.asfortranarray(a) if fortran[i] else a)
+            arrays.append(a)
+        other = 1 - axis % 2
+        ds = npydask.open_dataset(
+            root, roi_start=[start], roi_shape=[2], roi_axes=[other], out_of_bounds_policy="pad", fill_value=-1
+        )
+        bounds = [(0, 3), (0, 3)]
+        bounds[other] = (start, start + 2)
+        expected = []
+        for a in arrays:
+            b = list(bounds)
+            b[axis % 2] = (0, a.shape[axis % 2])
+            expected.append(roi_expected(a, b, "pad", -1))
+        assert_eq(ds.concatenate(axis=axis, chunks=chunks), np.concatenate(expected, axis=axis), check_chunks=True)
+        same = [e for e in expected if e.shape == expected[0].shape]
+        if len(same) == len(expected):
+            stacked_chunks = chunks if not isinstance(chunks, tuple) else (chunks[0], chunks[1], 2)
+            assert_eq(ds.stack(chunks=stacked_chunks), np.stack(expected), check_chunks=True)
+
+
+# ==========================================================================
+# A distributed cluster of processes
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+    ) as cluster, distributed.Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+def test_distributed_roi_pad_stack(client, tmp_path):
+    arrays = write_folder(tmp_path, SHAPES, "u1", "mixed", seed=5)
+    root = str(tmp_path)
+    bounds = [(-3, 9), (2, 14)]
+    ds = npydask.open_dataset(root, roi_start=[-3, 2], roi_end=[9, 14], out_of_bounds_policy="pad", fill_value=10)
+    expected = np.stack([roi_expected(a, bounds, "pad", 10) for a in arrays])
+    for x in (ds.stack(), ds.stack(chunks=(3, 5, 4))):
+        got = client.compute(x, sync=True)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+    shard = npydask.open_dataset(root, roi_start=[[i, 0] for i in range(8)], roi_shape=[3, 3], shard_id=1, num_shards=2)
+    got = client.compute(shard.stack(), sync=True)
+    np.testing.assert_array_equal(got, np.stack([a[i : i + 3, :3] for i, a in list(enumerate(arrays))[4:]]))
+
+
+def test_distributed_concatenate_and_ragged_arrays(client, tmp_path):
+    lengths = [4, 9, 1, 6]
+    arrays = write_folder(tmp_path, [(n, 5) for n in lengths], ">f8", "mixed")
+    ds = npydask.open_dataset(tmp_path)
+    got = client.compute(ds.concatenate(chunks=(3, 2)), sync=True)
+    np.testing.assert_array_equal(got, np.concatenate(arrays))
+    total = client.compute(ds.concatenate().sum(), sync=True)
+    assert np.isclose(total, np.concatenate(arrays).sum())
+    trimmed = npydask.open_dataset(tmp_path, roi_start=[2, 1], roi_end=[7, 9], out_of_bounds_policy="trim_to_shape")
+    parts = client.compute(trimmed.arrays(), sync=True)
+    for got, a in zip(parts, arrays):
+        np.testing.assert_array_equal(got, a[2:7, 1:9])
+    pickle.loads(pickle.dumps(ds))  # a dataset travels too
+    futures = client.map(lambda d, i: d[i].compute(scheduler="sync"), [ds] * len(ds), range(len(ds)))
+    for got, a in zip(client.gather(futures), arrays):
+        np.testing.assert_array_equal(got, a)
+
+
+def test_distributed_changed_file_fails_on_the_worker(client, tmp_path):
+    write_folder(tmp_path, [(3, 3)] * 3, "f4", "C")
+    ds = npydask.open_dataset(tmp_path)
+    np.save(tmp_path / "test_02.npy", np.zeros((4, 4), "f4"))
+    with pytest.raises(npydask.FileChangedError, match=r"test_02\.npy"):
+        client.compute(ds.stack(), sync=True)
