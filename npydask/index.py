@@ -129,7 +129,16 @@ def scan_with_index(
     entries = load_index(index_path)
     results: list[Any] = [None] * len(paths)
     missing: list[int] = []
-    keys = [_key(p, base) for p in paths]
+    folders: dict[str, str] = {}  # relpath once per folder, not per file
+
+    def key_of(path: str) -> str:
+        folder, name = os.path.split(path)
+        rel = folders.get(folder)
+        if rel is None:
+            rel = folders[folder] = _key(folder or os.curdir, base)
+        return name if rel == os.curdir else os.path.join(rel, name)
+
+    keys = [key_of(p) for p in paths]
     for i, (path, key) in enumerate(zip(paths, keys)):
         try:
             st = os.stat(path)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npydask import backends
-from npydask.backends._files import FileIdentity, OpenFile, acquire, read_at, scan_file
+from npydask.backends._files import FileIdentity, OpenFile, acquire, scan_file
 from npydask.backends.base import same_layout
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
@@ -219,25 +219,6 @@ class FileRef:
         shared = _shared_facts(self.header, self.options, self.backend, self.key)
         return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
 
-    def read_whole_run(self, box: Box, out: np.ndarray) -> bool:
-        """Read ``box`` into ``out`` with one uncached open+pread+close, if it is one plain run.
-
-        Returns ``False`` (and reads nothing) where that does not apply: a
-        strided or Fortran region, ``.npz`` members, ``O_DIRECT``, or an
-        ``out`` of another dtype or layout. For tasks that read many small
-        files once each, where caching descriptors only churns the cache.
-        """
-        if self.key is not None or self.options.direct_io or out.dtype.str != self.header.dtype.str:
-            return False
-        if not out.flags.c_contiguous or out.dtype != self.header.dtype:
-            return False
-        plan = _plan_cached(self.header, box)
-        if not (plan.is_contiguous and same_layout(plan)):
-            return False
-        if plan.n_runs:
-            read_at(self.path, self.identity, plan.offset, memoryview(out.reshape(-1).view(np.uint8)))
-        return True
-
     def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
         """Read ``box``, failing if the file is no longer the one that was opened.
 
@@ -263,7 +244,3 @@ def _shared_facts(header: NpyHeader, options: ReadOptions, backend: str, key: st
     facts = (h.version, h.shape, h.dtype.str, h.dtype.descr, h.fortran_order, h.data_offset)
     return f"{facts!r}|{dataclasses.astuple(options)!r}|{backend}|{key!r}"
 
-
-@functools.lru_cache(maxsize=4096)
-def _plan_cached(header: NpyHeader, box: Box) -> ReadPlan:
-    return plan_read(header, box)

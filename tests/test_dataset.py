@@ -1069,3 +1069,29 @@ def test_distributed_changed_file_fails_on_the_worker(client, tmp_path):
     np.save(tmp_path / "test_02.npy", np.zeros((4, 4), "f4"))
     with pytest.raises(npydask.FileChangedError, match=r"test_02\.npy"):
         client.compute(ds.stack(), sync=True)
+
+
+@pytest.mark.parametrize("how", ["rewrite", "touch", "replace", "delete"])
+def test_plain_stacked_reads_check_the_file_too(tmp_path, how):
+    """Groups of small whole files read each with one uncached open+pread: still identity-checked."""
+    for i in range(6):
+        np.save(tmp_path / f"{i}.npy", np.full((4, 5), i, "f4"))
+    ds = npydask.open_dataset(tmp_path)
+    x = ds.stack()
+    assert x.numblocks[0] == 1  # one group: the plain path
+    target = tmp_path / "3.npy"
+    if how == "rewrite":
+        np.save(target, np.full((4, 5), 9, "f4"))
+        st = os.stat(target)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    elif how == "touch":
+        st = os.stat(target)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    elif how == "replace":
+        np.save(tmp_path / "tmp.npy", np.full((4, 5), 9, "f4"))
+        os.replace(tmp_path / "tmp.npy", target)
+    else:
+        os.remove(target)
+    error = FileNotFoundError if how == "delete" else npydask.FileChangedError
+    with pytest.raises(error, match=r"3\.npy"):
+        x.compute()

@@ -220,7 +220,13 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
             return _pread_upto(fd, min(length, max(size - offset, 0)), member.data_start + offset)
         return inflate(fd, member, min(offset + length, size), path)[offset:]
 
-    first = read(min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
+    wanted = min(max(size, MAX_PREAMBLE), _FIRST_READ)
+    if member is None:
+        first = os.pread(fd, wanted, 0)  # regular files return short only at EOF...
+        if len(first) < min(wanted, size):
+            first += _pread_upto(fd, min(wanted, size) - len(first), len(first))  # ...or on a signal
+    else:
+        first = read(wanted, 0)
     need = header_end(first)
     if need > len(first) and size > len(first):
         # (parse_header refuses a length over the cap: read no further than it)

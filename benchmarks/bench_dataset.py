@@ -1,0 +1,494 @@
+"""Datasets of many files: ``npydask.open_dataset`` against numpy and dask loops.
+
+Data (built in a temp folder, or kept in ``--data DIR`` and reused; each set
+lives in a folder of its own named after its size, e.g.
+``volumes-64x64x256x256``, since ``open_dataset`` reads every ``*.npy`` there):
+
+=======  =======================================  ===========================
+size     volumes (float32)                        small files (float32)
+=======  =======================================  ===========================
+tiny     4 of 16x64x64 (1 MiB)                    200 of 32x32 (4 KiB each)
+small    16 of 32x256x256 (128 MiB)               5,000 of 32x32
+full     64 of 64x256x256 (1 GiB)                 20,000 of 32x32
+=======  =======================================  ===========================
+
+Three groups, each against its own reference (``ratio`` column):
+
+* ``roi`` (P3): a 32^3 box (16^3 at ``tiny``) at the same corner of every
+  volume. Reference: ``[np.array(np.load(f, mmap_mode="r")[roi]) for f in
+  files]``. npydask: ``open_dataset(root, roi_start=..., roi_shape=...)
+  .stack().compute()`` with the opening (backend auto, and pread), then with
+  the dataset opened beforehand, and the opening alone. The stacks must
+  equal the reference exactly. Goal: npydask incl. opening <= 0.5x.
+* ``many`` (P4): every small file summed. Reference (the floor): a loop of
+  ``os.open`` + ``os.pread(fd, size, 0)`` + ``os.close`` (reading only, no
+  parsing, no sum). npydask: ``open_dataset(root).stack().sum().compute()``
+  with the opening, without and with a persistent header index (``index=``,
+  a JSON file in a temp folder, built once before timing); the opening
+  alone (both ways) and the compute alone; the graph's task count. Peers:
+  a ``np.load`` loop + sum, and dask's one task per file
+  (``da.stack([da.from_array(np.load(f)) for f in files]).sum()``, run once
+  when one run takes over ``--slow-budget`` seconds; ``--skip-slow`` skips
+  it). Goals: incl. opening <= 3x the floor; with the index <= 1.5x.
+* ``set`` (P1): every volume summed. Reference (the floor): ``np.sum`` over
+  the arrays already in memory, one file at a time, added up. npydask:
+  ``open_dataset(root).stack().sum().compute()`` with the opening, and the
+  compute alone. Info: dask over the same in-memory arrays, one chunk per
+  file (what no dask-based reader can beat). Goal: incl. opening <= 1.25x.
+
+Sums are float32 and must agree within a relative 1e-3 of the group's numpy
+value. The page cache is re-warmed (every file read with ``os.pread``) right
+before each variant; each time is the median of ``--repeat`` runs; ``cpu ms``
+is process CPU time (all threads), steadier than wall time on a shared
+2-core machine. npydask and dask variants use dask's default threaded
+scheduler. The exit status is 1 only when results disagree; a FAIL goal is
+reported, not fatal (so ``--size tiny`` serves as a CI smoke test).
+
+Usage::
+
+    python benchmarks/bench_dataset.py [--size tiny|small|full] [--repeat N] [--json out.json]
+                                       [--data DIR] [--only TEXT] [--skip-slow] [--slow-budget S]
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+
+import npydask  # noqa: E402
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Size:
+    n_volumes: int
+    volume_shape: tuple[int, ...]
+    roi_start: tuple[int, ...]
+    roi_shape: tuple[int, ...]
+    n_small: int
+    small_shape: tuple[int, ...]
+
+
+SIZES = {
+    "tiny": Size(4, (16, 64, 64), (0, 20, 20), (16, 16, 16), 200, (32, 32)),
+    "small": Size(16, (32, 256, 256), (0, 100, 100), (32, 32, 32), 5_000, (32, 32)),
+    "full": Size(64, (64, 256, 256), (16, 100, 100), (32, 32, 32), 20_000, (32, 32)),
+}
+DTYPE = np.dtype("<f4")
+RTOL = 1e-3
+GOAL_ROI = 0.5
+GOAL_MANY = 3.0
+GOAL_MANY_INDEX = 1.5
+GOAL_SET = 1.25
+GROUPS = {"roi": "P3 ROI stack", "many": "P4 many small files", "set": "P1 volumes via dataset"}
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def _npy_size(shape: tuple[int, ...]) -> int:
+    """Bytes of an ``np.save`` file of ``shape`` float32 (a version 1.0 header)."""
+    header = {"descr": DTYPE.str, "fortran_order": False, "shape": shape}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return len(buf.getvalue()) + int(np.prod(shape)) * DTYPE.itemsize
+
+
+def _make_set(
+    folder: str, prefix: str, n: int, shape: tuple[int, ...], rng: np.random.Generator
+) -> tuple[list[str], int]:
+    """``n`` files of ``shape`` in ``folder``; only missing or wrong-sized ones are written."""
+    os.makedirs(folder, exist_ok=True)
+    width = len(str(n - 1))
+    files = [os.path.join(folder, f"{prefix}-{i:0{width}d}.npy") for i in range(n)]
+    expected = _npy_size(shape)
+    made = 0
+    for p in files:
+        try:
+            if os.stat(p).st_size == expected:
+                continue
+        except FileNotFoundError:
+            pass
+        np.save(p, rng.random(shape, dtype=np.float32))
+        made += 1
+    names = {e.name for e in os.scandir(folder) if e.name.endswith(".npy")}
+    strays = sorted(names - {os.path.basename(p) for p in files})
+    if strays:
+        raise SystemExit(f"{folder} holds {len(strays)} .npy files this benchmark did not write "
+                         f"(e.g. {strays[0]}); open_dataset would read them too: remove them")
+    return files, made
+
+
+def make_data(folder: str, size: Size) -> tuple[list[str], list[str]]:
+    """The volumes and the small files under ``folder``, written only where missing."""
+    rng = np.random.default_rng(20260802)
+    vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
+    sshape = "x".join(map(str, (size.n_small, *size.small_shape)))
+    volumes, a = _make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng)
+    small, b = _make_set(os.path.join(folder, f"small-{sshape}"), "s", size.n_small, size.small_shape, rng)
+    if a or b:
+        os.sync()
+    return volumes, small
+
+
+# ---------------------------------------------------------------------------------------------
+# bookkeeping
+
+
+@dataclass
+class Result:
+    group: str  # "roi", "many" or "set"
+    variant: str
+    times: list[float]
+    nbytes: int
+    value: Any = None  # a float (sums), an ndarray (ROI stacks) or None (not checked)
+    note: str = ""
+    cpu: list[float] = field(default_factory=list)
+    median: float = field(init=False)
+    cpu_median: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.median = _common.median(self.times)
+        self.cpu_median = _common.median(self.cpu)
+
+
+def clear_npydask_caches() -> None:
+    """Forget npydask's open-file cache and header memo (as a fresh process would)."""
+    from npydask import header
+    from npydask.backends import _files
+
+    _files.clear_cache()
+    for name, value in vars(header).items():
+        if "MEMO" in name.upper() and isinstance(value, dict):
+            value.clear()
+
+
+def n_tasks(x: da.Array) -> int:
+    """Tasks in the graph of ``x`` (materialized)."""
+    return len(dict(x.__dask_graph__()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
+    ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a temp folder, removed)")
+    ap.add_argument("--only", default="", help="run only variants whose name contains this text, plus the "
+                    "references (for profiling)")
+    ap.add_argument("--skip-slow", action="store_true", help="skip dask's one-task-per-file variant")
+    ap.add_argument("--slow-budget", type=float, default=10.0, metavar="S",
+                    help="run a peer variant once only when its first run takes over S seconds (default 10)")
+    args = ap.parse_args(argv)
+    size = SIZES[args.size]
+
+    env = _common.environment()
+    env["dask_scheduler"] = dask.config.get("scheduler", None) or "threads (default)"
+    env["dask_num_workers"] = dask.config.get("num_workers", None) or os.cpu_count()
+    _common.print_environment(env)
+
+    folder = args.data or tempfile.mkdtemp(prefix="npydask-bench-dataset-")
+    scratch = tempfile.mkdtemp(prefix="npydask-bench-index-")
+    try:
+        t0 = time.perf_counter()
+        volumes, small = make_data(folder, size)
+        vbytes = size.n_volumes * int(np.prod(size.volume_shape)) * DTYPE.itemsize
+        sbytes = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
+        print(
+            f"# size={args.size}: {len(volumes)} volumes of {size.volume_shape} ({vbytes / MiB:g} MiB), "
+            f"ROI {size.roi_shape} at {size.roi_start}; {len(small)} files of {size.small_shape} "
+            f"({sbytes / MiB:g} MiB payload); data in {folder} ({time.perf_counter() - t0:.1f} s); "
+            f"median of {args.repeat} runs",
+            flush=True,
+        )
+        results, facts = run_all(args, size, volumes, small, scratch)
+        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not args.data:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    ok = report(results, facts, args)
+    return 0 if ok else 1
+
+
+def run_all(
+    args: Any, size: Size, volumes: list[str], small: list[str], scratch: str
+) -> tuple[list[Result], dict[str, Any]]:
+    repeat = args.repeat
+    results: list[Result] = []
+    facts: dict[str, Any] = {}
+
+    def want(name: str) -> bool:
+        # the references always run: every ratio needs them
+        return args.only.lower() in name.lower() or name.startswith(("floor", "numpy loop"))
+
+    def run(group: str, name: str, fn: Callable[[], Any], paths: list[str], nbytes: int, *,
+            setup: Callable[[], Any] | None = None, note: str = "", budget: float | None = None,
+            check: Callable[[Any], Any] | None = None) -> Result | None:
+        if not want(name):
+            return None
+        _common.warm_page_cache(paths)
+        cpu: list[float] = []
+        times, value = _common.measure(fn, 1, setup=setup, cpu=cpu)
+        if repeat > 1 and (budget is None or times[0] * repeat <= budget):
+            _common.warm_page_cache(paths)
+            more, value = _common.measure(fn, repeat - 1, setup=setup, cpu=cpu)
+            times += more
+        elif repeat > 1:
+            note = (note + "; " if note else "") + f"run once ({times[0]:.1f} s)"
+        kept = check(value) if check is not None else None
+        del value
+        r = Result(group, name, times, nbytes, kept, note, cpu)
+        results.append(r)
+        print(f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
+              f"cpu {_common.fmt_seconds(r.cpu_median):>10s}", flush=True)
+        return r
+
+    def as_sum(v: Any) -> float:
+        return float(v)
+
+    def as_array(v: Any) -> np.ndarray:
+        return np.stack(v) if isinstance(v, list) else np.asarray(v)
+
+    # first dask compute of a process pays for imports and the thread pool: not part of any variant
+    da.ones((4, 4), chunks=2).sum().compute()
+    vroot = os.path.dirname(volumes[0])
+    sroot = os.path.dirname(small[0])
+
+    # ---- P3: the same ROI of every volume ------------------------------------------------------
+    roi = tuple(slice(a, a + n) for a, n in zip(size.roi_start, size.roi_shape))
+    roi_kw = dict(roi_start=list(size.roi_start), roi_shape=list(size.roi_shape))
+    roi_bytes = len(volumes) * int(np.prod(size.roi_shape)) * DTYPE.itemsize
+
+    def roi_loop() -> list[np.ndarray]:
+        return [np.array(np.load(f, mmap_mode="r")[roi]) for f in volumes]
+
+    run("roi", "numpy loop: np.array(np.load(mmap)[roi])", roi_loop, volumes, roi_bytes,
+        note="reference; 1 thread", check=as_array)
+    for backend in ("auto", "pread"):
+        run("roi", f"npydask {backend}: open+stack+compute",
+            lambda b=backend: npydask.open_dataset(vroot, backend=b, **roi_kw).stack().compute(),
+            volumes, roi_bytes, check=as_array)
+    if want("npydask auto: stack+compute (opened before)"):
+        ds = npydask.open_dataset(vroot, **roi_kw)
+        facts["roi tasks (stack)"] = n_tasks(ds.stack())
+        run("roi", "npydask auto: stack+compute (opened before)", lambda: ds.stack().compute(), volumes, roi_bytes,
+            check=as_array)
+        del ds
+    run("roi", "npydask: open_dataset alone", lambda: npydask.open_dataset(vroot, **roi_kw), volumes, roi_bytes)
+
+    # ---- P4: many small files ------------------------------------------------------------------
+    sizes = [os.path.getsize(p) for p in small]
+    payload = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
+
+    def raw_loop() -> int:
+        total = 0
+        for p, n in zip(small, sizes):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                total += len(os.pread(fd, n, 0))
+            finally:
+                os.close(fd)
+        return total
+
+    run("many", "floor: os.open+os.pread+os.close loop", raw_loop, small, payload, note="read only; 1 thread")
+
+    def np_load_sum() -> np.float32:
+        total = np.float32(0)
+        for p in small:
+            total += np.load(p).sum()
+        return total
+
+    run("many", "numpy loop: np.load + sum", np_load_sum, small, payload, note="1 thread", check=as_sum)
+    run("many", "npydask: open+stack+sum", lambda: npydask.open_dataset(sroot).stack().sum().compute(),
+        small, payload, check=as_sum)
+    index = os.path.join(scratch, "index.json")
+    npydask.open_dataset(sroot, index=index)  # built once, untimed
+    run("many", "npydask: open(index)+stack+sum",
+        lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(), small, payload, check=as_sum)
+    run("many", "npydask: open_dataset alone", lambda: npydask.open_dataset(sroot), small, payload)
+    run("many", "npydask: open_dataset(index) alone", lambda: npydask.open_dataset(sroot, index=index), small, payload)
+    run("many", "npydask: open_dataset alone, cold caches", lambda: npydask.open_dataset(sroot), small, payload,
+        setup=clear_npydask_caches, note="handle cache + header memo cleared")
+    if want("npydask: stack+sum (opened before)"):
+        ds = npydask.open_dataset(sroot)
+        x = ds.stack()
+        facts["many tasks (stack)"] = n_tasks(x)
+        facts["many tasks (stack().sum())"] = n_tasks(x.sum())
+        facts["many chunks"] = x.numblocks
+        run("many", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), small, payload,
+            check=as_sum)
+        run("many", "npydask: stack alone (opened before)", lambda: ds.stack(), small, payload)
+        del ds, x
+    if not args.skip_slow:
+        run("many", "dask: stack of from_array(np.load(f)), sum",
+            lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(), small, payload,
+            note="one task per file", budget=args.slow_budget, check=as_sum)
+
+    # ---- P1: every volume summed through a dataset ---------------------------------------------
+    vbytes = len(volumes) * int(np.prod(size.volume_shape)) * DTYPE.itemsize
+    arrays = [np.load(p) for p in volumes]
+
+    def floor() -> np.float32:
+        total = np.float32(0)
+        for a in arrays:
+            total += np.sum(a)
+        return total
+
+    run("set", "floor: np.sum of in-memory arrays", floor, volumes, vbytes, note="1 thread", check=as_sum)
+    name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
+    if want(name):
+        in_memory = da.stack([da.from_array(a, chunks=a.shape) for a in arrays])
+        run("set", name, lambda: in_memory.sum().compute(), volumes, vbytes, note="dask overhead only",
+            check=as_sum)
+        del in_memory
+    arrays.clear()
+    run("set", "npydask: open+stack+sum", lambda: npydask.open_dataset(vroot).stack().sum().compute(),
+        volumes, vbytes, check=as_sum)
+    if want("npydask: stack+sum (opened before)"):
+        ds = npydask.open_dataset(vroot)
+        facts["set tasks (stack)"] = n_tasks(ds.stack())
+        facts["set chunks"] = ds.stack().numblocks
+        run("set", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), volumes, vbytes,
+            check=as_sum)
+        del ds
+    run("set", "npydask pread: open+stack+sum",
+        lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(), volumes, vbytes, check=as_sum)
+    return results, facts
+
+
+def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
+    by_name = {(r.group, r.variant): r for r in results}
+    refs = {
+        "roi": next((r for r in results if r.group == "roi" and r.variant.startswith("numpy loop")), None),
+        "many": next((r for r in results if r.group == "many" and r.variant.startswith("floor")), None),
+        "set": next((r for r in results if r.group == "set" and r.variant.startswith("floor")), None),
+    }
+    # the value every variant of a group is checked against
+    oracle = {
+        "roi": refs["roi"],
+        "many": by_name.get(("many", "numpy loop: np.load + sum")),
+        "set": refs["set"],
+    }
+
+    sane = True
+    for r in results:
+        ref = oracle[r.group]
+        if r.value is None or ref is None or ref.value is None or r is ref:
+            continue
+        if isinstance(ref.value, np.ndarray):
+            same = (isinstance(r.value, np.ndarray) and r.value.shape == ref.value.shape
+                    and r.value.dtype == ref.value.dtype and np.array_equal(r.value, ref.value))
+            bad = "" if same else f"MISMATCH: not equal to the numpy stack ({getattr(r.value, 'shape', None)})"
+        else:
+            same = bool(np.isclose(r.value, ref.value, rtol=RTOL, atol=0))
+            bad = "" if same else f"MISMATCH {r.value!r} vs {ref.value!r}"
+        if not same:
+            sane = False
+            r.note = (r.note + "; " if r.note else "") + bad
+
+    goals: list[tuple[str, Result | None, float, float]] = []
+
+    def ratio_goal(text: str, group: str, variant: str, limit: float) -> None:
+        r, ref = by_name.get((group, variant)), refs[group]
+        goals.append((text, r, r.median / ref.median if r and ref else float("nan"), limit))
+
+    def info(text: str, a: tuple[str, str], b: tuple[str, str]) -> None:
+        ra, rb = by_name.get(a), by_name.get(b)
+        if ra and rb:
+            goals.append((f"(info) {text}", None, ra.median / rb.median, float("nan")))
+
+    ratio_goal("P3 roi: npydask auto open+stack+compute / numpy loop", "roi", "npydask auto: open+stack+compute",
+               GOAL_ROI)
+    ratio_goal("P4 many: npydask open+stack+sum / raw read loop", "many", "npydask: open+stack+sum", GOAL_MANY)
+    ratio_goal("P4 many: npydask open(index)+stack+sum / raw read loop", "many", "npydask: open(index)+stack+sum",
+               GOAL_MANY_INDEX)
+    ratio_goal("P1 set: npydask open+stack+sum / floor", "set", "npydask: open+stack+sum", GOAL_SET)
+    info("P4 many: np.load loop + sum / raw read loop", ("many", "numpy loop: np.load + sum"),
+         ("many", "floor: os.open+os.pread+os.close loop"))
+    info("P4 many: dask one task per file / raw read loop", ("many", "dask: stack of from_array(np.load(f)), sum"),
+         ("many", "floor: os.open+os.pread+os.close loop"))
+    info("P1 set: dask over in-memory data / floor", ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"),
+         ("set", "floor: np.sum of in-memory arrays"))
+    info("P1 set: npydask open+stack+sum / dask over in-memory data", ("set", "npydask: open+stack+sum"),
+         ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"))
+
+    rows = []
+    for r in results:
+        ref = refs[r.group]
+        ratio = f"{r.median / ref.median:.2f}x" if ref and ref.median else ""
+        build_only = r.variant.endswith(("alone", "alone, cold caches"))
+        rate = f"{r.nbytes / r.median / 1e9:.2f}" if r.median and not build_only else ""
+        rows.append([
+            r.group,
+            r.variant,
+            f"{r.median * 1e3:.2f}",
+            rate,
+            ratio,
+            f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
+            f"{r.cpu_median * 1e3:.0f}",
+            r.note,
+        ])
+    print()
+    print(f"# ratio: to the numpy loop (roi), the raw read loop (many) or the in-memory floor (set); "
+          f"GB/s: payload (or ROI) bytes / median, 1e9; size={args.size}")
+    print("# cpu ms: median process CPU time (user + system, all threads) per run; less noisy than wall time")
+    _common.table(rows, ["grp", "variant", "median ms", "GB/s", "ratio", "min-max ms", "cpu ms", "note"])
+    if facts:
+        print("# graph: " + ", ".join(f"{k} = {v}" for k, v in facts.items()))
+
+    print()
+    grow = []
+    for text, r, measured, limit in goals:
+        if text.startswith("(info)"):
+            verdict = "info"
+        elif r is None:
+            verdict = "n/a"
+        else:
+            verdict = "PASS" if measured <= limit else "FAIL"
+        want = "" if limit != limit else f"<= {limit:.2f}x"
+        grow.append([text, f"{measured:.2f}x", want, verdict])
+    _common.table(grow, ["goal", "measured", "target", "verdict"])
+    print(f"# ROI stacks equal numpy and sums agree within rtol {RTOL}: {'yes' if sane else 'NO'}")
+
+    _common.write_json(args.json, {
+        "benchmark": "dataset",
+        "size": args.size,
+        "repeat": args.repeat,
+        "graph": {k: (list(v) if isinstance(v, tuple) else v) for k, v in facts.items()},
+        "results": [
+            {"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
+             "cpu_median_s": r.cpu_median, "cpu_s": r.cpu,
+             "value": r.value if isinstance(r.value, float) else None, "note": r.note}
+            for r in results
+        ],
+        "goals": [
+            {"goal": t, "measured": m, "limit": None if lim != lim else lim,
+             "pass": (None if r is None else m <= lim)}
+            for t, r, m, lim in goals
+        ],
+        "results_agree": sane,
+    })
+    return sane
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    rc = main()
+    print(f"# total {time.perf_counter() - t0:.1f} s")
+    sys.exit(rc)
