@@ -23,7 +23,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
@@ -261,6 +261,8 @@ class OpenFile:
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
     _direct_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    mapping: Any = field(default=None, repr=False)
+    """The mmap backend's one read-only mapping of this open file (made on first use)."""
 
     @property
     def fd(self) -> int:
