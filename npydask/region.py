@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import product
+
+import numpy as np
 
 from npydask.errors import RoiError
 from npydask.header import NpyHeader
@@ -148,8 +149,15 @@ class Coalesced:
 
     def spans(self) -> Iterator[ByteRun]:
         """The spans in order."""
-        for idx in product(*(range(n) for n in self.outer_shape)):
-            yield ByteRun(self.offset + sum(i * s for i, s in zip(idx, self.outer_strides)), self.span_nbytes)
+        for offset in self.offsets():
+            yield ByteRun(offset, self.span_nbytes)
+
+    def offsets(self) -> list[int]:
+        """The spans' file offsets in order, as plain ints (computed with numpy, no per-span Python)."""
+        offsets = np.full((), self.offset, np.int64)
+        for n, s in zip(self.outer_shape, self.outer_strides):
+            offsets = offsets[..., None] + np.arange(n, dtype=np.int64) * s
+        return offsets.reshape(-1).tolist()
 
 
 @dataclass(frozen=True)

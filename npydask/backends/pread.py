@@ -73,6 +73,24 @@ class _Reader:
                 self.direct = None
         pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
 
+    def read_many(self, dest: memoryview, size: int, offsets: list[int]) -> None:
+        """Read ``size`` bytes at each offset into consecutive slices of ``dest``.
+
+        The page-cache path is a tight loop of ``os.preadv`` calls (a strided
+        region is many small reads: per-read Python overhead matters).
+        """
+        if self.direct is not None:
+            for j, offset in enumerate(offsets):
+                self.read_into(np.frombuffer(dest[j * size : (j + 1) * size], np.uint8), offset)
+            return
+        fd, path = self.f.fd, self.f.path
+        preadv = os.preadv
+        for j, offset in enumerate(offsets):
+            piece = dest[j * size : (j + 1) * size]
+            got = preadv(fd, [piece], offset)
+            if got != size:
+                pread_exact(fd, piece[got:], offset + got, path)
+
     def _read_direct(self, dest: np.ndarray, offset: int) -> None:
         assert self.direct is not None
         fd = self.direct.fileno()
@@ -108,8 +126,7 @@ def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.nd
     co = plan.coalesce(options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
     per_span = len(raw) // co.n_spans
     if len(co.inner_shape) == 1:  # every span is one run: read straight into place
-        for k, span in enumerate(co.spans()):
-            reader.read_into(raw[k * per_span : (k + 1) * per_span], span.offset)
+        reader.read_many(memoryview(raw), per_span, co.offsets())
         return
     # Spans are read back to back into one scratch buffer (up to _BATCH_BYTES at a time), then cut
     # out with a single strided copy per batch: one numpy call instead of one per span.
@@ -117,11 +134,10 @@ def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.nd
     batch = max(1, min(co.n_spans, _BATCH_BYTES // size))
     scratch = np.empty(batch * size, np.uint8)
     dest = raw.reshape((co.n_spans, *co.inner_shape))
-    spans = co.spans()
+    offsets = co.offsets()
     for first in range(0, co.n_spans, batch):
         n = min(batch, co.n_spans - first)
-        for j in range(n):
-            reader.read_into(scratch[j * size : (j + 1) * size], next(spans).offset)
+        reader.read_many(memoryview(scratch), size, offsets[first : first + n])
         grid = as_strided(scratch, (n, *co.inner_shape), (size, *co.inner_strides), writeable=False)
         np.copyto(dest[first : first + n], grid)
 
