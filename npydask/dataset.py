@@ -248,6 +248,7 @@ class NpyDataset:
             limit=limit,
             axis=axis,
             stacked=stacked,
+            strided=any(v.roi is not None for v in views),
         )
         return join(views, plan, axis=axis, stacked=stacked, device=self._device)
 

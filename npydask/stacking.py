@@ -182,6 +182,7 @@ def plan_groups(
     axis: int,
     stacked: bool,
     threads: int | None = None,
+    strided: bool = False,
 ) -> GroupPlan:
     """Group consecutive files for tasks.
 
@@ -193,6 +194,9 @@ def plan_groups(
     larger file, or one over the target, is a group of its own, split into
     file-contiguous chunks of at most the target (along any axis when
     stacked; along ``axis`` only when concatenating, so groups still line up).
+    With ``strided`` (files cut to ROIs: many small reads each, so the cost
+    is per file rather than per byte), a group also holds at most
+    ``ceil(n / (2 * threads))`` files, so every thread gets work.
 
     Examples
     --------
@@ -204,6 +208,7 @@ def plan_groups(
     threads = threads or dask.config.get("num_workers", None) or CPU_COUNT or 1
     target = _target_group_bytes(sum(sizes), limit, threads)
     small = limit // 8
+    max_files = math.ceil(len(sizes) / (2 * threads)) if strided else len(sizes)
     bounds: list[tuple[int, int]] = []
     inner: list[tuple[tuple[int, ...], ...]] = []
     start, acc = 0, 0
@@ -216,7 +221,7 @@ def plan_groups(
             inner.append(_split(shapes[i], dtype, fortran[i], target, axis, stacked))
             start, acc = i + 1, 0
             continue
-        if acc + size > target and start < i:
+        if (acc + size > target or i - start >= max_files) and start < i:
             bounds.append((start, i))
             inner.append(_whole(shapes, start, i, axis, stacked))
             start, acc = i, 0
