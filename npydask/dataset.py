@@ -161,7 +161,12 @@ class NpyDataset:
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return NpyDataset(self._views[index], device=self._device)
-        if isinstance(index, (list, tuple, np.ndarray)):
+        if isinstance(index, tuple):
+            raise TypeError(
+                f"ds[{index!r}]: a dataset is indexed by file only; use a list for several files "
+                "(ds[[i, j]]) and index the array for elements (ds[i][...])"
+            )
+        if isinstance(index, (list, np.ndarray)):
             picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
             return NpyDataset([self._views[i] for i in picks], device=self._device)
         return self.array(self._index(index))

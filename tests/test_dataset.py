@@ -1095,3 +1095,12 @@ def test_plain_stacked_reads_check_the_file_too(tmp_path, how):
     error = FileNotFoundError if how == "delete" else npydask.FileChangedError
     with pytest.raises(error, match=r"3\.npy"):
         x.compute()
+
+
+def test_tuple_index_is_refused_as_ambiguous(tmp_path):
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.zeros(2))
+    ds = npydask.open_dataset(tmp_path)
+    with pytest.raises(TypeError, match="list"):
+        ds[1, 2]
+    assert ds[[1, 2]].files == ds.files[1:]
