@@ -147,7 +147,14 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
-        header, raw = _read_header_raw(fd, st.st_size, path)
+        size = st.st_size
+        first = os.pread(fd, _FIRST_READ, 0)
+        end = header_end(first)
+        if 0 < end <= len(first):  # the common case: the whole header came in the first read
+            header = parse_header(first, source=path)  # (a memo hit for a header seen before)
+            if header.data_offset + header.nbytes <= size:
+                return FileIdentity(size, st.st_mtime_ns, st.st_ino), header, first[:end], False
+        header, raw = _read_header_raw(fd, size, path)  # long headers, short reads, and every error
         return FileIdentity.of(st), header, raw, False
     finally:
         os.close(fd)
