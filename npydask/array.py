@@ -24,7 +24,7 @@ from dask.utils import parse_bytes
 
 from npydask.reader import BACKENDS, FileRef, _fspath
 from npydask.region import Box
-from npydask.roi import FileRoi
+from npydask.roi import FileRoi, fill_like
 
 __all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
 
@@ -93,12 +93,7 @@ class NpyFileArray:
         inside_hi = tuple(max(min(b, n), a) for b, n, a in zip(hi, shape, inside_lo))
         if inside_lo == lo and inside_hi == hi:
             return self.ref.read(Box(lo, hi), out)
-        if out is None:
-            out = np.empty(box.shape, self.dtype)
-        if self.dtype.kind in "VSUMm" or roi.fill_value is None:
-            out[...] = np.zeros((), self.dtype)
-        else:
-            out[...] = roi.fill_value
+        out = fill_like(np.empty(box.shape, self.dtype) if out is None else out, roi)
         inner = Box(inside_lo, inside_hi)
         if inner.size:
             where = tuple(slice(a - s, b - s) for a, b, s in zip(inside_lo, inside_hi, lo))

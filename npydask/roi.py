@@ -50,7 +50,7 @@ import numpy as np
 from npydask.errors import RoiError
 from npydask.region import Box
 
-__all__ = ["OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "resolve_roi"]
+__all__ = ["OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "fill_like", "resolve_roi"]
 
 OUT_OF_BOUNDS_POLICIES = ("error", "trim_to_shape", "pad")
 """The accepted ``out_of_bounds_policy`` values."""
@@ -335,11 +335,17 @@ def apply_pad(block: np.ndarray, roi: FileRoi) -> np.ndarray:
         raise ValueError(f"block of shape {block.shape} does not match the ROI box of shape {roi.box.shape}")
     if not roi.padded:
         return np.asarray(block, order="C")  # (np.ascontiguousarray makes 0-d arrays 1-d)
-    if block.dtype.kind in _NON_NUMERIC_KINDS or roi.fill_value is None:
-        out = np.zeros(roi.shape, dtype=block.dtype)
-    else:
-        out = np.full(roi.shape, roi.fill_value, dtype=block.dtype)
+    out = fill_like(np.empty(roi.shape, dtype=block.dtype), roi)
     out[tuple(slice(b, b + n) for b, n in zip(roi.pad_before, block.shape))] = block
+    return out
+
+
+def fill_like(out: np.ndarray, roi: FileRoi) -> np.ndarray:
+    """Fill ``out`` with the ROI's pad value (zero bytes for non-numeric dtypes) and return it."""
+    if out.dtype.kind in _NON_NUMERIC_KINDS or roi.fill_value is None:
+        out[...] = np.zeros((), out.dtype)
+    else:
+        out[...] = roi.fill_value
     return out
 
 

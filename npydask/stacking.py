@@ -134,7 +134,9 @@ class FileGroup:
             ref = view.ref
             if view.roi is None and ref.key is None and not ref.options.direct_io:
                 h = ref.header
-                run = runs[id(h)] if id(h) in runs else runs.setdefault(id(h), _plain_run(h, inner, self.dtype))
+                if id(h) not in runs:
+                    runs[id(h)] = _plain_run(h, inner, self.dtype)
+                run = runs[id(h)]
                 if run is not None:  # one uncached open+fstat+pread+close: no cache churn over many files
                     if run[1]:
                         read_at(ref.path, ref.identity, run[0], flat[(k - lo) * row : (k - lo + 1) * row])

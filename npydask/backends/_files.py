@@ -147,14 +147,7 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
-        size = st.st_size
-        first = os.pread(fd, _FIRST_READ, 0)
-        end = header_end(first)
-        if 0 < end <= len(first):  # the common case: the whole header came in the first read
-            header = parse_header(first, source=path)  # (a memo hit for a header seen before)
-            if header.data_offset + header.nbytes <= size:
-                return FileIdentity(size, st.st_mtime_ns, st.st_ino), header, first[:end], False
-        header, raw = _read_header_raw(fd, size, path)  # long headers, short reads, and every error
+        header, raw = _read_header_raw(fd, st.st_size, path)
         return FileIdentity.of(st), header, raw, False
     finally:
         os.close(fd)
@@ -227,13 +220,7 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
             return _pread_upto(fd, min(length, max(size - offset, 0)), member.data_start + offset)
         return inflate(fd, member, min(offset + length, size), path)[offset:]
 
-    wanted = min(max(size, MAX_PREAMBLE), _FIRST_READ)
-    if member is None:
-        first = os.pread(fd, wanted, 0)  # regular files return short only at EOF...
-        if len(first) < min(wanted, size):
-            first += _pread_upto(fd, min(wanted, size) - len(first), len(first))  # ...or on a signal
-    else:
-        first = read(wanted, 0)
+    first = read(min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
     need = header_end(first)
     if need > len(first) and size > len(first):
         # (parse_header refuses a length over the cap: read no further than it)
@@ -267,7 +254,8 @@ class OpenFile:
     member: Member | None = None
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
-    _direct_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Guards the lazily made O_DIRECT handle and mapping."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
 
@@ -288,7 +276,7 @@ class OpenFile:
             If the path now names another file than the one opened (replaced
             or rewritten meanwhile): reading it would return other data.
         """
-        with self._direct_lock:
+        with self.lock:
             if self._direct is None and not self._direct_refused:
                 try:
                     direct, st = open_regular(self.path, direct=True)
@@ -306,7 +294,7 @@ class OpenFile:
 
     def refuse_direct(self, cause: BaseException) -> None:
         """Record that the file system refuses ``O_DIRECT`` here and warn once."""
-        with self._direct_lock:
+        with self.lock:
             if not self._direct_refused:
                 self._refuse(cause)
 

@@ -61,7 +61,7 @@ def _mapped(f: OpenFile, end: int) -> np.ndarray:
         )
     whole = f.mapping
     if whole is None:
-        with f._direct_lock:
+        with f.lock:
             if f.mapping is None:
                 payload_end = f.header.data_offset + f.header.nbytes
                 m = mmap.mmap(f.fd, payload_end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
