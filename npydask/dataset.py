@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.backends._files import FileIdentity, scan_file
+from npydask.backends._batch import Scanned, scan_files
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
 from npydask.header import NpyHeader
@@ -32,19 +32,6 @@ __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 
 _BATCH = 256
 _SLOW_FILE = 200e-6
-
-
-Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
-
-
-def _scan_batch(paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
-    out: list[Scanned | BaseException] = []
-    for p in paths:
-        try:
-            out.append(scan_file(p, key))
-        except (OSError, ValueError, KeyError) as e:
-            out.append(e)
-    return out
 
 
 def scan_headers(
@@ -60,15 +47,15 @@ def scan_headers(
     system), the rest is scanned by ``threads`` threads (default 8).
     """
     if len(paths) <= _BATCH:
-        return _scan_batch(paths, key)
+        return scan_files(paths, key)
     t0 = time.perf_counter()
-    results = _scan_batch(paths[:_BATCH], key)
+    results = scan_files(paths[:_BATCH], key)
     rest = paths[_BATCH:]
     if threads == 1 or (threads is None and time.perf_counter() - t0 < _SLOW_FILE * _BATCH):
-        return results + _scan_batch(rest, key)
+        return results + scan_files(rest, key)
     batches = [rest[i : i + _BATCH] for i in range(0, len(rest), _BATCH)]
     with ThreadPoolExecutor(threads or 8, thread_name_prefix="npydask-scan") as pool:
-        return results + [r for batch in pool.map(_scan_batch, batches, [key] * len(batches)) for r in batch]
+        return results + [r for batch in pool.map(scan_files, batches, [key] * len(batches)) for r in batch]
 
 
 def _dtype_name(dtype: np.dtype) -> str:

@@ -29,9 +29,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from npydask.backends._batch import Scanned
 from npydask.backends._files import FileIdentity
 from npydask.errors import NpyDaskWarning, NpyFormatError
-from npydask.header import NpyHeader, parse_header
+from npydask.header import parse_header
 
 __all__ = ["FORMAT", "VERSION", "load_index", "scan_with_index", "write_index"]
 
@@ -39,7 +40,6 @@ FORMAT = "npydask-header-index"
 VERSION = 1
 
 Entry = tuple[int, int, int, bytes]
-Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
 
 
 def _key(path: str, base: str) -> str:

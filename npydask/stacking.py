@@ -24,7 +24,8 @@ from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
-from npydask.backends._files import read_at
+from npydask.backends._batch import read_files
+from npydask.backends._files import FileIdentity
 from npydask.backends.base import same_layout
 from npydask.header import NpyHeader
 from npydask.region import Box, plan_read
@@ -126,26 +127,34 @@ class FileGroup:
                 block = block.astype(self.dtype)
             return block[np.newaxis]
         out = np.empty(box.shape, self.dtype)
-        flat = memoryview(out.reshape(-1).view(np.uint8))
         row = out.nbytes // (hi - lo) if hi > lo else 0
+        flat = memoryview(out.reshape(-1).view(np.uint8))
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
+        batch: list[tuple[str, FileIdentity, int]] = []  # consecutive plain files, read in one tight loop
+        at = lo  # where the batch starts
         for k in range(lo, hi):
             view = self.views[k]
             ref = view.ref
+            run = None
             if view.roi is None and ref.key is None and not ref.options.direct_io:
                 h = ref.header
-                if id(h) not in runs:
-                    runs[id(h)] = _plain_run(h, inner, self.dtype)
-                run = runs[id(h)]
-                if run is not None:  # one uncached open+fstat+pread+close: no cache churn over many files
-                    if run[1]:
-                        read_at(ref.path, ref.identity, run[0], flat[(k - lo) * row : (k - lo + 1) * row])
-                    continue
+                run = runs.get(id(h), False)
+                if run is False:
+                    run = runs[id(h)] = _plain_run(h, inner, self.dtype)
+            if run is not None:
+                batch.append((ref.path, ref.identity, run[0]))
+                continue
+            if batch:
+                read_files(batch, flat[(at - lo) * row : (k - lo) * row], row)
+                batch = []
+            at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
             if view.dtype.str != self.dtype.str:
                 slab[...] = view.read(inner)  # to native byte order
             else:
                 view.read(inner, out=slab)
+        if batch and row:
+            read_files(batch, flat[(at - lo) * row : (hi - lo) * row], row)
         return out
 
 

@@ -153,23 +153,6 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
         os.close(fd)
 
 
-def read_at(path: str, identity: FileIdentity, offset: int, dest: memoryview) -> None:
-    """Open, check the identity, fill ``dest`` from ``offset``, close: no handle cache.
-
-    For tasks that read many small files once each (a stacked group), where
-    caching descriptors only churns the cache. The identity check is the same
-    one :func:`acquire` makes, on the descriptor itself.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        found = FileIdentity.of(os.fstat(fd))
-        if found != identity:
-            raise _changed(path, identity, found)
-        pread_exact(fd, dest, offset, path)
-    finally:
-        os.close(fd)
-
-
 def pread_exact(fd: int, dest: memoryview, offset: int, path: str) -> None:
     """Fill ``dest`` from ``offset``, looping over short reads.
 

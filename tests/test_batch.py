@@ -1,0 +1,86 @@
+"""The tight per-file loops agree with the general path, file by file, error by error."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from npydask.backends._batch import read_files, scan_files
+from npydask.backends._files import FileIdentity, scan_file
+from npydask.errors import FileChangedError, NpyFormatError
+
+
+def _outcome(result):
+    return type(result) if isinstance(result, BaseException) else result
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """Plain files, repeated headers, a long header, a truncated file, a directory, a missing path."""
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"plain{i}.npy"
+        np.save(p, np.full((4, 5), i, "<f4"))
+        paths.append(str(p))
+    wide = np.zeros((2,), dtype=[(f"field_with_a_long_name_{i:04d}", "<i2") for i in range(200)])
+    np.save(tmp_path / "long.npy", wide)  # a header over 4 KiB: the general path
+    paths.append(str(tmp_path / "long.npy"))
+    np.save(tmp_path / "short.npy", np.zeros((4, 5), "<f4"))
+    raw = (tmp_path / "short.npy").read_bytes()
+    (tmp_path / "short.npy").write_bytes(raw[:-3])
+    paths.append(str(tmp_path / "short.npy"))
+    os.mkdir(tmp_path / "dir.npy")
+    paths += [str(tmp_path / "dir.npy"), str(tmp_path / "missing.npy")]
+    return paths
+
+
+def test_scan_files_matches_scan_file(mixed):
+    got = scan_files(mixed)
+    for path, result in zip(mixed, got):
+        try:
+            expected = scan_file(path)
+        except (OSError, ValueError) as e:
+            assert type(result) is type(e) and str(result) == str(e)
+        else:
+            assert result == expected
+    kinds = [_outcome(r) for r in got[-3:]]
+    assert kinds == [NpyFormatError, IsADirectoryError, FileNotFoundError]
+    assert got[6][1].dtype == np.load(mixed[6]).dtype
+
+
+def test_scan_files_twice_gives_the_same_header_object(mixed):
+    first, second = scan_files(mixed[:2]), scan_files(mixed[:2])
+    assert first[0][1] is second[1][1]  # the memo serves equal headers
+
+
+def test_read_files_fills_each_slot(tmp_path):
+    arrays = [np.arange(20, dtype="<f4").reshape(4, 5) + 100 * i for i in range(5)]
+    items = []
+    for i, a in enumerate(arrays):
+        p = str(tmp_path / f"{i}.npy")
+        np.save(p, a)
+        identity, header, _, _ = scan_file(p)
+        items.append((p, identity, header.data_offset))
+    out = np.empty((5, 4, 5), "<f4")
+    read_files(items, memoryview(out.reshape(-1).view(np.uint8)), arrays[0].nbytes)
+    np.testing.assert_array_equal(out, np.stack(arrays))
+
+
+def test_read_files_refuses_a_changed_file(tmp_path):
+    p = str(tmp_path / "a.npy")
+    np.save(p, np.zeros(8, "<f8"))
+    identity, header, _, _ = scan_file(p)
+    stale = FileIdentity(identity.size, identity.mtime_ns - 1, identity.ino)
+    with pytest.raises(FileChangedError, match="a.npy"):
+        read_files([(p, stale, header.data_offset)], memoryview(bytearray(64)), 64)
+
+
+def test_read_files_refuses_a_short_file(tmp_path):
+    p = str(tmp_path / "a.npy")
+    np.save(p, np.zeros(8, "<f8"))
+    identity, header, _, _ = scan_file(p)
+    # the identity matches, but the payload asked for runs past the end (as after a truncation race)
+    with pytest.raises(FileChangedError, match="truncated"):
+        read_files([(p, identity, header.data_offset + 8)], memoryview(bytearray(64)), 64)
