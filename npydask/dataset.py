@@ -10,6 +10,7 @@ arrays are made only when asked for (``ds[i]``, ``ds.stack()``,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -193,14 +194,14 @@ class NpyDataset:
         the grouping.
         """
         self._need_files("stack")
-        shapes = self.shapes
+        shapes, sizes, fortran = _layout(self._views)
         for i, s in enumerate(shapes):
             if s != shapes[0]:
                 raise ValueError(
                     f"cannot stack files of different shapes: {self.files[0]} has {shapes[0]} but "
                     f"{self.files[i]} has {s}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
                 )
-        return self._join(chunks, axis=0, stacked=True)
+        return self._join(chunks, (shapes, sizes, fortran), axis=0, stacked=True)
 
     def concatenate(self, axis: int = 0, chunks: Any = None) -> da.Array:
         """One lazy array joining the files along ``axis``; other extents must agree.
@@ -213,7 +214,8 @@ class NpyDataset:
         if not -ndim <= axis < ndim:
             raise ValueError(f"axis {axis} is out of range for arrays of {ndim} dimensions")
         axis %= ndim
-        shapes = self.shapes
+        layout = _layout(self._views)
+        shapes = layout[0]
         ref = shapes[0][:axis] + shapes[0][axis + 1 :]
         for i, s in enumerate(shapes):
             if s[:axis] + s[axis + 1 :] != ref:
@@ -221,22 +223,23 @@ class NpyDataset:
                     f"cannot concatenate along axis {axis}: {self.files[0]} has shape {shapes[0]} but "
                     f"{self.files[i]} has {s}; all extents but axis {axis} must agree"
                 )
-        return self._join(chunks, axis=axis, stacked=False)
+        return self._join(chunks, layout, axis=axis, stacked=False)
 
     def _need_files(self, what: str) -> None:
         if not self._views:
             raise ValueError(f"cannot {what} an empty dataset")
 
-    def _join(self, chunks: Any, *, axis: int, stacked: bool) -> da.Array:
+    def _join(self, chunks: Any, layout: _Layout, *, axis: int, stacked: bool) -> da.Array:
         views = self._views
         limit = chunk_limit("auto" if chunks is None else chunks)
         if limit is None:
             return self._join_explicit(chunks, axis=axis, stacked=stacked)
+        shapes, sizes, fortran = layout
         plan = plan_groups(
-            [v.nbytes for v in views],
-            [v.shape for v in views],
+            sizes,
+            shapes,
             self.dtype,
-            [v.ref.header.fortran_order for v in views],
+            fortran,
             limit=limit,
             axis=axis,
             stacked=stacked,
@@ -284,6 +287,27 @@ class NpyDataset:
             inner.append(tuple(grid))
             a = k
         return join(views, GroupPlan(tuple(bounds), tuple(inner)), axis=axis, stacked=stacked, device=self._device)
+
+
+_Layout = tuple[list[tuple[int, ...]], list[int], list[bool]]
+
+
+def _layout(views: Sequence[NpyFileArray]) -> _Layout:
+    """Each view's output shape, output bytes and file order, in one pass (per-file cost counts here)."""
+    shapes: list[tuple[int, ...]] = []
+    sizes: list[int] = []
+    fortran: list[bool] = []
+    for v in views:
+        h = v.ref.header
+        roi = v.roi
+        if roi is None:
+            shapes.append(h.shape)
+            sizes.append(h.nbytes)
+        else:
+            shapes.append(roi.shape)
+            sizes.append(math.prod(roi.shape) * h.dtype.itemsize)
+        fortran.append(h.fortran_order)
+    return shapes, sizes, fortran
 
 
 def _rebuild(views: tuple[NpyFileArray, ...], device: str) -> NpyDataset:

@@ -317,7 +317,19 @@ def _fs_bytes(name: str) -> bytes:
 
 
 def _sorted(names: list[str]) -> list[str]:
-    """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts."""
+    """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts.
+
+    UTF-8 keeps code point order, so names that are all valid UTF-8 sort as
+    strings (in C); only names holding undecodable bytes need their bytes as keys.
+    """
+    if _FS_ENCODING == "utf-8":
+        try:
+            "".join(names).encode("utf-8")  # fails on the surrogates that stand for undecodable bytes
+        except UnicodeEncodeError:
+            pass
+        else:
+            names.sort()
+            return names
     names.sort(key=_fs_bytes)
     return names
 

@@ -440,3 +440,67 @@ def _is_shape(value: Any) -> bool:
     if type(value) is int:
         return value >= 0
     return type(value) is tuple and all(type(d) is int and d >= 0 for d in value)
+
+
+def format_header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool, *, align: int = 64) -> bytes:
+    """The preamble and header text ``numpy.save`` writes for an array, as bytes.
+
+    The header dict is spelled as numpy spells it (sorted keys, ``repr`` of
+    the values, spare spaces for the growth axis), and the version is the
+    oldest that holds it, as numpy's ``_wrap_header_guess_version`` picks it:
+    1.0, then 2.0 when the header is over 65535 bytes, then 3.0 when the dtype
+    description needs utf-8. Spaces then pad it so that the payload starts at
+    a multiple of ``align``, and a newline ends it. With ``align=64`` the
+    bytes equal numpy's; numpy does not warn here about versions 2.0 and 3.0.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+        The element type, byte order included; its description comes from
+        ``numpy.lib.format.dtype_to_descr`` (which warns about dropped metadata).
+    shape : tuple of int
+        The array's logical shape.
+    fortran_order : bool
+        Whether the payload that follows is in Fortran order.
+    align : int, optional
+        The payload offset is a multiple of this; a positive multiple of 64
+        (the NPY format requires 64-byte alignment).
+
+    Returns
+    -------
+    bytes
+        ``len(result)`` is the payload's offset in the file.
+
+    Examples
+    --------
+    >>> import io, numpy as np
+    >>> buf = io.BytesIO(); np.save(buf, np.zeros((2, 3), "<f4"))
+    >>> format_header(np.dtype("<f4"), (2, 3), False) == buf.getvalue()[:128]
+    True
+    >>> len(format_header(np.dtype("<f4"), (2, 3), False, align=4096))
+    4096
+    """
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align % 64:
+        raise ValueError(
+            f"align must be a positive multiple of 64 (the NPY format puts the payload at a multiple "
+            f"of 64 bytes), found {align!r}"
+        )
+    from numpy.lib.format import dtype_to_descr
+
+    shape = tuple(int(d) for d in shape)
+    fortran_order = bool(fortran_order)
+    fields = {"descr": dtype_to_descr(np.dtype(dtype)), "fortran_order": fortran_order, "shape": shape}
+    text = "{" + "".join(f"{key!r}: {value!r}, " for key, value in sorted(fields.items())) + "}"
+    if shape:  # numpy's spare room to grow the growth axis in place (GROWTH_AXIS_MAX_DIGITS = 21)
+        text += " " * (21 - len(repr(shape[-1 if fortran_order else 0])))
+    for version, info in VERSIONS.items():
+        try:
+            body = text.encode(info.encoding)
+        except UnicodeEncodeError:
+            continue
+        hlen = len(body) + 1
+        pad = align - (info.preamble_size + hlen) % align
+        if hlen + pad < 1 << (8 * struct.calcsize(info.length_format)):
+            length = struct.pack(info.length_format, hlen + pad)
+            return MAGIC + bytes(version) + length + body + b" " * pad + b"\n"
+    raise ValueError(f"a header of {len(text)} characters does not fit any NPY format version")  # pragma: no cover
