@@ -1,22 +1,24 @@
 """A persistent header index for big folders: JSON, never pickle, written atomically.
 
 Opening a dataset of many files costs one open, pread and close per file. An
-index remembers, per file, its size, mtime and inode and the raw bytes of its
-header; while a file keeps that identity its header is taken from the index
-after one ``stat`` (and re-parsed strictly from the stored bytes: the index is
-data, never trusted code). Files that changed or are new are scanned and
-their entries refreshed; entries of files that no longer exist are dropped.
+index remembers, per file, its size, mtime and inode and which header it
+has; while a file keeps that identity its header is taken from the index
+after one ``stat``. Header texts are stored once however many files share
+them, and each is parsed strictly from its stored bytes when the index is
+loaded (the index is data, never trusted code). Files that changed or are
+new are scanned and their entries refreshed; entries of files that no longer
+exist are dropped.
 
-Format (``version`` 1)::
+Format (``version`` 2)::
 
-    {"format": "npydask-header-index", "version": 1,
-     "files": {"<path relative to the index's folder>":
-               [size, mtime_ns, inode, "<header bytes as latin-1 text>"], ...}}
+    {"format": "npydask-header-index", "version": 2,
+     "headers": ["<preamble and header bytes as latin-1 text>", ...],
+     "files": {"<path relative to the index's folder>": [size, mtime_ns, inode, header_number], ...}}
 
-A missing, unreadable or malformed index is rebuilt (with a warning when it
-existed but could not be used). The new index is written to a temporary file
-in the same folder and renamed over the old one, so readers never see half a
-file.
+An index of an older version is replaced silently. A missing one is built;
+an unreadable or malformed one is rebuilt with a warning. The new index is
+written to a temporary file in the same folder and renamed over the old one,
+so readers never see half a file.
 """
 
 from __future__ import annotations
@@ -27,19 +29,26 @@ import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from npydask.backends._batch import Scanned
 from npydask.backends._files import FileIdentity
 from npydask.errors import NpyDaskWarning, NpyFormatError
-from npydask.header import parse_header
+from npydask.header import NpyHeader, parse_header
 
-__all__ = ["FORMAT", "VERSION", "load_index", "scan_with_index", "write_index"]
+__all__ = ["FORMAT", "VERSION", "Entry", "load_index", "scan_with_index", "write_index"]
 
 FORMAT = "npydask-header-index"
-VERSION = 1
+VERSION = 2
 
-Entry = tuple[int, int, int, bytes]
+
+class Entry(NamedTuple):
+    """One file's record: its identity then, and its raw header (parsed, or ``None`` if damaged)."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+    raw: bytes
+    header: NpyHeader | None
 
 
 def _key(path: str, base: str) -> str:
@@ -52,7 +61,7 @@ def _key(path: str, base: str) -> str:
 
 
 def load_index(index_path: str) -> dict[str, Entry]:
-    """The entries of an index file; empty when it is missing, unusable ones warned about."""
+    """The entries of an index file; empty when it is missing or outdated, unusable ones warned about."""
     try:
         with open(index_path, "rb") as f:
             data = json.loads(f.read())
@@ -62,26 +71,51 @@ def load_index(index_path: str) -> dict[str, Entry]:
         warnings.warn(f"{index_path}: cannot read the header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
         return {}
     try:
-        if data.get("format") != FORMAT or data.get("version") != VERSION:
-            raise ValueError(f"expected format {FORMAT!r} version {VERSION}, found {data.get('format')!r} {data.get('version')!r}")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"expected format {FORMAT!r}, found {found!r}")
+        version = data.get("version")
+        if type(version) is int and version < VERSION:
+            return {}  # written by an older npydask: rebuilt in the current format
+        if version != VERSION:
+            raise ValueError(f"expected version {VERSION}, found {version!r}")
+        headers = []
+        for text in data["headers"]:
+            raw = text.encode("latin1")
+            headers.append((raw, _checked(raw, index_path)))
         entries: dict[str, Entry] = {}
-        for rel, (size, mtime_ns, ino, text) in data["files"].items():
-            if not all(type(v) is int for v in (size, mtime_ns, ino)) or not isinstance(text, str):
+        for rel, (size, mtime_ns, ino, number) in data["files"].items():
+            if not all(type(v) is int for v in (size, mtime_ns, ino, number)) or not 0 <= number < len(headers):
                 raise ValueError(f"malformed entry for {rel!r}")
-            entries[rel] = (size, mtime_ns, ino, text.encode("latin1"))
+            raw, header = headers[number]
+            entries[rel] = Entry(size, mtime_ns, ino, raw, header)
     except (AttributeError, KeyError, TypeError, ValueError, UnicodeEncodeError) as e:
         warnings.warn(f"{index_path}: not a usable npydask header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
         return {}
     return entries
 
 
+def _checked(raw: bytes, index_path: str) -> NpyHeader | None:
+    """The header in ``raw`` if it parses strictly and is exactly ``raw`` long, else ``None``."""
+    try:
+        header = parse_header(raw, source=f"{index_path} (an index entry)")
+    except NpyFormatError:
+        return None  # a damaged entry: its files are scanned themselves
+    return header if header.data_offset == len(raw) else None
+
+
 def write_index(index_path: str, entries: dict[str, Entry]) -> None:
     """Write ``entries`` atomically: a temporary file in the same folder, then a rename."""
     folder = os.path.dirname(os.path.abspath(index_path))
+    numbers: dict[bytes, int] = {}
+    files = {}
+    for rel, e in sorted(entries.items()):
+        files[rel] = [e.size, e.mtime_ns, e.ino, numbers.setdefault(e.raw, len(numbers))]
     payload = {
         "format": FORMAT,
         "version": VERSION,
-        "files": {k: [s, m, i, raw.decode("latin1")] for k, (s, m, i, raw) in sorted(entries.items())},
+        "headers": [raw.decode("latin1") for raw in numbers],
+        "files": files,
     }
     fd, tmp = tempfile.mkstemp(prefix=".npydask-index-", suffix=".tmp", dir=folder)
     try:
@@ -96,22 +130,6 @@ def write_index(index_path: str, entries: dict[str, Entry]) -> None:
         except OSError:
             pass
         raise
-
-
-def _from_entry(path: str, st: os.stat_result, entry: Entry | None) -> Scanned | None:
-    """The cached header of ``path`` if its entry still matches the file, else ``None``."""
-    if entry is None or not stat.S_ISREG(st.st_mode):
-        return None
-    identity = FileIdentity.of(st)
-    if (identity.size, identity.mtime_ns, identity.ino) != entry[:3]:
-        return None
-    try:
-        header = parse_header(entry[3], source=path)
-    except NpyFormatError:
-        return None  # a damaged entry: scan the file itself
-    if header.data_offset != len(entry[3]) or header.data_offset + header.nbytes > identity.size:
-        return None
-    return identity, header, entry[3], False
 
 
 def scan_with_index(
@@ -139,22 +157,33 @@ def scan_with_index(
         return name if rel == os.curdir else os.path.join(rel, name)
 
     keys = [key_of(p) for p in paths]
-    for i, (path, key) in enumerate(zip(paths, keys)):
+    get, stat_, isreg = entries.get, os.stat, stat.S_ISREG
+    for i, path in enumerate(paths):
         try:
-            st = os.stat(path)
+            st = stat_(path)
         except OSError:
             missing.append(i)  # let the scan raise its own, path-naming error
             continue
-        results[i] = _from_entry(path, st, entries.get(key))
-        if results[i] is None:
+        e = get(keys[i])
+        if (
+            e is not None
+            and e.header is not None
+            and st.st_size == e.size
+            and st.st_mtime_ns == e.mtime_ns
+            and st.st_ino == e.ino
+            and isreg(st.st_mode)
+            and e.header.data_offset + e.header.nbytes <= e.size
+        ):
+            results[i] = (FileIdentity(e.size, e.mtime_ns, e.ino), e.header, e.raw, False)
+        else:
             missing.append(i)
     changed = False
     if missing:
         for i, result in zip(missing, scan([paths[i] for i in missing])):
             results[i] = result
             if not isinstance(result, BaseException):
-                identity, _, raw, _ = result
-                entries[keys[i]] = (identity.size, identity.mtime_ns, identity.ino, raw)
+                identity, header, raw, _ = result
+                entries[keys[i]] = Entry(identity.size, identity.mtime_ns, identity.ino, raw, header)
                 changed = True
             elif keys[i] in entries:
                 del entries[keys[i]]

@@ -71,14 +71,44 @@ def test_index_never_trusts_a_tampered_entry(folder, tmp_path):
     idx = tmp_path / "index.json"
     npydask.open_dataset(folder, index=idx)
     data = json.loads(idx.read_text())
-    key = next(iter(data["files"]))
-    data["files"][key][3] = data["files"][key][3].replace("'<i4'", "'|O'")
+    assert len(data["headers"]) == 1  # twenty files, one header text
+    data["headers"][0] = data["headers"][0].replace("'<i4'", "'|O'")
     idx.write_text(json.dumps(data))
-    ds = npydask.open_dataset(folder, index=idx)  # the damaged entry is rescanned from the file
+    ds = npydask.open_dataset(folder, index=idx)  # the damaged entry is rescanned from the files
     assert ds.dtype == np.dtype("<i4")
+    assert "<i4" in json.loads(idx.read_text())["headers"][0]  # and the index is mended
 
 
-@pytest.mark.parametrize("content", ["not json", '{"format": "other", "version": 1, "files": {}}', '{"format": "npydask-header-index", "version": 1, "files": {"a": [1]}}'])
+def test_header_texts_are_stored_once(folder, tmp_path):
+    np.save(folder / "odd.npy", np.zeros((5,), "<i4"))
+    idx = tmp_path / "index.json"
+    with pytest.raises(ValueError, match="ndim"):
+        npydask.open_dataset(folder, index=idx)
+    ds = npydask.open_dataset(folder, index=idx, file_filter="[0-9]*.npy")
+    data = json.loads(idx.read_text())
+    assert sorted(len(v) for v in data["files"].values()) == [4] * 21
+    assert len(data["headers"]) == 2 and len(ds) == 20
+
+
+def test_an_older_index_is_replaced_silently(folder, tmp_path):
+    idx = tmp_path / "index.json"
+    idx.write_text('{"format": "npydask-header-index", "version": 1, "files": {"00.npy": [1, 2, 3, "x"]}}')
+    ds = npydask.open_dataset(folder, index=idx)  # warnings are errors here: none is raised
+    assert len(ds) == 20 and json.loads(idx.read_text())["version"] == index_mod.VERSION
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        "[1, 2]",
+        '{"format": "other", "version": 2, "files": {}}',
+        '{"format": "npydask-header-index", "version": 99, "headers": [], "files": {}}',
+        '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"a": [1]}}',
+        '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"a": [1, 2, 3, 0]}}',
+        '{"format": "npydask-header-index", "version": 2, "headers": [7], "files": {}}',
+    ],
+)
 def test_unusable_index_is_rebuilt_with_a_warning(folder, tmp_path, content):
     idx = tmp_path / "index.json"
     idx.write_text(content)
