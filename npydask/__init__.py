@@ -21,6 +21,7 @@ from npydask.array import from_npy
 from npydask.dataset import NpyDataset, open_dataset
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.header import NpyHeader, parse_header
+from npydask.loader import Loader
 from npydask.reader import read_header, read_region
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FileChangedError",
     "GpuUnavailableError",
+    "Loader",
     "NpyDaskWarning",
     "NpyDataset",
     "NpyFormatError",

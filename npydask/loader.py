@@ -1,0 +1,263 @@
+"""The training loader: DALI-style batches from an :class:`~npydask.dataset.NpyDataset`.
+
+Which batches an epoch holds is planned purely in :mod:`npydask.sampling`
+(shuffle, shards, padding); this module fetches them. A batch is read by
+one call that reads its files back to back (the tight per-file loop of a
+stacked task): in up to ``prefetch`` threads of this process, or as tasks
+on a ``dask.distributed`` client's workers, where the files are read and
+the batch is gathered once. Batches come out in plan order.
+
+Resuming: the loader counts the batches it has *yielded* in the current
+epoch; :meth:`Loader.state_dict` records that count with the epoch, and a
+loader given it with :meth:`Loader.load_state_dict` yields exactly the
+remaining batches of that epoch, then goes on with the next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from npydask.array import NpyFileArray, check_device
+from npydask.region import Box
+from npydask.sampling import EpochPlan, _check_int
+from npydask.stacking import FileGroup, joined_dtype
+
+__all__ = ["Loader", "read_batch"]
+
+_STATE_KEYS = ("n", "batch_size", "shuffle", "seed", "shard_id", "num_shards", "pad_last_batch", "drop_last")
+
+
+def read_batch(views: Sequence[NpyFileArray], device: str = "cpu") -> Any:
+    """Read every view in full: one stacked array when shapes agree, else a list.
+
+    Stacked batches are in native byte order (as ``numpy.stack`` makes them)
+    and writable; ``device="gpu"`` gives CuPy arrays.
+    """
+    shapes = {v.shape for v in views}
+    if device == "gpu":
+        from npydask.gpu import on_device
+
+        if len(shapes) == 1:
+            group = on_device(FileGroup(views, 0, True))
+            return group[(slice(None),) * len(group.shape)]
+        return [on_device(v)[(slice(None),) * v.ndim] for v in views]
+    if len(shapes) == 1:
+        group = FileGroup(views, 0, True)
+        return _owned(group[(slice(None),) * len(group.shape)])
+    return [_owned(v.read(Box.whole(v.shape))) for v in views]
+
+
+def _owned(a: np.ndarray) -> np.ndarray:
+    """``a`` as a writable, C-contiguous array in native byte order (a mapped view is copied).
+
+    ``torch.from_numpy`` warns on read-only arrays and refuses swapped ones.
+    """
+    dtype = joined_dtype(a.dtype)
+    if a.flags.writeable and a.flags.c_contiguous and a.dtype == dtype and a.dtype.str == dtype.str:
+        return a
+    return np.array(a, dtype=dtype, order="C")
+
+
+class Loader:
+    """Batches of an :class:`~npydask.dataset.NpyDataset`, epoch after epoch, as DALI delivers them.
+
+    Parameters
+    ----------
+    dataset : NpyDataset
+        The files (after ROI); their order is the unshuffled order.
+    batch_size : int
+        Samples per batch.
+    shuffle : bool
+        Permute the whole list each epoch with a generator seeded only by
+        ``(seed, epoch)``, the same on every shard, before sharding.
+    seed : int, optional
+        ``None`` is a fixed default, so separate processes agree.
+    shard_id, num_shards : int
+        This loader's contiguous range of each epoch's order (DALI's
+        ``stick_to_shard=True``).
+    pad_last_batch : bool
+        Repeat the shard's last sample up to ``ceil(N / num_shards)``
+        samples, then up to a full batch (DALI).
+    drop_last : bool
+        Without padding, drop a short last batch instead of yielding it.
+    prefetch : int
+        Batches read ahead: threads of this process, or tasks on ``client``'s
+        workers. 0 reads each batch when it is asked for.
+    client : distributed.Client, optional
+        Read batches on the cluster's workers (each batch is one task that
+        reads its files where it runs; the result is gathered once).
+    device : {"cpu", "gpu"}
+        NumPy or CuPy batches (the dataset's own device is not used: a
+        loader on a GPU host may read a CPU dataset to the device).
+    with_index : bool
+        Yield ``(batch, indices)``, the indices into ``dataset``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(10): np.save(os.path.join(root, f"{i}.npy"), np.full((2,), i))
+    >>> loader = npydask.Loader(npydask.open_dataset(root), 3, shard_id=2, num_shards=3, pad_last_batch=True)
+    >>> [batch[:, 0].tolist() for batch in loader], loader.epoch
+    ([[6, 7, 8], [9, 9, 9]], 1)
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int | None = None,
+        shard_id: int = 0,
+        num_shards: int = 1,
+        pad_last_batch: bool = False,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        client: Any = None,
+        device: str = "cpu",
+        with_index: bool = False,
+    ) -> None:
+        from npydask.dataset import NpyDataset
+
+        if not isinstance(dataset, NpyDataset):
+            raise TypeError(f"Loader reads an NpyDataset (from npydask.open_dataset), found {type(dataset).__name__}")
+        if len(dataset) == 0:
+            raise ValueError("Loader: the dataset holds no files")
+        batch_size = _check_int("batch_size", batch_size, 1)
+        self.prefetch = _check_int("prefetch", prefetch, 0)
+        if seed is not None:
+            seed = _check_int("seed", seed, 0)
+        check_device(device)
+        self.plan = EpochPlan(
+            len(dataset), batch_size, bool(shuffle), seed, shard_id, num_shards, bool(pad_last_batch), bool(drop_last)
+        )
+        len(self.plan)  # checks the shard arguments now
+        self.dataset = dataset
+        self.client = client
+        self.device = device
+        self.with_index = bool(with_index)
+        self.epoch = 0
+        self._done = 0  # batches yielded so far in this epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.plan)
+
+    def __repr__(self) -> str:
+        p = self.plan
+        return (
+            f"Loader({p.n} files, batch_size={p.batch_size}, shard {p.shard_id}/{p.num_shards}, "
+            f"{len(self)} batches per epoch, epoch={self.epoch}, shuffle={p.shuffle}, device={self.device!r})"
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration yield epoch ``epoch`` from its start."""
+        self.epoch = _check_int("epoch", epoch, 0)
+        self._done = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: its epoch, batches yielded in it, and the plan they depend on."""
+        state = {k: getattr(self.plan, k) for k in _STATE_KEYS}
+        state.update(epoch=self.epoch, batches_done=self._done)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields the rest of that epoch.
+
+        Raises
+        ------
+        ValueError
+            If the state was taken from a loader with another plan (dataset
+            length, batch size, shuffling, seed, shards or padding), whose
+            remaining batches would differ.
+        """
+        missing = [k for k in (*_STATE_KEYS, "epoch", "batches_done") if k not in state]
+        if missing:
+            raise ValueError(f"not a Loader state: missing {missing}; pass what Loader.state_dict() returned")
+        differ = [f"{k}: {state[k]!r} != {getattr(self.plan, k)!r}" for k in _STATE_KEYS if state[k] != getattr(self.plan, k)]
+        if differ:
+            raise ValueError(f"the state belongs to a loader with another plan ({'; '.join(differ)})")
+        epoch = _check_int("epoch", state["epoch"], 0)
+        done = _check_int("batches_done", state["batches_done"], 0)
+        if done > len(self):
+            raise ValueError(f"batches_done={done} exceeds the {len(self)} batches of an epoch")
+        self.epoch, self._done = epoch, done
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, start = self.epoch, self._done
+        if start >= len(self):  # a finished epoch recorded by a state: go on with the next
+            epoch, start = epoch + 1, 0
+            self.epoch, self._done = epoch, 0
+        batches = self.plan.batches(epoch)[start:]
+        views = self.dataset.views
+        fetch = _ClusterFetch(self.client, self.device) if self.client is not None else _LocalFetch(self.prefetch, self.device)
+        ahead = max(1, self.prefetch)
+        pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
+        try:
+            position = 0
+            while position < len(batches) or pending:
+                while position < len(batches) and len(pending) < ahead:
+                    indices = batches[position]
+                    pending.append((indices, fetch.submit([views[i] for i in indices.tolist()])))
+                    position += 1
+                indices, future = pending.popleft()
+                batch = fetch.result(future)
+                self._done += 1
+                yield (batch, indices.copy()) if self.with_index else batch
+            self.epoch, self._done = epoch + 1, 0
+        finally:
+            for _, future in pending:
+                fetch.cancel(future)
+            fetch.close()
+
+
+class _LocalFetch:
+    """Batches read by threads of this process (or inline with ``prefetch=0``)."""
+
+    def __init__(self, prefetch: int, device: str) -> None:
+        self.device = device
+        self.pool = ThreadPoolExecutor(prefetch, thread_name_prefix="npydask-loader") if prefetch else None
+
+    def submit(self, views: list[NpyFileArray]) -> Any:
+        if self.pool is None:
+            return views  # read in result(), when asked for
+        return self.pool.submit(read_batch, views, self.device)
+
+    def result(self, future: Any) -> Any:
+        if self.pool is None:
+            return read_batch(future, self.device)
+        return future.result()
+
+    def cancel(self, future: Any) -> None:
+        if self.pool is not None:
+            future.cancel()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ClusterFetch:
+    """Batches read as tasks on a distributed client's workers, gathered once each."""
+
+    def __init__(self, client: Any, device: str) -> None:
+        self.client = client
+        self.device = device
+
+    def submit(self, views: list[NpyFileArray]) -> Any:
+        return self.client.submit(read_batch, views, self.device, pure=False)
+
+    def result(self, future: Any) -> Any:
+        return future.result()
+
+    def cancel(self, future: Any) -> None:
+        future.cancel()
+
+    def close(self) -> None:
+        pass

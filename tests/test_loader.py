@@ -1,0 +1,203 @@
+"""The loader over real files: DALI batches, seeded shuffles, resume, prefetch, ragged, cluster."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import npydask
+from npydask.sampling import epoch_batches
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """Ten files; file i holds i in every cell, so a batch names its files."""
+    for i in range(10):
+        np.save(tmp_path / f"{i:02d}.npy", np.full((2, 3), i, "<i4"))
+    return tmp_path
+
+
+def ids(batch):
+    return batch[:, 0, 0].tolist()
+
+
+def epoch(loader):
+    return [ids(b) for b in loader]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_dali_padding_table(folder, prefetch):
+    ds = npydask.open_dataset(folder)
+    got = [epoch(npydask.Loader(ds, 3, shard_id=k, num_shards=3, pad_last_batch=True, prefetch=prefetch)) for k in range(3)]
+    assert got == [[[0, 1, 2], [2, 2, 2]], [[3, 4, 5], [5, 5, 5]], [[6, 7, 8], [9, 9, 9]]]
+
+
+def test_len_and_short_or_dropped_last_batch(folder):
+    ds = npydask.open_dataset(folder)
+    loader = npydask.Loader(ds, 4)
+    assert len(loader) == 3 and epoch(loader) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    dropping = npydask.Loader(ds, 4, drop_last=True)
+    assert len(dropping) == 2 and epoch(dropping) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    padded = npydask.Loader(ds, 4, pad_last_batch=True)
+    assert len(padded) == 3 and epoch(padded)[-1] == [8, 9, 9, 9]
+
+
+def test_values_equal_numpy(folder):
+    ds = npydask.open_dataset(folder)
+    for batch, idx in npydask.Loader(ds, 4, shuffle=True, with_index=True):
+        expected = np.stack([np.load(ds.files[i]) for i in idx])
+        np.testing.assert_array_equal(batch, expected)
+        assert batch.dtype == expected.dtype and batch.flags.writeable and batch.flags.c_contiguous
+
+
+def test_epochs_advance_and_shuffles_differ_but_repeat(folder):
+    ds = npydask.open_dataset(folder)
+    loader = npydask.Loader(ds, 5, shuffle=True, seed=3)
+    assert loader.epoch == 0
+    first, second = epoch(loader), epoch(loader)
+    assert loader.epoch == 2 and first != second
+    assert sorted(sum(first, [])) == list(range(10)) == sorted(sum(second, []))
+    again = npydask.Loader(ds, 5, shuffle=True, seed=3)
+    assert epoch(again) == first  # same seed, same order, every run
+    again.set_epoch(1)
+    assert epoch(again) == second
+    expected = [b.tolist() for b in epoch_batches(10, 5, epoch=1, shuffle=True, seed=3)]
+    assert second == expected
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+def test_shards_are_disjoint_within_each_epoch(folder, shards):
+    ds = npydask.open_dataset(folder)
+    loaders = [npydask.Loader(ds, 2, shuffle=True, shard_id=k, num_shards=shards) for k in range(shards)]
+    for _ in range(3):
+        seen = [i for loader in loaders for batch in epoch(loader) for i in batch]
+        assert sorted(seen) == list(range(10))
+    assert {loader.epoch for loader in loaders} == {3}
+
+
+def test_resume_mid_epoch_yields_the_remaining_batches(folder):
+    ds = npydask.open_dataset(folder)
+    full = npydask.Loader(ds, 2, shuffle=True, seed=9)
+    full.set_epoch(4)
+    expected = epoch(full)
+    loader = npydask.Loader(ds, 2, shuffle=True, seed=9, prefetch=3)
+    loader.set_epoch(4)
+    it = iter(loader)
+    head = [ids(next(it)) for _ in range(2)]
+    state = loader.state_dict()
+    del it  # the training job dies here
+    assert state["epoch"] == 4 and state["batches_done"] == 2
+    fresh = npydask.Loader(ds, 2, shuffle=True, seed=9)
+    fresh.load_state_dict(state)
+    assert head + epoch(fresh) == expected
+    assert fresh.epoch == 5 and fresh.state_dict()["batches_done"] == 0
+
+
+def test_a_state_at_the_end_of_an_epoch_goes_on_with_the_next(folder):
+    ds = npydask.open_dataset(folder)
+    loader = npydask.Loader(ds, 5, shuffle=True)
+    state = dict(loader.state_dict(), batches_done=2)
+    loader.load_state_dict(state)
+    expected = [b.tolist() for b in epoch_batches(10, 5, epoch=1, shuffle=True)]
+    assert epoch(loader) == expected and loader.epoch == 2
+
+
+def test_a_state_from_another_plan_is_refused(folder):
+    ds = npydask.open_dataset(folder)
+    state = npydask.Loader(ds, 2, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        npydask.Loader(ds, 2, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="batch_size"):
+        npydask.Loader(ds, 3, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        npydask.Loader(ds, 2, seed=1).load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match="exceeds"):
+        npydask.Loader(ds, 2, seed=1).load_state_dict(dict(state, batches_done=99))
+
+
+def test_with_index_gives_dataset_indices(folder):
+    ds = npydask.open_dataset(folder)
+    out = list(npydask.Loader(ds, 3, with_index=True, shard_id=1, num_shards=2, pad_last_batch=True))
+    assert [idx.tolist() for _, idx in out] == [[5, 6, 7], [8, 9, 9]]
+    assert all(ids(b) == idx.tolist() for b, idx in out)
+
+
+def test_ragged_batches_are_lists(tmp_path):
+    for i, n in enumerate([3, 4, 4, 5]):
+        np.save(tmp_path / f"{i}.npy", np.arange(n, dtype=">f8") + i)
+    ds = npydask.open_dataset(tmp_path)
+    batches = list(npydask.Loader(ds, 2, prefetch=2))
+    assert isinstance(batches[0], list) and isinstance(batches[1], list)
+    flat = [a for b in batches for a in b]
+    for a, f in zip(flat, ds.files):
+        np.testing.assert_array_equal(a, np.load(f))
+        assert a.dtype == np.dtype("<f8") and a.flags.writeable  # native order, writable
+
+
+def test_equal_shapes_after_roi_stack(tmp_path):
+    for i, n in enumerate([6, 7, 8]):
+        np.save(tmp_path / f"{i}.npy", np.arange(n * 4, dtype="<f4").reshape(n, 4))
+    ds = npydask.open_dataset(tmp_path, roi_start=[1, 0], roi_shape=[4, 2])
+    (batch,) = list(npydask.Loader(ds, 3))
+    np.testing.assert_array_equal(batch, np.stack([np.load(f)[1:5, 0:2] for f in ds.files]))
+
+
+def test_single_file_batches_are_writable_copies(folder):
+    ds = npydask.open_dataset(folder, backend="mmap")
+    for batch in npydask.Loader(ds, 1, prefetch=0):
+        assert batch.flags.writeable
+        batch[...] = -1  # never writes through to a mapping
+    np.testing.assert_array_equal(np.load(ds.files[0]), np.zeros((2, 3), "<i4"))
+
+
+def test_bad_arguments(folder):
+    ds = npydask.open_dataset(folder)
+    with pytest.raises(TypeError, match="NpyDataset"):
+        npydask.Loader([1, 2], 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        npydask.Loader(ds, 0)
+    with pytest.raises(ValueError, match="shard_id"):
+        npydask.Loader(ds, 2, shard_id=2, num_shards=2)
+    with pytest.raises(ValueError, match="prefetch"):
+        npydask.Loader(ds, 2, prefetch=-1)
+    with pytest.raises(ValueError, match="device"):
+        npydask.Loader(ds, 2, device="tpu")
+
+
+def test_gpu_without_cupy_fails_at_construction(folder, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
+    with pytest.raises(ImportError, match=r"npydask\[gpu\]"):
+        npydask.Loader(npydask.open_dataset(folder), 2, device="gpu")
+
+
+def test_repr_and_len(folder):
+    loader = npydask.Loader(npydask.open_dataset(folder), 3, num_shards=2, shard_id=1)
+    assert len(loader) == math.ceil(5 / 3)
+    assert "shard 1/2" in repr(loader) and "batch_size=3" in repr(loader)
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.mark.timeout(180)
+def test_batches_read_on_the_cluster_equal_local_ones(folder, client):
+    ds = npydask.open_dataset(folder)
+    local = npydask.Loader(ds, 3, shuffle=True, seed=5, shard_id=1, num_shards=2, pad_last_batch=True)
+    remote = npydask.Loader(ds, 3, shuffle=True, seed=5, shard_id=1, num_shards=2, pad_last_batch=True, client=client, prefetch=2)
+    for _ in range(2):
+        a, b = list(local), list(remote)
+        assert len(a) == len(b) == len(local)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+            assert y.flags.writeable
