@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("script", ["bench_header.py", "bench_read.py", "bench_dataset.py"])
+@pytest.mark.parametrize("script", ["bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py"])
 def test_benchmark_runs_at_tiny_size(tmp_path, script):
     out_json = tmp_path / "out.json"
     done = subprocess.run(

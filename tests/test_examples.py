@@ -1,0 +1,29 @@
+"""Every example runs at its smallest size, as a user would run it, so none of them rots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run(script: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.timeout(300)
+def test_train_loop(tmp_path):
+    done = run("train_loop.py", "--size", "tiny", "--epochs", "3", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "same batches" in done.stdout
+    losses = [float(line.split("mean loss ")[1].split()[0]) for line in done.stdout.splitlines() if "mean loss" in line]
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it learns
+    accuracy = float(done.stdout.split("training accuracy: ")[1].split()[0])
+    assert accuracy >= 0.9
+    assert len(list(tmp_path.glob("*.npy"))) == 24
