@@ -1,39 +1,169 @@
-"""The command line, run as a user would run it."""
+"""The command line, run as a user would run it: stdout, stderr, exit codes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
-def run(*args, timeout=120):
+def run(*args, timeout=180):
     return subprocess.run(
         [sys.executable, "-m", "npydask.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
-@pytest.mark.timeout(180)
-def test_demo_end_to_end(tmp_path):
-    out = run("demo", "--out", str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    assert "equal to numpy.load slicing: True" in out.stdout
-    assert "matches numpy: True" in out.stdout
-    assert "starting an embedded local cluster" in out.stderr
-    assert (tmp_path / "volume_c.npy").exists() and (tmp_path / "volume_f.npy").exists()
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "scans"
+    root.mkdir()
+    for i in range(5):
+        np.save(root / f"s{i}.npy", np.arange(24, dtype="<f4").reshape(2, 3, 4) * (i + 1))
+    np.save(root / "big.npy", np.asfortranarray(np.ones((3, 3, 4), ">f8")))
+    (root / "sub").mkdir()
+    np.save(root / "sub" / "deep.npy", np.zeros((2, 3, 4), "<f4"))
+    return root
 
 
-def test_unreachable_scheduler_is_one_line_and_exit_2(tmp_path):
-    out = run("demo", "--out", str(tmp_path), "--scheduler", "tcp://127.0.0.1:9")
-    assert out.returncode == 2
+def one_line(out):
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the scheduler" in lines[0]
+    assert len(lines) == 1, out.stderr
     assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+@pytest.mark.timeout(240)
+def test_demo_end_to_end(tmp_path):
+    out = run("demo", "--out", str(tmp_path), timeout=220)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all results match numpy: True" in out.stdout
+    assert "equal to numpy: True" in out.stdout
+    assert out.stdout.count(" yes") == 6  # per-volume stats, each checked against numpy
+    assert "starting an embedded local cluster" in out.stderr
+    assert len(list((tmp_path / "slices").glob("*.npy"))) == 64
+    assert len(list((tmp_path / "volumes").glob("*.npy"))) == 6
+
+
+def test_info_table_and_totals(folder):
+    out = run("info", str(folder))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["path", "shape", "dtype", "order", "npy", "size"]
+    row = next(line for line in lines if line.startswith("big.npy"))
+    assert row.split()[:5] == ["big.npy", "3x3x4", "float64", "F", "1.0"]
+    assert any(line.startswith("sub/deep.npy") for line in lines)  # DALI: first-level subfolders
+    assert "7 files" in lines[-1] and "float32 (6)" in lines[-1]
+
+
+def test_info_json_goes_to_stdout_alone(folder):
+    out = run("info", str(folder), "--json", "--filter", "s*.npy")
+    assert out.returncode == 0
+    data = json.loads(out.stdout)
+    assert [f["path"] for f in data["files"]] == [f"s{i}.npy" for i in range(5)]
+    first = data["files"][0]
+    assert first == {"path": "s0.npy", "shape": [2, 3, 4], "dtype": "<f4", "fortran_order": False,
+                     "version": "1.0", "nbytes": 96}
+    assert data["totals"]["files"] == 5 and data["totals"]["nbytes"] == 480
+
+
+def test_info_summary(folder):
+    out = run("info", str(folder), "--summary", "--json")
+    data = json.loads(out.stdout)
+    assert "files" not in data and data["totals"]["files"] == 7
+    out = run("info", str(folder), "--summary")
+    assert len(out.stdout.strip().splitlines()) == 1
+
+
+def test_info_npz_member(tmp_path):
+    np.savez(tmp_path / "a.npz", x=np.zeros((4, 5), "<i2"), y=np.ones(3))
+    out = run("info", str(tmp_path / "a.npz"), "--key", "x", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["files"][0]["shape"] == [4, 5]
+    out = run("info", str(tmp_path / "a.npz"), "--key", "nope")
+    assert out.returncode == 2 and "members" in one_line(out)
+    out = run("info", str(tmp_path / "a.npz"))
+    assert out.returncode == 2 and "--key" in one_line(out)
+
+
+def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
+    (folder / "broken.npy").write_bytes(b"\x93NUMPY garbage")
+    (folder / "empty.npy").write_bytes(b"")
+    out = run("info", str(folder), "--json")
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert data["totals"]["files"] == 7 and sorted(e["path"] for e in data["errors"]) == ["broken.npy", "empty.npy"]
+    assert "2 of 9 files could not be read" in out.stderr and "broken.npy" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["info", "/no/such/place"], "no such file"),
+        (["stats", "/no/such/place"], "no such file"),
+        (["stats", "{bad}"], "not a valid"),
+        (["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9"], "roi"),
+        (["stats", "{folder}", "--roi-start", "a,b"], "--roi-start"),
+        (["stats", "{folder}", "--scheduler", "tcp://127.0.0.1:9", "--filter", "s*.npy"], "cannot reach the scheduler"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(folder, tmp_path, args, words):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not an npy file at all")
+    args = [a.format(folder=folder, bad=bad) for a in args]
+    out = run(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert words.lower() in one_line(out).lower()
+    assert "starting an embedded local cluster" not in out.stderr or "scheduler" in words
+
+
+@pytest.mark.timeout(240)
+def test_stats_equal_numpy_per_file_and_in_total(folder):
+    out = run("stats", str(folder), "--json", "--per-file", "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    arrays = [np.load(folder / f"{name}") for name in ("big.npy", *(f"s{i}.npy" for i in range(5)), "sub/deep.npy")]
+    flat = np.concatenate([a.astype(np.float64).ravel() for a in arrays])
+    assert data["count"] == flat.size
+    assert data["min"] == flat.min() and data["max"] == flat.max()
+    assert np.isclose(data["mean"], flat.mean(), rtol=1e-12) and np.isclose(data["std"], flat.std(), rtol=1e-12)
+    files = {f["path"]: f for f in data["files"]}
+    assert np.isclose(files["s2.npy"]["std"], arrays[3].astype(np.float64).std(), rtol=1e-12)
+
+
+@pytest.mark.timeout(240)
+def test_stats_with_a_padded_roi(folder):
+    out = run("stats", str(folder), "--filter", "s*.npy", "--roi-start", "1,2", "--roi-end", "3,5",
+              "--roi-axes", "1,2", "--oob", "pad", "--fill-value", "-7", "--json", "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    crops = []
+    for i in range(5):
+        a = np.load(folder / f"s{i}.npy")
+        crop = np.full((2, 2, 3), -7, np.float64)
+        crop[:, :, :2] = a[:, 1:3, 2:4]
+        crops.append(crop)
+    flat = np.concatenate([c.ravel() for c in crops])
+    assert data["count"] == flat.size and data["min"] == flat.min()
+    assert np.isclose(data["mean"], flat.mean(), rtol=1e-12)
+
+
+def test_stats_table_on_stdout(folder):
+    out = run("stats", str(folder), "--filter", "s0.npy", "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == ["file", "count", "min", "max", "mean", "std"]
+    assert lines[-1].split()[:4] == ["all", "1", "files", "24"]
 
 
 def test_help_and_version():
     out = run("--help")
-    assert out.returncode == 0 and "demo" in out.stdout and "examples:" in out.stdout
+    assert out.returncode == 0 and "examples:" in out.stdout
+    for command in ("demo", "info", "stats"):
+        assert command in out.stdout
+        sub = run(command, "--help")
+        assert sub.returncode == 0 and "examples:" in sub.stdout
     out = run("--version")
     assert out.returncode == 0 and out.stdout.startswith("npydask ")

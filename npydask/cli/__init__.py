@@ -1,0 +1,58 @@
+"""The ``npydask`` command line: thin argument parsing over the public API.
+
+``info`` (headers only), ``stats`` (on a cluster), ``convert``, ``demo`` and
+``bench``. Results go to stdout; progress and messages to stderr. Bad input
+prints one line on stderr and exits with status 2, before any cluster
+starts; a folder with unreadable files lists them and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import npydask
+from npydask.cli import demo, info, stats
+from npydask.cli._common import UsageError, say
+
+__all__ = ["build_parser", "main"]
+
+EXAMPLES = """\
+examples:
+  npydask demo                          a tour on synthetic MRI volumes (embedded cluster)
+  npydask info scans/                   shape, dtype, order, version and size of every file
+  npydask stats scans/ --per-file       min, max, mean, std and count on a cluster
+  npydask <command> --help              the options of a command
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="npydask",
+        description="NumPy .npy files as lazy Dask arrays.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"npydask {npydask.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (info, stats, demo):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        say(f"npydask {args.command}: interrupted")
+        return 130
+    except (UsageError, npydask.NpyFormatError, npydask.RoiError, OSError, ImportError, npydask.GpuUnavailableError) as e:
+        say(f"npydask {args.command}: error: {e}")
+        return 2
+    except KeyError as e:
+        say(f"npydask {args.command}: error: {e.args[0] if e.args else e}")
+        return 2

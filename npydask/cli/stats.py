@@ -1,0 +1,185 @@
+"""``npydask stats PATH``: min, max, mean, std and count over every file, on a cluster.
+
+Each task reduces its block to one row per file, ``(count, min, max, mean,
+M2)`` in float64 (M2: the sum of squared deviations from the block's mean);
+the client combines the rows exactly (Chan et al.'s pairwise formula), so
+the standard deviation does not suffer the cancellation of ``E[x^2] -
+E[x]^2``. Files of one shape are stacked, so many small files are few tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+
+import npydask
+from npydask.cli._common import (
+    UsageError,
+    add_cluster_options,
+    add_selection_options,
+    client,
+    compute,
+    emit_json,
+    parse_list,
+    report_bad,
+    select,
+    table,
+)
+
+__all__ = ["add_parser", "block_partials", "combine", "run"]
+
+HELP = """\
+examples:
+  npydask stats scan.npy
+  npydask stats scans/ --per-file
+  npydask stats scans/ --roi-start 1,2 --roi-end 8,9 --roi-axes 0,1 --oob pad --json
+  npydask stats scans/ --scheduler tcp://10.0.0.5:8786
+"""
+
+FIELDS = ("count", "min", "max", "mean", "std")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "stats",
+        help="min, max, mean, std (ddof=0) and count over all files, on a cluster",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_selection_options(p)
+    p.add_argument("--per-file", action="store_true", help="also one row per file")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="read into NumPy or CuPy chunks")
+    roi = p.add_argument_group("region of interest (DALI fn.readers.numpy arguments, comma-separated)")
+    for name, kind in (("roi-start", "int"), ("roi-end", "int"), ("roi-shape", "int"),
+                       ("rel-roi-start", "float"), ("rel-roi-end", "float"), ("rel-roi-shape", "float"),
+                       ("roi-axes", "int")):
+        roi.add_argument(f"--{name}", metavar=kind.upper() + "S", help=f"{kind}s, e.g. 1,2")
+    roi.add_argument("--oob", choices=("error", "trim_to_shape", "pad"), default="error",
+                     help="out-of-bounds policy (default error)")
+    roi.add_argument("--fill-value", type=float, default=0.0, help="value of padded cells (default 0)")
+    add_cluster_options(p)
+    p.set_defaults(func=run)
+
+
+def block_partials(block: Any) -> np.ndarray:
+    """Rows ``(count, min, max, mean, M2)`` per file of a stacked block, shaped ``(n, 1, ..., 1, 5)``.
+
+    Examples
+    --------
+    >>> block_partials(np.array([[1.0, 3.0], [2.0, 2.0]])).tolist()
+    [[2.0, 1.0, 3.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 0.0]]
+    """
+    n = block.shape[0]
+    flat = block.reshape(n, -1).astype(np.float64)
+    count = flat.shape[1]
+    if count == 0:
+        rows = np.tile(np.array([0.0, np.nan, np.nan, 0.0, 0.0]), (n, 1))
+    else:
+        mean = flat.mean(axis=1)
+        m2 = ((flat - mean[:, None]) ** 2).sum(axis=1)
+        rows = np.stack([np.full(n, float(count)), flat.min(axis=1), flat.max(axis=1), mean, m2], axis=1)
+        rows = rows.get() if hasattr(rows, "get") else rows  # CuPy: back to the host (a few numbers)
+    return np.asarray(rows).reshape((n,) + (1,) * (block.ndim - 1) + (5,))
+
+
+def combine(rows: np.ndarray) -> tuple[float, float, float, float, float]:
+    """Combine rows ``(count, min, max, mean, M2)`` into ``(count, min, max, mean, std)`` (ddof=0).
+
+    Examples
+    --------
+    >>> combine(np.array([[2, 1, 3, 2, 2], [2, 2, 2, 2, 0]], float))
+    (4.0, 1.0, 3.0, 2.0, 0.7071067811865476)
+    """
+    rows = np.asarray(rows, np.float64).reshape(-1, 5)
+    rows = rows[rows[:, 0] > 0]
+    if len(rows) == 0:
+        return 0.0, math.nan, math.nan, math.nan, math.nan
+    n = rows[:, 0].sum()
+    mean = float((rows[:, 0] * rows[:, 3]).sum() / n)
+    m2 = float(rows[:, 4].sum() + (rows[:, 0] * (rows[:, 3] - mean) ** 2).sum())
+    return float(n), float(rows[:, 1].min()), float(rows[:, 2].max()), mean, math.sqrt(max(m2, 0.0) / n)
+
+
+def _roi_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    for name, kind in (("roi_start", int), ("roi_end", int), ("roi_shape", int), ("rel_roi_start", float),
+                       ("rel_roi_end", float), ("rel_roi_shape", float), ("roi_axes", int)):
+        value = parse_list(getattr(args, name), kind, "--" + name.replace("_", "-"))
+        if value is not None:
+            kw[name] = value
+    kw["out_of_bounds_policy"] = args.oob
+    kw["fill_value"] = args.fill_value
+    return kw
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype.kind not in "biuf":
+        raise UsageError(f"stats needs real numbers; the files hold {dtype} ({dtype.str})")
+
+
+def run(args: argparse.Namespace) -> int:
+    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key)
+    status = report_bad(selection)
+    if not selection.good:
+        raise UsageError(f"{args.path}: no readable file")
+    paths = [p for p, _ in selection.good]
+    # A dataset holds one dtype and ndim: files of each (dtype, ndim) form their own, and files of
+    # one shape within it are stacked (one task for many small files).
+    kinds: dict[tuple[str, int], list[int]] = {}
+    for i, (_, (_, header, _, _)) in enumerate(selection.good):
+        kinds.setdefault((header.dtype.str, header.ndim), []).append(i)
+    groups: list[list[int]] = []
+    arrays = []
+    for members in kinds.values():
+        try:
+            ds = npydask.open_dataset(files=[paths[i] for i in members], key=args.key, device=args.device,
+                                      **_roi_kwargs(args))
+        except (ValueError, TypeError) as e:
+            raise UsageError(str(e)) from e
+        _check_dtype(ds.dtype)
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for j, shape in enumerate(ds.shapes):
+            by_shape.setdefault(shape, []).append(j)
+        for local in by_shape.values():
+            x = ds[local].stack()
+            chunks = (x.chunks[0], *((1,) * len(c) for c in x.chunks[1:]), (5,))
+            meta = np.empty((0,) * (x.ndim + 1), np.float64)
+            arrays.append(x.map_blocks(block_partials, chunks=chunks, new_axis=[x.ndim], dtype=np.float64, meta=meta))
+            groups.append([members[j] for j in local])
+    with client(args.scheduler, args.workers) as c:
+        results = compute(c, arrays)
+    per_file: list[np.ndarray] = [np.empty((0, 5))] * len(paths)
+    for members, result in zip(groups, results):
+        result = np.asarray(result).reshape(len(members), -1, 5)
+        for i, rows in zip(members, result):
+            per_file[i] = rows
+    total = combine(np.concatenate(per_file))
+    files = [dict(zip(FIELDS, combine(rows)), path=selection.name(p)) for p, rows in zip(paths, per_file)]
+    _print(args, total, files)
+    return status
+
+
+def _clean(v: float) -> float | int | None:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def _print(args: argparse.Namespace, total: tuple[float, ...], files: list[dict[str, Any]]) -> None:
+    summary = dict(zip(FIELDS, total))
+    summary["count"] = int(summary["count"])
+    if args.json:
+        payload: dict[str, Any] = {k: _clean(v) for k, v in summary.items()}
+        if args.per_file:
+            payload["files"] = [{"path": f["path"], **{k: _clean(int(f[k]) if k == "count" else f[k]) for k in FIELDS}}
+                                for f in files]
+        emit_json(payload)
+        return
+    def row(name: str, s: dict[str, Any]) -> list[str]:
+        return [name, f"{int(s['count']):,}", *(f"{s[k]:.6g}" for k in FIELDS[1:])]
+
+    rows = [row(f["path"], f) for f in files] if args.per_file else []
+    rows.append(row(f"all {len(files)} files", summary))
+    print(table(rows, ["file", *FIELDS], right=(1, 2, 3, 4, 5)))
