@@ -23,6 +23,7 @@ from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning
 from npydask.header import NpyHeader, parse_header
 from npydask.loader import Loader
 from npydask.reader import read_header, read_region
+from npydask.zarr_writer import to_zarr
 
 __version__ = "0.1.0"
 
@@ -42,4 +43,5 @@ __all__ = [
     "parse_header",
     "read_header",
     "read_region",
+    "to_zarr",
 ]

@@ -277,9 +277,17 @@ def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu
     ``source`` (an :class:`NpyFileArray` or a group of files) is embedded in
     every task (``inline_array=True``): it is a few hundred bytes and has no
     ``copy`` method, so dask neither copies nor hashes data; its
-    ``__dask_tokenize__`` makes the name deterministic.
+    ``__dask_tokenize__`` makes the name deterministic. With ``device="gpu"``
+    the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
+    dtype is checked now) and the meta a ``cupy.ndarray``.
     """
-    meta = np.empty((0,) * len(source.shape), source.dtype)
+    if device == "gpu":
+        from npydask.gpu import on_device  # (imports CuPy only here)
+
+        source = on_device(source)
+        meta = source.meta
+    else:
+        meta = np.empty((0,) * len(source.shape), source.dtype)
     # The source's token is already a hash of (path, identity, header, settings); hashing its
     # repr with the chunks is ~10x cheaper than tokenize() walking the chunk tuples.
     facts = repr((source.__dask_tokenize__(), chunks, key, device)).encode("utf8", "surrogateescape")

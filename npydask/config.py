@@ -7,6 +7,9 @@ setting                environment variable         default    meaning
 ``gap_bytes``          ``NPYDASK_GAP_BYTES``        4096       runs closer than this are read as one span
 ``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``   64 MiB     largest span read to cut runs from
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
+``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``    64 KiB     GPU reads: runs closer than this are one read
+``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   4 MiB      GPU reads: largest single kvikio ``pread``
+``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``    4096       GPU reads: offsets and sizes aligned for GDS
 =====================  ===========================  =========  ==============================================
 
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
@@ -63,6 +66,9 @@ _SETTINGS: dict[str, _Setting] = {
     "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _parse_size),
     "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
+    "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
+    "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 4 * 1024 * 1024, _parse_size),
+    "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
 }
 
 _overrides: dict[str, Any] = {}

@@ -450,5 +450,9 @@ def open_dataset(
                 if shared_roi:
                     rois[memo_key] = roi
         views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed), roi))
+    if device == "gpu" and views:
+        from npydask.gpu import check_gpu_dtype
+
+        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
     return NpyDataset(views, device=device)
 

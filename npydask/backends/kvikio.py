@@ -1,0 +1,277 @@
+"""The device reader: runs :class:`~npydask.gpu_plan.GpuReadPlan` s into CuPy arrays.
+
+Two ways to get the bytes onto the device, picked per call:
+
+``kvikio`` (installed with ``pip install 'npydask[gpu]'``)
+    ``kvikio.CuFile(path, "r").pread(buf, size, file_offset)`` futures straight
+    into an aligned device staging buffer, all issued before any is waited on
+    (kvikio runs them on its thread pool: ``KVIKIO_NTHREADS``, default 1).
+    With GPUDirect Storage the bytes go from the disk to the GPU by DMA;
+    without it (no ``libcufile``, an unsupported file system, a container
+    without ``/run/udev``) kvikio's *compatibility mode* reads with POSIX
+    ``pread`` through its own pinned bounce buffers. kvikio decides that
+    itself; ``KVIKIO_COMPAT_MODE=ON`` forces POSIX reads and
+    ``kvikio.defaults.get("compat_mode")`` (``kvikio.defaults.compat_mode()``
+    before kvikio 25.04) tells which is on; :func:`describe` reports it.
+    Reads under ``KVIKIO_GDS_THRESHOLD`` (1 MiB) use POSIX even with GDS.
+
+pinned host memory (CuPy without kvikio)
+    ``os.preadv`` into page-locked host memory
+    (``cupy.cuda.alloc_pinned_memory``), one host-to-device copy, then the
+    same device steps.
+
+Either way the file's identity (size, mtime, inode) is checked before reading:
+through the shared handle cache (:func:`~npydask.backends._files.acquire`) on
+the host path; on the path and then on kvikio's own descriptor with kvikio. A
+file replaced after the graph was built fails with
+:class:`~npydask.errors.FileChangedError` instead of returning other data.
+kvikio's C++ errors (bare ``RuntimeError`` s, such as a missing
+``libcuda.so.1``) come out as :class:`~npydask.errors.GpuUnavailableError`
+naming the file and the fix.
+
+Files are read in windows of :data:`FILES_IN_FLIGHT`: one staging buffer and
+every read of the window issued at once, then one wait, then the device steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from npydask.backends._files import FileIdentity, _changed, acquire, pread_exact
+from npydask.errors import GpuUnavailableError
+from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
+from npydask.gpu_plan import GpuReadPlan
+
+if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
+    from npydask.reader import FileRef
+
+__all__ = ["FILES_IN_FLIGHT", "DeviceRead", "describe", "read_to_device"]
+
+FILES_IN_FLIGHT = 64
+"""Files whose reads are in flight together (kvikio holds two descriptors per open file)."""
+
+_AUTO: Any = object()
+
+_DRIVER_WORDS = ("libcuda", "cuInit", "CUDA driver", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_INITIALIZED",
+                 "no CUDA-capable")  # fmt: skip
+"""Words in a kvikio error that mean the driver or device is missing, not GDS."""
+
+
+class DeviceRead(NamedTuple):
+    """One file's part of a task: where, how, and optionally into which C-contiguous ``out``."""
+
+    ref: FileRef
+    plan: GpuReadPlan
+    out: Any = None
+
+
+def _import_kvikio(path: str) -> Any:
+    """kvikio, or ``None`` where it is not installed."""
+    try:
+        import kvikio
+    except ImportError:
+        return None
+    except RuntimeError as e:  # its C++ library failing to load
+        raise unavailable(path, e, "load") from e
+    return kvikio
+
+
+def unavailable(path: str, error: BaseException, what: str) -> GpuUnavailableError:
+    """A kvikio failure as a :class:`GpuUnavailableError` naming the file, the cause and the fix."""
+    text = str(error)
+    if any(word in text for word in _DRIVER_WORDS):
+        fix = "run on a machine with an NVIDIA driver (libcuda.so.1) and a CUDA device, or use device='cpu'"
+    else:
+        fix = (
+            "set KVIKIO_COMPAT_MODE=ON to read with POSIX I/O instead of GPUDirect Storage, "
+            "uninstall kvikio to read through pinned host memory, or use device='cpu'"
+        )
+    return GpuUnavailableError(f"{path}: kvikio could not {what} ({type(error).__name__}: {text}); {fix}")
+
+
+def describe() -> str:
+    """How this process would read onto the device, in words (for logs and examples).
+
+    Examples
+    --------
+    >>> describe().split(":")[0] in ("kvikio", "pinned host memory")
+    True
+    """
+    kvikio = _import_kvikio("<describe>")
+    if kvikio is None:
+        return "pinned host memory: kvikio is not installed (os.preadv, then one host-to-device copy)"
+    defaults = kvikio.defaults
+    mode = defaults.get("compat_mode") if hasattr(defaults, "get") else defaults.compat_mode()
+    version = getattr(kvikio, "__version__", "?")
+    return f"kvikio: version {version}, compat_mode={mode} (ON: POSIX reads; OFF: GPUDirect Storage)"
+
+
+def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> list[Any]:
+    """Run every job's plan; return one array per job (its ``out`` when given).
+
+    Parameters
+    ----------
+    jobs : sequence of DeviceRead
+        The files and their plans.
+    xp : module
+        ``cupy`` (or ``numpy``, which the CPU tests use to run this same code).
+    kvikio : module or None, optional
+        The kvikio module to read with; by default imported when ``xp`` is not
+        numpy, and ``None`` (reads through host memory) where not installed.
+
+    Raises
+    ------
+    FileChangedError
+        A file's size, mtime or inode differs from when the graph was built.
+    GpuUnavailableError
+        kvikio failed (no driver, GDS refused): the message names the file and the fix.
+    """
+    results: list[Any] = [None] * len(jobs)
+    todo = []
+    for k, job in enumerate(jobs):
+        if job.plan.cut is None:  # no byte of the file needed: as the CPU reader, no file access
+            results[k] = finish(job.plan, None, xp, job.out)
+        else:
+            todo.append(k)
+    if not todo:
+        return results
+    if kvikio is _AUTO:
+        kvikio = None if xp is np else _import_kvikio(jobs[todo[0]].ref.path)
+    for first in range(0, len(todo), FILES_IN_FLIGHT):
+        window = [jobs[k] for k in todo[first : first + FILES_IN_FLIGHT]]
+        if kvikio is not None:
+            done = _read_window_kvikio(window, xp, kvikio)
+        else:
+            done = _read_window_host(window, xp)
+        for k, block in zip(todo[first : first + FILES_IN_FLIGHT], done):
+            results[k] = block
+    return results
+
+
+def _layout(window: Sequence[DeviceRead]) -> tuple[list[int], int, int]:
+    """Each job's staging offset in one shared buffer (aligned), the total, and the alignment."""
+    alignment = math.lcm(*(job.plan.alignment for job in window))
+    offsets, total = [], 0
+    for job in window:
+        offsets.append(total)
+        total += -(-job.plan.staging_nbytes // alignment) * alignment
+    return offsets, total, alignment
+
+
+def _finish_all(window: Sequence[DeviceRead], staging: Any, offsets: list[int], xp: Any) -> list[Any]:
+    return [
+        finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out) for job, at in zip(window, offsets)
+    ]
+
+
+def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
+    """``os.preadv`` into (pinned) host memory, one copy to the device, then the device steps."""
+    offsets, total, alignment = _layout(window)
+    on_device = xp is not np
+    if on_device:
+        pinned = xp.cuda.alloc_pinned_memory(total + alignment)
+        host = np.frombuffer(pinned, np.uint8, total + alignment)
+        shift = -host.ctypes.data % alignment
+        host = host[shift : shift + total]
+    else:
+        host = aligned_empty(np, total, alignment)
+    for job, at in zip(window, offsets):
+        f = acquire(job.ref.path, job.ref.identity, key=job.ref.key)
+        fd, path = f.fd, f.path
+
+        def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
+            pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
+            return size
+
+        wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), path)
+    if not on_device:
+        return _finish_all(window, host, offsets, xp)
+    staging = aligned_empty(xp, total, alignment)
+    staging.set(host)
+    xp.cuda.get_current_stream().synchronize()  # the pinned buffer is reused once released
+    return _finish_all(window, staging, offsets, xp)
+
+
+class _KvikioRead:
+    """A kvikio ``IOFuture`` whose C++ errors come out as :class:`GpuUnavailableError`."""
+
+    __slots__ = ("future", "offset", "path", "size")
+
+    def __init__(self, future: Any, path: str, offset: int, size: int) -> None:
+        self.future, self.path, self.offset, self.size = future, path, offset, size
+
+    def get(self) -> int:
+        try:
+            return int(self.future.get())
+        except RuntimeError as e:
+            raise unavailable(self.path, e, f"read bytes {self.offset}..{self.offset + self.size}") from e
+
+
+def _open_checked(kvikio: Any, ref: FileRef) -> Any:
+    """A ``kvikio.CuFile`` for ``ref``, after checking the file is still the one the graph was built for.
+
+    The path is checked with ``stat`` first (a missing file is the builtin
+    ``FileNotFoundError``, as on the host path), then kvikio's own descriptor
+    with ``fstat``. No host descriptor is opened or cached.
+    """
+    found = FileIdentity.of(os.stat(ref.path))
+    if found != ref.identity:
+        raise _changed(ref.path, ref.identity, found)
+    try:
+        handle = kvikio.CuFile(ref.path, "r")
+    except RuntimeError as e:
+        raise unavailable(ref.path, e, "open the file") from e
+    try:
+        found = FileIdentity.of(os.fstat(handle.fileno()))
+        if found != ref.identity:  # replaced between the check and the open
+            raise _changed(ref.path, ref.identity, found)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
+    """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps."""
+    offsets, total, alignment = _layout(window)
+    if xp is not np:
+        # Staging memory may come back from the pool while kernels queued on this stream still
+        # read it; kvikio writes outside the stream order, so let those finish first.
+        xp.cuda.get_current_stream().synchronize()
+    staging = aligned_empty(xp, total, alignment)
+    handles: list[Any] = []
+    issued: list[tuple[Pending, str]] = []
+    try:
+        try:
+            for job, at in zip(window, offsets):
+                handle = _open_checked(kvikio, job.ref)
+                handles.append(handle)
+                path = job.ref.path
+
+                def read_span(offset: int, size: int, dest: Any, handle: Any = handle, path: str = path) -> _KvikioRead:
+                    try:
+                        return _KvikioRead(handle.pread(dest, size, offset), path, offset, size)
+                    except RuntimeError as e:
+                        raise unavailable(path, e, f"start reading bytes {offset}..{offset + size}") from e
+
+                issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
+        except BaseException:
+            for pending, _ in issued:
+                drain(pending)
+            raise
+        for k, (pending, path) in enumerate(issued):
+            try:
+                wait_reads(pending, path)
+            except BaseException:
+                for rest, _ in issued[k + 1 :]:
+                    drain(rest)
+                raise
+    finally:
+        for handle in handles:
+            handle.close()
+    return _finish_all(window, staging, offsets, xp)

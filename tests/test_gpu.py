@@ -1,0 +1,542 @@
+"""device="gpu": refusals at call time, the device path with numpy standing in for CuPy, and GPU runs.
+
+Three layers:
+
+- always: what a machine without CuPy or a device gets (``ImportError`` with
+  the install hint, ``GpuUnavailableError``, ``TypeError`` for dtypes CuPy
+  cannot hold), before any graph exists;
+- always: the whole device path (``DeviceArray``, plans, the reader, ROIs,
+  groups, kvikio error handling through a fake kvikio) with numpy as ``xp``;
+- ``@pytest.mark.gpu``: the same on CuPy with kvikio, its compatibility mode,
+  and the pinned-host fallback; skipped without a usable CUDA device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from dask.core import flatten
+from dask.local import get_sync
+
+import npydask
+from npydask import gpu
+from npydask.array import NpyFileArray
+from npydask.backends import kvikio as kvikio_backend
+from npydask.errors import FileChangedError, GpuUnavailableError
+from npydask.gpu_plan import GpuReadOptions, plan_gpu_read
+from npydask.reader import FileRef
+from npydask.region import Box
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOOD = ["<f4", ">f4", ">f8", "<f2", ">c8", ">c16", "?", "|u1", ">i2", "<u4", ">i8"]
+REFUSED = ["S3", "U2", "V4", "M8[s]", "m8[ms]", "g", "G", [("a", "<f4"), ("b", "<i4")], [("a", ">i8", (2,))]]
+
+
+def random_array(shape, dtype, seed=0):
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    if dtype.kind == "b":
+        raw = raw % 2
+    return np.frombuffer(raw.tobytes(), dtype=dtype).reshape(shape)
+
+
+def same(got, expected):
+    got = np.asarray(got)
+    expected = np.asarray(expected)
+    assert got.dtype.str == expected.dtype.newbyteorder("=").str, (got.dtype, expected.dtype)
+    assert got.shape == expected.shape
+    assert got.tobytes() == expected.astype(got.dtype).tobytes()
+
+
+def chunks(x):
+    """Every chunk of ``x`` as its task returns it (both dask array engines; no ``.blocks`` in dask-expr)."""
+    graph = dict(x.__dask_graph__())
+    return get_sync(graph, list(flatten(x.__dask_keys__())))
+
+
+# --------------------------------------------------------------------------
+# Refused at call time, before any graph exists.
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
+
+
+def test_without_cupy_every_entry_point_says_how_to_install(save, no_cupy, tmp_path):
+    p = save(np.zeros(3))
+    for call in (lambda: npydask.from_npy(p, device="gpu"), lambda: npydask.open_dataset(tmp_path, device="gpu")):
+        with pytest.raises(ImportError, match=r"pip install 'npydask\[gpu\]'"):
+            call()
+
+
+def _fake_cupy(monkeypatch, is_available):
+    fake = types.ModuleType("cupy")  # no __spec__: find_spec raises ValueError for it
+    fake.cuda = types.SimpleNamespace(is_available=is_available)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+def test_cupy_without_a_device_is_a_runtime_error_with_the_hint(save, monkeypatch):
+    _fake_cupy(monkeypatch, lambda: False)
+    with pytest.raises(GpuUnavailableError, match=r"no usable CUDA device.*npydask\[gpu\]"):
+        npydask.from_npy(save(np.zeros(3)), device="gpu")
+    assert issubclass(GpuUnavailableError, RuntimeError)
+
+
+def test_a_broken_driver_is_a_runtime_error_too(save, monkeypatch):
+    def boom():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    _fake_cupy(monkeypatch, boom)
+    with pytest.raises(GpuUnavailableError, match="libcuda.so.1"):
+        npydask.from_npy(save(np.zeros(3)), device="gpu")
+
+
+@pytest.fixture
+def numpy_device(monkeypatch):
+    """numpy standing in for CuPy: the whole device path runs on the host."""
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+
+
+@pytest.mark.parametrize("dtype", REFUSED, ids=str)
+def test_dtypes_cupy_cannot_hold_are_refused_at_call_time(save, numpy_device, dtype):
+    p = save(np.zeros(4, dtype))
+    with pytest.raises(TypeError, match=r"a\d\.npy: dtype .* cannot be held by CuPy.*device=\"cpu\""):
+        npydask.from_npy(p, device="gpu")
+    with pytest.raises(TypeError, match="cannot be held by CuPy"):
+        npydask.open_dataset(files=[p], device="gpu")  # at open, before any array is built
+
+
+def test_check_gpu_dtype_table():
+    for d in GOOD:
+        assert gpu.check_gpu_dtype(d).str == np.dtype(d).newbyteorder("=").str
+    for d in [*REFUSED, ("<f4", (2,))]:  # (a subarray dtype: numpy saves it as a wider shape)
+        with pytest.raises(TypeError, match="use|convert|select|view|cupy.asarray"):
+            gpu.check_gpu_dtype(d)
+
+
+def test_modules_import_without_cupy_or_kvikio():
+    code = (
+        "import sys, npydask.gpu, npydask.gpu_plan, npydask.backends.kvikio\n"
+        "print(','.join(m for m in ('cupy', 'kvikio') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------
+# The device path, numpy standing in for CuPy.
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", GOOD)
+def test_from_npy_gpu_equals_numpy_load(save, numpy_device, dtype, order):
+    a = random_array((7, 9, 5), dtype, seed=3)
+    p = save(a, order=order)
+    x = npydask.from_npy(p, chunks=(3, 4, 5), device="gpu")
+    assert x.dtype == np.dtype(dtype).newbyteorder("=") and x.dtype.isnative
+    assert type(x._meta) is np.ndarray  # (cupy.ndarray on a GPU)
+    blocks = chunks(x)
+    assert len(blocks) == 9 and all(b.flags.c_contiguous and b.dtype.isnative for b in blocks)
+    same(x.compute(), a)
+    same(x[1:6:2, ::-3, 2].compute(), a[1:6:2, ::-3, 2])
+
+
+def test_names_are_deterministic_and_differ_from_cpu(save, numpy_device):
+    p = save(np.arange(20.0))
+    a, b = npydask.from_npy(p, chunks=5, device="gpu"), npydask.from_npy(p, chunks=5, device="gpu")
+    assert a.name == b.name != npydask.from_npy(p, chunks=5).name
+
+
+def test_device_array_pickles_without_data(save, numpy_device):
+    p = save(np.arange(10_000.0))
+    source = gpu.on_device(NpyFileArray(FileRef.open(p)))
+    assert isinstance(source, gpu.DeviceArray)
+    blob = pickle.dumps(source)
+    assert len(blob) < 2000
+    again = pickle.loads(blob)
+    assert again.__dask_tokenize__() == source.__dask_tokenize__()
+    same(again[10:20], np.arange(10.0, 20.0))
+
+
+def test_roi_with_padding_matches_the_host_path(tmp_path, numpy_device):
+    arrays = [random_array((6, 7), ">i2", seed=s) for s in range(3)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i == 1 else a)
+    kwargs = dict(roi_start=[-2, 3], roi_end=[5, 10], out_of_bounds_policy="pad", fill_value=-9)
+    host = npydask.open_dataset(tmp_path, **kwargs)
+    dev = npydask.open_dataset(tmp_path, device="gpu", **kwargs)
+    for i in range(3):
+        same(dev[i].compute(), host[i].compute())
+    same(dev.stack().compute(), host.stack().compute())
+    same(dev.stack().compute()[1, 0], np.full(7, -9, "<i2"))
+
+
+def test_stack_and_concatenate_of_grouped_files(tmp_path, numpy_device):
+    wide = [random_array((4, 3 + (i % 2)), "<f8", seed=i) for i in range(12)]
+    long = [random_array((3 + (i % 3), 5), ">i2", seed=i) for i in range(12)]
+    for i, (w, g) in enumerate(zip(wide, long)):
+        (tmp_path / "w").mkdir(exist_ok=True)
+        (tmp_path / "g").mkdir(exist_ok=True)
+        np.save(tmp_path / "w" / f"{i:02d}.npy", np.asfortranarray(w) if i % 4 == 0 else w)
+        np.save(tmp_path / "g" / f"{i:02d}.npy", np.asfortranarray(g) if i % 4 == 1 else g)
+    same(npydask.open_dataset(tmp_path / "w", device="gpu").concatenate(axis=1).compute(), np.concatenate(wide, 1))
+    ds = npydask.open_dataset(tmp_path / "g", device="gpu")
+    joined = ds.concatenate(axis=0)
+    assert joined.dtype.str == "<i2"
+    same(joined.compute(), np.concatenate(long))
+    same(joined[5:30:3, 1:4].compute(), np.concatenate(long)[5:30:3, 1:4])
+    same(ds[::3].stack().compute(), np.stack(long[::3]))
+    same(ds[::3].stack()[:, 1:3, ::2].compute(), np.stack(long[::3])[:, 1:3, ::2])
+
+
+def test_npz_members_stored_and_deflated(tmp_path, numpy_device):
+    a, b = random_array((5, 6), ">f4", 1), random_array((40, 3), "<c8", 2)
+    np.savez(tmp_path / "s.npz", a=a, b=b)
+    np.savez_compressed(tmp_path / "c.npz", a=a, b=b)
+    for name in ("s.npz", "c.npz"):
+        same(npydask.from_npy(tmp_path / name, key="a", device="gpu").compute(), a)
+        same(npydask.from_npy(tmp_path / name, key="b", chunks=(7, 3), device="gpu")[3:33].compute(), b[3:33])
+
+
+def test_a_file_changed_after_building_fails_the_task(save, numpy_device):
+    p = save(np.arange(100.0))
+    x = npydask.from_npy(p, device="gpu")
+    np.save(p, np.arange(101.0))
+    with pytest.raises(FileChangedError, match=os.path.basename(p)):
+        x.compute()
+
+
+def test_reader_reports_host_path_without_kvikio(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvikio", None)  # import kvikio -> ImportError
+    assert kvikio_backend.describe().startswith("pinned host memory")
+
+
+def test_device_array_indexing_roi_outside_and_groups(tmp_path, numpy_device):
+    a = random_array((6, 8), ">f4", seed=4)
+    np.save(tmp_path / "0.npy", a)
+    np.save(tmp_path / "1.npy", np.asfortranarray(a[::-1]))
+    ds = npydask.open_dataset(tmp_path)
+    view = ds._views[0]
+    dev = gpu.on_device(view)
+    assert len(dev) == 6 and dev.nbytes == a.nbytes and dev.ndim == 2 and "DeviceArray" in repr(dev)
+    same(dev[::2, 5], a[::2, 5])
+    same(dev[-1, ::-3], a[-1, ::-3])
+    same(dev[...], a)
+    assert dev[3:5, 1:7:2].flags.c_contiguous and dev[::2, 5].flags.c_contiguous
+    outside = npydask.open_dataset(tmp_path, roi_start=[7, 0], roi_end=[9, 3], out_of_bounds_policy="pad",
+                                   fill_value=4, device="gpu")  # fmt: skip
+    same(outside[0].compute(), np.full((2, 3), 4, "<f4"))
+    from npydask.stacking import FileGroup
+
+    joined = gpu.on_device(FileGroup(ds._views, 0, False))
+    both = np.concatenate([a, a[::-1]])
+    same(joined[7:11, 2:6], both[7:11, 2:6])  # touches only the second file
+    same(joined[3:9:2], both[3:9:2])
+    stacked = gpu.on_device(FileGroup(ds._views, 0, True))
+    same(stacked[1, 2:4], a[::-1][2:4])
+    with pytest.raises(TypeError, match="0-d"):
+        len(gpu.on_device(NpyFileArray(FileRef.open(_scalar(tmp_path)))))
+
+
+def _scalar(tmp_path):
+    np.save(tmp_path / "s.npy", np.array(2.5))
+    return tmp_path / "s.npy"
+
+
+class _CupyLikeArray(np.ndarray):
+    def set(self, host):
+        self[...] = host
+
+
+def _cupy_like():
+    """A module shaped like CuPy over host memory: exercises the device-only branches here."""
+    empty = lambda shape, dtype=float: np.empty(shape, dtype).view(_CupyLikeArray)  # noqa: E731
+    synced = []
+    stream = types.SimpleNamespace(synchronize=lambda: synced.append(1))
+    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream)
+    return types.SimpleNamespace(__name__="cupy", empty=empty, uint8=np.uint8, cuda=cuda, synced=synced,
+                                 asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
+
+
+def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    xp = _cupy_like()
+    a = random_array((20, 30), ">c8", seed=8)
+    paths = [save(a), save(a, order="F")]
+    for how in ({}, {"kvikio": FakeKvikio()}):  # kvikio not installed -> pinned host memory; then kvikio
+        got = kvikio_backend.read_to_device(_jobs(paths, Box((2, 3), (19, 28))), xp, **how)
+        for g in got:
+            assert isinstance(g, _CupyLikeArray)
+            same(g, a[2:19, 3:28])
+        assert xp.synced  # a stream synchronisation before staging is reused / after the pinned copy
+        xp.synced.clear()
+
+
+def test_from_npy_through_a_cupy_like_module(save, monkeypatch, tmp_path):
+    xp = _cupy_like()
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    a = random_array((9, 10), ">u2", seed=1)
+    x = npydask.from_npy(save(a, order="F"), chunks=(4, 5), device="gpu")
+    assert isinstance(x._meta, _CupyLikeArray)
+    same(x.compute(), a)
+    np.savez_compressed(tmp_path / "c.npz", a=a)
+    ds = npydask.open_dataset(files=[str(tmp_path / "c.npz")] * 3, key="a", device="gpu")
+    same(ds.stack().compute(), np.stack([a] * 3))  # deflated members: inflated on the host, copied over
+
+
+# --------------------------------------------------------------------------
+# The kvikio branch, through a fake kvikio that reads into host buffers (as kvikio can).
+
+
+class FakeFuture:
+    def __init__(self, n, error=None):
+        self.n, self.error = n, error
+
+    def get(self):
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.n
+
+
+class FakeKvikio:
+    """``kvikio.CuFile`` over ``os.pread``; records opens, closes and reads; fails on demand."""
+
+    def __init__(self, open_error=None, read_error=None, other_file=None, start_error_at=None):
+        self.open_error, self.read_error, self.other_file = open_error, read_error, other_file
+        self.start_error_at = start_error_at
+        self.opened, self.closed, self.reads = 0, 0, []
+        fake = self
+
+        class CuFile:
+            def __init__(self, path, flags="r"):
+                assert flags == "r"
+                if fake.open_error:
+                    raise RuntimeError(fake.open_error)
+                self.fd = os.open(fake.other_file or path, os.O_RDONLY)
+                fake.opened += 1
+
+            def fileno(self):
+                return self.fd
+
+            def close(self):
+                os.close(self.fd)
+                fake.closed += 1
+
+            def pread(self, buf, size, file_offset, task_size=None):
+                if len(fake.reads) == fake.start_error_at:
+                    raise RuntimeError("cuFileRead: invalid device pointer")
+                fake.reads.append((file_offset, size))
+                data = os.pread(self.fd, size, file_offset)
+                buf[: len(data)] = np.frombuffer(data, np.uint8)
+                return FakeFuture(len(data), fake.read_error)
+
+        self.CuFile = CuFile
+
+
+def _jobs(paths, box=None, options=None):
+    jobs = []
+    for p in paths:
+        ref = FileRef.open(p)
+        b = box or Box.whole(ref.header.shape)
+        jobs.append(kvikio_backend.DeviceRead(ref, plan_gpu_read(ref.header, b, file_size=ref.identity.size,
+                                                                options=options)))  # fmt: skip
+    return jobs
+
+
+def test_kvikio_branch_reads_every_file_with_aligned_futures(save):
+    arrays = [random_array((30, 50), ">f8", seed=i) for i in range(5)]
+    paths = [save(a, order="F" if i % 2 else "C") for i, a in enumerate(arrays)]
+    fake = FakeKvikio()
+    box = Box((3, 7), (29, 41))
+    got = kvikio_backend.read_to_device(_jobs(paths, box, GpuReadOptions(gap_bytes=0)), np, kvikio=fake)
+    for g, a in zip(got, arrays):
+        same(g, a[3:29, 7:41])
+    assert fake.opened == fake.closed == 5
+    assert all(off % 4096 == 0 for off, _ in fake.reads)
+
+
+def test_kvikio_driver_errors_become_gpu_unavailable_naming_file_and_fix(save):
+    p = save(np.arange(10.0))
+    fake = FakeKvikio(open_error="Unable to load libcuda.so.1")
+    with pytest.raises(GpuUnavailableError, match=r"a\d\.npy: kvikio could not open.*libcuda\.so\.1.*NVIDIA driver"):
+        kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
+
+
+def test_kvikio_read_errors_become_gpu_unavailable_and_close_the_files(save):
+    paths = [save(np.arange(1000.0)) for _ in range(3)]
+    fake = FakeKvikio(read_error="cuFile error: operation not supported")
+    with pytest.raises(GpuUnavailableError, match=r"could not read bytes 0\.\.\d+ .*KVIKIO_COMPAT_MODE=ON"):
+        kvikio_backend.read_to_device(_jobs(paths), np, kvikio=fake)
+    assert fake.opened == fake.closed == 3
+
+
+def test_kvikio_error_while_starting_reads_waits_for_the_started_ones(save):
+    paths = [save(np.arange(3000.0)) for _ in range(3)]
+    fake = FakeKvikio(start_error_at=2)
+    with pytest.raises(GpuUnavailableError, match=r"could not start reading bytes"):
+        kvikio_backend.read_to_device(_jobs(paths), np, kvikio=fake)
+    assert fake.opened == fake.closed == 3 and len(fake.reads) == 2
+
+
+@pytest.mark.parametrize("modern", [True, False])
+def test_describe_names_kvikio_and_its_compat_mode(monkeypatch, modern):
+    fake = types.ModuleType("kvikio")
+    fake.__version__ = "25.04.00"
+    if modern:
+        fake.defaults = types.SimpleNamespace(get=lambda name: {"compat_mode": "CompatMode.ON"}[name])
+    else:
+        fake.defaults = types.SimpleNamespace(compat_mode=lambda: True)
+    monkeypatch.setitem(sys.modules, "kvikio", fake)
+    text = kvikio_backend.describe()
+    assert text.startswith("kvikio: version 25.04.00") and ("CompatMode.ON" in text or "True" in text)
+
+
+def test_kvikio_opening_another_file_than_planned_is_a_changed_file(save):
+    p, other = save(np.arange(10.0)), save(np.arange(10.0))
+    fake = FakeKvikio(other_file=other)  # as if p were replaced between the check and the open
+    with pytest.raises(FileChangedError, match="ino"):
+        kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
+    assert fake.closed == fake.opened == 1
+
+
+def test_kvikio_branch_checks_the_path_before_opening(save):
+    p, q = save(np.arange(10.0)), save(np.arange(10.0))
+    jobs = _jobs([p, q])
+    np.save(p, np.arange(11.0))
+    fake = FakeKvikio()
+    with pytest.raises(FileChangedError, match="size"):
+        kvikio_backend.read_to_device(jobs, np, kvikio=fake)
+    os.remove(q)
+    with pytest.raises(FileNotFoundError):
+        kvikio_backend.read_to_device(jobs[1:], np, kvikio=fake)
+    assert fake.opened == fake.closed == 0
+
+
+def test_many_files_are_read_in_windows(save, monkeypatch):
+    monkeypatch.setattr(kvikio_backend, "FILES_IN_FLIGHT", 4)
+    arrays = [np.full((3,), i, "<i4") for i in range(10)]
+    paths = [save(a) for a in arrays]
+    fake = FakeKvikio()
+    got = kvikio_backend.read_to_device(_jobs(paths), np, kvikio=fake)
+    assert [int(g[0]) for g in got] == list(range(10)) and fake.opened == fake.closed == 10
+
+
+# --------------------------------------------------------------------------
+# The example, run as a user would.
+
+
+def test_gpu_workers_example_runs_or_skips_cleanly():
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "gpu_workers.py"), "--check"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    usable = importlib.util.find_spec("dask_cuda") is not None and _cuda_available()
+    if not usable:
+        assert out.stdout.startswith("skipped: "), out.stdout
+    else:
+        assert "mean" in out.stdout
+
+
+def _cuda_available() -> bool:
+    try:
+        gpu.require_gpu()
+    except (ImportError, RuntimeError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# On a GPU.
+
+
+@pytest.fixture
+def cupy():
+    cp = pytest.importorskip("cupy")
+    try:
+        ok = cp.cuda.is_available()
+    except Exception:
+        ok = False
+    if not ok:
+        pytest.skip("CuPy sees no usable CUDA device")
+    return cp
+
+
+def _compute_all(cp, x):
+    blocks = chunks(x)
+    assert all(isinstance(b, cp.ndarray) and b.flags.c_contiguous for b in blocks)
+    return cp.asnumpy(x.compute())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", GOOD)
+def test_gpu_chunks_are_cupy_and_equal_numpy(cupy, save, dtype, order):
+    a = random_array((33, 17, 9), dtype, seed=5)
+    x = npydask.from_npy(save(a, order=order), chunks=(10, 8, 9), device="gpu")
+    assert isinstance(x._meta, cupy.ndarray) and x.dtype.isnative
+    same(_compute_all(cupy, x), a)
+    same(cupy.asnumpy(x[3:30:4, ::-2, 4].compute()), a[3:30:4, ::-2, 4])
+
+
+@pytest.mark.gpu
+def test_gpu_big_endian_and_complex_come_back_native(cupy, save):
+    f = np.linspace(-5, 5, 6000, dtype=">f4").reshape(60, 100)
+    c = (np.arange(500) - 1j * np.arange(500)).astype(">c16")
+    xf = npydask.from_npy(save(f), device="gpu")
+    assert xf.dtype.str == "<f4"
+    same(cupy.asnumpy(xf.compute()), f)
+    same(cupy.asnumpy(npydask.from_npy(save(c), chunks=77, device="gpu").compute()), c)
+
+
+@pytest.mark.gpu
+def test_gpu_roi_pad_and_stack(cupy, tmp_path):
+    arrays = [random_array((40, 50, 30), "<f4", seed=i) for i in range(4)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i % 2 else a)
+    kwargs = dict(roi_start=[-3, 10, 5], roi_shape=[20, 30, 40], out_of_bounds_policy="pad", fill_value=1.5)
+    host = npydask.open_dataset(tmp_path, **kwargs)
+    dev = npydask.open_dataset(tmp_path, device="gpu", **kwargs)
+    same(_compute_all(cupy, dev[1]), host[1].compute())
+    same(_compute_all(cupy, dev.stack()), host.stack().compute())
+    plain = npydask.open_dataset(tmp_path, device="gpu")
+    same(_compute_all(cupy, plain.stack()), np.stack(arrays))
+
+
+@pytest.mark.gpu
+def test_gpu_kvikio_compat_mode(cupy, save):
+    kvikio = pytest.importorskip("kvikio")
+    a = random_array((300, 400), ">i4", seed=9)
+    p = save(a, order="F")
+    defaults = kvikio.defaults
+    if hasattr(defaults, "set"):
+        mode = defaults.set("compat_mode", kvikio.CompatMode.ON)
+    else:
+        mode = defaults.set_compat_mode(True)
+    with mode:
+        x = npydask.from_npy(p, chunks=(100, 150), device="gpu")
+        same(_compute_all(cupy, x), a)
+        same(cupy.asnumpy(x[17:250, 33:301].compute()), a[17:250, 33:301])
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_host_fallback_without_kvikio(cupy, save, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvikio", None)  # import kvikio -> ImportError
+    assert kvikio_backend.describe().startswith("pinned host memory")
+    a = random_array((64, 64, 64), ">f8", seed=2)
+    x = npydask.from_npy(save(a), chunks=(16, 64, 64), device="gpu")
+    same(_compute_all(cupy, x), a)
+    same(cupy.asnumpy(x[5:60, 7:50, 9:40].compute()), a[5:60, 7:50, 9:40])
