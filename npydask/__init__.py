@@ -23,6 +23,7 @@ from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning
 from npydask.header import NpyHeader, parse_header
 from npydask.loader import Loader
 from npydask.reader import read_header, read_region
+from npydask.writer import to_npy, to_npy_files
 from npydask.zarr_writer import to_zarr
 
 __version__ = "0.1.0"
@@ -43,5 +44,7 @@ __all__ = [
     "parse_header",
     "read_header",
     "read_region",
+    "to_npy",
+    "to_npy_files",
     "to_zarr",
 ]

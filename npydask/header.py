@@ -44,6 +44,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "NpyHeader",
     "VERSIONS",
+    "format_header",
     "header_end",
     "parse_header",
     "parse_preamble",
@@ -485,9 +486,11 @@ def format_header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool, 
             f"align must be a positive multiple of 64 (the NPY format puts the payload at a multiple "
             f"of 64 bytes), found {align!r}"
         )
+    import operator
+
     from numpy.lib.format import dtype_to_descr
 
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(operator.index(d) for d in shape)  # numpy ints too; repr must print plain ints
     fortran_order = bool(fortran_order)
     fields = {"descr": dtype_to_descr(np.dtype(dtype)), "fortran_order": fortran_order, "shape": shape}
     text = "{" + "".join(f"{key!r}: {value!r}, " for key, value in sorted(fields.items())) + "}"

@@ -167,3 +167,20 @@ def test_help_and_version():
         assert sub.returncode == 0 and "examples:" in sub.stdout
     out = run("--version")
     assert out.returncode == 0 and out.stdout.startswith("npydask ")
+
+
+@pytest.mark.timeout(300)
+def test_bench_runs_the_scripts_and_merges_their_json(tmp_path):
+    out_json = tmp_path / "bench.json"
+    out = run("bench", "--size", "tiny", "--only", "header", "--repeat", "1", "--json", str(out_json), timeout=280)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "## bench_header.py" in out.stdout and "goal" in out.stdout  # the script's tables on stdout
+    assert "== bench_header.py" in out.stderr and f"wrote {out_json}" in out.stderr  # progress on stderr
+    data = json.loads(out_json.read_text())
+    assert data["size"] == "tiny" and data["scripts"]["bench_header.py"]["exit_status"] == 0
+    assert data["scripts"]["bench_header.py"]["results"]
+
+
+def test_bench_refuses_bad_options():
+    out = run("bench", "--only", "nothing-matches")
+    assert out.returncode == 2 and "matches none" in one_line(out)

@@ -1,0 +1,638 @@
+"""The write path: ``format_header``, ``to_npy`` and ``to_npy_files``; numpy is the oracle.
+
+Every written file is read back with ``numpy.load`` and compared with what
+``numpy.save`` writes for the same (C-ordered) array: byte for byte where the
+dtype has no padding, value for value otherwise. The distributed tests share
+one module-scoped ``LocalCluster`` of two worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask.callbacks import Callback
+from dask.delayed import Delayed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npydask
+from npydask.header import format_header, parse_header
+from npydask.testing.strategies import arrays, assert_same_array, dtypes, shapes
+from npydask.writer import check_names, to_npy, to_npy_files
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_write.py"
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _has_padding(dtype: np.dtype) -> bool:
+    if dtype.names is None:
+        return dtype.subdtype is not None and _has_padding(dtype.subdtype[0])
+    used = sum(dtype.fields[n][0].itemsize for n in dtype.names)
+    return used != dtype.itemsize or any(_has_padding(dtype.fields[n][0]) for n in dtype.names)
+
+
+def assert_like_numpy(path: str | os.PathLike[str], expected: np.ndarray) -> None:
+    """``path`` loads as ``expected``; without padding bytes it is exactly ``numpy.save``'s file."""
+    got = np.load(path, allow_pickle=False)
+    expected = np.asarray(expected, order="C")  # np.ascontiguousarray would make a 0-d array 1-d
+    assert_same_array(got, expected)
+    if not _has_padding(expected.dtype):
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Stored array in format 3.0"
+            np.save(buf, expected)
+        assert Path(path).read_bytes() == buf.getvalue()
+
+
+def npy_files(folder: str | os.PathLike[str]) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(os.fspath(folder)), "**", "*.npy"), recursive=True))
+
+
+class CountTasks(Callback):
+    """Counts the tasks the local schedulers run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def _pretask(self, key, dsk, state) -> None:
+        self.n += 1
+
+
+def numpy_header(dtype: np.dtype, shape: tuple[int, ...], fortran: bool) -> bytes:
+    """The header numpy writes, version picked by numpy (its private ``_write_array_header``)."""
+    try:
+        from numpy.lib._format_impl import _write_array_header
+    except ImportError:  # numpy < 2
+        from numpy.lib.format import _write_array_header
+    buf = io.BytesIO()
+    fields = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran, "shape": tuple(shape)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Stored array in format 2.0/3.0"
+        _write_array_header(buf, fields)
+    return buf.getvalue()
+
+
+def _tasks_in(collection) -> int:
+    """Entries in a collection's graph: its tasks (these graphs hold no data nodes or aliases)."""
+    return len(dict(collection.__dask_graph__()))
+
+
+# --------------------------------------------------------------------------
+# format_header: numpy's bytes, parse_header round trips
+
+HEADER_CASES = [
+    (np.dtype("<f4"), (3, 4), False),
+    (np.dtype(">i8"), (), False),
+    (np.dtype("|b1"), (0,), False),
+    (np.dtype("<c16"), (2, 3, 4), True),
+    (np.dtype("<M8[ns]"), (12_345_678_901,), False),
+    (np.dtype("S7"), (5, 0, 2), True),
+    (np.dtype("<U3"), (1,), False),
+    (np.dtype("V5"), (4, 4), False),
+    (np.dtype([("a", "<f4"), ("b", ">i2", (2, 3)), ("c", [("d", "u1")])]), (6,), False),
+    (np.dtype({"names": ["x", "y"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24}), (2,), False),
+    (np.dtype([("caf\u00e9", "<f4")]), (3,), False),  # latin-1: still format 1.0
+    (np.dtype([("\u540d\u524d", "<f4"), ("x", "<i4")]), (3,), False),  # needs utf-8: format 3.0
+    (np.dtype([(f"field{i}", "<f4") for i in range(4000)]), (2,), False),  # over 64 KiB: format 2.0
+]
+
+
+@pytest.mark.parametrize(("dtype", "shape", "fortran"), HEADER_CASES)
+def test_format_header_is_numpys(dtype, shape, fortran):
+    got = format_header(dtype, shape, fortran)
+    assert got == numpy_header(dtype, shape, fortran)
+    h = parse_header(got)
+    assert (h.dtype, h.shape, h.fortran_order, h.data_offset) == (dtype, shape, fortran, len(got))
+    assert len(got) % 64 == 0 and got.endswith(b"\n")
+
+
+def test_format_header_versions():
+    assert format_header(np.dtype("<f4"), (3,), False)[6:8] == b"\x01\x00"
+    assert format_header(HEADER_CASES[-2][0], (3,), False)[6:8] == b"\x03\x00"
+    assert format_header(HEADER_CASES[-1][0], (3,), False)[6:8] == b"\x02\x00"
+    numpy_ints = (np.int64(3), np.int32(4))  # repr would spell them np.int64(3)
+    assert format_header(np.dtype("<f4"), numpy_ints, False) == format_header(np.dtype("<f4"), (3, 4), False)
+
+
+@pytest.mark.parametrize("align", [64, 128, 4096, 1 << 16])
+def test_format_header_align(align):
+    dtype = np.dtype([(f"f{i}", "<f8") for i in range(20)])
+    got = format_header(dtype, (7, 9), False, align=align)
+    assert len(got) % align == 0 and got.endswith(b" \n")
+    h = parse_header(got)
+    assert (h.dtype, h.shape, h.data_offset) == (dtype, (7, 9), len(got))
+
+
+@pytest.mark.parametrize("align", [0, -64, 32, 100, 64.0, True, "64"])
+def test_format_header_refuses_bad_align(align):
+    with pytest.raises(ValueError, match="multiple of 64"):
+        format_header(np.dtype("<f4"), (3,), False, align=align)
+
+
+@settings(max_examples=30)
+@given(dtype=dtypes(), shape=shapes(max_dims=5), fortran=st.booleans())
+def test_format_header_matches_numpy_for_any_dtype(dtype, shape, fortran):
+    got = format_header(dtype, shape, fortran)
+    assert got == numpy_header(dtype, shape, fortran)
+    h = parse_header(got)
+    assert (h.dtype, h.shape, h.fortran_order) == (dtype, tuple(shape), fortran)
+
+
+# --------------------------------------------------------------------------
+# to_npy: round trips
+
+RNG = np.random.default_rng(7)
+
+
+def _filled(shape, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    return np.frombuffer(RNG.integers(0, 256, n, dtype=np.uint8).tobytes(), dtype).reshape(shape).copy()
+
+
+DTYPES = [
+    "?", "i1", "<u2", ">i4", "<i8", ">u8", "<f2", "<f4", ">f8", "g", "<c8", ">c16", "G",
+    "<M8[ns]", ">m8[D]", "S5", "<U3", ">U2", "V3",
+    [("a", "<f4"), ("b", ">i2", (2,)), ("c", [("d", "u1"), ("e", "S2")])],
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtypes_round_trip(tmp_path, dtype):
+    a = _filled((9, 7), dtype)
+    p = tmp_path / "a.npy"
+    to_npy(da.from_array(a, chunks=(4, 3)), p)
+    assert_like_numpy(p, a)
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks"),
+    [
+        ((), ()),
+        ((0,), (5,)),
+        ((0, 3), (2, 2)),
+        ((6, 0), (2, 1)),
+        ((17,), (5,)),
+        ((13, 11), (4, 3)),  # chunks never span whole rows
+        ((13, 11), (13, 2)),  # column slabs: one run per row
+        ((13, 11), (5, 11)),  # whole rows: one run per chunk
+        ((6, 5, 4), (2, 5, 3)),
+        ((4, 3, 5, 2), (3, 1, 2, 2)),
+        ((3, 1, 1, 7), (1, 1, 1, 3)),
+    ],
+)
+def test_shapes_and_chunkings(tmp_path, shape, chunks):
+    a = _filled(shape, ">f8")
+    x = da.from_array(a, chunks=chunks)
+    to_npy(x, tmp_path / "a.npy")
+    assert_like_numpy(tmp_path / "a.npy", a)
+
+
+def test_fortran_ordered_input(tmp_path):
+    a = np.asfortranarray(_filled((12, 10, 3), "<i4"))
+    to_npy(da.from_array(a, chunks=(5, 4, 2)), tmp_path / "f.npy")
+    assert_like_numpy(tmp_path / "f.npy", a)
+    assert not npydask.read_header(tmp_path / "f.npy").fortran_order
+    to_npy(a, tmp_path / "g.npy")  # a numpy array: one task
+    assert_like_numpy(tmp_path / "g.npy", a)
+
+
+def test_from_npy_fortran_big_endian_file(tmp_path, save):
+    a = _filled((20, 9), ">c8")
+    src = save(a, order="F")
+    x = npydask.from_npy(src, chunks=(6, 4))
+    to_npy(x, tmp_path / "out.npy")
+    assert_like_numpy(tmp_path / "out.npy", a)
+
+
+def test_numpy_scalars_and_lists(tmp_path):
+    to_npy(np.float64(2.5), tmp_path / "s.npy")
+    assert_like_numpy(tmp_path / "s.npy", np.array(2.5))
+    to_npy([[1, 2], [3, 4]], tmp_path / "l.npy")
+    assert_like_numpy(tmp_path / "l.npy", np.array([[1, 2], [3, 4]]))
+
+
+def test_computed_chunks_in_another_dtype_are_cast(tmp_path):
+    a = np.arange(20, dtype="<f4").reshape(4, 5)
+    x = da.from_array(a, chunks=2).map_blocks(lambda b: b.astype("<f8"), dtype="<f4")
+    to_npy(x, tmp_path / "c.npy")
+    assert_like_numpy(tmp_path / "c.npy", a)
+
+
+def test_wrong_chunk_shape_fails_naming_the_file(tmp_path):
+    x = da.from_array(np.arange(10.0), chunks=5).map_blocks(lambda b: b[:2], dtype="f8")
+    with pytest.raises(ValueError, match="bad.npy.*has shape"):
+        to_npy(x, tmp_path / "bad.npy")
+    assert npy_files(tmp_path) == []
+
+
+@settings(max_examples=25)
+@given(data=st.data())
+def test_round_trip_hypothesis(tmp_path_factory, data):
+    a = data.draw(arrays(max_nbytes=2048, max_dims=4), label="array")
+    chunks = tuple(data.draw(st.integers(1, max(n, 1)), label=f"chunk{i}") for i, n in enumerate(a.shape))
+    order = data.draw(st.sampled_from("CF"), label="order")
+    a = np.asarray(a, order=order)
+    p = tmp_path_factory.mktemp("h") / "a.npy"
+    to_npy(da.from_array(a, chunks=chunks), p)
+    assert_like_numpy(p, a)
+
+
+# --------------------------------------------------------------------------
+# align
+
+
+def test_align_4096(tmp_path):
+    a = _filled((33, 17), "<f4")
+    p = tmp_path / "al.npy"
+    to_npy(da.from_array(a, chunks=(8, 5)), p, align=4096)
+    h = npydask.read_header(p)
+    assert h.data_offset == 4096
+    assert os.path.getsize(p) == 4096 + a.nbytes
+    np.testing.assert_array_equal(np.load(p), a)
+    np.testing.assert_array_equal(np.load(p, mmap_mode="r"), a)
+    np.testing.assert_array_equal(npydask.from_npy(p, chunks=(10, 17)).compute(), a)
+
+
+@pytest.mark.parametrize("align", [0, 32, 100, -4096, True])
+def test_bad_align_is_refused_before_work(tmp_path, align):
+    with pytest.raises(ValueError, match="multiple of 64"):
+        to_npy(da.ones(3), tmp_path / "a.npy", align=align)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        to_npy_files([np.ones(3)], tmp_path / "out", align=align)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------
+# failures leave no complete file
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _fail_on_block(bad: tuple[int, ...]):
+    def f(block, block_info=None):
+        if block_info[0]["chunk-location"] == bad:
+            raise Boom("task failed on purpose")
+        return block
+
+    return f
+
+
+def _check_leftovers(folder: Path, expected_npy: list[str]) -> None:
+    assert [os.path.basename(p) for p in npy_files(folder)] == expected_npy
+    for name in os.listdir(folder):
+        if name not in expected_npy:
+            assert name.startswith(".") and name.endswith(".npydask-tmp"), name
+            path = folder / name
+            with pytest.raises(ValueError):
+                np.load(path, allow_pickle=False)
+            head = path.read_bytes()[:128]
+            assert head == b"\0" * len(head)
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0", silence_logs=50
+    ) as cluster, distributed.Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+@pytest.fixture(params=["threads", "distributed"])
+def scheduler(request):
+    """Run the test body on the default threaded scheduler, or on the module's LocalCluster."""
+    if request.param == "threads":
+        return contextlib.nullcontext
+    return request.getfixturevalue("client").as_current
+
+
+def test_failed_task_leaves_existing_target_untouched(tmp_path, scheduler):
+    a = _filled((20, 12), "<i2")
+    old = tmp_path / "a.npy"
+    np.save(old, np.arange(5))
+    before = old.read_bytes()
+    x = da.from_array(a, chunks=(5, 5)).map_blocks(_fail_on_block((2, 1)), dtype=a.dtype)
+    with scheduler(), pytest.raises(Boom):
+        to_npy(x, old)
+    assert old.read_bytes() == before
+    _check_leftovers(tmp_path, ["a.npy"])
+
+
+def test_failed_task_leaves_no_file_at_a_fresh_target(tmp_path, scheduler):
+    a = _filled((20, 12), "<i2")
+    x = da.from_array(a, chunks=(5, 5)).map_blocks(_fail_on_block((3, 2)), dtype=a.dtype)
+    with scheduler(), pytest.raises(Boom):
+        to_npy(x, tmp_path / "fresh.npy")
+    assert not (tmp_path / "fresh.npy").exists()
+    _check_leftovers(tmp_path, [])
+    # a retry writes the same temporary file, then publishes the whole array
+    with scheduler():
+        to_npy(da.from_array(a, chunks=(5, 5)), tmp_path / "fresh.npy")
+    assert_like_numpy(tmp_path / "fresh.npy", a)
+
+
+@pytest.mark.parametrize("chunks", [3, 2], ids=["one-task", "chunk-tasks"])
+def test_failure_in_the_last_step_removes_the_temporary(tmp_path, chunks):
+    value = to_npy_files([da.from_array(np.arange(3), chunks=chunks)], tmp_path, compute=False)
+    os.mkdir(tmp_path / "00000.npy")  # a folder appears where the file goes: the rename fails
+    with pytest.raises(IsADirectoryError):
+        value.compute()
+    assert os.listdir(tmp_path) == ["00000.npy"] and (tmp_path / "00000.npy").is_dir()
+
+
+def test_other_files_of_a_failed_set_are_whole_or_absent(tmp_path):
+    x = da.from_array(np.arange(6.0), chunks=6).map_blocks(_fail_on_block((0,)), dtype="f8", meta=np.empty(0))
+    with dask.config.set(scheduler="sync"), pytest.raises(Boom):
+        to_npy_files([np.arange(3), x, np.arange(4)], tmp_path)
+    written = sorted(os.listdir(tmp_path))
+    assert set(written) <= {"00000.npy", "00002.npy"}
+    for name in written:
+        np.testing.assert_array_equal(np.load(tmp_path / name), np.arange(3 if name == "00000.npy" else 4))
+
+
+def test_temporary_file_is_hidden_and_target_absent_while_writing(tmp_path):
+    seen: list[list[str]] = []
+    target = tmp_path / "t.npy"
+
+    def look(block):
+        seen.append(sorted(os.listdir(tmp_path)))
+        assert not target.exists()
+        return block
+
+    x = da.from_array(np.arange(40.0).reshape(8, 5), chunks=(2, 5)).map_blocks(look, dtype="f8")
+    with dask.config.set(scheduler="sync"):
+        to_npy(x, target)
+    names = {n for listing in seen for n in listing}
+    assert len(names) == 1, names
+    (tmp,) = names
+    assert tmp.startswith(".t.npy.") and tmp.endswith(".npydask-tmp") and not tmp.endswith(".npy")
+    assert sorted(os.listdir(tmp_path)) == ["t.npy"]
+
+
+def test_overwrite_false_refuses_at_call_time(tmp_path):
+    calls: list[int] = []
+
+    def spy(block):
+        calls.append(1)
+        return block
+
+    p = tmp_path / "a.npy"
+    np.save(p, np.zeros(2))
+    before = p.read_bytes()
+    x = da.ones(4, chunks=2).map_blocks(spy, dtype="f8", meta=np.empty(0))
+    with pytest.raises(FileExistsError, match="a.npy"):
+        to_npy(x, p, overwrite=False)
+    with pytest.raises(FileExistsError, match="a.npy"):
+        to_npy(x, p, overwrite=False, compute=False)
+    with pytest.raises(FileExistsError, match="a.npy"):
+        to_npy_files([x, x], tmp_path, names=["b", "a"], overwrite=False)
+    assert calls == [] and p.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["a.npy"]
+    to_npy(x, tmp_path / "new.npy", overwrite=False)
+    np.testing.assert_array_equal(np.load(tmp_path / "new.npy"), np.ones(4))
+
+
+def test_overwrite_false_does_not_replace_a_file_that_appears_meanwhile(tmp_path):
+    p = tmp_path / "race.npy"
+    value = to_npy(da.ones((4, 4), chunks=2), p, overwrite=False, compute=False)
+    np.save(p, np.arange(3))
+    before = p.read_bytes()
+    with pytest.raises(FileExistsError, match="race.npy"):
+        value.compute()
+    assert p.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["race.npy"]
+
+
+def test_overwrite_keeps_permissions(tmp_path):
+    p = tmp_path / "perm.npy"
+    np.save(p, np.zeros(3))
+    os.chmod(p, 0o640)
+    to_npy(da.ones(3, chunks=2), p)
+    assert os.stat(p).st_mode & 0o777 == 0o640
+    np.testing.assert_array_equal(np.load(p), np.ones(3))
+
+
+# --------------------------------------------------------------------------
+# errors at call time
+
+
+def test_missing_folder_names_it(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        to_npy(da.ones(3), missing / "a.npy")
+    with pytest.raises(IsADirectoryError, match=str(tmp_path.name)):
+        to_npy(da.ones(3), tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="file"):
+        to_npy(da.ones(3), tmp_path / "file" / "a.npy")
+    with pytest.raises(NotADirectoryError, match="file"):
+        to_npy_files([np.ones(3)], tmp_path / "file")
+
+
+@pytest.mark.parametrize("value", [np.array([1, "a", None], dtype=object), np.zeros(2, [("a", "f4"), ("o", "O")])])
+def test_object_dtypes_are_refused(tmp_path, value):
+    with pytest.raises(ValueError, match="pickl"):
+        to_npy(value, tmp_path / "o.npy")
+    with pytest.raises(ValueError, match="pickl"):
+        to_npy(da.from_array(value, chunks=1), tmp_path / "o.npy")
+    with pytest.raises(ValueError, match="pickl"):
+        to_npy_files([np.ones(2), value], tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_chunk_sizes_are_refused(tmp_path):
+    x = da.from_array(np.arange(10), chunks=5)
+    x = x.map_blocks(lambda b: b[b > 4], chunks=((np.nan, np.nan),), dtype=int, meta=np.empty(0, int))
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        to_npy(x, tmp_path / "u.npy")
+
+
+def test_path_types(tmp_path):
+    with pytest.raises(TypeError, match="bytes"):
+        to_npy(da.ones(2), os.fsencode(tmp_path / "b.npy"))
+    to_npy(da.ones(2), str(tmp_path / "s.npy"))
+    to_npy(da.ones(2), tmp_path / "noext")  # written as given, like a file object
+    np.testing.assert_array_equal(np.load(tmp_path / "noext"), np.ones(2))
+
+
+def test_cluster_writes_file_backed_and_persisted_arrays(tmp_path, save, client):
+    a = _filled((30, 14), ">f4")
+    x = npydask.from_npy(save(a, order="F"), chunks=(7, 5))  # read and written on the workers
+    with client.as_current():
+        to_npy(x, tmp_path / "from_file.npy")
+        y = da.from_array(a, chunks=(8, 14)).persist()  # chunks already held by the workers
+        to_npy(y, tmp_path / "persisted.npy", align=4096)
+        to_npy_files([y, x[:3]], tmp_path / "set", ["p", "q/r"])
+    assert_like_numpy(tmp_path / "from_file.npy", a)
+    np.testing.assert_array_equal(np.load(tmp_path / "persisted.npy"), a)
+    assert npydask.read_header(tmp_path / "persisted.npy").data_offset == 4096
+    assert_like_numpy(tmp_path / "set" / "p.npy", a)
+    assert_like_numpy(tmp_path / "set" / "q" / "r.npy", a[:3])
+
+
+# --------------------------------------------------------------------------
+# compute=False
+
+
+def test_compute_false_is_lazy_and_composable(tmp_path, scheduler):
+    a, b = _filled((10, 6), "<u4"), _filled((7,), ">f2")
+    va = to_npy(da.from_array(a, chunks=(3, 4)), tmp_path / "a.npy", compute=False)
+    vb = to_npy(b, tmp_path / "b.npy", compute=False)
+    vc = to_npy_files([a, da.from_array(b, chunks=3)], tmp_path / "set", compute=False)
+    assert all(isinstance(v, Delayed) for v in (va, vb, vc))
+    assert os.listdir(tmp_path) == []
+    with scheduler():
+        assert dask.compute(va, vb, vc) == (None, None, None)
+    assert_like_numpy(tmp_path / "a.npy", a)
+    assert_like_numpy(tmp_path / "b.npy", b)
+    assert_like_numpy(tmp_path / "set" / "00000.npy", a)
+    assert_like_numpy(tmp_path / "set" / "00001.npy", b)
+    assert to_npy(b, tmp_path / "b.npy") is None
+
+
+def test_same_write_twice_in_one_compute_is_one_write(tmp_path):
+    x = da.from_array(np.arange(12.0), chunks=5)
+    v1 = to_npy(x, tmp_path / "a.npy", compute=False)
+    v2 = to_npy(x, tmp_path / "a.npy", compute=False)
+    assert v1.key == v2.key
+    dask.compute(v1, v2)
+    assert os.listdir(tmp_path) == ["a.npy"]
+
+
+# --------------------------------------------------------------------------
+# to_npy_files
+
+
+def test_to_npy_files_names_and_subfolders(tmp_path, scheduler):
+    arrays_ = [_filled((5, 3), "<i8"), _filled((40, 30), "<f4"), _filled((), "?"), _filled((2, 2), ">c8")]
+    dask_arrays = [arrays_[0], da.from_array(arrays_[1], chunks=(7, 11)), arrays_[2], da.from_array(arrays_[3])]
+    names = ["a", "sub/b.npy", "sub/deeper/c", Path("d.bin")]
+    with scheduler():
+        to_npy_files(dask_arrays, tmp_path / "out", names)
+    expected = ["a.npy", "sub/b.npy", "sub/deeper/c.npy", "d.bin.npy"]
+    for name, a in zip(expected, arrays_):
+        assert_like_numpy(tmp_path / "out" / name, a)
+    assert sorted(os.path.relpath(p, tmp_path / "out") for p in npy_files(tmp_path / "out")) == sorted(expected)
+    assert not [n for _, _, files in os.walk(tmp_path) for n in files if n.endswith(".npydask-tmp")]
+
+
+def test_to_npy_files_default_names(tmp_path):
+    to_npy_files([np.full(2, i) for i in range(12)], tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [f"{i:05d}.npy" for i in range(12)]
+    np.testing.assert_array_equal(np.load(tmp_path / "00011.npy"), [11, 11])
+    assert to_npy_files([], tmp_path / "empty") is None
+    assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize(
+    ("names", "match"),
+    [
+        (["../x"], "escapes"),
+        (["a/../../x"], "escapes"),
+        (["/abs/x"], "relative"),
+        ([""], "names no file"),
+        (["."], "names no file"),
+        (["sub/"], "names no file"),
+        (["a", "a.npy"], "both write"),
+        (["a/b", "./a/b.npy"], "both write"),
+        (["a.npy", "a.npy/b"], "both a file and the folder"),
+    ],
+)
+def test_to_npy_files_refuses_bad_names(tmp_path, names, match):
+    with pytest.raises(ValueError, match=match):
+        to_npy_files([np.zeros(2)] * len(names), tmp_path / "out", names)
+    with pytest.raises(ValueError, match="2 arrays"):
+        to_npy_files([np.zeros(2)] * 2, tmp_path / "out", ["a"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_names_normalises():
+    assert check_names(["x", "./y/z", "w.npy", "a//b"]) == ["x.npy", os.path.join("y", "z.npy"), "w.npy",
+                                                            os.path.join("a", "b.npy")]
+
+
+def test_to_npy_files_refuses_a_single_array(tmp_path):
+    with pytest.raises(TypeError, match="to_npy"):
+        to_npy_files(np.zeros((3, 2)), tmp_path)
+    with pytest.raises(TypeError, match="to_npy"):
+        to_npy_files(da.zeros((3, 2)), tmp_path)
+
+
+def test_to_npy_files_from_a_dataset_mirrors_its_files(tmp_path, scheduler):
+    root = tmp_path / "in"
+    (root / "s1").mkdir(parents=True)
+    (root / "s2").mkdir()
+    data = {"top.npy": _filled((4, 3), ">i4"), "s1/a.npy": _filled((6, 3), ">i4"), "s2/b.npy": _filled((2, 3), ">i4")}
+    for name, a in data.items():
+        np.save(root / name, a)
+    ds = npydask.open_dataset(root)
+    assert len(ds) == 3
+    out = tmp_path / "out"
+    with scheduler():
+        to_npy_files(ds, out)
+    for name, a in data.items():
+        assert_like_numpy(out / name, a)
+    assert sorted(os.path.relpath(p, out) for p in npy_files(out)) == sorted(data)
+    # and back over the very files it reads: every file is read before it is replaced
+    with scheduler():
+        to_npy_files(ds, root)
+    for name, a in data.items():
+        assert_like_numpy(root / name, a)
+
+
+def test_many_small_arrays_make_one_task_each(tmp_path):
+    n = 2000
+    value = to_npy_files([np.full((4, 4), i, "<f4") for i in range(n)], tmp_path / "g", compute=False)
+    assert _tasks_in(value) == n + 1  # one per file, one to join them
+    small = [np.full((3,), i, "<i2") for i in range(200)]
+    counter = CountTasks()
+    with counter:
+        to_npy_files(small, tmp_path / "run")
+    assert counter.n <= len(small) + 5
+    for i in (0, 199):
+        np.testing.assert_array_equal(np.load(tmp_path / "run" / f"{i:05d}.npy"), small[i])
+
+
+def test_single_chunk_dask_arrays_add_one_task_each(tmp_path, save):
+    paths = [save(np.full((2, 3), i, "<f8")) for i in range(30)]
+    xs = [npydask.from_npy(p) for p in paths]
+    reads = sum(_tasks_in(x) for x in xs)
+    assert reads == len(xs)
+    value = to_npy_files(xs, tmp_path / "o", compute=False)
+    assert _tasks_in(value) == reads + len(xs) + 1
+    value.compute()
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "00029.npy"), np.full((2, 3), 29.0))
+
+
+# --------------------------------------------------------------------------
+# the benchmark script stays runnable
+
+
+@pytest.mark.timeout(240)
+def test_bench_write_runs_at_tiny_size(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--size", "tiny", "--repeat", "1", "--json", str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "np.save" in done.stdout and (tmp_path / "out.json").exists()
