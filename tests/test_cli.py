@@ -161,7 +161,7 @@ def test_stats_table_on_stdout(folder):
 def test_help_and_version():
     out = run("--help")
     assert out.returncode == 0 and "examples:" in out.stdout
-    for command in ("demo", "info", "stats"):
+    for command in ("demo", "info", "stats", "convert", "bench"):
         assert command in out.stdout
         sub = run(command, "--help")
         assert sub.returncode == 0 and "examples:" in sub.stdout
@@ -184,3 +184,54 @@ def test_bench_runs_the_scripts_and_merges_their_json(tmp_path):
 def test_bench_refuses_bad_options():
     out = run("bench", "--only", "nothing-matches")
     assert out.returncode == 2 and "matches none" in one_line(out)
+
+
+@pytest.mark.timeout(240)
+def test_convert_npz_to_a_folder_of_npy(tmp_path):
+    arrays = {"x": np.arange(12.0).reshape(3, 4), "y": np.ones((2, 2), ">i4")}
+    np.savez_compressed(tmp_path / "a.npz", **arrays)
+    out = run("convert", str(tmp_path / "a.npz"), str(tmp_path / "out"), "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    for name, a in arrays.items():
+        back = np.load(tmp_path / "out" / f"{name}.npy")
+        np.testing.assert_array_equal(back, a)
+    again = run("convert", str(tmp_path / "a.npz"), str(tmp_path / "out"))
+    assert again.returncode == 2 and "--overwrite" in one_line(again)
+
+
+@pytest.mark.timeout(240)
+def test_convert_fortran_to_c_and_a_folder(tmp_path, folder):
+    src = tmp_path / "f.npy"
+    a = np.asfortranarray(np.arange(24, dtype="<f8").reshape(4, 6))
+    np.save(src, a)
+    out = run("convert", str(src), str(tmp_path / "c.npy"), "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    back = np.load(tmp_path / "c.npy")
+    np.testing.assert_array_equal(back, a)
+    assert back.flags.c_contiguous and not np.load(src).flags.c_contiguous
+    out = run("convert", str(folder), str(tmp_path / "copy"), "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "copy" / "sub" / "deep.npy"), np.load(folder / "sub" / "deep.npy"))
+    big = np.load(tmp_path / "copy" / "big.npy")
+    assert big.flags.c_contiguous and np.array_equal(big, np.load(folder / "big.npy"))
+
+
+@pytest.mark.timeout(240)
+def test_convert_to_zarr(tmp_path, folder):
+    zarr = pytest.importorskip("zarr")
+    out = run("convert", str(folder / "big.npy"), str(tmp_path / "big.zarr"), "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big.zarr"))[...], np.load(folder / "big.npy"))
+    out = run("convert", str(folder), str(tmp_path / "all.zarr"), "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    group = zarr.open_group(str(tmp_path / "all.zarr"))
+    np.testing.assert_array_equal(group["s3"][...], np.load(folder / "s3.npy"))
+    np.testing.assert_array_equal(group["sub/deep"][...], np.load(folder / "sub" / "deep.npy"))
+
+
+def test_convert_bad_input(tmp_path):
+    out = run("convert", str(tmp_path / "missing.npz"), str(tmp_path / "out"))
+    assert out.returncode == 2 and "no such file" in one_line(out)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    out = run("convert", str(tmp_path / "bad.npz"), str(tmp_path / "out"))
+    assert out.returncode == 2 and ".npz" in one_line(out)

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 import npydask
-from npydask.cli import bench, demo, info, stats
+from npydask.cli import bench, convert, demo, info, stats
 from npydask.cli._common import UsageError, say
 
 __all__ = ["build_parser", "main"]
@@ -22,6 +22,7 @@ examples:
   npydask demo                          a tour on synthetic MRI volumes (embedded cluster)
   npydask info scans/                   shape, dtype, order, version and size of every file
   npydask stats scans/ --per-file       min, max, mean, std and count on a cluster
+  npydask convert data.npz data/        every .npz member to a .npy file (also to zarr, F to C order)
   npydask bench --size small            the benchmark suite, ratio tables and a JSON file
   npydask <command> --help              the options of a command
 """
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"npydask {npydask.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (info, stats, demo, bench):
+    for module in (info, stats, convert, demo, bench):
         module.add_parser(sub)
     return parser
 
