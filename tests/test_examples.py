@@ -27,3 +27,20 @@ def test_train_loop(tmp_path):
     accuracy = float(done.stdout.split("training accuracy: ")[1].split()[0])
     assert accuracy >= 0.9
     assert len(list(tmp_path.glob("*.npy"))) == 24
+
+
+@pytest.mark.timeout(300)
+def test_mri_roi():
+    done = run("mri_roi.py")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "all results match numpy: True" in done.stdout
+    assert done.stdout.count("equal to numpy") == 7 and "RoiError" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_preprocessing(tmp_path):
+    done = run("preprocessing.py", "--size", "tiny", "--out", str(tmp_path), "--num-shards", "3")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "all outputs match numpy: True; stray temporary files: 0" in done.stdout
+    assert len(list((tmp_path / "normalised").rglob("*.npy"))) == 6
+    assert {p.parent.name for p in (tmp_path / "normalised").rglob("*.npy")} == {"site_0", "site_1"}
