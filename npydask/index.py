@@ -84,8 +84,10 @@ def load_index(index_path: str) -> dict[str, Entry]:
             raw = text.encode("latin1")
             headers.append((raw, _checked(raw, index_path)))
         entries: dict[str, Entry] = {}
+        n_headers = len(headers)
         for rel, (size, mtime_ns, ino, number) in data["files"].items():
-            if not all(type(v) is int for v in (size, mtime_ns, ino, number)) or not 0 <= number < len(headers):
+            if not (type(size) is int and type(mtime_ns) is int and type(ino) is int and type(number) is int
+                    and 0 <= number < n_headers):
                 raise ValueError(f"malformed entry for {rel!r}")
             raw, header = headers[number]
             entries[rel] = Entry(size, mtime_ns, ino, raw, header)
@@ -147,16 +149,15 @@ def scan_with_index(
     entries = load_index(index_path)
     results: list[Any] = [None] * len(paths)
     missing: list[int] = []
-    folders: dict[str, str] = {}  # relpath once per folder, not per file
-
-    def key_of(path: str) -> str:
-        folder, name = os.path.split(path)
-        rel = folders.get(folder)
-        if rel is None:
-            rel = folders[folder] = _key(folder or os.curdir, base)
-        return name if rel == os.curdir else os.path.join(rel, name)
-
-    keys = [key_of(p) for p in paths]
+    prefixes: dict[str, str] = {}  # relpath once per folder, not per file
+    keys = []
+    for path in paths:
+        folder, _, name = path.rpartition(os.sep)
+        prefix = prefixes.get(folder)
+        if prefix is None:
+            rel = _key(folder or (os.sep if path.startswith(os.sep) else os.curdir), base)
+            prefix = prefixes[folder] = "" if rel == os.curdir else rel.rstrip(os.sep) + os.sep
+        keys.append(prefix + name)
     get, stat_, isreg = entries.get, os.stat, stat.S_ISREG
     for i, path in enumerate(paths):
         try:
