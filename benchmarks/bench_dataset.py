@@ -65,6 +65,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import _peers  # noqa: E402
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -291,6 +292,10 @@ def run_all(
             check=as_array)
         del ds
     run("roi", "npydask: open_dataset alone", lambda: npydask.open_dataset(vroot, **roi_kw), volumes, roi_bytes)
+    dali = _peers.dali_reader(volumes, len(volumes), **roi_kw) if want("DALI") else None
+    if dali is not None:
+        run("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before", dali, volumes, roi_bytes,
+            note="2 threads", check=as_array)
 
     # ---- P4: many small files ------------------------------------------------------------------
     sizes = [os.path.getsize(p) for p in small]
@@ -335,7 +340,16 @@ def run_all(
             check=as_sum)
         run("many", "npydask: stack alone (opened before)", lambda: ds.stack(), small, payload)
         del ds, x
+    dali = _peers.dali_reader(small, 1024) if want("DALI") else None
+    if dali is not None:
+        run("many", "peer: DALI fn.readers.numpy (CPU) + sum, pipeline built before",
+            lambda: np.float32(sum(np.float32(a.sum()) for a in dali())), small, payload, note="2 threads",
+            check=as_sum)
     if not args.skip_slow:
+        ray_many = _peers.ray_sum(small) if want("Ray") else None
+        if ray_many is not None:
+            run("many", "peer: Ray Data read_numpy + sum", ray_many, small, payload, budget=args.slow_budget,
+                note="Ray started before", check=as_sum)
         run("many", "dask: stack of from_array(np.load(f)), sum",
             lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(), small, payload,
             note="one task per file", budget=args.slow_budget, check=as_sum)
@@ -369,6 +383,11 @@ def run_all(
         del ds
     run("set", "npydask pread: open+stack+sum",
         lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(), volumes, vbytes, check=as_sum)
+    ray_set = _peers.ray_sum(volumes) if want("Ray") and not args.skip_slow else None
+    if ray_set is not None:
+        run("set", "peer: Ray Data read_numpy + sum", ray_set, volumes, vbytes, budget=args.slow_budget,
+            note="Ray started before", check=as_sum)
+    _peers.stop()
     return results, facts
 
 
@@ -427,6 +446,14 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
          ("set", "floor: np.sum of in-memory arrays"))
     info("P1 set: npydask open+stack+sum / dask over in-memory data", ("set", "npydask: open+stack+sum"),
          ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"))
+    info("P3 roi: npydask auto open+stack+compute / DALI's CPU reader", ("roi", "npydask auto: open+stack+compute"),
+         ("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before"))
+    info("P4 many: npydask open+stack+sum / DALI's CPU reader + sum", ("many", "npydask: open+stack+sum"),
+         ("many", "peer: DALI fn.readers.numpy (CPU) + sum, pipeline built before"))
+    info("P4 many: npydask open+stack+sum / Ray Data", ("many", "npydask: open+stack+sum"),
+         ("many", "peer: Ray Data read_numpy + sum"))
+    info("P1 set: npydask open+stack+sum / Ray Data", ("set", "npydask: open+stack+sum"),
+         ("set", "peer: Ray Data read_numpy + sum"))
 
     rows = []
     for r in results:
