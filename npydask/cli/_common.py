@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from npydask.backends._batch import Scanned
+from npydask.dataset import _human as human
 from npydask.dataset import scan_headers
 from npydask.discovery import select_files
 
@@ -49,15 +50,6 @@ def parse_list(text: str | None, kind: Callable[[str], T], option: str) -> list[
         return [kind(part) for part in text.split(",") if part.strip()]
     except ValueError as e:
         raise UsageError(f"{option} {text!r}: expected comma-separated {kind.__name__} values ({e})") from e
-
-
-def human(n: float) -> str:
-    """Bytes for people: ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, right: Sequence[int] = ()) -> str:
