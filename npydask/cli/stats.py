@@ -70,8 +70,8 @@ def block_partials(block: Any) -> np.ndarray:
 
     Examples
     --------
-    >>> block_partials(np.array([[1.0, 3.0], [2.0, 2.0]])).tolist()
-    [[2.0, 1.0, 3.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 0.0]]
+    >>> block_partials(np.array([[1.0, 3.0], [2.0, 2.0]])).tolist()  # two files of two values each
+    [[[2.0, 1.0, 3.0, 2.0, 2.0]], [[2.0, 2.0, 2.0, 2.0, 0.0]]]
     """
     n = block.shape[0]
     flat = block.reshape(n, -1).astype(np.float64)
