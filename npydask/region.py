@@ -16,6 +16,7 @@ of tiny ones. Nothing here touches a file.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -154,10 +155,15 @@ class Coalesced:
 
     def offsets(self) -> list[int]:
         """The spans' file offsets in order, as plain ints (computed with numpy, no per-span Python)."""
-        offsets = np.full((), self.offset, np.int64)
-        for n, s in zip(self.outer_shape, self.outer_strides):
-            offsets = offsets[..., None] + np.arange(n, dtype=np.int64) * s
-        return offsets.reshape(-1).tolist()
+        return list(_span_offsets(self.offset, self.outer_shape, self.outer_strides))
+
+
+@functools.lru_cache(maxsize=1024)
+def _span_offsets(offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    offsets = np.full((), offset, np.int64)
+    for n, s in zip(shape, strides):
+        offsets = offsets[..., None] + np.arange(n, dtype=np.int64) * s
+    return tuple(offsets.reshape(-1).tolist())
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,9 @@ def file_strides(header: NpyHeader) -> tuple[int, ...]:
 def plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     """Plan the reads of ``box`` (logical coordinates) from a file with ``header``.
 
+    Plans are memoised on ``(header, box)``: a dataset's files share header
+    objects, and the same ROI of each plans once.
+
     Examples
     --------
     >>> import numpy as np
@@ -271,6 +280,11 @@ def plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     >>> [(r.offset, r.length) for r in p.runs()]
     [(160, 12), (184, 12)]
     """
+    return _plan_read(header, box)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     if not (len(box.start) == len(box.stop) == header.ndim) or not all(
         0 <= a <= b <= n for a, b, n in zip(box.start, box.stop, header.shape)
     ):

@@ -14,16 +14,17 @@ some network file systems) a warning is issued and the page cache is used.
 from __future__ import annotations
 
 import errno
+import functools
 import os
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from npydask.backends._files import OpenFile, pread_exact
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
-from npydask.region import ReadPlan, align_span
+from npydask.region import Coalesced, ReadPlan, align_span
 
 __all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "aligned_empty"]
 
@@ -73,7 +74,7 @@ class _Reader:
                 self.direct = None
         pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
 
-    def read_many(self, dest: memoryview, size: int, offsets: list[int]) -> None:
+    def read_many(self, dest: memoryview, size: int, offsets: Sequence[int]) -> None:
         """Read ``size`` bytes at each offset into consecutive slices of ``dest``.
 
         The page-cache path is a tight loop of ``os.preadv`` calls (a strided
@@ -123,10 +124,10 @@ class _Reader:
 
 def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
     """Fill ``raw`` (the region's bytes in file order) from the run grid of ``plan``."""
-    co = plan.coalesce(options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
+    co, offsets = _coalesced(plan, options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
     per_span = len(raw) // co.n_spans
     if len(co.inner_shape) == 1:  # every span is one run: read straight into place
-        reader.read_many(memoryview(raw), per_span, co.offsets())
+        reader.read_many(memoryview(raw), per_span, offsets)
         return
     # Spans are read back to back into one scratch buffer (up to _BATCH_BYTES at a time), then cut
     # out with a single strided copy per batch: one numpy call instead of one per span.
@@ -134,12 +135,19 @@ def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.nd
     batch = max(1, min(co.n_spans, _BATCH_BYTES // size))
     scratch = np.empty(batch * size, np.uint8)
     dest = raw.reshape((co.n_spans, *co.inner_shape))
-    offsets = co.offsets()
     for first in range(0, co.n_spans, batch):
         n = min(batch, co.n_spans - first)
         reader.read_many(memoryview(scratch), size, offsets[first : first + n])
-        grid = as_strided(scratch, (n, *co.inner_shape), (size, *co.inner_strides), writeable=False)
+        # (np.ndarray over the buffer: numpy's as_strided costs ~20 us of Python per call)
+        grid = np.ndarray((n, *co.inner_shape), np.uint8, scratch, 0, (size, *co.inner_strides))
         np.copyto(dest[first : first + n], grid)
+
+
+@functools.lru_cache(maxsize=1024)
+def _coalesced(plan: ReadPlan, max_gap: int, max_span: int) -> tuple[Coalesced, tuple[int, ...]]:
+    """The spans of ``plan`` and their offsets, memoised (a dataset's ROIs share plans)."""
+    co = plan.coalesce(max_gap, max_span)
+    return co, tuple(co.offsets())
 
 
 _BATCH_BYTES = 16 * 1024 * 1024
