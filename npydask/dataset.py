@@ -235,6 +235,7 @@ class NpyDataset:
         if limit is None:
             return self._join_explicit(chunks, axis=axis, stacked=stacked)
         shapes, sizes, fortran = layout
+        cluster_threads = _cluster_threads()
         plan = plan_groups(
             sizes,
             shapes,
@@ -243,7 +244,9 @@ class NpyDataset:
             limit=limit,
             axis=axis,
             stacked=stacked,
+            threads=cluster_threads,
             strided=any(v.roi is not None for v in views),
+            copies=cluster_threads is not None,
         )
         return join(views, plan, axis=axis, stacked=stacked, device=self._device)
 
@@ -287,6 +290,32 @@ class NpyDataset:
             inner.append(tuple(grid))
             a = k
         return join(views, GroupPlan(tuple(bounds), tuple(inner)), axis=axis, stacked=stacked, device=self._device)
+
+
+def _cluster_threads() -> int | None:
+    """The threads of the ``dask.distributed`` cluster this graph will run on, if any.
+
+    That is the default client's (the one ``compute()`` uses) when dask's
+    scheduler setting does not name another; ``None`` for local schedulers.
+    """
+    import sys
+
+    if "distributed" not in sys.modules:  # no client can exist without it
+        return None
+    from dask.base import get_scheduler
+
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ImportError, ValueError):
+        return None
+    if get_scheduler() != client.get:
+        return None
+    try:
+        return max(1, sum(client.nthreads().values()))
+    except Exception:  # a closing client: plan as for local threads
+        return None
 
 
 _Layout = tuple[list[tuple[int, ...]], list[int], list[bool]]

@@ -214,6 +214,7 @@ def plan_groups(
     stacked: bool,
     threads: int | None = None,
     strided: bool = False,
+    copies: bool = False,
 ) -> GroupPlan:
     """Group consecutive files for tasks.
 
@@ -227,7 +228,10 @@ def plan_groups(
     stacked; along ``axis`` only when concatenating, so groups still line up).
     With ``strided`` (files cut to ROIs: many small reads each, so the cost
     is per file rather than per byte), a group also holds at most
-    ``ceil(n / (2 * threads))`` files, so every thread gets work.
+    ``ceil(n / (2 * threads))`` files, so every thread gets work. With
+    ``copies`` (every chunk is a copy anyway, as on a distributed worker,
+    which never maps files), files of any size up to the target are grouped
+    too: a cluster pays milliseconds per task, so fewer, larger tasks win.
 
     Examples
     --------
@@ -244,7 +248,7 @@ def plan_groups(
     inner: list[tuple[tuple[int, ...], ...]] = []
     start, acc = 0, 0
     for i, size in enumerate(sizes):
-        if size > 0 and (size >= small or size > target):
+        if size > 0 and ((size >= small and not copies) or size > target):
             if start < i:
                 bounds.append((start, i))
                 inner.append(_whole(shapes, start, i, axis, stacked))

@@ -843,6 +843,20 @@ def test_plan_groups_two_tasks_per_thread():
     assert plan.bounds == ((0, 100),)
 
 
+def test_plan_groups_groups_files_of_any_size_when_every_chunk_is_a_copy():
+    f4 = np.dtype("f4")
+    limit = 128 << 20
+    sizes, shapes = [16 << 20] * 64, [(64, 256, 256)] * 64  # 1 GiB of 16 MiB files
+    alone = npydask.stacking.plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True, threads=2)
+    assert len(alone.bounds) == 64  # locally each is its own (zero-copy) chunk
+    grouped = npydask.stacking.plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True,
+                                           threads=2, copies=True)  # fmt: skip
+    assert grouped.bounds == tuple((8 * k, 8 * k + 8) for k in range(8))  # 128 MiB tasks, 2 per thread
+    big = npydask.stacking.plan_groups([200 << 20] * 3, [(200, 1 << 18)] * 3, f4, [False] * 3, limit=limit, axis=0,
+                                       stacked=True, threads=2, copies=True)  # fmt: skip
+    assert big.bounds == ((0, 1), (1, 2), (2, 3))  # over the target: still split alone
+
+
 @pytest.mark.parametrize("threads", [1, 3, 8])
 def test_stack_gives_two_tasks_per_thread_beyond_a_few_mib(tmp_path, threads):
     arrays = []
