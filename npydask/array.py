@@ -163,8 +163,8 @@ def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, li
     >>> auto_chunks((300, 1000), np.dtype("f8"), True, 800_000)
     (300, 250)
     """
-    if 0 in shape:
-        return tuple(shape)  # nothing to read: one empty chunk
+    if 0 in shape or dtype.itemsize == 0:
+        return tuple(shape)  # nothing to read (no elements, or elements of 0 bytes): one chunk
     file_shape = shape[::-1] if fortran_order else shape
     itemsize = max(dtype.itemsize, 1)
     inner = itemsize

@@ -22,7 +22,17 @@ naming the source, what was expected and what was found.
 
 npydask is at least as strict as ``numpy.load(path, allow_pickle=False)``;
 the one place it is more lenient is the header size, accepted up to
-:data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters).
+:data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters). It is stricter
+on purpose where numpy is lenient or loads something else than the header
+says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``):
+
+* object dtypes (they need pickle), and ``S0``/``U0`` strings;
+* a dtype with a top-level subarray shape (``('<f4', (2,))``: numpy folds
+  it into the array's shape, so the header's shape is not the array's);
+* text after the dict other than the space padding, a leading space before
+  it, duplicate keys, and Python 2 long integers (``(2L, 3L)``, which numpy
+  still strips in version 1.0 and 2.0 headers);
+* descr tuples of the wrong length or type, and anything but literals.
 """
 
 from __future__ import annotations
@@ -388,7 +398,12 @@ def _dtype_from_descr(descr: Any, source: str) -> np.dtype:
             "re-save the data with a numeric, string or structured dtype",
         )
     if dtype.shape != ():
-        raise _fail(source, "a dtype without a top-level subarray shape", repr(descr), "numpy cannot load it either")
+        raise _fail(
+            source,
+            "a dtype without a top-level subarray shape",
+            repr(descr),
+            "numpy folds such a shape into the array's, so the header's shape is not the array's",
+        )
     if dtype.itemsize == 0 and dtype.kind in "SU":
         # numpy writes '|V0' and '[]' (and reads them back) but never 'S0'/'U0',
         # which it would silently widen to one character.

@@ -22,6 +22,7 @@ import numpy as np
 from npydask import backends
 from npydask.backends._files import FileIdentity, OpenFile, acquire, scan_file
 from npydask.backends.base import same_layout
+from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
@@ -103,6 +104,17 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
     return backends.get("pread")
 
 
+def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None) -> np.ndarray:
+    """Read with the backend ``name`` resolves to; ``"auto"`` falls back to pread where mapping fails."""
+    backend = choose_backend(name, f, plan, out)
+    try:
+        return backend.read(f, plan, options, out)
+    except MapError:
+        if name != "auto":
+            raise
+        return backends.get("pread").read(f, plan, options, out)
+
+
 def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
@@ -174,7 +186,7 @@ def read_region(
     if out is not None:
         _check_out(out, box.shape, f.header.dtype, path)
     plan = plan_read(f.header, box)
-    return choose_backend(backend, f, plan, out).read(f, plan, read_options(), out)
+    return _read(backend, f, plan, read_options(), out)
 
 
 class FileRef(NamedTuple):
@@ -235,7 +247,7 @@ class FileRef(NamedTuple):
             _check_out(out, box.shape, self.header.dtype, self.path)
         f = acquire(self.path, self.identity, key=self.key)
         plan = plan_read(f.header, box)
-        return choose_backend(self.backend, f, plan, out).read(f, plan, self.options, out)
+        return _read(self.backend, f, plan, self.options, out)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -33,7 +33,11 @@ from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.region import ReadPlan
 
-__all__ = ["MmapBackend"]
+__all__ = ["MapError", "MmapBackend"]
+
+
+class MapError(OSError):
+    """The file could not be mapped (the ``auto`` backend then reads it with pread)."""
 
 class MmapBackend(Backend):
     """Map, then view (contiguous regions) or copy (everything else)."""
@@ -64,7 +68,14 @@ def _mapped(f: OpenFile, end: int) -> np.ndarray:
         with f.lock:
             if f.mapping is None:
                 payload_end = f.header.data_offset + f.header.nbytes
-                m = mmap.mmap(f.fd, payload_end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                try:
+                    m = mmap.mmap(f.fd, payload_end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                except OSError as e:  # ENOMEM under an address-space limit, a file system without mmap...
+                    raise MapError(
+                        e.errno,
+                        f"cannot map the file's {payload_end} bytes ({e.strerror}); use backend='pread'",
+                        f.path,
+                    ) from e
                 f.mapping = np.frombuffer(m, np.uint8)
             whole = f.mapping
     return whole
