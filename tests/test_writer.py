@@ -636,3 +636,35 @@ def test_bench_write_runs_at_tiny_size(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "np.save" in done.stdout and (tmp_path / "out.json").exists()
+
+
+def _die_on_block_one(block, block_info=None):
+    """Kill the worker process that runs block 1 (as an OOM killer or a lost node would)."""
+    if block_info is not None and block_info[0]["chunk-location"][0] == 1:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return block
+
+
+@pytest.mark.timeout(180)
+def test_a_write_whose_worker_dies_leaves_the_target_untouched(tmp_path):
+    """to_npy on a cluster where the worker writing one chunk is killed, every time it is retried."""
+    distributed = pytest.importorskip("distributed")
+    target = tmp_path / "out.npy"
+    np.save(target, np.arange(5))
+    before = target.read_bytes()
+    x = da.from_array(np.arange(4000, dtype="<f8").reshape(40, 100), chunks=(10, 100))
+    x = x.map_blocks(_die_on_block_one, dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        with distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster, distributed.Client(cluster) as c:
+            with pytest.raises(distributed.KilledWorker):
+                c.compute(npydask.to_npy(x, target, compute=False), sync=True)
+    assert target.read_bytes() == before  # the old file, byte for byte
+    np.testing.assert_array_equal(np.load(target), np.arange(5))
+    assert sorted(p.name for p in tmp_path.glob("*.npy")) == ["out.npy"]  # no stray file *.npy would pick up
+    for leftover in tmp_path.glob(".*npydask-tmp"):
+        with pytest.raises(ValueError):  # a leftover temporary file is not a loadable array either
+            np.load(leftover)
