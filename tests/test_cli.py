@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -45,6 +46,10 @@ def test_demo_end_to_end(tmp_path):
     assert "starting an embedded local cluster" in out.stderr
     assert len(list((tmp_path / "slices").glob("*.npy"))) == 64
     assert len(list((tmp_path / "volumes").glob("*.npy"))) == 6
+    if importlib.util.find_spec("matplotlib") is not None:  # the PNG of a few slices
+        assert (tmp_path / "slices.png").read_bytes().startswith(b"\x89PNG")
+    else:
+        assert "matplotlib is not installed" in out.stderr
 
 
 def test_info_table_and_totals(folder):
