@@ -242,11 +242,12 @@ def test_wrong_chunk_shape_fails_naming_the_file(tmp_path):
 
 
 @settings(max_examples=25)
-@given(data=st.data())
-def test_round_trip_hypothesis(tmp_path_factory, data):
-    a = data.draw(arrays(max_nbytes=2048, max_dims=4), label="array")
-    chunks = tuple(data.draw(st.integers(1, max(n, 1)), label=f"chunk{i}") for i, n in enumerate(a.shape))
-    order = data.draw(st.sampled_from("CF"), label="order")
+@given(a=arrays(max_nbytes=2048, max_dims=4), seed=st.integers(0, 2**32 - 1), order=st.sampled_from("CF"))
+def test_round_trip_hypothesis(tmp_path_factory, a, seed, order):
+    # (chunks come from a seeded generator, not from draws that depend on the drawn shape: such
+    # dependent draws once made hypothesis report a flaky strategy inside the whole suite)
+    rng = np.random.default_rng(seed)
+    chunks = tuple(int(rng.integers(1, max(n, 1) + 1)) for n in a.shape)
     a = np.asarray(a, order=order)
     p = tmp_path_factory.mktemp("h") / "a.npy"
     to_npy(da.from_array(a, chunks=chunks), p)
