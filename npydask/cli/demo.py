@@ -11,6 +11,7 @@ the exit status is 1 if one disagrees.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
@@ -110,7 +111,7 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     t = time.perf_counter()
     slice_ds = npydask.open_dataset(os.path.join(root, "slices"))
     stack = slice_ds.stack()
-    print(f"{slice_ds}\n-> {stack.shape} {stack.dtype}, {stack.npartitions} tasks, "
+    print(f"{slice_ds}\n-> {stack.shape} {stack.dtype}, {math.prod(stack.numblocks)} tasks, "
           f"opened and built in {(time.perf_counter() - t) * 1e3:.1f} ms (no payload read)")
 
     print("\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume (DALI's roi_start/roi_shape)")
