@@ -127,15 +127,10 @@ def _tour(args: argparse.Namespace, root: str) -> int:
           f"equal to numpy: {same}")
 
     print("\n== per-volume statistics on the cluster")
-    from npydask.cli.stats import block_partials, combine
+    from npydask.cli.stats import combine, partials
 
     full = npydask.open_dataset(os.path.join(root, "volumes"))
-    parts = []
-    for i in range(len(full)):
-        x = full[[i]].stack()
-        chunks = (x.chunks[0], *((1,) * len(c) for c in x.chunks[1:]), (5,))
-        parts.append(x.map_blocks(block_partials, chunks=chunks, new_axis=[x.ndim], dtype=np.float64,
-                                  meta=np.empty((0,) * (x.ndim + 1), np.float64)))
+    parts = [partials(full[[i]].stack()) for i in range(len(full))]
     with client(args.scheduler, args.workers) as c:
         t = time.perf_counter()
         results = compute(c, parts)

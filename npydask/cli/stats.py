@@ -29,7 +29,7 @@ from npydask.cli._common import (
     table,
 )
 
-__all__ = ["add_parser", "block_partials", "combine", "run"]
+__all__ = ["add_parser", "block_partials", "combine", "partials", "run"]
 
 HELP = """\
 examples:
@@ -84,6 +84,13 @@ def block_partials(block: Any) -> np.ndarray:
         rows = np.stack([np.full(n, float(count)), flat.min(axis=1), flat.max(axis=1), mean, m2], axis=1)
         rows = rows.get() if hasattr(rows, "get") else rows  # CuPy: back to the host (a few numbers)
     return np.asarray(rows).reshape((n,) + (1,) * (block.ndim - 1) + (5,))
+
+
+def partials(x: Any) -> Any:
+    """The lazy ``(n_files, blocks..., 5)`` array of :func:`block_partials` rows of stacked files ``x``."""
+    chunks = (x.chunks[0], *((1,) * len(c) for c in x.chunks[1:]), (5,))
+    meta = np.empty((0,) * (x.ndim + 1), np.float64)
+    return x.map_blocks(block_partials, chunks=chunks, new_axis=[x.ndim], dtype=np.float64, meta=meta)
 
 
 def combine(rows: np.ndarray) -> tuple[float, float, float, float, float]:
@@ -145,10 +152,7 @@ def run(args: argparse.Namespace) -> int:
         for j, shape in enumerate(ds.shapes):
             by_shape.setdefault(shape, []).append(j)
         for local in by_shape.values():
-            x = ds[local].stack()
-            chunks = (x.chunks[0], *((1,) * len(c) for c in x.chunks[1:]), (5,))
-            meta = np.empty((0,) * (x.ndim + 1), np.float64)
-            arrays.append(x.map_blocks(block_partials, chunks=chunks, new_axis=[x.ndim], dtype=np.float64, meta=meta))
+            arrays.append(partials(ds[local].stack()))
             groups.append([members[j] for j in local])
     with client(args.scheduler, args.workers) as c:
         results = compute(c, arrays)
