@@ -22,6 +22,7 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
+from npydask.backends._pool import empty
 from npydask.reader import BACKENDS, FileRef, _fspath
 from npydask.region import Box
 from npydask.roi import FileRoi, fill_like
@@ -93,7 +94,7 @@ class NpyFileArray:
         inside_hi = tuple(max(min(b, n), a) for b, n, a in zip(hi, shape, inside_lo))
         if inside_lo == lo and inside_hi == hi:
             return self.ref.read(Box(lo, hi), out)
-        out = fill_like(np.empty(box.shape, self.dtype) if out is None else out, roi)
+        out = fill_like(empty(box.shape, self.dtype) if out is None else out, roi)
         inner = Box(inside_lo, inside_hi)
         if inner.size:
             where = tuple(slice(a - s, b - s) for a, b, s in zip(inside_lo, inside_hi, lo))

@@ -10,12 +10,14 @@ setting                environment variable         default    meaning
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``    64 KiB     GPU reads: runs closer than this are one read
 ``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   4 MiB      GPU reads: largest single kvikio ``pread``
 ``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``    4096       GPU reads: offsets and sizes aligned for GDS
+``pool_bytes``         ``NPYDASK_POOL_BYTES``       256 MiB    idle chunk buffers kept for reuse (0: none)
 =====================  ===========================  =========  ==============================================
 
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
 ``max_span_bytes``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
-configuration. ``handle_cache_size`` is per process and read where it runs.
+configuration. ``handle_cache_size`` and ``pool_bytes`` are per process and
+read where they run (see :mod:`npydask.backends._pool`).
 
 Examples
 --------
@@ -69,6 +71,7 @@ _SETTINGS: dict[str, _Setting] = {
     "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
     "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 4 * 1024 * 1024, _parse_size),
     "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
+    "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * 1024 * 1024, _parse_size),
 }
 
 _overrides: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from dask.system import CPU_COUNT
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
 from npydask.backends._batch import read_files
 from npydask.backends._files import FileIdentity
+from npydask.backends._pool import empty
 from npydask.backends.base import same_layout
 from npydask.header import NpyHeader
 from npydask.reader import shared_facts
@@ -95,7 +96,7 @@ class FileGroup:
         if self.stacked:
             block = self._read_stacked(box)
             return block[post] if post else block
-        out = np.empty(box.shape, self.dtype)
+        out = empty(box.shape, self.dtype)
         axis = 0 if self.stacked else self.axis
         lo, hi = box.start[axis], box.stop[axis]
         for k, view in enumerate(self.views):
@@ -124,7 +125,7 @@ class FileGroup:
             if block.dtype.str != self.dtype.str:
                 block = block.astype(self.dtype)
             return block[np.newaxis]
-        out = np.empty(box.shape, self.dtype)
+        out = empty(box.shape, self.dtype)
         row = out.nbytes // (hi - lo) if hi > lo else 0
         flat = memoryview(out.reshape(-1).view(np.uint8))
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import npydask
+from npydask.backends._pool import pooled
 
 distributed = pytest.importorskip("distributed")
 
@@ -190,11 +191,13 @@ def write_folder(root: Path, arrays: list[np.ndarray], orders: list[str] | None 
 
 
 def ownership(block: np.ndarray) -> tuple[bool, str]:
-    """Whether ``block`` and every array it views end in an ndarray owning its memory, and what it ends in."""
+    """Whether ``block`` ends in memory of its own (an owning ndarray, or a pooled buffer), and what it ends in."""
     o: Any = block
     last = block
     while isinstance(o, np.ndarray):
         last, o = o, o.base
+    if pooled(block):
+        return True, "PooledBuffer"
     return (o is None and last.flags.owndata), type(o).__name__
 
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.backends._files import OpenFile
+from npydask.backends._pool import empty
 from npydask.config import ReadOptions
 from npydask.region import ReadPlan
 
@@ -35,10 +36,10 @@ def destination(plan: ReadPlan, dtype: np.dtype, out: np.ndarray | None) -> tupl
     same array; for a Fortran region a separate buffer is returned, to be
     transposed into the result with :func:`finish`.
     """
-    result = np.empty(plan.shape, dtype) if out is None else out
+    result = empty(plan.shape, dtype) if out is None else out
     if same_layout(plan):
         return result, result
-    return result, np.empty(plan.file_shape, dtype)
+    return result, empty(plan.file_shape, dtype)
 
 
 def same_layout(plan: ReadPlan) -> bool:
