@@ -272,7 +272,14 @@ def from_npy(
     return wrap(source, resolve_chunks(chunks, source), device=device, key=key)
 
 
-def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu", key: str | None = None) -> da.Array:
+def wrap(
+    source: Any,
+    chunks: tuple[tuple[int, ...], ...],
+    *,
+    device: str = "cpu",
+    key: str | None = None,
+    inline: bool = True,
+) -> da.Array:
     """A dask array over an npydask array-like, one small task per chunk.
 
     ``source`` (an :class:`NpyFileArray` or a group of files) is embedded in
@@ -280,7 +287,9 @@ def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu
     ``copy`` method, so dask neither copies nor hashes data; its
     ``__dask_tokenize__`` makes the name deterministic. With ``device="gpu"``
     the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
-    dtype is checked now) and the meta a ``cupy.ndarray``.
+    dtype is checked now) and the meta a ``cupy.ndarray``. With
+    ``inline=False`` the source is one key of the graph that every task
+    refers to (for a source too big to copy into each task: many files).
     """
     if device == "gpu":
         from npydask.gpu import on_device  # (imports CuPy only here)
@@ -291,6 +300,6 @@ def wrap(source: Any, chunks: tuple[tuple[int, ...], ...], *, device: str = "cpu
         meta = np.empty((0,) * len(source.shape), source.dtype)
     # The source's token is already a hash of (path, identity, header, settings); hashing its
     # repr with the chunks is ~10x cheaper than tokenize() walking the chunk tuples.
-    facts = repr((source.__dask_tokenize__(), chunks, key, device)).encode("utf8", "surrogateescape")
+    facts = repr((source.__dask_tokenize__(), chunks, key, device, inline)).encode("utf8", "surrogateescape")
     name = "npy-" + hashlib.blake2b(facts, digest_size=16).hexdigest()
-    return da.from_array(source, chunks=chunks, name=name, fancy=False, inline_array=True, meta=meta, asarray=False)
+    return da.from_array(source, chunks=chunks, name=name, fancy=False, inline_array=inline, meta=meta, asarray=False)

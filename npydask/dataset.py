@@ -248,7 +248,7 @@ class NpyDataset:
             strided=any(v.roi is not None for v in views),
             copies=cluster_threads is not None,
         )
-        return join(views, plan, axis=axis, stacked=stacked, device=self._device)
+        return join(views, plan, axis=axis, stacked=stacked, device=self._device, shared=cluster_threads is None)
 
     def _join_explicit(self, chunks: Any, *, axis: int, stacked: bool) -> da.Array:
         from dask.array.core import normalize_chunks

@@ -32,7 +32,7 @@ from npydask.header import NpyHeader
 from npydask.reader import shared_facts
 from npydask.region import Box, plan_read
 
-__all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "plan_groups"]
+__all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
 
 
 def joined_dtype(dtype: np.dtype) -> np.dtype:
@@ -287,6 +287,27 @@ def _split(
     return normalize_chunks(tuple(per if d == axis else n for d, n in enumerate(shape)), shape, dtype=dtype)
 
 
+def one_grid(plan: GroupPlan, axis: int) -> tuple[tuple[int, ...], ...] | None:
+    """The chunks of all of ``plan``'s groups as one grid, or ``None`` if they do not line up.
+
+    Groups line up when they are chunked alike on every axis but the joining
+    ``axis``; the grid is then their chunks along ``axis`` one after another.
+
+    Examples
+    --------
+    >>> one_grid(GroupPlan(((0, 2), (2, 3)), (((2,), (5,)), ((1,), (5,)))), 0)
+    ((2, 1), (5,))
+    >>> one_grid(GroupPlan(((0, 2), (2, 3)), (((2,), (5,)), ((1,), (3, 2)))), 0) is None
+    True
+    """
+    others = {chunks[:axis] + chunks[axis + 1 :] for chunks in plan.inner_chunks}
+    if len(others) != 1:
+        return None
+    rest = others.pop()
+    along = tuple(n for chunks in plan.inner_chunks for n in chunks[axis])
+    return (*rest[:axis], along, *rest[axis:])
+
+
 def join(
     views: Sequence[NpyFileArray],
     plan: GroupPlan,
@@ -294,8 +315,22 @@ def join(
     axis: int,
     stacked: bool,
     device: str = "cpu",
+    shared: bool = False,
 ) -> da.Array:
-    """One lazy array from the groups of ``plan``."""
+    """One lazy array from the groups of ``plan``.
+
+    With ``shared`` (a graph for a local scheduler), groups whose chunks
+    line up on one grid are read from a single :class:`FileGroup` of all
+    the files, held once in the graph (``inline_array=False``) rather than
+    embedded in every task: one ``from_array`` call however many groups, so
+    stacking 10,000 large files costs milliseconds, not one ``from_array``
+    (~0.8 ms) per file. A cluster keeps a small source per group, so no task
+    ships every file's facts to every worker.
+    """
+    if shared and len(plan.bounds) > 1:
+        grid = one_grid(plan, 0 if stacked else axis)
+        if grid is not None:
+            return wrap(FileGroup(views, axis, stacked), grid, device=device, inline=False)
     arrays = [
         wrap(FileGroup(views[a:b], axis, stacked), chunks, device=device)
         for (a, b), chunks in zip(plan.bounds, plan.inner_chunks)

@@ -778,6 +778,31 @@ def test_stack_medium_files_keep_one_chunk_each(tmp_path):
         assert_eq(z, np.concatenate(arrays, axis=1), check_chunks=True)
 
 
+def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
+    """Locally, one source for all files: n small tasks plus one key, whatever n is."""
+    arrays = [np.full((64, 128), i, "<f4") + np.arange(128, dtype="<f4") for i in range(40)]  # 32 KiB each
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
+    with dask.config.set({"array.chunk-size": "128KiB"}):  # files over 16 KiB: a chunk per file
+        ds = npydask.open_dataset(tmp_path, backend="auto")
+        x = ds.stack()
+        y = ds.concatenate(axis=1)
+    assert x.chunks[0] == (1,) * 40 and y.chunks[1] == (128,) * 40
+    for joined in (x, y):
+        graph = dict(joined.__dask_graph__())
+        sizes = sorted(len(pickle.dumps(task)) for task in graph.values())
+        assert len(graph) == 41
+        assert sizes[-2] < 1000 < sizes[-1], sizes  # tiny tasks; the one source holds the 40 files
+    assert_eq(x, np.stack(arrays), check_chunks=True)
+    assert_eq(y, np.concatenate(arrays, axis=1), check_chunks=True)
+    # a plan whose groups are chunked differently is joined group by group
+    plan = npydask.stacking.GroupPlan(((0, 2), (2, 3)), (((2,), (64,), (128,)), ((1,), (32, 32), (128,))))
+    assert npydask.stacking.one_grid(plan, 0) is None
+    z = npydask.stacking.join(ds.views[:3], plan, axis=0, stacked=True, shared=True)
+    assert z.chunks == ((2, 1), (32, 32), (128,))  # (dask unifies the two grids)
+    assert_eq(z, np.stack(arrays[:3]))
+
+
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_stack_large_files_get_several_chunks_never_spanning_files(tmp_path, order):
     arrays = []
