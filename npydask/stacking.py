@@ -27,10 +27,11 @@ from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
 from npydask.backends._batch import read_files
 from npydask.backends._files import FileIdentity
 from npydask.backends._pool import empty
-from npydask.backends.base import same_layout
+from npydask.backends.base import as_bytes, same_layout
+from npydask.backends.pread import read_grid
 from npydask.header import NpyHeader
 from npydask.reader import shared_facts
-from npydask.region import Box, plan_read
+from npydask.region import Box, ReadPlan, plan_read
 
 __all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
 
@@ -129,6 +130,7 @@ class FileGroup:
         row = out.nbytes // (hi - lo) if hi > lo else 0
         flat = memoryview(out.reshape(-1).view(np.uint8))
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
+        strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
         batch: list[tuple[str, FileIdentity, int]] = []  # consecutive plain files, read in one tight loop
         at = lo  # where the batch starts
         for k in range(lo, hi):
@@ -148,6 +150,14 @@ class FileGroup:
                 batch = []
             at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
+            if view.roi is not None and ref.key is None and ref.backend != "mmap":
+                memo = (id(ref.header), id(view.roi))
+                plan = strided.get(memo, False)
+                if plan is False:
+                    plan = strided[memo] = _strided_plan(view, inner, self.dtype)
+                if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
+                    read_grid(ref.path, ref.identity, plan, ref.options, as_bytes(slab))
+                    continue
             if view.dtype.str != self.dtype.str:
                 slab[...] = view.read(inner)  # to native byte order
             else:
@@ -177,6 +187,22 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
         rows.append((r.path, n) + r.identity)  # a plain tuple: its repr stays in C
     text = "\n".join(heads) + repr(rows)  # (one repr in C for all the rows)
     return hashlib.blake2b(text.encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:
+    """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file and reads as ``dtype`` in C order.
+
+    Anything else (padding, a byte swap, a Fortran layout) takes the general path.
+    """
+    roi, h = view.roi, view.ref.header
+    if roi is None or h.dtype.str != dtype.str or h.dtype != dtype:
+        return None
+    lo = tuple(a + s for a, s in zip(inner.start, roi.start))
+    hi = tuple(b + s for b, s in zip(inner.stop, roi.start))
+    if any(a < 0 or b > n for a, b, n in zip(lo, hi, h.shape)):
+        return None
+    plan = plan_read(h, Box(lo, hi))
+    return plan if plan.n_runs and same_layout(plan) else None
 
 
 def _plain_run(header: NpyHeader, inner: Box, dtype: np.dtype) -> tuple[int, int] | None:

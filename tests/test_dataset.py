@@ -1110,14 +1110,15 @@ def test_distributed_changed_file_fails_on_the_worker(client, tmp_path):
         client.compute(ds.stack(), sync=True)
 
 
+@pytest.mark.parametrize("roi", [False, True], ids=["whole", "roi"])
 @pytest.mark.parametrize("how", ["rewrite", "touch", "replace", "delete"])
-def test_plain_stacked_reads_check_the_file_too(tmp_path, how):
-    """Groups of small whole files read each with one uncached open+pread: still identity-checked."""
+def test_plain_stacked_reads_check_the_file_too(tmp_path, how, roi):
+    """Groups of small files read on short paths (whole files, strided ROIs): still identity-checked."""
     for i in range(6):
         np.save(tmp_path / f"{i}.npy", np.full((4, 5), i, "f4"))
-    ds = npydask.open_dataset(tmp_path)
+    ds = npydask.open_dataset(tmp_path, **({"roi_start": (1, 1), "roi_shape": (2, 3)} if roi else {}))
     x = ds.stack()
-    assert x.numblocks[0] == 1  # one group: the plain path
+    assert all(n > 1 for n in x.chunks[0])  # groups of several files: the short paths
     target = tmp_path / "3.npy"
     if how == "rewrite":
         np.save(target, np.full((4, 5), 9, "f4"))
@@ -1134,6 +1135,29 @@ def test_plain_stacked_reads_check_the_file_too(tmp_path, how):
     error = FileNotFoundError if how == "delete" else npydask.FileChangedError
     with pytest.raises(error, match=r"3\.npy"):
         x.compute()
+
+
+@pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
+def test_stacked_rois_equal_numpy_on_every_path(tmp_path, backend):
+    """In-file ROIs of C files take the short strided path; Fortran, swapped and padded ones the general one."""
+    rng = np.random.default_rng(7)
+    arrays = [rng.random((9, 10, 11)).astype("<f4") for _ in range(12)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:02d}.npy", np.asfortranarray(a) if i % 4 == 1 else a)
+    roi = (slice(2, 7), slice(1, 9), slice(3, 6))
+    with npydask.config.set(gap_bytes=0):  # every run its own read too
+        for gap in (0, 4096):
+            with npydask.config.set(gap_bytes=gap):
+                ds = npydask.open_dataset(tmp_path, roi_start=(2, 1, 3), roi_end=(7, 9, 6), backend=backend)
+                x = ds.stack(chunks=(4, 5, 8, 3))
+                for _ in range(2):  # the second time through cached pieces of the scratch
+                    assert_eq(x, np.stack([a[roi] for a in arrays]))
+    padded = npydask.open_dataset(tmp_path, roi_start=(-1, 1, 3), roi_end=(7, 9, 12), out_of_bounds_policy="pad",
+                                  fill_value=-1, backend=backend).stack(chunks=(4, 8, 8, 9))
+    want = np.full((12, 8, 8, 9), -1, "<f4")
+    for i, a in enumerate(arrays):
+        want[i, 1:, :, :8] = a[0:7, 1:9, 3:11]
+    assert_eq(padded, want)
 
 
 def test_tuple_index_is_refused_as_ambiguous(tmp_path):

@@ -33,9 +33,9 @@ import numpy as np
 
 from npydask import config
 
-__all__ = ["MIN_BYTES", "BufferPool", "PooledBuffer", "empty", "pool", "pooled"]
+__all__ = ["MIN_BYTES", "BufferPool", "PooledBuffer", "empty", "pieces", "pool", "pooled", "scratch", "scratch_pieces"]
 
-MIN_BYTES = 4 << 20
+MIN_BYTES = 1 << 20
 """Smaller arrays come from ``numpy.empty``: malloc's arenas already reuse such memory."""
 
 IDLE_SECONDS = 5.0
@@ -165,6 +165,58 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     if limit == 0:
         return np.empty(shape, dtype)
     return _POOL.take(nbytes, limit=limit).view(dtype).reshape(shape)
+
+
+_local = threading.local()
+
+
+def scratch(nbytes: int) -> np.ndarray:
+    """A ``uint8`` buffer of ``nbytes`` for the calling thread, valid until its next call.
+
+    Under :data:`MIN_BYTES` it is one buffer per thread, kept (a 1 MiB
+    scratch allocated afresh for each strided read was faulted in each time:
+    ~180 us of a ~500 us ROI read); larger ones come from :func:`empty`.
+
+    Examples
+    --------
+    >>> a = scratch(1000); b = scratch(10)
+    >>> a.nbytes, b.nbytes, a.ctypes.data == b.ctypes.data
+    (1000, 10, True)
+    """
+    if nbytes >= MIN_BYTES:
+        return empty((nbytes,), np.uint8)
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _local.buf = np.empty(max(nbytes, 64 << 10), np.uint8)
+    return buf[:nbytes]
+
+
+def pieces(buf: np.ndarray, size: int, n: int) -> list[list[memoryview]]:
+    """``[[piece]]`` for ``n`` consecutive ``size``-byte pieces of ``buf``: ``os.preadv`` buffer lists."""
+    mv = memoryview(buf)
+    return [[mv[j * size : (j + 1) * size]] for j in range(n)]
+
+
+def scratch_pieces(size: int, n: int) -> tuple[np.ndarray, list[list[memoryview]]]:
+    """:func:`scratch` of ``size * n`` bytes and its :func:`pieces`, the pieces kept with the thread's buffer.
+
+    A strided read cuts the same pieces of the same scratch for every file
+    of a dataset: slicing them once saves ~1 us per read.
+
+    Examples
+    --------
+    >>> buf, parts = scratch_pieces(100, 3)
+    >>> [len(p[0]) for p in parts], scratch_pieces(100, 2)[1][1][0] is parts[1][0]
+    ([100, 100, 100], True)
+    """
+    buf = scratch(size * n)
+    if size * n >= MIN_BYTES:
+        return buf, pieces(buf, size, n)
+    base = _local.buf
+    cached = getattr(_local, "pieces", None)
+    if cached is None or cached[0] is not base or cached[1] != size or len(cached[2]) < n:
+        cached = _local.pieces = (base, size, pieces(base, size, len(base) // size))
+    return buf, cached[2][:n]
 
 
 def pooled(arr: np.ndarray) -> bool:

@@ -21,12 +21,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import OpenFile, pread_exact
+from npydask.backends._files import FileIdentity, OpenFile, acquire, pread_exact
+from npydask.backends._pool import pieces, scratch_pieces
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
 from npydask.region import Coalesced, ReadPlan, align_span
 
-__all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "aligned_empty"]
+__all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "aligned_empty", "read_grid"]
 
 DIRECT_ALIGNMENT = 4096
 _DIRECT_PIECE = 16 * 1024 * 1024
@@ -74,23 +75,22 @@ class _Reader:
                 self.direct = None
         pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
 
-    def read_many(self, dest: memoryview, size: int, offsets: Sequence[int]) -> None:
-        """Read ``size`` bytes at each offset into consecutive slices of ``dest``.
+    def read_many(self, pieces: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+        """Read ``size`` bytes at each offset into the matching piece (``[memoryview]``, as ``os.preadv`` takes).
 
         The page-cache path is a tight loop of ``os.preadv`` calls (a strided
         region is many small reads: per-read Python overhead matters).
         """
         if self.direct is not None:
-            for j, offset in enumerate(offsets):
-                self.read_into(np.frombuffer(dest[j * size : (j + 1) * size], np.uint8), offset)
+            for bufs, offset in zip(pieces, offsets):
+                self.read_into(np.frombuffer(bufs[0], np.uint8), offset)
             return
         fd, path = self.f.fd, self.f.path
         preadv = os.preadv
-        for j, offset in enumerate(offsets):
-            piece = dest[j * size : (j + 1) * size]
-            got = preadv(fd, [piece], offset)
+        for bufs, offset in zip(pieces, offsets):
+            got = preadv(fd, bufs, offset)
             if got != size:
-                pread_exact(fd, piece[got:], offset + got, path)
+                pread_exact(fd, bufs[0][got:], offset + got, path)
 
     def _read_direct(self, dest: np.ndarray, offset: int) -> None:
         assert self.direct is not None
@@ -122,22 +122,38 @@ class _Reader:
             done += piece
 
 
+def read_grid(path: str, identity: FileIdentity, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
+    """Fill ``raw`` (C-contiguous ``uint8``) with ``plan``'s bytes of ``path`` in file order.
+
+    The short way for a group's strided reads (ROIs of many files): the
+    cached descriptor is checked against ``identity`` and read through the
+    page cache, or ``O_DIRECT`` with the ``direct_io`` setting.
+
+    Raises
+    ------
+    FileChangedError
+        If the file is no longer the one ``identity`` describes.
+    """
+    f = acquire(path, identity)
+    _read_grid(_Reader(f, options.direct_io), plan, options, raw)
+
+
 def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
     """Fill ``raw`` (the region's bytes in file order) from the run grid of ``plan``."""
     co, offsets = _coalesced(plan, options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
     per_span = len(raw) // co.n_spans
     if len(co.inner_shape) == 1:  # every span is one run: read straight into place
-        reader.read_many(memoryview(raw), per_span, offsets)
+        reader.read_many(pieces(raw, per_span, co.n_spans), per_span, offsets)
         return
     # Spans are read back to back into one scratch buffer (up to _BATCH_BYTES at a time), then cut
     # out with a single strided copy per batch: one numpy call instead of one per span.
     size = co.span_nbytes
     batch = max(1, min(co.n_spans, _BATCH_BYTES // size))
-    scratch = np.empty(batch * size, np.uint8)
+    scratch, parts = scratch_pieces(size, batch)
     dest = raw.reshape((co.n_spans, *co.inner_shape))
     for first in range(0, co.n_spans, batch):
         n = min(batch, co.n_spans - first)
-        reader.read_many(memoryview(scratch), size, offsets[first : first + n])
+        reader.read_many(parts, size, offsets[first : first + n])  # (zip stops at the offsets)
         # (np.ndarray over the buffer: numpy's as_strided costs ~20 us of Python per call)
         grid = np.ndarray((n, *co.inner_shape), np.uint8, scratch, 0, (size, *co.inner_strides))
         np.copyto(dest[first : first + n], grid)
