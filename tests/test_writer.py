@@ -14,7 +14,9 @@ import io
 import os
 import subprocess
 import sys
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dask
@@ -317,12 +319,36 @@ def client():
         yield c
 
 
+@contextlib.contextmanager
+def _threads():
+    # A failed compute returns while other chunk tasks still run (and may create the temporary
+    # file): a pool of its own is waited for on exit, so the checks see the settled folder.
+    pool = ThreadPoolExecutor(2)
+    try:
+        with dask.config.set(scheduler="threads", pool=pool):
+            yield
+    finally:
+        pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _on_cluster(client):
+    try:
+        with client.as_current():
+            yield
+    finally:  # as above: wait until the workers have no task left
+        deadline = time.monotonic() + 30
+        while any(client.processing().values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 @pytest.fixture(params=["threads", "distributed"])
 def scheduler(request):
-    """Run the test body on the default threaded scheduler, or on the module's LocalCluster."""
+    """Run the test body on dask's threaded scheduler, or on the module's LocalCluster; wait for stragglers."""
     if request.param == "threads":
-        return contextlib.nullcontext
-    return request.getfixturevalue("client").as_current
+        return _threads
+    client = request.getfixturevalue("client")
+    return lambda: _on_cluster(client)
 
 
 def test_failed_task_leaves_existing_target_untouched(tmp_path, scheduler):
