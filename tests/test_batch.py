@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
+from npydask.backends import _batch
 from npydask.backends._batch import read_files, scan_files
 from npydask.backends._files import FileIdentity, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
@@ -66,6 +68,39 @@ def test_read_files_fills_each_slot(tmp_path):
     out = np.empty((5, 4, 5), "<f4")
     read_files(items, memoryview(out.reshape(-1).view(np.uint8)), arrays[0].nbytes)
     np.testing.assert_array_equal(out, np.stack(arrays))
+
+
+@pytest.mark.parametrize("fast_file", [1.0, 0.0], ids=["page-cache speed: one loop at a time", "slow: all at once"])
+def test_read_files_from_many_threads(tmp_path, monkeypatch, fast_file):
+    """Loops serialise while files come fast, and run side by side once they come slowly: same bytes."""
+    monkeypatch.setattr(_batch, "FAST_FILE", fast_file)
+    monkeypatch.setattr(_batch, "_fast", True)  # (restored after the test, whatever the loops measure)
+    items = []
+    for i in range(40):
+        p = str(tmp_path / f"{i}.npy")
+        np.save(p, np.full((8, 8), i, "<i4"))
+        identity, header, _, _ = scan_file(p)
+        items.append((p, identity, header.data_offset))
+    outs = [np.empty((40, 8, 8), "<i4") for _ in range(6)]
+    errors = []
+
+    def work(out):
+        try:
+            for _ in range(10):
+                read_files(items, memoryview(out.reshape(-1).view(np.uint8)), 256)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(out,)) for out in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for out in outs:
+        np.testing.assert_array_equal(out, np.arange(40, dtype="<i4")[:, None, None] * np.ones((8, 8), "<i4"))
+    assert _batch._fast is (fast_file > 0)
+    assert not _batch._SERIAL.locked()
 
 
 def test_read_files_refuses_a_changed_file(tmp_path):
