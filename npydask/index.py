@@ -9,20 +9,26 @@ loaded (the index is data, never trusted code). Files that changed or are
 new are scanned and their entries refreshed; entries of files that no longer
 exist are dropped.
 
-Format (``version`` 2)::
+Format (``version`` 3)::
 
-    {"format": "npydask-header-index", "version": 2,
+    {"format": "npydask-header-index", "version": 3,
      "headers": ["<preamble and header bytes as latin-1 text>", ...],
-     "files": {"<path relative to the index's folder>": [size, mtime_ns, inode, header_number], ...}}
+     "names": ["<path relative to the index's folder>", ...],
+     "table": "<base64: one little-endian row per name of
+               int64 size, int64 mtime_ns, uint64 inode, int64 header_number>"}
 
-An index of an older version is replaced silently. A missing one is built;
-an unreadable or malformed one is rebuilt with a warning. The new index is
+The numbers are one binary table rather than JSON lists: parsing 20,000
+entries as lists took 70 ms of JSON alone, the table about 2 ms. An index
+of an older version is replaced silently. A missing one is built; an
+unreadable or malformed one is rebuilt with a warning. The new index is
 written to a temporary file in the same folder and renamed over the old one,
 so readers never see half a file.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import stat
@@ -31,24 +37,49 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from npydask.backends._files import FileIdentity
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.header import NpyHeader, parse_header
 
-__all__ = ["FORMAT", "VERSION", "Entry", "load_index", "scan_with_index", "write_index"]
+__all__ = ["FORMAT", "VERSION", "Index", "load_index", "scan_with_index", "write_index"]
 
 FORMAT = "npydask-header-index"
-VERSION = 2
+VERSION = 3
+
+_ROW = np.dtype([("size", "<i8"), ("mtime_ns", "<i8"), ("ino", "<u8"), ("header", "<i8")])
 
 
-class Entry(NamedTuple):
-    """One file's record: its identity then, and its raw header (parsed, or ``None`` if damaged)."""
+class Index(NamedTuple):
+    """A loaded index: per name a row of four columns, and the header texts.
 
-    size: int
-    mtime_ns: int
-    ino: int
-    raw: bytes
-    header: NpyHeader | None
+    ``rows[name]`` is a position in ``sizes``, ``mtimes``, ``inodes`` and
+    ``numbers`` (the header number); ``headers[n]`` is the parsed header of
+    ``raws[n]``, or ``None`` where it is damaged (its files are then scanned).
+    Columns of plain ints rather than a tuple per file: 20,000 tuples cost
+    20 ms to build here.
+    """
+
+    rows: dict[str, int]
+    sizes: list[int]
+    mtimes: list[int]
+    inodes: list[int]
+    numbers: list[int]
+    raws: list[bytes]
+    headers: list[NpyHeader | None]
+
+    @classmethod
+    def empty(cls) -> Index:
+        return cls({}, [], [], [], [], [], [])
+
+    def add(self, name: str, identity: FileIdentity, number: int) -> None:
+        """Record ``name`` (new or refreshed) as a new row."""
+        self.rows[name] = len(self.sizes)
+        self.sizes.append(identity.size)
+        self.mtimes.append(identity.mtime_ns)
+        self.inodes.append(identity.ino)
+        self.numbers.append(number)
 
 
 def _key(path: str, base: str) -> str:
@@ -60,41 +91,38 @@ def _key(path: str, base: str) -> str:
     return full if rel.startswith(os.pardir + os.sep) else rel
 
 
-def load_index(index_path: str) -> dict[str, Entry]:
+def load_index(index_path: str) -> Index:
     """The entries of an index file; empty when it is missing or outdated, unusable ones warned about."""
     try:
         with open(index_path, "rb") as f:
             data = json.loads(f.read())
     except FileNotFoundError:
-        return {}
+        return Index.empty()
     except (OSError, ValueError) as e:
         warnings.warn(f"{index_path}: cannot read the header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
-        return {}
+        return Index.empty()
     try:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"expected format {FORMAT!r}, found {found!r}")
         version = data.get("version")
         if type(version) is int and version < VERSION:
-            return {}  # written by an older npydask: rebuilt in the current format
+            return Index.empty()  # written by an older npydask: rebuilt in the current format
         if version != VERSION:
             raise ValueError(f"expected version {VERSION}, found {version!r}")
-        headers = []
-        for text in data["headers"]:
-            raw = text.encode("latin1")
-            headers.append((raw, _checked(raw, index_path)))
-        entries: dict[str, Entry] = {}
-        n_headers = len(headers)
-        for rel, (size, mtime_ns, ino, number) in data["files"].items():
-            if not (type(size) is int and type(mtime_ns) is int and type(ino) is int and type(number) is int
-                    and 0 <= number < n_headers):
-                raise ValueError(f"malformed entry for {rel!r}")
-            raw, header = headers[number]
-            entries[rel] = Entry(size, mtime_ns, ino, raw, header)
-    except (AttributeError, KeyError, TypeError, ValueError, UnicodeEncodeError) as e:
+        raws = [text.encode("latin1") for text in data["headers"]]
+        headers = [_checked(raw, index_path) for raw in raws]
+        names = data["names"]
+        table = np.frombuffer(base64.b64decode(data["table"].encode("ascii"), validate=True), _ROW)
+        if not isinstance(names, list) or len(names) != len(table) or not set(map(type, names)) <= {str}:
+            raise ValueError(f"expected a name per table row, found {len(names)} names and {len(table)} rows")
+        if len(table) and not (0 <= table["header"].min() and table["header"].max() < len(headers)):
+            raise ValueError("a header number is out of range")
+        columns = (table[field].tolist() for field in ("size", "mtime_ns", "ino", "header"))
+        return Index(dict(zip(names, range(len(names)))), *columns, raws, headers)
+    except (AttributeError, KeyError, TypeError, ValueError, UnicodeEncodeError, binascii.Error) as e:
         warnings.warn(f"{index_path}: not a usable npydask header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
-        return {}
-    return entries
+        return Index.empty()
 
 
 def _checked(raw: bytes, index_path: str) -> NpyHeader | None:
@@ -106,18 +134,23 @@ def _checked(raw: bytes, index_path: str) -> NpyHeader | None:
     return header if header.data_offset == len(raw) else None
 
 
-def write_index(index_path: str, entries: dict[str, Entry]) -> None:
-    """Write ``entries`` atomically: a temporary file in the same folder, then a rename."""
+def write_index(index_path: str, index: Index) -> None:
+    """Write ``index`` atomically (a temporary file in the same folder, then a rename), unused headers left out."""
     folder = os.path.dirname(os.path.abspath(index_path))
-    numbers: dict[bytes, int] = {}
-    files = {}
-    for rel, e in sorted(entries.items()):
-        files[rel] = [e.size, e.mtime_ns, e.ino, numbers.setdefault(e.raw, len(numbers))]
+    names = sorted(index.rows)
+    at = [index.rows[name] for name in names]
+    renumber: dict[int, int] = {}
+    table = np.empty(len(names), _ROW)
+    table["size"] = [index.sizes[j] for j in at]
+    table["mtime_ns"] = [index.mtimes[j] for j in at]
+    table["ino"] = [index.inodes[j] for j in at]
+    table["header"] = [renumber.setdefault(index.numbers[j], len(renumber)) for j in at]
     payload = {
         "format": FORMAT,
         "version": VERSION,
-        "headers": [raw.decode("latin1") for raw in numbers],
-        "files": files,
+        "headers": [index.raws[n].decode("latin1") for n in renumber],
+        "names": names,
+        "table": base64.b64encode(table.tobytes()).decode("ascii"),
     }
     fd, tmp = tempfile.mkstemp(prefix=".npydask-index-", suffix=".tmp", dir=folder)
     try:
@@ -146,7 +179,8 @@ def scan_with_index(
     dropped.
     """
     base = os.path.dirname(os.path.abspath(index_path))
-    entries = load_index(index_path)
+    index = load_index(index_path)
+    rows, sizes, mtimes, inodes, numbers, raws, headers = index
     results: list[Any] = [None] * len(paths)
     missing: list[int] = []
     prefixes: dict[str, str] = {}  # relpath once per folder, not per file
@@ -158,42 +192,46 @@ def scan_with_index(
             rel = _key(folder or (os.sep if path.startswith(os.sep) else os.curdir), base)
             prefix = prefixes[folder] = "" if rel == os.curdir else rel.rstrip(os.sep) + os.sep
         keys.append(prefix + name)
-    get, stat_, isreg = entries.get, os.stat, stat.S_ISREG
+    # per header number: the least size a file needs for it (damaged headers: none will do)
+    need = [float("inf") if h is None else h.data_offset + h.nbytes for h in headers]
+    get, stat_, isreg, new = rows.get, os.stat, stat.S_ISREG, tuple.__new__
     for i, path in enumerate(paths):
         try:
             st = stat_(path)
         except OSError:
             missing.append(i)  # let the scan raise its own, path-naming error
             continue
-        e = get(keys[i])
-        if (
-            e is not None
-            and e.header is not None
-            and st.st_size == e.size
-            and st.st_mtime_ns == e.mtime_ns
-            and st.st_ino == e.ino
-            and isreg(st.st_mode)
-            and e.header.data_offset + e.header.nbytes <= e.size
-        ):
-            results[i] = (FileIdentity(e.size, e.mtime_ns, e.ino), e.header, e.raw, False)
-        else:
-            missing.append(i)
+        j = get(keys[i])
+        if j is not None:
+            size = st.st_size
+            if (size == sizes[j] and st.st_mtime_ns == mtimes[j] and st.st_ino == inodes[j]
+                    and size >= need[numbers[j]] and isreg(st.st_mode)):
+                n = numbers[j]
+                results[i] = (new(FileIdentity, (size, mtimes[j], inodes[j])), headers[n], raws[n], False)
+                continue
+        missing.append(i)
     changed = False
     if missing:
+        known = {raw: n for n, raw in enumerate(raws)}
         for i, result in zip(missing, scan([paths[i] for i in missing])):
             results[i] = result
             if not isinstance(result, BaseException):
                 identity, header, raw, _ = result
-                entries[keys[i]] = Entry(identity.size, identity.mtime_ns, identity.ino, raw, header)
+                n = known.get(raw)
+                if n is None or headers[n] is None:  # a new text, or one whose stored copy was damaged
+                    n = known[raw] = len(raws)
+                    raws.append(raw)
+                    headers.append(header)
+                index.add(keys[i], identity, n)
                 changed = True
-            elif keys[i] in entries:
-                del entries[keys[i]]
+            elif keys[i] in rows:
+                del rows[keys[i]]
                 changed = True
     wanted = set(keys)
-    for key in [k for k in entries if k not in wanted]:
+    for key in [k for k in rows if k not in wanted]:
         if not os.path.isfile(key if os.path.isabs(key) else os.path.join(base, key)):
-            del entries[key]  # removed from disk (entries of other shards stay)
+            del rows[key]  # removed from disk (entries of other shards stay)
             changed = True
     if changed or not os.path.exists(index_path):
-        write_index(index_path, entries)
+        write_index(index_path, index)
     return results

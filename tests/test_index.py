@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -42,7 +43,7 @@ def test_index_is_built_then_reused(folder, tmp_path, monkeypatch):
     ds = npydask.open_dataset(folder, index=idx)
     assert len(calls) == 1 and len(calls[0]) == 20
     data = json.loads(idx.read_text())
-    assert data["format"] == "npydask-header-index" and len(data["files"]) == 20
+    assert data["format"] == "npydask-header-index" and len(data["names"]) == 20
     calls.clear()
     again = npydask.open_dataset(folder, index=idx)
     assert calls == []  # every header came from the index
@@ -62,7 +63,7 @@ def test_changed_added_and_removed_files_are_noticed(folder, tmp_path, monkeypat
     ds = npydask.open_dataset(folder, index=idx)
     assert sorted(os.path.basename(p) for p in calls[0]) == ["05.npy", "20.npy"]
     assert len(ds) == 20
-    files = json.loads(idx.read_text())["files"]
+    files = json.loads(idx.read_text())["names"]
     assert not any(k.endswith("00.npy") for k in files) and any(k.endswith("20.npy") for k in files)
     np.testing.assert_array_equal(ds[4].compute(), np.zeros((3, 4), "<i4"))  # 05.npy is now index 4
 
@@ -86,13 +87,18 @@ def test_header_texts_are_stored_once(folder, tmp_path):
         npydask.open_dataset(folder, index=idx)
     ds = npydask.open_dataset(folder, index=idx, file_filter="[0-9]*.npy")
     data = json.loads(idx.read_text())
-    assert sorted(len(v) for v in data["files"].values()) == [4] * 21
+    table = np.frombuffer(base64.b64decode(data["table"]), index_mod._ROW)
+    assert len(data["names"]) == len(table) == 21 and sorted(set(table["header"].tolist())) == [0, 1]
     assert len(data["headers"]) == 2 and len(ds) == 20
 
 
-def test_an_older_index_is_replaced_silently(folder, tmp_path):
+@pytest.mark.parametrize("older", [
+    '{"format": "npydask-header-index", "version": 1, "files": {"00.npy": [1, 2, 3, "x"]}}',
+    '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"00.npy": [1, 2, 3, 0]}}',
+])
+def test_an_older_index_is_replaced_silently(folder, tmp_path, older):
     idx = tmp_path / "index.json"
-    idx.write_text('{"format": "npydask-header-index", "version": 1, "files": {"00.npy": [1, 2, 3, "x"]}}')
+    idx.write_text(older)
     ds = npydask.open_dataset(folder, index=idx)  # warnings are errors here: none is raised
     assert len(ds) == 20 and json.loads(idx.read_text())["version"] == index_mod.VERSION
 
@@ -104,9 +110,15 @@ def test_an_older_index_is_replaced_silently(folder, tmp_path):
         "[1, 2]",
         '{"format": "other", "version": 2, "files": {}}',
         '{"format": "npydask-header-index", "version": 99, "headers": [], "files": {}}',
-        '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"a": [1]}}',
-        '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"a": [1, 2, 3, 0]}}',
-        '{"format": "npydask-header-index", "version": 2, "headers": [7], "files": {}}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": ["a"], "table": ""}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [], "table": "!!"}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [], "table": "AAAA"}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": ["a"], "table": "'
+        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode() + '"}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [7], "names": [], "table": ""}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [1], "table": "'
+        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode() + '"}',
+        '{"format": "npydask-header-index", "version": 3, "headers": [], "names": {}, "table": ""}',
     ],
 )
 def test_unusable_index_is_rebuilt_with_a_warning(folder, tmp_path, content):
