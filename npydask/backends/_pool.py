@@ -109,12 +109,18 @@ class BufferPool:
                 self._arm()
 
     def _arm(self) -> None:
-        self._timer = threading.Timer(IDLE_SECONDS, self.trim)
-        self._timer.daemon = True
-        self._timer.start()
+        timer = threading.Timer(IDLE_SECONDS, self.trim)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to trim for
+            return
+        self._timer = timer
 
-    def trim(self, max_idle: float = IDLE_SECONDS) -> None:
-        """Release the buffers idle for ``max_idle`` seconds or more (0: all of them)."""
+    def trim(self, max_idle: float | None = None) -> None:
+        """Release the buffers idle for ``max_idle`` seconds (default :data:`IDLE_SECONDS`) or more; 0: all."""
+        if max_idle is None:
+            max_idle = IDLE_SECONDS
         now = time.monotonic()
         with self._lock:
             for size, stack in list(self._idle.items()):
