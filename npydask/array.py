@@ -82,22 +82,31 @@ class NpyFileArray:
         block = self.read(box)
         return block[post] if post else block
 
-    def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
-        """Read ``box`` (in this view's output coordinates) into ``out`` or a new array."""
+    def file_box(self, box: Box) -> tuple[Box, Box]:
+        """``box`` (in this view's output coordinates) in the file's coordinates, and its part inside the file.
+
+        The two are equal unless a ``"pad"`` ROI reaches outside the file.
+        """
         roi = self.roi
         if roi is None:
-            return self.ref.read(box, out)
+            return box, box
         shape = self.ref.header.shape
         lo = tuple(a + s for a, s in zip(box.start, roi.start))
         hi = tuple(b + s for b, s in zip(box.stop, roi.start))
         inside_lo = tuple(min(max(a, 0), n) for a, n in zip(lo, shape))
         inside_hi = tuple(max(min(b, n), a) for b, n, a in zip(hi, shape, inside_lo))
-        if inside_lo == lo and inside_hi == hi:
-            return self.ref.read(Box(lo, hi), out)
-        out = fill_like(empty(box.shape, self.dtype) if out is None else out, roi)
-        inner = Box(inside_lo, inside_hi)
+        return Box(lo, hi), Box(inside_lo, inside_hi)
+
+    def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``box`` (in this view's output coordinates) into ``out`` or a new array."""
+        if self.roi is None:
+            return self.ref.read(box, out)
+        wanted, inner = self.file_box(box)
+        if inner == wanted:
+            return self.ref.read(wanted, out)
+        out = fill_like(empty(box.shape, self.dtype) if out is None else out, self.roi)
         if inner.size:
-            where = tuple(slice(a - s, b - s) for a, b, s in zip(inside_lo, inside_hi, lo))
+            where = tuple(slice(a - s, b - s) for a, b, s in zip(inner.start, inner.stop, wanted.start))
             out[where] = self.ref.read(inner)
         return out
 

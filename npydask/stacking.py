@@ -194,20 +194,23 @@ def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan |
 
     Anything else (padding, a byte swap, a Fortran layout) takes the general path.
     """
-    roi, h = view.roi, view.ref.header
-    if roi is None or h.dtype.str != dtype.str or h.dtype != dtype:
+    if view.roi is None or not _same_dtype(view.ref.header.dtype, dtype):
         return None
-    lo = tuple(a + s for a, s in zip(inner.start, roi.start))
-    hi = tuple(b + s for b, s in zip(inner.stop, roi.start))
-    if any(a < 0 or b > n for a, b, n in zip(lo, hi, h.shape)):
+    wanted, inside = view.file_box(inner)
+    if inside != wanted:
         return None
-    plan = plan_read(h, Box(lo, hi))
+    plan = plan_read(view.ref.header, wanted)
     return plan if plan.n_runs and same_layout(plan) else None
+
+
+def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """Equal dtypes that also print alike (``str``: byte order included): bytes read as one are the other's."""
+    return a.str == b.str and a == b
 
 
 def _plain_run(header: NpyHeader, inner: Box, dtype: np.dtype) -> tuple[int, int] | None:
     """(offset, nbytes) when ``inner`` of a file with ``header`` is one run already laid out as ``dtype``."""
-    if header.dtype.str != dtype.str or header.dtype != dtype:
+    if not _same_dtype(header.dtype, dtype):
         return None
     plan = plan_read(header, inner)
     if not (plan.is_contiguous and same_layout(plan)):

@@ -75,19 +75,19 @@ class _Reader:
                 self.direct = None
         pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
 
-    def read_many(self, pieces: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
-        """Read ``size`` bytes at each offset into the matching piece (``[memoryview]``, as ``os.preadv`` takes).
+    def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+        """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (as ``os.preadv`` takes it).
 
         The page-cache path is a tight loop of ``os.preadv`` calls (a strided
         region is many small reads: per-read Python overhead matters).
         """
         if self.direct is not None:
-            for bufs, offset in zip(pieces, offsets):
+            for bufs, offset in zip(iovecs, offsets):
                 self.read_into(np.frombuffer(bufs[0], np.uint8), offset)
             return
         fd, path = self.f.fd, self.f.path
         preadv = os.preadv
-        for bufs, offset in zip(pieces, offsets):
+        for bufs, offset in zip(iovecs, offsets):
             got = preadv(fd, bufs, offset)
             if got != size:
                 pread_exact(fd, bufs[0][got:], offset + got, path)
