@@ -1,7 +1,7 @@
 """Shared helpers for the npydask benchmark scripts.
 
-Timing (median of repeats), page-cache warming, a plain-text table, the
-common command-line arguments and a JSON dump. Standard library only, so the
+Timing (median of repeats), one variant's result, page-cache warming, a
+plain-text table, the common command-line arguments and a JSON dump. Standard library only, so the
 scripts run anywhere npydask does.
 """
 
@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 SIZES = ("tiny", "small", "full")
@@ -78,6 +79,30 @@ def measure(
 def median(xs: Sequence[float]) -> float:
     """The median (0.0 for an empty sequence)."""
     return statistics.median(xs) if xs else 0.0
+
+
+@dataclass
+class Result:
+    """One variant's timings: ``group`` is the script's grouping (a set of files, a scheduler)."""
+
+    group: str
+    variant: str
+    times: list[float]
+    nbytes: int
+    value: Any = None  # what the variant computed, checked against the reference (None: not checked)
+    note: str = ""
+    cpu: list[float] = field(default_factory=list)
+    median: float = field(init=False)
+    cpu_median: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.median = median(self.times)
+        self.cpu_median = median(self.cpu)
+
+    @property
+    def gbps(self) -> float:
+        """Payload bytes per second of the median run, in GB/s (1e9)."""
+        return self.nbytes / self.median / 1e9 if self.median else float("inf")
 
 
 def warm_page_cache(paths: Iterable[str], block: int = WARM_BLOCK) -> int:

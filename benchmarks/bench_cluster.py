@@ -72,6 +72,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from _common import Result  # noqa: E402
 import bench_dataset  # noqa: E402  (its data layout and generator)
 
 import dask  # noqa: E402
@@ -84,23 +85,6 @@ RTOL = 1e-3
 GOAL_P5 = 2.0
 REFERENCE = "npydask threads: open+stack+sum"
 GOAL_VARIANT = "npydask cluster: open+stack+sum"
-
-
-@dataclass
-class Result:
-    where: str  # "threads", "cluster" or "numpy"
-    variant: str
-    times: list[float]
-    nbytes: int
-    value: float | None = None
-    note: str = ""
-    cpu: list[float] = field(default_factory=list)
-    median: float = field(init=False)
-    cpu_median: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.median = _common.median(self.times)
-        self.cpu_median = _common.median(self.cpu)
 
 
 def make_volumes(folder: str, size_name: str) -> list[str]:
@@ -339,7 +323,7 @@ def run_all(args: Any, files: list[str], nbytes: int) -> tuple[list[Result], dic
 
 def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     by_name = {r.variant: r for r in results}
-    oracle = next(r for r in results if r.where == "numpy")
+    oracle = next(r for r in results if r.group == "numpy")
     ref = by_name.get(REFERENCE)
     sane = True
     for r in results:
@@ -353,7 +337,7 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     for r in results:
         ratio = f"{r.median / ref.median:.2f}x" if ref and ref.median else ""
         rows.append([
-            r.where,
+            r.group,
             r.variant,
             f"{r.median * 1e3:.1f}",
             f"{r.nbytes / r.median / 1e9:.2f}" if r.median else "",
@@ -391,7 +375,7 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
         "workers": args.workers,
         "facts": facts,
         "results": [
-            {"where": r.where, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
+            {"where": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
              "cpu_median_s": r.cpu_median, "value": r.value, "note": r.note}
             for r in results
         ],

@@ -58,13 +58,14 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from _common import Result  # noqa: E402
 import _peers  # noqa: E402
 
 import dask  # noqa: E402
@@ -150,23 +151,6 @@ def make_data(folder: str, size: Size) -> tuple[list[str], list[str]]:
 
 # ---------------------------------------------------------------------------------------------
 # bookkeeping
-
-
-@dataclass
-class Result:
-    group: str  # "roi", "many" or "set"
-    variant: str
-    times: list[float]
-    nbytes: int
-    value: Any = None  # a float (sums), an ndarray (ROI stacks) or None (not checked)
-    note: str = ""
-    cpu: list[float] = field(default_factory=list)
-    median: float = field(init=False)
-    cpu_median: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.median = _common.median(self.times)
-        self.cpu_median = _common.median(self.cpu)
 
 
 def clear_npydask_caches() -> None:

@@ -55,13 +55,14 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from _common import Result  # noqa: E402
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -135,27 +136,6 @@ def make_data(folder: str, size: Size) -> tuple[list[str], str]:
 
 # ---------------------------------------------------------------------------------------------
 # bookkeeping
-
-
-@dataclass
-class Result:
-    group: str  # "set" or "big"
-    variant: str
-    times: list[float]
-    nbytes: int
-    value: float | None = None
-    note: str = ""
-    cpu: list[float] = field(default_factory=list)
-    median: float = field(init=False)
-    cpu_median: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.median = _common.median(self.times)
-        self.cpu_median = _common.median(self.cpu)
-
-    @property
-    def gbps(self) -> float:
-        return self.nbytes / self.median / 1e9 if self.median else float("inf")
 
 
 def clear_npydask_caches() -> None:

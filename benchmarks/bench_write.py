@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -71,26 +71,8 @@ SIZES = {
 
 
 @dataclass
-class Result:
-    group: str
-    variant: str
-    times: list[float]
-    nbytes: int
-    note: str = ""
-    cpu: list[float] = field(default_factory=list)
-    ok: bool = True
-
-    @property
-    def median(self) -> float:
-        return _common.median(self.times)
-
-    @property
-    def cpu_median(self) -> float:
-        return _common.median(self.cpu)
-
-    @property
-    def gbps(self) -> float:
-        return self.nbytes / self.median / 1e9 if self.median else float("nan")
+class Result(_common.Result):
+    ok: bool = True  # the written output equals its source
 
 
 def save_fsync(path: str, array: np.ndarray) -> None:
@@ -147,7 +129,7 @@ def run_all(repeat: int, size: Size, big: np.ndarray, files: list[np.ndarray], f
             note: str = "") -> None:
         cpu: list[float] = []
         times, _ = _common.measure(fn, repeat, setup=lambda: clear(out), cpu=cpu)
-        r = Result(group, name, times, nbytes, note, cpu, ok=check())
+        r = Result(group, name, times, nbytes, note=note, cpu=cpu, ok=check())
         clear(out)
         results.append(r)
         if group == "files":
