@@ -432,16 +432,19 @@ def test_header_over_1_MiB_refused_quickly_by_every_entry_point(tmp_path, monkey
     assert sum(read) <= MAX_PREAMBLE + MAX_HEADER_BYTES + 8192, sum(read)
 
 
-_BOMB_CHILD = """
-    import json, os, resource, sys
-    import numpy as np, dask.array, npydask
-
+# Children run under an address-space limit set from their own VmSize, read by status().
+_STATUS = """
     def status(field):
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
+"""
 
+_BOMB_CHILD = """
+    import json, os, resource, sys
+    import numpy as np, dask.array, npydask
+""" + _STATUS + """
     folder = sys.argv[1]
     budget = 512 << 20
     resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + budget, resource.RLIM_INFINITY))
@@ -508,13 +511,7 @@ def test_shapes_of_10_to_the_18_elements_are_refused_without_allocating(tmp_path
 _SPARSE_CHILD = """
     import json, os, resource, sys
     import numpy as np, npydask
-
-    def status(field):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-
+""" + _STATUS + """
     path, backend = sys.argv[1], sys.argv[2]
     resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + (768 << 20), resource.RLIM_INFINITY))
     try:
