@@ -2,16 +2,19 @@
 
 Each chunk task of :func:`to_npy` writes its chunk's bytes with ``os.pwrite``
 at their offsets (the byte runs :func:`~npydask.region.plan_read` gives for
-the output's header) into ``.<name>.<token>.npydask-tmp`` in the target's
-folder: hidden, never ending in ``.npy``, and the same for a retried task.
-One last task, after every chunk task, sets the file's size, writes the
-header at offset 0, calls ``fsync``, renames the file over the target and
-syncs the folder. Until then the file's first bytes are zeros, so no partial
-array is ever loadable; a failure in the last step removes the temporary
-file. Tasks open the file themselves (``O_WRONLY | O_CREAT``) and carry only
-their chunk and a small frozen :class:`ChunkTarget` or :class:`FileTarget`,
-so workers sharing a file system write one file together. In
-:func:`to_npy_files` an array of one chunk is written by a single task.
+the output's header) into ``.<name>.<run>.npydask-tmp`` in the target's
+folder: hidden, never ending in ``.npy``. ``<run>`` is drawn at random when
+the graph is built, so the retried tasks of one graph share the file and two
+calls never do. One last task, after every chunk task, takes the file away
+under a name of its own, checks that it is the one file its chunk tasks
+wrote and has the full size, writes the header at offset 0, calls
+``fsync``, renames the file over the target and syncs the folder. Until then
+the file's first bytes are zeros, so no partial array is ever loadable; a
+failure in the last step removes the file. Tasks open the file themselves
+(``O_WRONLY | O_CREAT``) and carry only their chunk and a small frozen
+:class:`ChunkTarget` or :class:`FileTarget`, so workers sharing a file system
+write one file together. In :func:`to_npy_files` an array of one chunk is
+written by a single task into a file of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import functools
 import hashlib
 import math
 import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +40,12 @@ from dask.utils import ensure_dict, parse_bytes
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.reader import _fspath
 from npydask.backends._write import (
+    TMP_SUFFIX,
+    WRITTEN,
     ChunkTarget,
     FileTarget,
     all_written,
+    check_inside,
     exists_error,
     write_block_task,
     finish_file,
@@ -47,17 +54,33 @@ from npydask.backends._write import (
 
 __all__ = ["ChunkTarget", "FileTarget", "check_names", "plan_target", "to_npy", "to_npy_files"]
 
-TMP_SUFFIX = ".npydask-tmp"
-"""Ending of every temporary file (never ``.npy``)."""
-_MAX_STEM = 120
-"""Characters of the target's name kept in a temporary file's name (NAME_MAX is 255 bytes)."""
+NAME_MAX = 255
+"""Bytes in one file name (Linux, macOS and Windows file systems alike)."""
+NUMPY_MAX_HEADER = 10_000
+"""The longest header text ``numpy.load`` reads by default (its ``max_header_size``)."""
+MAX_ALIGN = 9984
+"""The largest ``align`` whose padded header ``numpy.load`` still reads by default."""
+_RUN_HEX = 16
+"""Hex digits of the random id of one call in its temporary names."""
+_STEM_BYTES = NAME_MAX - len(b"..") - _RUN_HEX - len(b".12345678") - len(TMP_SUFFIX)
+"""Bytes of the target's name kept in a temporary name (room for the 8 digits of a task's own copy)."""
 
 
 def plan_target(
-    path: str, dtype: np.dtype, shape: tuple[int, ...], token: str, *, align: int = 64, overwrite: bool = True,
-    make_dirs: bool = False, sync_folder: bool = True,
+    path: str, dtype: np.dtype, shape: tuple[int, ...], run: str, *, align: int = 64, overwrite: bool = True,
+    make_dirs: bool = False, sync_folder: bool = True, root: str = "",
 ) -> FileTarget:
     """The :class:`FileTarget` for writing an array of ``dtype`` and ``shape`` to ``path`` (absolute).
+
+    ``run`` is the random id of the write call that names its temporary file;
+    ``root`` (a real path) is the output folder the file must stay inside.
+
+    Raises
+    ------
+    OSError
+        ``ENAMETOOLONG`` naming ``path`` when its name is over :data:`NAME_MAX` bytes.
+    ValueError
+        When ``align`` would make a header ``numpy.load`` refuses by default.
 
     Examples
     --------
@@ -71,11 +94,42 @@ def plan_target(
             f"{path}: the header for dtype {dtype} would be {len(preamble)} bytes, more than the "
             f"{MAX_HEADER_BYTES} bytes npydask reads back (numpy.load stops at 10,000); use fewer fields"
         )
+    if align > 64 and _text_bytes(preamble) > NUMPY_MAX_HEADER >= _text_bytes(_header_bytes(dtype, tuple(shape), 64)):
+        raise ValueError(
+            f"{path}: align={align} pads the header of dtype {dtype} to {len(preamble)} bytes, over the "
+            f"{NUMPY_MAX_HEADER:,} bytes numpy.load reads by default (max_header_size); use a smaller align"
+        )
     nbytes = math.prod(shape) * dtype.itemsize
     header = NpyHeader((preamble[6], preamble[7]), tuple(shape), dtype, False, len(preamble), nbytes)
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name[:_MAX_STEM]}.{token}{TMP_SUFFIX}")
-    return FileTarget(preamble, ChunkTarget(path, tmp, header, make_dirs), overwrite, sync_folder)
+    tmp = os.path.join(folder, f".{_stem(name, path)}.{run}{TMP_SUFFIX}")
+    return FileTarget(preamble, ChunkTarget(path, tmp, header, make_dirs, root), overwrite, sync_folder)
+
+
+def _text_bytes(preamble: bytes) -> int:
+    """The header text's length as ``numpy.load`` measures it (after the magic, version and length field)."""
+    return len(preamble) - (10 if preamble[6] == 1 else 12)
+
+
+def _stem(name: str, path: str) -> str:
+    """The first :data:`_STEM_BYTES` bytes of ``name``, never splitting a UTF-8 character.
+
+    Raises ``OSError(ENAMETOOLONG)`` naming ``path`` when ``name`` itself is
+    over :data:`NAME_MAX` bytes.
+    """
+    raw = os.fsencode(name)
+    if len(raw) > NAME_MAX:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"File name too long: {len(raw)} bytes, the file system allows {NAME_MAX}; use a shorter name",
+            path,
+        )
+    if len(raw) <= _STEM_BYTES:
+        return name
+    cut = _STEM_BYTES
+    while cut and raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back up to its lead byte
+        cut -= 1
+    return os.fsdecode(raw[:cut])
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,6 +189,12 @@ def _check_align(align: Any) -> int:
             f"at a multiple of 64 bytes (numpy's ARRAY_ALIGN) so that every dtype is aligned and files map "
             f"well; use 64 (numpy's default) or 4096 for page-aligned payloads (O_DIRECT, mmap)"
         )
+    if align > MAX_ALIGN:
+        raise ValueError(
+            f"align must be at most {MAX_ALIGN}, found {align!r}: a larger one pads the header past the "
+            f"{NUMPY_MAX_HEADER:,} bytes numpy.load reads by default (max_header_size); use 4096 for "
+            f"page-aligned payloads"
+        )
     return align
 
 
@@ -143,6 +203,11 @@ def _check_target(path: str, overwrite: bool) -> None:
         raise IsADirectoryError(errno.EISDIR, "the target is a folder; give a file path", path)
     if not overwrite and os.path.lexists(path):
         raise exists_error(path)
+
+
+def _run() -> str:
+    """A fresh random id for one call's temporary file (shared by its retried tasks, never by two calls)."""
+    return secrets.token_hex(_RUN_HEX // 2)
 
 
 def _graph_of(x: Any) -> tuple[dict, list]:
@@ -178,8 +243,8 @@ def _file_graph(src: _Source, target: FileTarget, key: str) -> dict:
         write_block_task,
         target=target.chunk,
         chunks=(1,) * ndim,
-        dtype=np.int64,
-        meta=np.empty((0,) * ndim, dtype=np.int64),
+        dtype=WRITTEN,
+        meta=np.empty((0,) * ndim, dtype=WRITTEN),
         name="npy-write-chunks-" + key.rsplit("-", 1)[-1],
     )
     dsk, chunks = _graph_of(_optimize(parts))
@@ -251,7 +316,7 @@ def to_npy(
     _check_target(path, overwrite)
     token = _digest(src.token, path, align, overwrite)
     key = "npy-write-" + token
-    target = plan_target(path, src.dtype, src.shape, token[:16], align=align, overwrite=overwrite)
+    target = plan_target(path, src.dtype, src.shape, _run(), align=align, overwrite=overwrite)
     value = Delayed(key, _file_graph(src, target, key))
     if not compute:
         return value
@@ -328,6 +393,9 @@ def to_npy_files(
     else:
         rel = check_names(names)
     paths = [os.path.join(root, r) for r in rel]
+    real_root = os.path.realpath(root)
+    for folder_ in sorted({os.path.dirname(p) for p in paths}):
+        check_inside(folder_, real_root, folder_)
     for p in paths:
         _check_target(p, overwrite)
     limit = int(parse_bytes(dask.config.get("array.chunk-size")))
@@ -336,8 +404,8 @@ def to_npy_files(
     for i, (x, path) in enumerate(zip(arrays, paths)):
         src = _source(x, f"to_npy_files: array {i} ({path})", limit)
         token = _digest(src.token, path, align, overwrite)
-        target = plan_target(path, src.dtype, src.shape, token[:16], align=align, overwrite=overwrite,
-                             make_dirs=True, sync_folder=False)
+        target = plan_target(path, src.dtype, src.shape, _run(), align=align, overwrite=overwrite,
+                             make_dirs=True, sync_folder=False, root=real_root)
         keys.append("npy-write-" + token)
         dsk.update(_file_graph(src, target, keys[-1]))
     top = "npy-files-" + _digest(root, tuple(keys))
@@ -356,8 +424,8 @@ def check_names(names: Sequence[str | os.PathLike[str]]) -> list[str]:
     ------
     ValueError
         For an absolute or escaping (``..``) name, one that names no file
-        (empty, or ending in a separator), a name given twice, or a file that
-        another name needs as a folder.
+        (empty, or ending in a separator or in ``.``), a name given twice, or
+        a file that another name needs as a folder.
 
     Examples
     --------
@@ -373,8 +441,11 @@ def check_names(names: Sequence[str | os.PathLike[str]]) -> list[str]:
             raise ValueError(f"names[{i}] = {text!r} must be a relative path inside the output folder")
         if ".." in parts:
             raise ValueError(f"names[{i}] = {text!r} escapes the output folder ('..'); use a path inside it")
-        if not parts or text.endswith(("/", os.sep)):
-            raise ValueError(f"names[{i}] = {text!r} names no file; give a file name such as 'a' or 'sub/a'")
+        if not parts or text.endswith(("/", os.sep)) or text.replace(os.sep, "/").rsplit("/", 1)[-1] == ".":
+            raise ValueError(
+                f"names[{i}] = {text!r} names no file (it ends in a folder: '/', '.' or nothing); give a file "
+                f"name such as 'a' or 'sub/a'"
+            )
         rel = "/".join(parts)
         rel += "" if rel.endswith(".npy") else ".npy"
         if rel in seen:

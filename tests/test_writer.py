@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
+import json
 import os
 import subprocess
 import sys
@@ -370,10 +371,14 @@ def test_failed_task_leaves_no_file_at_a_fresh_target(tmp_path, scheduler):
         to_npy(x, tmp_path / "fresh.npy")
     assert not (tmp_path / "fresh.npy").exists()
     _check_leftovers(tmp_path, [])
-    # a retry writes the same temporary file, then publishes the whole array
+    left = sorted(os.listdir(tmp_path))
+    # a second call writes a temporary file of its own and publishes the whole array; the failed
+    # call's temporary file stays (hidden, not loadable) until removed
     with scheduler():
         to_npy(da.from_array(a, chunks=(5, 5)), tmp_path / "fresh.npy")
     assert_like_numpy(tmp_path / "fresh.npy", a)
+    assert sorted(os.listdir(tmp_path)) == sorted(left + ["fresh.npy"])
+    _check_leftovers(tmp_path, ["fresh.npy"])
 
 
 @pytest.mark.parametrize("chunks", [3, 2], ids=["one-task", "chunk-tasks"])
@@ -695,3 +700,237 @@ def test_a_write_whose_worker_dies_leaves_the_target_untouched(tmp_path):
     for leftover in tmp_path.glob(".*npydask-tmp"):
         with pytest.raises(ValueError):  # a leftover temporary file is not a loadable array either
             np.load(leftover)
+
+
+# --------------------------------------------------------------------------
+# concurrent writers of one target: each publishes a whole, correct file or fails
+
+_CHILD_WRITER = """
+import json, sys
+import dask, dask.array as da, numpy as np
+from npydask.writer import to_npy
+for line in sys.stdin:
+    job = json.loads(line)
+    a = np.load(job["src"])
+    x = a if job["chunks"] is None else da.from_array(a, chunks=tuple(job["chunks"]))
+    try:
+        with dask.config.set(scheduler="threads"):
+            to_npy(x, job["target"])
+    except Exception as e:
+        print("error", type(e).__name__, str(e).replace(chr(10), " "), flush=True)
+    else:
+        print("ok", flush=True)
+"""
+
+
+@contextlib.contextmanager
+def _child_writers(n: int):
+    """``n`` long-lived processes that each run ``to_npy`` jobs read as JSON lines on stdin."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(npydask.__file__).parent.parent),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CHILD_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env)
+        for _ in range(n)
+    ]
+    try:
+        yield children
+    finally:
+        for c in children:
+            c.stdin.close()
+        for c in children:
+            c.wait(timeout=60)
+
+
+def _saved(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def _watch(path: Path, allowed: set[bytes], stop, seen: list[str]) -> None:
+    """Load ``path`` until ``stop`` is set; record anything that is not one of ``allowed`` whole files."""
+    while not stop.is_set():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        if data not in allowed:
+            seen.append(f"{len(data)} bytes, head {data[:16]!r}, zero bytes {data.count(0)}")
+
+
+def _race(writers, path: Path, allowed: set[bytes]) -> tuple[list[BaseException | None], list[str]]:
+    """Run the ``writers`` (callables) at once in threads while a watcher reads ``path``."""
+    import threading
+
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=_watch, args=(path, allowed, stop, seen))
+    barrier = threading.Barrier(len(writers))
+
+    def run(w):
+        barrier.wait()
+        try:
+            w()
+        except Exception as e:  # each writer may fail with an error, never publish a wrong file
+            return e
+        return None
+
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(len(writers)) as pool:
+            errors = list(pool.map(run, writers))
+    finally:
+        stop.set()
+        watcher.join()
+    return errors, seen
+
+
+RACE_ITERATIONS = 30
+
+
+@pytest.mark.timeout(600)
+def test_concurrent_writers_of_one_target_publish_one_whole_source(tmp_path):
+    """Threads and processes write one target at once, from numpy and dask arrays in several chunkings.
+
+    Most of them write the very same array (so before each call had its own temporary file they
+    shared one, and one could publish a file of zeros); one writes other values. After each round
+    the target is one of the sources exactly, every writer succeeded, and a reader never saw
+    anything else. The shared-temporary bug was caught in the first 1-3 rounds.
+    """
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 2048))
+    b = rng.standard_normal((64, 2048)).astype("<f4")
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", a)
+    p = tmp_path / "t.npy"
+    old = np.arange(7)
+    allowed = {_saved(a), _saved(b), _saved(old)}
+    x = da.from_array(a, chunks=(4, 2048))
+
+    def in_child(child, chunks):
+        def w():
+            child.stdin.write(json.dumps({"src": str(src / "a.npy"), "chunks": chunks, "target": str(p)}) + "\n")
+            child.stdin.flush()
+            answer = child.stdout.readline()
+            if not answer.startswith("ok"):
+                raise RuntimeError(f"child: {answer}")
+        return w
+
+    def here(value, **kw):
+        return lambda: to_npy(value, p, **kw)
+
+    with _child_writers(2) as children:
+        for i in range(RACE_ITERATIONS):
+            np.save(p, old)
+            writers = [
+                here(x), here(x), here(a), here(a),  # the same array twice, as dask and as numpy
+                here(da.from_array(a, chunks=(16, 512))),
+                here(da.from_array(b, chunks=(8, -1))),
+                in_child(children[0], [4, 2048]),  # the same chunks (and dask name) as x
+                in_child(children[1], None),  # numpy, as here(a)
+            ]
+            errors, seen = _race(writers, p, allowed)
+            assert seen == [], f"round {i}: a reader saw {seen[:3]}"
+            assert errors == [None] * len(writers), f"round {i}: {errors}"
+            assert p.read_bytes() in (_saved(a), _saved(b)), f"round {i}"
+            assert sorted(os.listdir(tmp_path)) == ["src", "t.npy"], f"round {i}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("chunks", [(4, 2048), (64, 2048), (3, 500)], ids=["slabs", "one-task", "ragged"])
+def test_one_lazy_write_computed_twice_at_once(tmp_path, chunks):
+    """One ``compute=False`` value computed by three threads at once: each publishes ``a`` or fails cleanly.
+
+    Its computations share one temporary file (retried tasks must find it); the last step publishes
+    only a file that every chunk task of its computation wrote, of the full size. On the old code
+    the first round already published a file of zeros or failed with a bare FileNotFoundError.
+    """
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 2048))
+    p = tmp_path / "t.npy"
+    old = np.arange(5)
+    for i in range(RACE_ITERATIONS):
+        np.save(p, old)
+        value = to_npy(da.from_array(a, chunks=chunks), p, compute=False)
+        errors, seen = _race([lambda: value.compute(scheduler="threads")] * 3, p, {_saved(a), _saved(old)})
+        assert seen == [], f"round {i}: a reader saw {seen[:3]}"
+        assert None in errors, f"round {i}: every computation failed: {errors}"
+        for e in errors:  # a failure is an error that names the target and says why
+            assert e is None or (isinstance(e, (OSError, RuntimeError)) and "t.npy" in str(e)), repr(e)
+        assert p.read_bytes() == _saved(a), f"round {i}"
+        _check_leftovers(tmp_path, ["t.npy"])
+        for name in os.listdir(tmp_path):
+            if name != "t.npy":
+                os.unlink(tmp_path / name)
+
+
+class _Tamper(Callback):
+    """Runs ``act`` once, just before the task whose key (a string, not a chunk's tuple) starts with ``prefix``."""
+
+    def __init__(self, prefix: str, act) -> None:
+        super().__init__()
+        self.prefix, self.act, self.done = prefix, act, False
+
+    def _pretask(self, key, dsk, state) -> None:
+        if not self.done and isinstance(key, str) and key.startswith(self.prefix):
+            self.done = True
+            self.act()
+
+
+def _replace_with_zeros(tmp: Path) -> None:
+    size = tmp.stat().st_size
+    tmp.unlink()
+    tmp.write_bytes(b"\0" * size)  # another file of the same size, under the same name
+
+
+def _truncate(tmp: Path) -> None:
+    os.truncate(tmp, tmp.stat().st_size // 2)
+
+
+def _extend(tmp: Path) -> None:
+    os.truncate(tmp, tmp.stat().st_size + 64)
+
+
+def _remove(tmp: Path) -> None:
+    tmp.unlink()
+
+
+@pytest.mark.parametrize("act", [_replace_with_zeros, _truncate, _extend, _remove])
+@pytest.mark.parametrize("shape", [(40, 30), (1000,), (6, 5, 4)])
+def test_last_step_publishes_only_the_file_its_chunks_wrote(tmp_path, act, shape):
+    a = _filled(shape, "<f8")
+    p = tmp_path / "t.npy"
+    np.save(p, np.arange(3))
+    before = p.read_bytes()
+    value = to_npy(da.from_array(a, chunks=tuple(max(1, n // 3) for n in shape)), p, compute=False)
+
+    def tamper():
+        (tmp,) = [tmp_path / n for n in os.listdir(tmp_path) if n.endswith(".npydask-tmp")]
+        act(tmp)
+
+    with _Tamper("npy-write-", tamper) as t, dask.config.set(scheduler="sync"):
+        assert not t.done
+        with pytest.raises((OSError, RuntimeError), match="t.npy"):
+            value.compute()
+    assert t.done
+    assert p.read_bytes() == before
+    _check_leftovers(tmp_path, ["t.npy"])
+
+
+def test_each_call_writes_its_own_temporary_file(tmp_path):
+    x = da.from_array(np.arange(40.0).reshape(8, 5), chunks=(2, 5))
+    seen: set[str] = set()
+
+    def look(block):
+        seen.update(n for n in os.listdir(tmp_path) if n.endswith(".npydask-tmp"))
+        return block
+
+    y = x.map_blocks(look, dtype=x.dtype)
+    values = [to_npy(y, tmp_path / "t.npy", compute=False) for _ in range(2)]
+    with dask.config.set(scheduler="sync"):
+        for v in values:
+            v.compute()
+        to_npy(y, tmp_path / "t.npy")
+    assert len(seen) == 3, seen
+    assert sorted(os.listdir(tmp_path)) == ["t.npy"]
