@@ -9,6 +9,7 @@ one module-scoped ``LocalCluster`` of two worker processes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import io
 import json
@@ -934,3 +935,102 @@ def test_each_call_writes_its_own_temporary_file(tmp_path):
         to_npy(y, tmp_path / "t.npy")
     assert len(seen) == 3, seen
     assert sorted(os.listdir(tmp_path)) == ["t.npy"]
+
+
+# --------------------------------------------------------------------------
+# long file names: temporary names are cut by bytes, a too-long target is named
+
+
+def _name_of_bytes(char: str, nbytes: int) -> str:
+    """A file name of exactly ``nbytes`` UTF-8 bytes ending in ``.npy``: ``char`` repeated, then ASCII."""
+    k = (nbytes - 4) // len(char.encode())
+    name = char * k
+    return name + "a" * (nbytes - 4 - len(name.encode())) + ".npy"
+
+
+NAME_CHARS = ["a", "\u00e9", "\u65e5\u672c", "\U0001f600", "\u00e9\u65e5\U0001f600"]
+
+
+@pytest.mark.parametrize("char", NAME_CHARS, ids=["ascii", "e-acute", "kanji", "emoji", "mixed"])
+@pytest.mark.parametrize("nbytes", [120, 200, 217, 231, 244, 251, 255])
+def test_long_non_ascii_names_are_written(tmp_path, char, nbytes):
+    name = _name_of_bytes(char, nbytes)
+    assert len(name.encode()) == nbytes
+    a = _filled((30, 7), "<i4")
+    np.save(tmp_path / name, a)  # numpy writes it: so must npydask
+    (tmp_path / name).unlink()
+    to_npy(da.from_array(a, chunks=(7, 3)), tmp_path / name)
+    assert_like_numpy(tmp_path / name, a)
+    to_npy(a, tmp_path / name)  # one task
+    assert_like_numpy(tmp_path / name, a)
+    to_npy_files([a, da.from_array(a, chunks=(10, 7))], tmp_path / "set", names=[name[:-4], "sub/" + name])
+    assert_like_numpy(tmp_path / "set" / name, a)
+    assert_like_numpy(tmp_path / "set" / "sub" / name, a)
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "set"])
+    assert sorted(os.listdir(tmp_path / "set")) == sorted([name, "sub"])
+
+
+@pytest.mark.parametrize("char", NAME_CHARS, ids=["ascii", "e-acute", "kanji", "emoji", "mixed"])
+@pytest.mark.parametrize("nbytes", [1, 150, 216, 217, 218, 219, 220, 244, 255])
+def test_temporary_names_are_cut_by_bytes_on_a_character_boundary(char, nbytes):
+    from npydask.writer import plan_target
+
+    name = "b" if nbytes == 1 else _name_of_bytes(char, nbytes)
+    t = plan_target(os.path.join(os.sep, "data", name), np.dtype("<f4"), (3,), "0123456789abcdef")
+    tmp = os.fsencode(os.path.basename(t.tmp))
+    assert len(tmp) + len(".12345678") <= 255  # room for the last step's own name
+    stem = tmp.decode("utf-8")[1:].rsplit(".0123456789abcdef.npydask-tmp", 1)[0]  # strict: no split character
+    assert name.startswith(stem) and len(stem.encode()) >= min(nbytes, 216 - 3)  # cut at most 3 bytes early
+
+
+@pytest.mark.parametrize("char", NAME_CHARS, ids=["ascii", "e-acute", "kanji", "emoji", "mixed"])
+@pytest.mark.parametrize("nbytes", [256, 257, 300, 1000])
+def test_too_long_target_names_name_the_target(tmp_path, char, nbytes):
+    name = _name_of_bytes(char, nbytes)
+    with pytest.raises(OSError):  # numpy cannot write it either
+        np.save(tmp_path / name, np.zeros(2))
+    for value in (np.zeros(3), da.zeros(10, chunks=3)):
+        with pytest.raises(OSError) as info:
+            to_npy(value, tmp_path / name)
+        assert info.value.errno == errno.ENAMETOOLONG and info.value.filename == str(tmp_path / name)
+        assert "npydask-tmp" not in str(info.value)
+        with pytest.raises(OSError) as info:
+            to_npy_files([value], tmp_path / "set", names=["sub/" + name])
+        assert info.value.errno == errno.ENAMETOOLONG and info.value.filename == str(tmp_path / "set" / "sub" / name)
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# align stays within what numpy.load reads by default (max_header_size)
+
+
+def _fields_dtype(n: int) -> np.dtype:
+    return np.dtype([(f"field_with_a_long_name_{i:04d}", "<f4") for i in range(n)])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nfields", [0, 40, 150, 200, 230], ids=lambda n: f"{n}-fields")
+def test_every_accepted_align_gives_a_file_numpy_loads_by_default(tmp_path, nfields):
+    a = _filled((3, 2), _fields_dtype(nfields) if nfields else "<f4")
+    assert len(format_header(a.dtype, a.shape, False)) <= 10_000  # numpy.load reads np.save's file
+    accepted = []
+    for align in range(64, 20_480 + 64, 64):
+        p = tmp_path / "a.npy"
+        x = a if align % 128 else da.from_array(a, chunks=1)  # one task and chunk tasks
+        try:
+            to_npy(x, p, align=align)
+        except ValueError as e:
+            assert "max_header_size" in str(e) and "align" in str(e), str(e)
+            assert not p.exists()
+            with pytest.raises(ValueError, match="max_header_size"):
+                to_npy_files([a], tmp_path / "set", align=align)
+            continue
+        accepted.append(align)
+        assert_same_array(np.load(p), a)  # numpy.load with its defaults
+        h = npydask.read_header(p)
+        assert h.data_offset % align == 0
+        os.unlink(p)
+    assert 64 in accepted and max(accepted) <= 9984
+    if nfields == 0:  # every multiple of 64 up to the cap
+        assert accepted == list(range(64, 9984 + 64, 64))
+    assert not (tmp_path / "set").exists() and os.listdir(tmp_path) == []
