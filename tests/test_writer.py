@@ -584,6 +584,9 @@ def test_to_npy_files_default_names(tmp_path):
         ([""], "names no file"),
         (["."], "names no file"),
         (["sub/"], "names no file"),
+        (["sub/."], "names no file"),
+        (["a/b/./."], "names no file"),
+        (["./."], "names no file"),
         (["a", "a.npy"], "both write"),
         (["a/b", "./a/b.npy"], "both write"),
         (["a.npy", "a.npy/b"], "both a file and the folder"),
@@ -1034,3 +1037,40 @@ def test_every_accepted_align_gives_a_file_numpy_loads_by_default(tmp_path, nfie
     if nfields == 0:  # every multiple of 64 up to the cap
         assert accepted == list(range(64, 9984 + 64, 64))
     assert not (tmp_path / "set").exists() and os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# to_npy_files never writes outside its output folder
+
+
+@pytest.mark.parametrize("chunks", [None, 2], ids=["one-task", "chunk-tasks"])
+@pytest.mark.parametrize("name", ["link/a", "link/deeper/b", "sub/link/c"])
+def test_a_symlink_inside_the_output_folder_cannot_lead_out(tmp_path, name, chunks):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (out / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(elsewhere, out / "link")
+    os.symlink(elsewhere, out / "sub" / "link")
+    a = np.arange(5.0)
+    x = a if chunks is None else da.from_array(a, chunks=chunks)
+    with pytest.raises(OSError, match="outside the output folder") as info:
+        to_npy_files([np.zeros(2), x], out, names=["fine", name])
+    assert "elsewhere" in str(info.value) and "link" in info.value.filename
+    assert list(elsewhere.rglob("*")) == []
+    assert npy_files(out) == []
+    # a link made after the graph was built is refused where the task opens the file
+    value = to_npy_files([x], out, names=["later/d"], compute=False)
+    os.symlink(elsewhere, out / "later")
+    with pytest.raises(OSError, match="outside the output folder"):
+        value.compute()
+    assert list(elsewhere.rglob("*")) == []
+
+
+def test_symlinks_that_stay_inside_the_output_folder_are_followed(tmp_path):
+    out = tmp_path / "out"
+    (out / "real").mkdir(parents=True)
+    os.symlink(out / "real", out / "alias")
+    os.symlink(tmp_path / "out", tmp_path / "root-link")  # the output folder itself may be a link
+    to_npy_files([np.arange(3), da.arange(6, chunks=2)], tmp_path / "root-link", names=["alias/a", "alias/b"])
+    np.testing.assert_array_equal(np.load(out / "real" / "a.npy"), np.arange(3))
+    np.testing.assert_array_equal(np.load(out / "real" / "b.npy"), np.arange(6))
