@@ -32,11 +32,13 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 from dask.core import flatten
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import ensure_dict, parse_bytes
 
+from npydask.backends.base import as_bytes, raw_copy
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.reader import _fspath
 from npydask.backends._write import (
@@ -166,12 +168,43 @@ def _source(x: Any, what: str, limit: int | None = None) -> _Source:
     array = np.asarray(x)
     _check_dtype(array.dtype, what)
     if array.nbytes > (limit or int(parse_bytes(dask.config.get("array.chunk-size")))):
-        return _source(da.asarray(array), what)
+        if array.dtype.names is None:
+            return _source(da.asarray(array), what)
+        # from_array copies a numpy array first, and numpy's copy loses structured padding: give it views
+        meta = np.empty((0,) * array.ndim, array.dtype)
+        return _source(da.from_array(_Views(array), chunks="auto", asarray=False, meta=meta), what)
     # a digest of dtype, shape and values (much cheaper than dask's tokenize for many small arrays)
     h = hashlib.blake2b(repr((array.dtype.descr, array.dtype.str, array.shape)).encode("utf8"), digest_size=16)
     if array.size and array.dtype.itemsize:
-        h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        h.update(as_bytes(raw_copy(array)))
     return _Source(array, array.dtype, array.shape, h.hexdigest(), True)
+
+
+class _Views:
+    """A numpy array behind ``dask.array.from_array`` that hands out views, never a copy of the array."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.array.ndim
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self.array[index]
+
+    def __dask_tokenize__(self) -> Any:
+        return ("npydask.writer._Views", tokenize(self.array))
 
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:

@@ -1074,3 +1074,121 @@ def test_symlinks_that_stay_inside_the_output_folder_are_followed(tmp_path):
     to_npy_files([np.arange(3), da.arange(6, chunks=2)], tmp_path / "root-link", names=["alias/a", "alias/b"])
     np.testing.assert_array_equal(np.load(out / "real" / "a.npy"), np.arange(3))
     np.testing.assert_array_equal(np.load(out / "real" / "b.npy"), np.arange(6))
+
+
+# --------------------------------------------------------------------------
+# structured padding: written and read byte for byte as the source holds it (never heap bytes)
+
+PADDED_DTYPES = [
+    np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4], "itemsize": 12}),
+    np.dtype([("a", "u1"), ("b", "<f8"), ("c", ">i2")], align=True),
+    np.dtype([("x", np.dtype([("p", "u1"), ("q", "<f4")], align=True), (2,)), ("y", "u1"), ("z", "<i8")], align=True),
+    np.dtype({"names": ["x", "y"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24}),
+]
+
+
+def _raw_filled(shape, dtype, order="C") -> np.ndarray:
+    """An array whose every byte (padding included) is random: numpy's copies would lose the padding."""
+    dtype = np.dtype(dtype)
+    c_shape = shape if order == "C" else shape[::-1]
+    n = int(np.prod(c_shape)) * dtype.itemsize
+    a = np.frombuffer(bytearray(RNG.integers(1, 256, n, dtype=np.uint8).tobytes()), dtype).reshape(c_shape)
+    return a if order == "C" else a.T
+
+
+def _raw_c(a: np.ndarray) -> np.ndarray:
+    """``a`` in C order with every byte, through a same-size void view."""
+    return np.asarray(a.view(np.dtype((np.void, a.dtype.itemsize))), order="C").view(a.dtype)
+
+
+def _np_saved_file(a: np.ndarray, path: Path) -> bytes:
+    np.save(path, a)  # to a real file: numpy writes the raw bytes (tofile)
+    data = path.read_bytes()
+    path.unlink()
+    return data
+
+
+def _views_of(src: np.ndarray, chunks) -> da.Array:
+    """A dask array whose chunks are views of ``src`` (``from_array`` would copy it, losing the padding)."""
+
+    def block(block_info=None):
+        (lo, hi), (lo2, hi2) = block_info[None]["array-location"]
+        return src[lo:hi, lo2:hi2]
+
+    return da.map_blocks(block, chunks=da.core.normalize_chunks(chunks, src.shape), dtype=src.dtype,
+                         meta=np.empty((0, 0), src.dtype))
+
+
+PADDED_IDS = lambda d: f"itemsize{d.itemsize}-{len(d.names)}f"  # noqa: E731
+
+
+@pytest.mark.parametrize("dtype", PADDED_DTYPES, ids=PADDED_IDS)
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+@pytest.mark.parametrize("source", ["numpy", "numpy-chunked", "views", "from_npy"])
+@pytest.mark.parametrize("chunks", [(20, 7), (7, 3), (1, 13)], ids=["slabs", "blocks", "rows"])
+def test_structured_padding_is_written_as_numpy_saves_it(tmp_path, dtype, order, source, chunks):
+    if order == "strided":
+        src = _raw_filled((40, 26), dtype)[::2, ::2]
+    else:
+        src = _raw_filled((20, 13), dtype, order)
+    expected = _np_saved_file(_raw_c(src), tmp_path / "expected.npy")
+    limit = "1MiB"
+    if source == "numpy":
+        x = src
+    elif source == "numpy-chunked":  # larger than array.chunk-size: chunk tasks over views of it
+        x, limit = src, f"{chunks[0] * chunks[1] * dtype.itemsize}B"
+    elif source == "views":
+        x = _views_of(src, chunks)
+    else:
+        np.save(tmp_path / "src.npy", src)
+        x = npydask.from_npy(tmp_path / "src.npy", chunks=chunks, backend="pread" if order == "F" else "auto")
+    with dask.config.set({"array.chunk-size": limit}):
+        to_npy(x, tmp_path / "a.npy")
+        to_npy_files([x], tmp_path / "set")
+    assert (tmp_path / "a.npy").read_bytes() == expected
+    assert (tmp_path / "set" / "00000.npy").read_bytes() == expected
+    zeros = np.zeros(src.shape, dtype)  # zero padding stays zero
+    with dask.config.set({"array.chunk-size": limit}):
+        to_npy(zeros if source != "views" else _views_of(zeros, chunks), tmp_path / "z.npy")
+    assert (tmp_path / "z.npy").read_bytes() == _np_saved_file(zeros, tmp_path / "expected.npy")
+
+
+def test_a_structured_cast_in_a_chunk_leaves_zero_padding(tmp_path):
+    wide = np.dtype([("a", "u1"), ("b", "<f8")], align=True)
+    narrow = np.dtype([("a", "u1"), ("b", "<f4")])
+    src = np.zeros((12, 5), narrow)
+    src["a"], src["b"] = 7, 2.5
+    x = da.from_array(src, chunks=(5, 2)).map_blocks(lambda b: b, dtype=wide)  # chunks come in another dtype
+    to_npy(x, tmp_path / "c.npy")
+    expected = np.zeros(src.shape, wide)
+    expected["a"], expected["b"] = 7, 2.5
+    assert (tmp_path / "c.npy").read_bytes() == _np_saved_file(expected, tmp_path / "e.npy")
+
+
+def _void(a: np.ndarray) -> bytes:
+    return _raw_c(a).tobytes()
+
+
+@pytest.mark.parametrize("dtype", PADDED_DTYPES, ids=PADDED_IDS)
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("backend", ["pread", "mmap", "auto"])
+def test_structured_padding_is_read_as_the_file_holds_it(tmp_path, dtype, order, backend):
+    """Every chunk npydask returns (and every read_region) holds the file's bytes, padding included.
+
+    (``compute()`` then assembles the chunks with numpy copies, which move structured values field
+    by field: the padding of that assembled array is numpy's, see the README.)
+    """
+    src = _raw_filled((23, 17), dtype, order)
+    p = tmp_path / "s.npy"
+    np.save(p, src)
+    loaded = np.load(p)
+    for chunks in [(23, 17), (5, 17), (23, 4), (6, 5)]:
+        x = npydask.from_npy(p, chunks=chunks, backend=backend)
+        blocks = dask.compute(*x.to_delayed().ravel())
+        for (i, j), block in zip(np.ndindex(*x.numblocks), blocks):
+            r0, c0 = sum(x.chunks[0][:i]), sum(x.chunks[1][:j])
+            want = loaded[r0 : r0 + x.chunks[0][i], c0 : c0 + x.chunks[1][j]]
+            assert _void(block) == _void(want), (chunks, i, j)
+    for start, stop in [((0, 0), (23, 17)), ((3, 2), (20, 11)), ((5, 0), (6, 17)), ((0, 4), (23, 5))]:
+        got = npydask.read_region(p, start, stop, backend=backend)
+        assert _void(got) == _void(loaded[start[0] : stop[0], start[1] : stop[1]]), (start, stop)
