@@ -291,17 +291,20 @@ def to_npy(
     """Write a dask (or numpy) array to one ``.npy`` file, chunk by chunk, without gathering it.
 
     Each task writes its chunk at its offsets in a hidden temporary file in
-    the same folder (``.<name>.<token>.npydask-tmp``); one last task writes
-    the header, calls ``fsync`` and renames the file over ``path``. A failed
-    or interrupted write never leaves a file at ``path`` that ``numpy.load``
-    accepts as complete, and leaves an existing file there untouched.
+    the same folder (``.<name>.<run>.npydask-tmp``, ``<run>`` random per
+    call); one last task checks that it is the file its chunk tasks wrote,
+    writes the header, calls ``fsync`` and renames the file over ``path``. A
+    failed or interrupted write never leaves a file at ``path`` that
+    ``numpy.load`` accepts as complete, and leaves an existing file there
+    untouched; concurrent writers each publish a whole file or fail.
 
     Parameters
     ----------
     x : dask.array.Array or array_like
-        The array; numpy arrays go through ``dask.array.asarray`` when they
-        are larger than one chunk (``array.chunk-size``). Written in C order
-        and in ``x.dtype``, byte order included, as ``numpy.save`` writes it.
+        The array; numpy arrays are split into chunks when they are larger
+        than one chunk (``array.chunk-size``). Written in C order and in
+        ``x.dtype``, byte order and structured padding included, as
+        ``numpy.save`` writes it.
     path : str or os.PathLike
         The file, used as given (no ``.npy`` is appended). Its folder must
         exist. On a cluster, every worker must see it at this path.
@@ -312,7 +315,9 @@ def to_npy(
         now, and a file that appears there meanwhile is not replaced.
     align : int, optional
         The payload starts at a multiple of this many bytes: 64 as numpy, or
-        for example 4096 for page-aligned reads. A positive multiple of 64.
+        for example 4096 for page-aligned reads. A multiple of 64, at most
+        :data:`MAX_ALIGN` (9984) so that ``numpy.load`` reads the header with
+        its default ``max_header_size``.
 
     Returns
     -------
@@ -325,8 +330,14 @@ def to_npy(
     FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError
         Before any work: a missing folder, a folder at ``path``, or an
         existing ``path`` with ``overwrite=False``.
+    OSError
+        ``ENAMETOOLONG`` naming ``path`` when its name is over 255 bytes.
     ValueError
-        For an object dtype, unknown chunk sizes or a bad ``align``.
+        For an object dtype, unknown chunk sizes, or an ``align`` that is not
+        a multiple of 64 or pads the header past what ``numpy.load`` reads.
+    npydask.FileChangedError
+        At compute, when the temporary file is not the one the chunk tasks
+        wrote (the same lazy value computed twice at once, or tampering).
 
     Examples
     --------
@@ -394,6 +405,10 @@ def to_npy_files(
     ValueError
         Bad names (see :func:`check_names`), a name count that differs from
         the array count, or an array :func:`to_npy` refuses.
+    PermissionError
+        A file's folder that resolves (through a symbolic link) outside the
+        output folder, checked when the graph is built and again right
+        before the file is created.
 
     Examples
     --------
