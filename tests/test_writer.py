@@ -799,7 +799,7 @@ def test_concurrent_writers_of_one_target_publish_one_whole_source(tmp_path):
     Most of them write the very same array (so before each call had its own temporary file they
     shared one, and one could publish a file of zeros); one writes other values. After each round
     the target is one of the sources exactly, every writer succeeded, and a reader never saw
-    anything else. The shared-temporary bug was caught in the first 1-3 rounds.
+    anything else. On the old code the first round caught the bug in 10 runs of 10.
     """
     rng = np.random.default_rng(1)
     a = rng.standard_normal((64, 2048))
@@ -825,7 +825,7 @@ def test_concurrent_writers_of_one_target_publish_one_whole_source(tmp_path):
         return lambda: to_npy(value, p, **kw)
 
     with _child_writers(2) as children:
-        for i in range(RACE_ITERATIONS):
+        for i in range(2 * RACE_ITERATIONS):
             np.save(p, old)
             writers = [
                 here(x), here(x), here(a), here(a),  # the same array twice, as dask and as numpy
@@ -848,7 +848,8 @@ def test_one_lazy_write_computed_twice_at_once(tmp_path, chunks):
 
     Its computations share one temporary file (retried tasks must find it); the last step publishes
     only a file that every chunk task of its computation wrote, of the full size. On the old code
-    the first round already published a file of zeros or failed with a bare FileNotFoundError.
+    a round within the first 7 (of 30) published a file of zeros or failed with a bare
+    FileNotFoundError, in 10 runs of each chunking.
     """
     rng = np.random.default_rng(2)
     a = rng.standard_normal((64, 2048))
@@ -1192,3 +1193,29 @@ def test_structured_padding_is_read_as_the_file_holds_it(tmp_path, dtype, order,
     for start, stop in [((0, 0), (23, 17)), ((3, 2), (20, 11)), ((5, 0), (6, 17)), ((0, 4), (23, 5))]:
         got = npydask.read_region(p, start, stop, backend=backend)
         assert _void(got) == _void(loaded[start[0] : stop[0], start[1] : stop[1]]), (start, stop)
+
+
+def test_a_chunk_task_never_writes_into_an_unstamped_temporary_file(tmp_path, monkeypatch):
+    from npydask.backends import _write
+    from npydask.errors import FileChangedError
+    from npydask.region import Box
+    from npydask.writer import plan_target
+
+    a = _filled((6, 4), "<f8")
+    t = plan_target(str(tmp_path / "t.npy"), a.dtype, a.shape, "0123456789abcdef")
+    box = Box((0, 0), (3, 4))
+    # empty: its creator died before stamping it (a live creator stamps it at once)
+    Path(t.tmp).touch()
+    monkeypatch.setattr(_write, "STAMP_WAIT", 0.2)
+    with pytest.raises(FileChangedError, match="still empty") as info:
+        _write.write_chunk(a[:3], t.chunk, box)
+    assert info.value.filename == t.path
+    # full size without a stamp: a last step took it and cut the stamp off
+    os.truncate(t.tmp, t.size)
+    with pytest.raises(FileChangedError, match="taken by the last step"):
+        _write.write_chunk(a[:3], t.chunk, box)
+    assert Path(t.tmp).read_bytes() == bytes(t.size)  # nothing written into it
+    os.unlink(t.tmp)
+    written = _write.write_chunk(a[:3], t.chunk, box)  # a fresh file: created, stamped, written
+    assert written.nbytes == a[:3].nbytes and written.stamp != bytes(16)
+    assert os.path.getsize(t.tmp) == t.size + 16

@@ -350,18 +350,30 @@ def _open_shared(target: ChunkTarget) -> tuple[int, bytes]:
 
 
 def _read_stamp(fd: int, target: ChunkTarget) -> bytes:
-    """The stamp of a file another task created, waiting (up to :data:`STAMP_WAIT`) until it is written."""
+    """The stamp of a file another task created, waiting (up to :data:`STAMP_WAIT`) while it is still empty.
+
+    A file without a stamp that is not empty was taken by a last step (which
+    cut the stamp off): this computation can no longer write into it.
+    """
     end = target.header.data_offset + target.header.nbytes
     deadline = time.monotonic() + STAMP_WAIT
     while True:
+        size = os.fstat(fd).st_size  # first: an empty file grows only by its stamp, whose bytes are in by then
         stamp = os.pread(fd, STAMP_BYTES, end)
         if len(stamp) == STAMP_BYTES and stamp != _NO_STAMP:
             return stamp
+        if size:
+            raise FileChangedError(
+                errno.ENOENT,
+                f"the temporary file {target.tmp!r} was taken by the last step of another computation of this "
+                f"same lazy write: compute the write again",
+                target.path,
+            )
         if time.monotonic() > deadline:
             raise FileChangedError(
                 errno.EIO,
-                f"the temporary file {target.tmp!r} carries no stamp after {STAMP_WAIT:g} s (the task that "
-                f"created it died?): remove it and compute the write again",
+                f"the temporary file {target.tmp!r} is still empty, without its stamp, after {STAMP_WAIT:g} s "
+                f"(the task that created it died?): remove it and compute the write again",
                 target.path,
             )
         time.sleep(0.001)
