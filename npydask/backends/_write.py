@@ -287,7 +287,7 @@ def _take_tmp(target: FileTarget, stamps: set[bytes]) -> tuple[int, str]:
         )
     mine = _own_name(tmp)
     try:
-        os.rename(tmp, mine)  # from here on no other task can reach the file
+        os.rename(tmp, mine)  # from here on no other task can open the file
     except FileNotFoundError:
         raise FileChangedError(
             errno.ENOENT,
