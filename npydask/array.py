@@ -243,7 +243,9 @@ def from_npy(
     Parameters
     ----------
     path : str or os.PathLike
-        The ``.npy`` file. Its header is read and checked now.
+        The ``.npy`` file. Its header is read and checked now. A relative
+        path is made absolute against the current working directory now
+        (:mod:`npydask.paths`), so tasks read the same file on any worker.
     chunks : "auto", int, tuple, or byte size
         Anything ``dask.array.core.normalize_chunks`` takes. ``"auto"`` (or a
         byte size such as ``"128MiB"``) picks chunks of at most

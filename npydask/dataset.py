@@ -25,6 +25,7 @@ from npydask.backends._batch import Scanned, scan_files
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
 from npydask.header import NpyHeader
+from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
 from npydask.roi import RoiArgs, resolve_roi
 from npydask.stacking import join, plan_groups
@@ -96,7 +97,7 @@ class NpyDataset:
 
     @property
     def files(self) -> list[str]:
-        """The files' paths in read order (``os.path.join(file_root, entry)``)."""
+        """The files' absolute paths in read order (``os.path.join(file_root, entry)``, relative roots made absolute)."""
         return [v.ref.path for v in self._views]
 
     @property
@@ -379,7 +380,9 @@ def open_dataset(
     Parameters
     ----------
     file_root, file_filter, file_list, files, recursive
-        Which files, in which order (see :mod:`npydask.discovery`).
+        Which files, in which order (see :mod:`npydask.discovery`). Relative
+        paths are made absolute against the current working directory now
+        (:mod:`npydask.paths`), so tasks read the same files on any worker.
     key : str, optional
         Member name inside ``.npz`` archives.
     index : path, optional
@@ -420,6 +423,7 @@ def open_dataset(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
+    paths = absolute_all(paths)  # tasks may run in another working directory (npydask.paths)
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,

@@ -25,6 +25,7 @@ from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
+from npydask.paths import absolute
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
@@ -214,8 +215,12 @@ class FileRef(NamedTuple):
         options: ReadOptions | None = None,
         key: str | None = None,
     ) -> FileRef:
-        """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity."""
-        path = _fspath(path)
+        """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity.
+
+        A relative ``path`` is made absolute here (:func:`npydask.paths.absolute`):
+        the tasks that carry this reference may run in another working directory.
+        """
+        path = absolute(_fspath(path))
         _check_backend(backend)
         _check_key(key)
         f = acquire(path, key=key)
