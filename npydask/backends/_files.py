@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.npz import Member, inflate, locate
+from npydask.npz import Member, inflate, locate, without_key
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
 
 __all__ = [
@@ -210,6 +210,8 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
         first += read(min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
     if member is not None:
         path = f"{path} (member {member.name!r})"
+    elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
+        raise without_key(fd, path)
     header = parse_header(first, source=path)
     end = header.data_offset + header.nbytes
     if size < end:
