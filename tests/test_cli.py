@@ -228,6 +228,8 @@ def test_convert_to_zarr(tmp_path, folder):
     assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big.zarr"))[...], np.load(folder / "big.npy"))
     out = run("convert", str(folder), str(tmp_path / "all.zarr"), "--workers", "1")
+    assert out.returncode == 2 and "--layout per-file" in one_line(out)  # shapes and dtypes differ
+    out = run("convert", str(folder), str(tmp_path / "all.zarr"), "--workers", "1", "--layout", "per-file")
     assert out.returncode == 0, out.stderr
     group = zarr.open_group(str(tmp_path / "all.zarr"))
     np.testing.assert_array_equal(group["s3"][...], np.load(folder / "s3.npy"))
