@@ -348,6 +348,7 @@ def test_cli_folder_to_stacked_and_per_file_zarr(tmp_path):
         ("folder", "out.h5", "unknown destination extension '.h5'"),
         ("ragged", "out.zarr", "--layout per-file"),
         ("folder", "out", "--layout stacked"),
+        ("folder", "missing/all.npy", "its folder does not exist"),
     ],
 )
 def test_cli_bad_destinations_exit_2_with_one_line(tmp_path, src_kind, dest, words):

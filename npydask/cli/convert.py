@@ -256,9 +256,11 @@ def _plan(args: argparse.Namespace) -> Plan:
         raise UsageError(f"{src}: no such file or folder")
     if os.path.lexists(dest) and not args.overwrite:
         raise UsageError(f"{dest} exists; pass --overwrite to replace it")
+    src_abs, dest_abs = os.path.abspath(src), os.path.abspath(dest)
     if kind == "zarr":
         _need_zarr()
-    src_abs, dest_abs = os.path.abspath(src), os.path.abspath(dest)
+    elif kind == "npy" and not os.path.isdir(os.path.dirname(dest_abs)):
+        raise UsageError(f"{dest}: its folder does not exist; create it first")
     if os.path.isdir(src):
         return _plan_folder(args, kind, src_abs, dest_abs)
     if args.layout is not None:
@@ -274,8 +276,6 @@ def _plan(args: argparse.Namespace) -> Plan:
         name = args.key or _stem(os.path.basename(src_abs))
         return Plan(f"{src} to {dest}/{name}.npy (C order)",
                     lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)])
-    if not os.path.isdir(os.path.dirname(dest_abs)):
-        raise UsageError(f"{dest}: its folder does not exist; create it first")
     return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)])
 
 
@@ -444,7 +444,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     say(f"converting {plan.what}")
     with client(args.scheduler, args.workers) as c:
-        writes = plan.build()
+        try:
+            writes = plan.build()
+        except (ValueError, TypeError, FileExistsError) as e:  # a file changed since it was checked
+            raise UsageError(str(e)) from e
         compute(c, writes)
     print(f"wrote {args.dest}")
     return 0
