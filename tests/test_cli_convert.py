@@ -376,3 +376,22 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
     assert "goal" in done.stdout and "every output equals its source (numpy.load): yes" in done.stdout
     data = json.loads(out_json.read_text())
     assert data["outputs_agree"] and len(data["results"]) == 5
+
+
+def test_relative_paths_work_from_the_current_folder(tmp_path, monkeypatch):
+    names = uniform(tmp_path / "src", 5, (2,), "<i8", sub=2)
+    monkeypatch.chdir(tmp_path)
+    convert_here("src", "s.zarr")
+    convert_here("src/", "p.zarr", "--layout", "per-file")
+    convert_here("src", "copy/")
+    assert list(zarr.open_array("s.zarr", mode="r").attrs["files"]) == names
+    for name in names:
+        expected = np.load(tmp_path / "src" / name)
+        np.testing.assert_array_equal(zarr.open_group("p.zarr", mode="r")[name[:-4]][...], expected)
+        np.testing.assert_array_equal(np.load(tmp_path / "copy" / name), expected)
+
+
+def test_layout_is_refused_for_a_single_file(tmp_path, save):
+    src = save(np.zeros(3), "one.npy")
+    with pytest.raises(UsageError, match="--layout applies to a folder"):
+        plan(src, tmp_path / "o.zarr", "--layout", "per-file")
