@@ -22,6 +22,7 @@ import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
 from npydask.backends._batch import Scanned, scan_files
+from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
 from npydask.header import NpyHeader
@@ -70,13 +71,23 @@ class NpyDataset:
     ``ds.shapes`` (after ROI), ``ds.dtype``, ``ds.ndim``, ``ds.nbytes``;
     ``ds[i]`` is file ``i`` as a lazy array, ``ds[a:b]`` and ``ds[[i, j]]`` are
     sub-datasets, ``ds.stack()`` and ``ds.concatenate()`` join the files.
+    ``ds.sharding`` remembers a shard taken by ``open_dataset`` or
+    ``ds.shard()``, so the Loader and the PyTorch adapter can warn when they
+    shard it again.
+
+    A ``torch.utils.data.DataLoader`` given an ``NpyDataset`` (which yields
+    lazy dask arrays) fails with a ``TypeError`` naming the adapters to use,
+    ``npydask.torch.NpyMapDataset`` and ``NpyIterableDataset``.
     """
 
-    __slots__ = ("_device", "_views")
+    __slots__ = ("_device", "_sharding", "_views")
 
-    def __init__(self, views: Sequence[NpyFileArray], *, device: str = "cpu") -> None:
+    def __init__(
+        self, views: Sequence[NpyFileArray], *, device: str = "cpu", sharding: tuple[int, int] | None = None
+    ) -> None:
         object.__setattr__(self, "_views", tuple(views))
         object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_sharding", sharding)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"NpyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
@@ -85,7 +96,7 @@ class NpyDataset:
         raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._views, self._device))
+        return (_rebuild, (self._views, self._device, self._sharding))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -129,6 +140,11 @@ class NpyDataset:
         return sum(v.nbytes for v in self._views)
 
     @property
+    def sharding(self) -> tuple[int, int] | None:
+        """``(shard_id, num_shards)`` of the shard this dataset was cut to (kept by selections), else ``None``."""
+        return self._sharding
+
+    @property
     def views(self) -> tuple[NpyFileArray, ...]:
         """The per-file array-likes the lazy arrays are built on."""
         return self._views
@@ -148,7 +164,7 @@ class NpyDataset:
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return NpyDataset(self._views[index], device=self._device)
+            return NpyDataset(self._views[index], device=self._device, sharding=self._sharding)
         if isinstance(index, tuple):
             raise TypeError(
                 f"ds[{index!r}]: a dataset is indexed by file only; use a list for several files "
@@ -156,8 +172,22 @@ class NpyDataset:
             )
         if isinstance(index, (list, np.ndarray)):
             picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
-            return NpyDataset([self._views[i] for i in picks], device=self._device)
+            return NpyDataset([self._views[i] for i in picks], device=self._device, sharding=self._sharding)
         return self.array(self._index(index))
+
+    def __getitems__(self, indices: Any) -> Any:
+        """Refuse a ``torch.utils.data.DataLoader``, the one caller of this hook, naming the adapters.
+
+        DataLoader's fetcher asks a map-style dataset for each batch through
+        ``__getitems__`` when it has one; ``ds[i]`` is a lazy dask array,
+        which no DataLoader can batch.
+        """
+        raise TypeError(
+            "an NpyDataset gives lazy dask arrays, which a torch DataLoader cannot batch: wrap it, "
+            "DataLoader(npydask.torch.NpyMapDataset(ds), shuffle=True or sampler=...) for DataLoader's samplers, "
+            "or DataLoader(npydask.torch.NpyIterableDataset(ds, shuffle=True)) for npydask's own epoch plan "
+            "(or use npydask.Loader(ds, batch_size) for NumPy batches)"
+        )
 
     def _index(self, i: Any) -> int:
         if isinstance(i, bool) or not hasattr(i, "__index__"):
@@ -170,7 +200,8 @@ class NpyDataset:
     def shard(self, shard_id: int, num_shards: int) -> NpyDataset:
         """Shard ``shard_id`` of ``num_shards``: DALI's contiguous ``[floor(N*k/S), floor(N*(k+1)/S))``."""
         r = shard_range(len(self), shard_id, num_shards)
-        return NpyDataset(self._views[r.start : r.stop], device=self._device)
+        sharding = (shard_id, num_shards) if num_shards > 1 else self._sharding
+        return NpyDataset(self._views[r.start : r.stop], device=self._device, sharding=sharding)
 
     # -- lazy arrays ---------------------------------------------------------
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
@@ -339,8 +370,8 @@ def _layout(views: Sequence[NpyFileArray]) -> _Layout:
     return shapes, sizes, fortran
 
 
-def _rebuild(views: tuple[NpyFileArray, ...], device: str) -> NpyDataset:
-    return NpyDataset(views, device=device)
+def _rebuild(views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None) -> NpyDataset:
+    return NpyDataset(views, device=device, sharding=sharding)
 
 
 def _human(n: int) -> str:
@@ -373,6 +404,7 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    **dali_only: Any,
 ) -> NpyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
 
@@ -395,9 +427,16 @@ def open_dataset(
         Keep shard ``shard_id`` of ``num_shards`` (contiguous, as DALI).
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
+    **dali_only
+        Taken only to explain them: DALI reader arguments that live
+        elsewhere in npydask (``random_shuffle``, ``stick_to_shard``,
+        ``dont_use_mmap``, ...) raise a ``TypeError`` saying where
+        (:data:`npydask.dali_args.DALI_ONLY`).
 
     Raises
     ------
+    TypeError
+        A DALI reader argument npydask has elsewhere, or an unknown keyword.
     ValueError
         Bad ROI or shard arguments, no files, mixed dtypes or ndims.
     NpyFormatError
@@ -416,6 +455,7 @@ def open_dataset(
     >>> len(ds), ds.shapes[0], int(ds.stack().sum().compute())
     (4, (2, 3), 36)
     """
+    refuse_dali_arguments(dali_only)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
@@ -483,5 +523,5 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device)
+    return NpyDataset(views, device=device, sharding=(shard_id, num_shards) if num_shards > 1 else None)
 
