@@ -310,10 +310,19 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(folder):
 
 @pytest.mark.timeout(240)
 def test_cluster_progress_goes_to_stderr(folder):
-    out = run("stats", str(folder), "--json", "--workers", "1")
+    import socket
+
+    with socket.socket() as busy:  # the dashboard's default port taken: no "port in use" warning on stderr
+        try:
+            busy.bind(("", 8787))
+            busy.listen()
+        except OSError:
+            pass  # taken already
+        out = run("stats", str(folder), "--json", "--workers", "1")
     assert out.returncode == 0, out.stderr
     json.loads(out.stdout)
-    assert "starting an embedded local cluster" in out.stderr and "Completed" in out.stderr
+    assert out.stderr.splitlines()[0] == "starting an embedded local cluster (1 worker, 1 thread each)"
+    assert "Completed" in out.stderr and "8787" not in out.stderr and "Warning" not in out.stderr
     quiet = run("stats", str(folder), "--json", "--workers", "1", "-q")
     assert quiet.returncode == 0 and quiet.stderr == "" and json.loads(quiet.stdout) == json.loads(out.stdout)
 

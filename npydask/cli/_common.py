@@ -397,9 +397,10 @@ def client(scheduler: str | None, workers: int | None, *, quiet: bool = False) -
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, found {workers}")
     if not quiet:
-        say(f"starting an embedded local cluster ({workers} workers, 1 thread each)")
+        say(f"starting an embedded local cluster ({workers} worker{'s' if workers != 1 else ''}, 1 thread each)")
     with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=workers, threads_per_worker=1, processes=True,
+        dashboard_address=":0", scheduler_kwargs={"dashboard": False},  # any free port: no "port in use" warning
     ) as cluster, Client(cluster) as c:
         yield c
 
