@@ -1167,3 +1167,28 @@ def test_tuple_index_is_refused_as_ambiguous(tmp_path):
     with pytest.raises(TypeError, match="list"):
         ds[1, 2]
     assert ds[[1, 2]].files == ds.files[1:]
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
+@pytest.mark.parametrize("threads", [None, 1, 3])
+def test_scan_headers_reports_progress_per_batch_without_changing_results(tmp_path, n, threads):
+    from npydask.dataset import _BATCH, scan_headers
+
+    paths = []
+    for i in range(n):
+        p = tmp_path / f"f{i:04d}.npy"
+        np.save(p, np.zeros((i % 3 + 1, 2), ["<f4", ">i2"][i % 2]))
+        paths.append(str(p))
+    paths.insert(n // 2, str(tmp_path / "missing.npy"))  # a failure in the middle stays in its place
+    seen: list[int] = []
+    watched = scan_headers(paths, threads=threads, progress=seen.append)
+    plain = scan_headers(paths, threads=threads)
+    assert [type(r) for r in watched] == [type(r) for r in plain]
+    assert [r[1] for r in watched if not isinstance(r, BaseException)] == [
+        r[1] for r in plain if not isinstance(r, BaseException)]
+    assert isinstance(watched[n // 2], FileNotFoundError)
+    for p, r in zip(paths, watched):
+        if not isinstance(r, BaseException):
+            assert r[1].shape == np.load(p).shape and r[1].dtype == np.load(p).dtype
+    assert seen == sorted(seen) and seen[-1] == len(paths)  # counts only grow and end at every file
+    assert len(seen) == math.ceil(len(paths) / _BATCH)  # once a batch, never per file

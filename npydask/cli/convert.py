@@ -20,11 +20,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import zipfile
 from typing import Any
 
 import npydask
-from npydask.cli._common import UsageError, add_cluster_options, client, compute, report_bad, say, select
+from npydask.cli._common import (
+    UsageError,
+    add_cluster_options,
+    add_quiet_option,
+    compute,
+    npz_members,
+    on_threads,
+    report_bad,
+    say,
+    select,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -50,22 +59,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--recursive", action="store_true", help="look in every subfolder of SRC")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DEST")
     add_cluster_options(p)
+    add_quiet_option(p)
     p.set_defaults(func=run)
 
 
-def _npz_members(path: str) -> list[str]:
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = [n[: -len(".npy")] if n.endswith(".npy") else n for n in zf.namelist()]
-    except (zipfile.BadZipFile, OSError) as e:
-        raise UsageError(f"{path}: not a readable .npz archive ({e})") from e
-    if not names:
-        raise UsageError(f"{path}: the archive holds no arrays")
-    return names
-
-
-def _plan(args: argparse.Namespace) -> tuple[list[Any], str]:
-    """The lazy writes, and a sentence saying what they do (all inputs checked, no cluster yet)."""
+def _plan(args: argparse.Namespace) -> tuple[list[Any], str, int, int]:
+    """The lazy writes, a sentence saying what they do, and the bytes and files they read (no cluster yet)."""
     src, dest = args.src, args.dest
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or folder")
@@ -75,29 +74,35 @@ def _plan(args: argparse.Namespace) -> tuple[list[Any], str]:
     if to_zarr:
         _need_zarr()
     if os.path.isfile(src) and src.endswith(".npz"):
-        members = _npz_members(src)
+        members = npz_members(src)
         arrays = [npydask.from_npy(src, key=m) for m in members]
+        nbytes = sum(x.nbytes for x in arrays)
         if to_zarr:
-            return _zarr_writes(arrays, members, dest, args.overwrite), f"{len(members)} members of {src} to {dest}"
-        return [npydask.to_npy_files(arrays, dest, members, compute=False)], f"{len(members)} members of {src} to {dest}/"
-    selection = select(src, file_filter=args.filter, recursive=args.recursive)
+            return (_zarr_writes(arrays, members, dest, args.overwrite), f"{len(members)} members of {src} to {dest}",
+                    nbytes, len(members))
+        return ([npydask.to_npy_files(arrays, dest, members, compute=False)], f"{len(members)} members of {src} to {dest}/",
+                nbytes, len(members))
+    selection = select(src, file_filter=args.filter, recursive=args.recursive, quiet=args.quiet)
     status = report_bad(selection)
     if status and selection.root is not None:
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]
+    nbytes = sum(header.nbytes for _, (_, header, _, _) in selection.good)
     if selection.root is None:  # one file
         x = npydask.from_npy(src)
         if to_zarr:
-            return _zarr_writes([x], None, dest, args.overwrite), f"{src} to zarr {dest}"
+            return _zarr_writes([x], None, dest, args.overwrite), f"{src} to zarr {dest}", nbytes, 1
         if os.path.isdir(dest):
             raise UsageError(f"{dest} is a folder; give a .npy file name for a single file")
-        return [npydask.to_npy(x, dest, compute=False)], f"{src} to {dest} (C order)"
+        return [npydask.to_npy(x, dest, compute=False)], f"{src} to {dest} (C order)", nbytes, 1
     names = [selection.name(p) for p in paths]
     arrays = [npydask.from_npy(p) for p in paths]
     if to_zarr:
         stems = [n[: -len(".npy")] if n.endswith(".npy") else n for n in names]
-        return _zarr_writes(arrays, stems, dest, args.overwrite), f"{len(paths)} files of {src} to zarr {dest}"
-    return [npydask.to_npy_files(arrays, dest, names, compute=False)], f"{len(paths)} files of {src} to {dest}/ (C order)"
+        return (_zarr_writes(arrays, stems, dest, args.overwrite), f"{len(paths)} files of {src} to zarr {dest}",
+                nbytes, len(paths))
+    return ([npydask.to_npy_files(arrays, dest, names, compute=False)], f"{len(paths)} files of {src} to {dest}/ (C order)",
+            nbytes, len(paths))
 
 
 def _need_zarr() -> None:
@@ -115,11 +120,11 @@ def _zarr_writes(arrays: list[Any], names: list[str] | None, dest: str, overwrit
 
 def run(args: argparse.Namespace) -> int:
     try:
-        writes, what = _plan(args)
+        writes, what, nbytes, nfiles = _plan(args)
     except (ValueError, TypeError, FileExistsError) as e:
         raise UsageError(str(e)) from e
-    say(f"converting {what}")
-    with client(args.scheduler, args.workers) as c:
-        compute(c, writes)
+    if not args.quiet:
+        say(f"converting {what}")
+    compute(args, writes, threads=on_threads(args, nbytes=nbytes, nfiles=nfiles))
     print(f"wrote {args.dest}")
     return 0
