@@ -18,8 +18,9 @@ caught too.
 
 The cache holds at most the ``handle_cache_size`` setting of files and at
 most an eighth of the process's ``RLIMIT_NOFILE`` soft limit (a cached file
-may hold two descriptors: its own and its mapping's), so it uses at most a
-quarter of the descriptors the process may open. Opening a file that fails
+may hold two descriptors: its own and its mapping's; a third with
+``direct_io``), so it uses at most a quarter of the descriptors the process
+may open. Opening a file that fails
 with ``EMFILE``/``ENFILE`` empties the cache and tries once more. Eviction
 drops the cache's reference: a thread still reading holds its own, so a
 descriptor is never closed (and its number reused) under a reader; it
