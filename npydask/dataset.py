@@ -22,6 +22,7 @@ import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
 from npydask.backends._batch import Scanned, scan_files
+from npydask.backends._files import HeaderCheck
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
@@ -510,9 +511,14 @@ def open_dataset(
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
-        scanned = scan_with_index(os.fspath(index), chosen, scan_headers)
+        index_path = os.fspath(index)
+        scanned = scan_with_index(index_path, chosen, scan_headers)
+        origin = (f"the header index {index_path!r}",
+                  f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it")
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key)
+        origin = ("the header read when the dataset was opened", "open the dataset again")
+    checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
     options = read_options()
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
@@ -523,7 +529,10 @@ def open_dataset(
     for global_i, path, result in zip(picked, chosen, scanned):
         if isinstance(result, BaseException):
             raise result
-        identity, header, _, compressed = result
+        identity, header, raw, compressed = result
+        check = checks.get(id(header))
+        if check is None or (check.raw is not raw and check.raw != raw):
+            check = checks[id(header)] = HeaderCheck(raw, *origin)
         if header is checked:
             pass
         elif first is None:
@@ -550,7 +559,7 @@ def open_dataset(
                     roi = None
                 if shared_roi:
                     rois[memo_key] = roi
-        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed), roi))
+        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check), roi))
     if device == "gpu" and views:
         from npydask.gpu import check_gpu_dtype
 
