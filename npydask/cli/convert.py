@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import math
 import os
-import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,7 +56,19 @@ from typing import Any
 import numpy as np
 
 import npydask
-from npydask.cli._common import UsageError, add_cluster_options, client, compute, report_bad, say, select
+from npydask.cli._common import (
+    UsageError,
+    add_cluster_options,
+    add_quiet_option,
+    client,
+    cluster_compute,
+    compute,
+    npz_members,
+    on_threads,
+    report_bad,
+    say,
+    select,
+)
 
 __all__ = ["GROUP_FILES", "SMALL_BYTES", "add_parser", "destination_kind", "plan_batches", "run"]
 
@@ -101,6 +112,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing DEST")
     add_cluster_options(p)
+    add_quiet_option(p)
     p.set_defaults(func=run)
 
 
@@ -251,17 +263,9 @@ class Plan:
 
     what: str
     build: Callable[[], list[Any]]
-
-
-def _npz_members(path: str) -> list[str]:
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = [n[: -len(".npy")] if n.endswith(".npy") else n for n in zf.namelist()]
-    except (zipfile.BadZipFile, OSError) as e:
-        raise UsageError(f"{path}: not a readable .npz archive ({e})") from e
-    if not names:
-        raise UsageError(f"{path}: the archive holds no arrays")
-    return names
+    nbytes: int = 0
+    """Bytes the conversion reads (decides, with ``nfiles``, whether it runs on local threads)."""
+    nfiles: int = 1
 
 
 def _stem(name: str) -> str:
@@ -294,34 +298,35 @@ def _plan(args: argparse.Namespace) -> Plan:
     x = npydask.from_npy(src_abs, key=args.key)
     if kind == "zarr":
         _check_zarr_dtypes([x.dtype], src)
-        return Plan(f"{src} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite))
+        return Plan(f"{src} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite), x.nbytes)
     if kind == "folder":
         name = args.key or _stem(os.path.basename(src_abs))
         return Plan(f"{src} to {dest}/{name}.npy (C order)",
-                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)])
-    return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)])
+                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)], x.nbytes)
+    return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)], x.nbytes)
 
 
 def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overwrite: bool) -> Plan:
-    members = _npz_members(src)
+    members = npz_members(src)
     if kind == "npy":
         raise UsageError(
             f"{src} holds {len(members)} arrays ({', '.join(members[:5])}); pass --key MEMBER for one .npy "
             f"file, or give a folder or a .zarr store for all of them"
         )
     arrays = [npydask.from_npy(src_abs, key=m) for m in members]
+    nbytes = sum(a.nbytes for a in arrays)
     if kind == "zarr":
         _check_zarr_dtypes([a.dtype for a in arrays], src)
         return Plan(f"{len(members)} members of {src} to {dest}",
-                    lambda: _zarr_writes(arrays, members, dest_abs, overwrite))
+                    lambda: _zarr_writes(arrays, members, dest_abs, overwrite), nbytes, len(members))
     return Plan(f"{len(members)} members of {src} to {dest}/",
-                lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False)])
+                lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False)], nbytes, len(members))
 
 
 def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str) -> Plan:
     src, key = args.src, args.key
     file_filter = args.filter or ("*.npz" if key else "*.npy")
-    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, key=key)
+    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, key=key, quiet=args.quiet)
     if report_bad(selection):
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]
@@ -329,19 +334,22 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
     names = [selection.name(p) for p in paths]
     layout = args.layout or ("per-file" if kind == "folder" else "stacked")
     count = f"{len(paths)} files of {src}"
+    total = sum(h.nbytes for h in headers)
     if kind == "folder":
         if layout == "stacked":
             raise UsageError(f"{args.dest}: --layout stacked writes one array: give a .zarr store or a .npy file")
         items = list(zip(paths, [_stem(n) for n in names]))  # ".npy" is appended as numpy.save does
         sizes = [h.nbytes for h in headers]
-        return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)", lambda: _npy_folder_writes(items, sizes, dest_abs, key))
+        return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)", lambda: _npy_folder_writes(items, sizes, dest_abs, key),
+                    total, len(paths))
     if layout == "per-file":
         if kind == "npy":
             raise UsageError(f"{args.dest}: --layout per-file writes one array per file: give a .zarr store or a folder")
         _check_zarr_dtypes([h.dtype for h in headers], src)
         stems = _zarr_names(names)
         return Plan(f"{count} to zarr {args.dest}, one array per file",
-                    lambda: _zarr_per_file_writes(paths, headers, stems, names, dest_abs, key, args.overwrite))
+                    lambda: _zarr_per_file_writes(paths, headers, stems, names, dest_abs, key, args.overwrite),
+                    total, len(paths))
     _check_uniform(paths, headers)
     if kind == "zarr":
         from npydask.stacking import joined_dtype
@@ -355,7 +363,7 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
             return [npydask.to_zarr(x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names})]
         return [npydask.to_npy(x, dest_abs, compute=False)]
 
-    return Plan(f"{count} to {args.dest} as one array of shape {shape}", build)
+    return Plan(f"{count} to {args.dest} as one array of shape {shape}", build, total, len(paths))
 
 
 def _check_uniform(paths: Sequence[str], headers: Sequence[Any]) -> None:
@@ -460,17 +468,25 @@ def _zarr_per_file_writes(
     return out
 
 
+def _build(plan: Plan) -> list[Any]:
+    """The plan's lazy writes; a file that changed since it was checked is a usage error."""
+    try:
+        return plan.build()
+    except (ValueError, TypeError, FileExistsError) as e:
+        raise UsageError(str(e)) from e
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
     except (ValueError, TypeError, FileExistsError) as e:
         raise UsageError(str(e)) from e
-    say(f"converting {plan.what}")
-    with client(args.scheduler, args.workers) as c:
-        try:
-            writes = plan.build()
-        except (ValueError, TypeError, FileExistsError) as e:  # a file changed since it was checked
-            raise UsageError(str(e)) from e
-        compute(c, writes)
+    if not args.quiet:
+        say(f"converting {plan.what}")
+    if on_threads(args, nbytes=plan.nbytes, nfiles=plan.nfiles):
+        compute(args, _build(plan), threads=True)
+    else:
+        with client(args.scheduler, args.workers, quiet=args.quiet) as c:
+            cluster_compute(c, _build(plan), quiet=args.quiet)
     print(f"wrote {args.dest}")
     return 0
