@@ -1,7 +1,33 @@
 """npydask: NumPy ``.npy`` files as lazy Dask arrays.
 
-Each chunk is a tiny task that carries only a path, header facts and a region;
-the worker that runs it reads exactly that region.
+Each chunk is a tiny task that carries only a path, the header facts and a
+region; whichever worker runs it reads exactly that region (``pread`` or a
+memory mapping). Headers are parsed strictly and never evaluated; object
+arrays are refused, never unpickled.
+
+Main entry points (``help(npydask.<name>)`` for each)::
+
+    from_npy(path, chunks="auto")      one file, or an .npz member (key=), as a lazy dask array
+    read_region(path, start, stop)     a box of a file as a numpy array, reading only its bytes
+    read_header(path)                  shape, dtype, order, payload offset: an NpyHeader
+    open_dataset(file_root, ...)       many files, NVIDIA DALI fn.readers.numpy style (filter,
+                                       file lists, ROIs, shards): an NpyDataset with ds[i],
+                                       ds.stack(), ds.concatenate(axis)
+    Loader(dataset, batch_size)        training batches epoch after epoch (shuffle, shards,
+                                       resume); npydask.torch adapts datasets to PyTorch
+    to_npy(x, path)                    write a dask array as one .npy file, chunks in parallel
+    to_npy_files(arrays, folder)       one .npy file per array (or per file of a dataset)
+    to_zarr(x, store)                  zarr v3, dask chunks aligned to zarr shards
+
+``config`` holds the read settings (environment-variable twins, usable as a
+context manager). Errors: ``NpyFormatError`` (a ``ValueError``: not a valid
+``.npy`` file), ``RoiError`` (a ``ValueError``: a region outside the array),
+``FileChangedError`` (an ``OSError`` raised by a task whose file changed),
+``GpuUnavailableError``; missing files raise the builtin ``OSError``
+subclasses. Several files go through ``open_dataset``, not ``from_npy``.
+
+More: the README (a tour, DALI parity, measured figures), the command line
+(``npydask --help``: info, stats, convert, demo, bench) and ``examples/``.
 
 Examples
 --------
@@ -13,7 +39,6 @@ Examples
 >>> float(x[1].sum().compute())
 210.0
 """
-
 from __future__ import annotations
 
 from npydask import config

@@ -11,9 +11,11 @@ data; its token is (path, size, mtime, inode, header, settings), which makes
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
+import re
 from typing import Any
 
 import dask
@@ -30,6 +32,8 @@ from npydask.roi import FileRoi, fill_like
 __all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
 
 DEVICES = ("cpu", "gpu")
+
+_GLOB_MAGIC = re.compile(r"[*?[]")  # (what glob.has_magic looks for)
 
 
 class NpyFileArray:
@@ -243,7 +247,9 @@ def from_npy(
     Parameters
     ----------
     path : str or os.PathLike
-        The ``.npy`` file. Its header is read and checked now.
+        The ``.npy`` file. Its header is read and checked now. A relative
+        path is made absolute against the current working directory now
+        (:mod:`npydask.paths`), so tasks read the same file on any worker.
     chunks : "auto", int, tuple, or byte size
         Anything ``dask.array.core.normalize_chunks`` takes. ``"auto"`` (or a
         byte size such as ``"128MiB"``) picks chunks of at most
@@ -272,13 +278,69 @@ def from_npy(
     >>> x.numblocks, float(x.sum().compute())
     ((3, 1), 66.0)
     """
+    if isinstance(path, list | tuple):
+        raise TypeError(several_files_advice(path))
     path = _fspath(path)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    ref = FileRef.open(path, backend, key=key)
+    try:
+        ref = FileRef.open(path, backend, key=key)
+    except FileNotFoundError as e:
+        advice = glob_advice(path)
+        if advice is None:
+            raise
+        raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", path) from e
     source = NpyFileArray(ref)
     return wrap(source, resolve_chunks(chunks, source), device=device, key=key)
+
+
+def several_files_advice(paths: list[Any] | tuple[Any, ...]) -> str:
+    """What to call instead of ``from_npy`` on a list of paths (a dask user's first try).
+
+    Examples
+    --------
+    >>> print(several_files_advice(["a.npy", "b.npy"]))
+    from_npy reads one file, found a list of 2 paths; for several files use npydask.open_dataset(files=['a.npy', 'b.npy']).stack() (.concatenate(axis) for slabs of different lengths, .arrays() for one array per file)
+    """
+    shown = [os.fspath(p) if isinstance(p, str | os.PathLike) else p for p in paths[:3]]
+    listing = repr(shown) if len(paths) <= 3 else repr(shown)[:-1] + ", ...]"
+    return (
+        f"from_npy reads one file, found a {type(paths).__name__} of {len(paths)} paths; for several files use "
+        f"npydask.open_dataset(files={listing}).stack() (.concatenate(axis) for slabs of different lengths, "
+        ".arrays() for one array per file)"
+    )
+
+
+def glob_advice(path: str) -> str | None:
+    """What to call instead of ``from_npy`` on a glob pattern; ``None`` when ``path`` holds no glob characters.
+
+    Asked only for a path that does not exist, so a file whose name holds
+    ``*``, ``?`` or ``[`` is still read. A pattern in the folder part
+    (``data/*/x.npy``) becomes a recursive search from the folder before it.
+
+    Examples
+    --------
+    >>> print(glob_advice("data/*.npy"))
+    'data/*.npy' looks like a glob pattern, and from_npy reads one file: for the files it matches use npydask.open_dataset('data', file_filter='*.npy').stack() (DALI's order, byte-wise sorted), or exactly the glob's files with npydask.open_dataset(files=sorted(glob.glob('data/*.npy'))).stack()
+    >>> glob_advice("data/a.npy") is None
+    True
+    """
+    folder, name = os.path.split(path)
+    if not name or not _GLOB_MAGIC.search(path):
+        return None
+    parts = folder.split(os.sep) if folder else []
+    wild = next((i for i, part in enumerate(parts) if _GLOB_MAGIC.search(part)), None)
+    if wild is None:
+        call = f"npydask.open_dataset({folder or os.curdir!r}, file_filter={name!r})"
+    else:
+        root = os.sep.join(parts[:wild]) or (os.sep if path.startswith(os.sep) else os.curdir)
+        call = f"npydask.open_dataset({root!r}, file_filter={name!r}, recursive=True)"
+    return (
+        f"{path!r} looks like a glob pattern, and from_npy reads one file: for the files it matches use "
+        f"{call}.stack() (DALI's order, byte-wise sorted), or exactly the glob's files with "
+        f"npydask.open_dataset(files=sorted(glob.glob({path!r}))).stack()"
+    )
 
 
 def wrap(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,9 +22,12 @@ import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
 from npydask.backends._batch import Scanned, scan_files
+from npydask.backends._files import HeaderCheck
+from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
 from npydask.header import NpyHeader
+from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
 from npydask.roi import RoiArgs, resolve_roi
 from npydask.stacking import join, plan_groups
@@ -36,7 +39,11 @@ _SLOW_FILE = 200e-6
 
 
 def scan_headers(
-    paths: Sequence[str], *, threads: int | None = None, key: str | None = None
+    paths: Sequence[str],
+    *,
+    threads: int | None = None,
+    key: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Scanned | BaseException]:
     """Identity, header and raw header bytes of every path; failures come back as exceptions.
 
@@ -46,17 +53,45 @@ def scan_headers(
     GIL there: measured 3x slower on 2 cores); when the first batch shows
     latency (over ``_SLOW_FILE`` seconds a file: a network or cold file
     system), the rest is scanned by ``threads`` threads (default 8).
+
+    ``progress``, when given, is called in this thread with the number of
+    files scanned so far after each batch of ``_BATCH`` files (never per
+    file), and once with ``len(paths)`` at the end; it cannot change the
+    results.
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.zeros(3))
+    >>> seen = []
+    >>> [s[1].shape for s in scan_headers([p] * 600, progress=seen.append)][:1], seen
+    ([(3,)], [256, 512, 600])
     """
+    report = progress if progress is not None else _ignore
     if len(paths) <= _BATCH:
-        return scan_files(paths, key)
+        results = scan_files(paths, key)
+        report(len(paths))
+        return results
     t0 = time.perf_counter()
     results = scan_files(paths[:_BATCH], key)
+    report(_BATCH)
     rest = paths[_BATCH:]
     if threads == 1 or (threads is None and time.perf_counter() - t0 < _SLOW_FILE * _BATCH):
-        return results + scan_files(rest, key)
+        step = _BATCH if progress is not None else len(rest)  # one call when nobody is watching
+        for i in range(0, len(rest), step):
+            results += scan_files(rest[i : i + step], key)
+            report(_BATCH + min(i + step, len(rest)))
+        return results
     batches = [rest[i : i + _BATCH] for i in range(0, len(rest), _BATCH)]
     with ThreadPoolExecutor(threads or 8, thread_name_prefix="npydask-scan") as pool:
-        return results + [r for batch in pool.map(scan_files, batches, [key] * len(batches)) for r in batch]
+        for batch in pool.map(scan_files, batches, [key] * len(batches)):
+            results += batch
+            report(len(results))
+    return results
+
+
+def _ignore(done: int) -> None:
+    """The progress callback of nobody watching."""
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -70,13 +105,23 @@ class NpyDataset:
     ``ds.shapes`` (after ROI), ``ds.dtype``, ``ds.ndim``, ``ds.nbytes``;
     ``ds[i]`` is file ``i`` as a lazy array, ``ds[a:b]`` and ``ds[[i, j]]`` are
     sub-datasets, ``ds.stack()`` and ``ds.concatenate()`` join the files.
+    ``ds.sharding`` remembers a shard taken by ``open_dataset`` or
+    ``ds.shard()``, so the Loader and the PyTorch adapter can warn when they
+    shard it again.
+
+    A ``torch.utils.data.DataLoader`` given an ``NpyDataset`` (which yields
+    lazy dask arrays) fails with a ``TypeError`` naming the adapters to use,
+    ``npydask.torch.NpyMapDataset`` and ``NpyIterableDataset``.
     """
 
-    __slots__ = ("_device", "_views")
+    __slots__ = ("_device", "_sharding", "_views")
 
-    def __init__(self, views: Sequence[NpyFileArray], *, device: str = "cpu") -> None:
+    def __init__(
+        self, views: Sequence[NpyFileArray], *, device: str = "cpu", sharding: tuple[int, int] | None = None
+    ) -> None:
         object.__setattr__(self, "_views", tuple(views))
         object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_sharding", sharding)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"NpyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
@@ -85,7 +130,7 @@ class NpyDataset:
         raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._views, self._device))
+        return (_rebuild, (self._views, self._device, self._sharding))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -96,7 +141,7 @@ class NpyDataset:
 
     @property
     def files(self) -> list[str]:
-        """The files' paths in read order (``os.path.join(file_root, entry)``)."""
+        """The files' absolute paths in read order (``os.path.join(file_root, entry)``, relative roots made absolute)."""
         return [v.ref.path for v in self._views]
 
     @property
@@ -129,6 +174,11 @@ class NpyDataset:
         return sum(v.nbytes for v in self._views)
 
     @property
+    def sharding(self) -> tuple[int, int] | None:
+        """``(shard_id, num_shards)`` of the shard this dataset was cut to (kept by selections), else ``None``."""
+        return self._sharding
+
+    @property
     def views(self) -> tuple[NpyFileArray, ...]:
         """The per-file array-likes the lazy arrays are built on."""
         return self._views
@@ -148,7 +198,7 @@ class NpyDataset:
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return NpyDataset(self._views[index], device=self._device)
+            return NpyDataset(self._views[index], device=self._device, sharding=self._sharding)
         if isinstance(index, tuple):
             raise TypeError(
                 f"ds[{index!r}]: a dataset is indexed by file only; use a list for several files "
@@ -156,8 +206,22 @@ class NpyDataset:
             )
         if isinstance(index, (list, np.ndarray)):
             picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
-            return NpyDataset([self._views[i] for i in picks], device=self._device)
+            return NpyDataset([self._views[i] for i in picks], device=self._device, sharding=self._sharding)
         return self.array(self._index(index))
+
+    def __getitems__(self, indices: Any) -> Any:
+        """Refuse a ``torch.utils.data.DataLoader``, the one caller of this hook, naming the adapters.
+
+        DataLoader's fetcher asks a map-style dataset for each batch through
+        ``__getitems__`` when it has one; ``ds[i]`` is a lazy dask array,
+        which no DataLoader can batch.
+        """
+        raise TypeError(
+            "an NpyDataset gives lazy dask arrays, which a torch DataLoader cannot batch: wrap it, "
+            "DataLoader(npydask.torch.NpyMapDataset(ds), shuffle=True or sampler=...) for DataLoader's samplers, "
+            "or DataLoader(npydask.torch.NpyIterableDataset(ds, shuffle=True)) for npydask's own epoch plan "
+            "(or use npydask.Loader(ds, batch_size) for NumPy batches)"
+        )
 
     def _index(self, i: Any) -> int:
         if isinstance(i, bool) or not hasattr(i, "__index__"):
@@ -170,7 +234,8 @@ class NpyDataset:
     def shard(self, shard_id: int, num_shards: int) -> NpyDataset:
         """Shard ``shard_id`` of ``num_shards``: DALI's contiguous ``[floor(N*k/S), floor(N*(k+1)/S))``."""
         r = shard_range(len(self), shard_id, num_shards)
-        return NpyDataset(self._views[r.start : r.stop], device=self._device)
+        sharding = (shard_id, num_shards) if num_shards > 1 else self._sharding
+        return NpyDataset(self._views[r.start : r.stop], device=self._device, sharding=sharding)
 
     # -- lazy arrays ---------------------------------------------------------
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
@@ -339,8 +404,8 @@ def _layout(views: Sequence[NpyFileArray]) -> _Layout:
     return shapes, sizes, fortran
 
 
-def _rebuild(views: tuple[NpyFileArray, ...], device: str) -> NpyDataset:
-    return NpyDataset(views, device=device)
+def _rebuild(views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None) -> NpyDataset:
+    return NpyDataset(views, device=device, sharding=sharding)
 
 
 def _human(n: int) -> str:
@@ -373,13 +438,16 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    **dali_only: Any,
 ) -> NpyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
 
     Parameters
     ----------
     file_root, file_filter, file_list, files, recursive
-        Which files, in which order (see :mod:`npydask.discovery`).
+        Which files, in which order (see :mod:`npydask.discovery`). Relative
+        paths are made absolute against the current working directory now
+        (:mod:`npydask.paths`), so tasks read the same files on any worker.
     key : str, optional
         Member name inside ``.npz`` archives.
     index : path, optional
@@ -395,9 +463,16 @@ def open_dataset(
         Keep shard ``shard_id`` of ``num_shards`` (contiguous, as DALI).
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
+    **dali_only
+        Taken only to explain them: DALI reader arguments that live
+        elsewhere in npydask (``random_shuffle``, ``stick_to_shard``,
+        ``dont_use_mmap``, ...) raise a ``TypeError`` saying where
+        (:data:`npydask.dali_args.DALI_ONLY`).
 
     Raises
     ------
+    TypeError
+        A DALI reader argument npydask has elsewhere, or an unknown keyword.
     ValueError
         Bad ROI or shard arguments, no files, mixed dtypes or ndims.
     NpyFormatError
@@ -416,10 +491,12 @@ def open_dataset(
     >>> len(ds), ds.shapes[0], int(ds.stack().sum().compute())
     (4, (2, 3), 36)
     """
+    refuse_dali_arguments(dali_only)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
+    paths = absolute_all(paths)  # tasks may run in another working directory (npydask.paths)
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
@@ -438,9 +515,14 @@ def open_dataset(
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
-        scanned = scan_with_index(os.fspath(index), chosen, scan_headers)
+        index_path = os.fspath(index)
+        scanned = scan_with_index(index_path, chosen, scan_headers)
+        origin = (f"the header index {index_path!r}",
+                  f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it")
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key)
+        origin = ("the header read when the dataset was opened", "open the dataset again")
+    checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
     options = read_options()
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
@@ -451,7 +533,10 @@ def open_dataset(
     for global_i, path, result in zip(picked, chosen, scanned):
         if isinstance(result, BaseException):
             raise result
-        identity, header, _, compressed = result
+        identity, header, raw, compressed = result
+        check = checks.get(id(header))
+        if check is None or (check.raw is not raw and check.raw != raw):
+            check = checks[id(header)] = HeaderCheck(raw, *origin)
         if header is checked:
             pass
         elif first is None:
@@ -478,10 +563,10 @@ def open_dataset(
                     roi = None
                 if shared_roi:
                     rois[memo_key] = roi
-        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed), roi))
+        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check), roi))
     if device == "gpu" and views:
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device)
+    return NpyDataset(views, device=device, sharding=(shard_id, num_shards) if num_shards > 1 else None)
 

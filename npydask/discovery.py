@@ -76,6 +76,8 @@ import stat
 import sys
 from collections.abc import Callable, Iterable
 
+from npydask.backends._files import open_regular
+
 __all__ = ["DEFAULT_FILE_FILTER", "select_files", "shard_range"]
 
 DEFAULT_FILE_FILTER = "*.npy"
@@ -294,8 +296,12 @@ def _entries_from_files(files: Iterable[PathArg]) -> list[str]:
 
 
 def _entries_from_list(list_path: str) -> list[str]:
-    """Paths in a list file, decoded as file names are; trailing space cut, blanks skipped."""
-    with open(list_path, "rb") as f:
+    """Paths in a list file, decoded as file names are; trailing space cut, blanks skipped.
+
+    A FIFO, socket or device is refused at once (opened without blocking, then checked).
+    """
+    f, _ = open_regular(list_path, what="a regular file (a file list)")
+    with f:
         data = f.read()
     if data.startswith(_UTF8_BOM):
         data = data[len(_UTF8_BOM) :]

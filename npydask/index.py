@@ -20,7 +20,9 @@ Format (``version`` 3)::
 The numbers are one binary table rather than JSON lists: parsing 20,000
 entries as lists took 70 ms of JSON alone, the table about 2 ms. An index
 of an older version is replaced silently. A missing one is built; an
-unreadable or malformed one is rebuilt with a warning. The new index is
+unreadable or malformed one is rebuilt with a warning; a path that is not a
+regular file (a FIFO, socket, device or folder) is refused at once with an
+``OSError`` naming it, without blocking. The new index is
 written to a temporary file in the same folder and renamed over the old one,
 so readers never see half a file.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import os
 import stat
@@ -39,7 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity
+from npydask.backends._files import FileIdentity, open_regular
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.header import NpyHeader, parse_header
 
@@ -94,10 +97,17 @@ def _key(path: str, base: str) -> str:
 def load_index(index_path: str) -> Index:
     """The entries of an index file; empty when it is missing or outdated, unusable ones warned about."""
     try:
-        with open(index_path, "rb") as f:
-            data = json.loads(f.read())
+        f, _ = open_regular(index_path, what="a regular file (a header index)")
     except FileNotFoundError:
         return Index.empty()
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EISDIR):
+            raise  # a FIFO, socket, device or folder: refused at once, never read or replaced
+        warnings.warn(f"{index_path}: cannot read the header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
+        return Index.empty()
+    try:
+        with f:
+            data = json.loads(f.read())
     except (OSError, ValueError) as e:
         warnings.warn(f"{index_path}: cannot read the header index ({e}); rebuilding it", NpyDaskWarning, stacklevel=3)
         return Index.empty()

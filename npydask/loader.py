@@ -10,11 +10,16 @@ the batch is gathered once. Batches come out in plan order.
 Resuming: the loader counts the batches it has *yielded* in the current
 epoch; :meth:`Loader.state_dict` records that count with the epoch, and a
 loader given it with :meth:`Loader.load_state_dict` yields exactly the
-remaining batches of that epoch, then goes on with the next.
+remaining batches of that epoch, then goes on with the next. The state also
+records a fingerprint of the dataset (:func:`dataset_fingerprint`), so a
+state is refused by a loader over other files, even of the same number.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,13 +28,65 @@ from typing import Any
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device
+from npydask.errors import NpyDaskWarning
 from npydask.region import Box
 from npydask.sampling import EpochPlan, _check_int
 from npydask.stacking import FileGroup, joined_dtype
 
-__all__ = ["Loader", "read_batch"]
+__all__ = ["Loader", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
 
 _STATE_KEYS = ("n", "batch_size", "shuffle", "seed", "shard_id", "num_shards", "pad_last_batch", "drop_last")
+_LATER_KEYS = {"stick_to_shard": True}  # added after the first states were saved: their value then
+_FINGERPRINT = "dataset_fingerprint"
+
+
+def dataset_fingerprint(dataset: Any) -> dict[str, str]:
+    """Two short hashes that tell a dataset's file list and its samples' layout from another's.
+
+    ``"files"`` hashes the file names relative to their common folder, in
+    order (so a dataset copied to another disk or node keeps it, while
+    another selection, order or shard does not); ``"layout"`` hashes the
+    dtype and each output shape (after ROI). Sizes and mtimes are left out:
+    a resumed job may run on a copy of its files.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.zeros(2))
+    >>> ds = npydask.open_dataset(root)
+    >>> dataset_fingerprint(ds) == dataset_fingerprint(ds[:]), dataset_fingerprint(ds) == dataset_fingerprint(ds[::-1])
+    (True, False)
+    """
+    files = dataset.files
+    prefix = os.path.commonprefix(files) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
+    cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
+    names = "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
+    layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
+    return {
+        "files": hashlib.blake2b(names, digest_size=16).hexdigest(),
+        "layout": hashlib.blake2b(layout, digest_size=16).hexdigest(),
+    }
+
+
+def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) -> None:
+    """Warn when ``where`` shards a dataset that ``open_dataset`` or ``ds.shard()`` already sharded.
+
+    The shards compound (shard 0 of 2 of shard 0 of 2 is a quarter of the
+    files), which is rarely meant: each process should be given one share.
+    """
+    sharding = getattr(dataset, "sharding", None)
+    if num_shards <= 1 or sharding is None:
+        return
+    warnings.warn(
+        f"{where} shards a dataset that is already shard {sharding[0]} of {sharding[1]} (open_dataset(shard_id=, "
+        f"num_shards=) or ds.shard()): the shards compound, so this reads about 1/{num_shards} of the dataset's "
+        f"{len(dataset)} files, 1/{sharding[1] * num_shards} of the whole list. Shard in one place: open the whole "
+        f"dataset and shard here (shard_id={shard_id}, num_shards={num_shards}), or keep the dataset's shard and "
+        "leave num_shards=1 here",
+        NpyDaskWarning,
+        stacklevel=3,
+    )
 
 
 def read_batch(views: Sequence[NpyFileArray], device: str = "cpu") -> Any:
@@ -78,8 +135,16 @@ class Loader:
     seed : int, optional
         ``None`` is a fixed default, so separate processes agree.
     shard_id, num_shards : int
-        This loader's contiguous range of each epoch's order (DALI's
-        ``stick_to_shard=True``).
+        This loader's contiguous range of each epoch's order. Sharding a
+        dataset that ``open_dataset`` already sharded warns
+        (:class:`~npydask.errors.NpyDaskWarning`): the shards compound.
+    stick_to_shard : bool
+        ``True`` (the default, as SPEC section 5): every epoch reads this
+        shard's own range. ``False`` (DALI's default): every epoch moves on
+        to the next shard's range, ``(shard_id + epoch) % num_shards``, so
+        over ``num_shards`` epochs each loader sees the whole list (shards
+        stay disjoint within an epoch). Without padding, shards of unequal
+        size then give ``len(loader)`` that varies by one between epochs.
     pad_last_batch : bool
         Repeat the shard's last sample up to ``ceil(N / num_shards)``
         samples, then up to a full batch (DALI).
@@ -122,6 +187,7 @@ class Loader:
         client: Any = None,
         device: str = "cpu",
         with_index: bool = False,
+        stick_to_shard: bool = True,
     ) -> None:
         from npydask.dataset import NpyDataset
 
@@ -135,9 +201,19 @@ class Loader:
             seed = _check_int("seed", seed, 0)
         check_device(device)
         self.plan = EpochPlan(
-            len(dataset), batch_size, bool(shuffle), seed, shard_id, num_shards, bool(pad_last_batch), bool(drop_last)
+            len(dataset),
+            batch_size,
+            bool(shuffle),
+            seed,
+            shard_id,
+            num_shards,
+            bool(pad_last_batch),
+            bool(drop_last),
+            bool(stick_to_shard),
         )
         len(self.plan)  # checks the shard arguments now
+        warn_if_resharded(dataset, shard_id, num_shards, f"Loader(shard_id={shard_id}, num_shards={num_shards})")
+        self._fingerprint: dict[str, str] | None = None  # computed once, when a state is first asked for
         self.dataset = dataset
         self.client = client
         self.device = device
@@ -146,8 +222,8 @@ class Loader:
         self._done = 0  # batches yielded so far in this epoch
 
     def __len__(self) -> int:
-        """Batches per epoch."""
-        return len(self.plan)
+        """Batches per epoch (of the current epoch: see ``stick_to_shard``)."""
+        return self.plan.count(self.epoch)
 
     def __repr__(self) -> str:
         p = self.plan
@@ -161,37 +237,76 @@ class Loader:
         self.epoch = _check_int("epoch", epoch, 0)
         self._done = 0
 
+    def fingerprint(self) -> dict[str, str]:
+        """The dataset's :func:`dataset_fingerprint`, computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = dataset_fingerprint(self.dataset)
+        return self._fingerprint
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: its epoch, batches yielded in it, and the plan they depend on."""
-        state = {k: getattr(self.plan, k) for k in _STATE_KEYS}
+        """Where this loader stands: its epoch, batches yielded in it, the plan and the dataset they depend on."""
+        state = {k: getattr(self.plan, k) for k in (*_STATE_KEYS, *_LATER_KEYS)}
         state.update(epoch=self.epoch, batches_done=self._done)
+        state[_FINGERPRINT] = dict(self.fingerprint())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the rest of that epoch.
 
+        A state saved before npydask recorded ``stick_to_shard`` is taken as
+        ``stick_to_shard=True`` (the only behaviour then). A state saved
+        before it recorded the dataset's fingerprint is accepted with an
+        :class:`~npydask.errors.NpyDaskWarning`, since it cannot be checked.
+
         Raises
         ------
         ValueError
             If the state was taken from a loader with another plan (dataset
-            length, batch size, shuffling, seed, shards or padding), whose
-            remaining batches would differ.
+            length, batch size, shuffling, seed, shards or padding) or over
+            another dataset (other files, order, shapes or dtype, even of the
+            same length), whose remaining batches would differ.
         """
         missing = [k for k in (*_STATE_KEYS, "epoch", "batches_done") if k not in state]
         if missing:
             raise ValueError(f"not a Loader state: missing {missing}; pass what Loader.state_dict() returned")
-        differ = [f"{k}: {state[k]!r} != {getattr(self.plan, k)!r}" for k in _STATE_KEYS if state[k] != getattr(self.plan, k)]
+        saved = {**_LATER_KEYS, **state}
+        keys = (*_STATE_KEYS, *_LATER_KEYS)
+        differ = [f"{k}: {saved[k]!r} != {getattr(self.plan, k)!r}" for k in keys if saved[k] != getattr(self.plan, k)]
         if differ:
             raise ValueError(f"the state belongs to a loader with another plan ({'; '.join(differ)})")
+        self._check_fingerprint(state.get(_FINGERPRINT))
         epoch = _check_int("epoch", state["epoch"], 0)
         done = _check_int("batches_done", state["batches_done"], 0)
-        if done > len(self):
-            raise ValueError(f"batches_done={done} exceeds the {len(self)} batches of an epoch")
+        if done > self.plan.count(epoch):
+            raise ValueError(f"batches_done={done} exceeds the {self.plan.count(epoch)} batches of epoch {epoch}")
         self.epoch, self._done = epoch, done
+
+    def _check_fingerprint(self, saved: Any) -> None:
+        if saved is None:
+            warnings.warn(
+                "this Loader state has no dataset fingerprint (saved by an npydask that did not record one), "
+                "so npydask cannot check that it belongs to this dataset; resuming anyway. Save a new state "
+                "with Loader.state_dict() to get the check",
+                NpyDaskWarning,
+                stacklevel=3,
+            )
+            return
+        mine = self.fingerprint()
+        what = {
+            "files": "its file names (relative to their common folder, in order) differ",
+            "layout": "its samples' dtype or shapes (after ROI) differ",
+        }
+        differ = [what[k] for k in what if not isinstance(saved, dict) or saved.get(k) != mine[k]]
+        if differ:
+            raise ValueError(
+                f"the state was saved for another dataset of {self.plan.n} files: {' and '.join(differ)}. "
+                "Resume with the dataset the state was saved over (same files, filter, order, shard and ROI), "
+                "or start without load_state_dict"
+            )
 
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.epoch, self._done
-        if start >= len(self):  # a finished epoch recorded by a state: go on with the next
+        if start >= self.plan.count(epoch):  # a finished epoch recorded by a state: go on with the next
             epoch, start = epoch + 1, 0
             self.epoch, self._done = epoch, 0
         batches = self.plan.batches(epoch)[start:]

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 from npydask.errors import FileChangedError, NpyFormatError
 
-__all__ = ["Member", "inflate", "locate"]
+__all__ = ["Member", "inflate", "locate", "without_key"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")
 _LOCAL_MAGIC = b"PK\x03\x04"
 _INFLATE_PIECE = 1 << 20
+_SHOWN_MEMBERS = 10
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,40 @@ def locate(f: io.FileIO, path: str, key: str) -> Member:
     fields = _LOCAL_HEADER.unpack(local)
     start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
     return Member(name, start, info.compress_type, info.compress_size, info.file_size)
+
+
+def without_key(fd: int, path: str) -> NpyFormatError:
+    """The error for an archive (open as ``fd``) read as an ``.npy`` file: its members and the key to pass.
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "pair.npz"); np.savez(p, x=np.zeros(2), y=np.ones(3))
+    >>> fd = os.open(p, os.O_RDONLY)
+    >>> print(str(without_key(fd, p)).replace(p, "pair.npz"))
+    pair.npz: an .npz (zip) archive, not an .npy file: it holds 2 members ['x', 'y']; pass key='x' (or another member) to read one
+    >>> os.close(fd)
+    """
+    try:
+        with zipfile.ZipFile(io.FileIO(fd, closefd=False)) as zf:  # the central directory only
+            names = zf.namelist()
+            members = _members(zf)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+        return NpyFormatError(
+            f"{path}: starts as a zip archive (an .npz?) but its member list cannot be read ({e}); "
+            "expected an .npy file, or an .npz archive with key='member'"
+        )
+    shown = repr(members) if len(members) <= _SHOWN_MEMBERS else repr(members[:_SHOWN_MEMBERS])[:-1] + ", ...]"
+    arrays = sorted(n[:-4] for n in names if n.endswith(".npy"))
+    if not arrays:
+        return NpyFormatError(
+            f"{path}: a zip archive, not an .npy file, and it holds no .npy members ({len(members)} members "
+            f"{shown}); npydask reads .npy files and .npz archives of them (numpy.savez)"
+        )
+    return NpyFormatError(
+        f"{path}: an .npz (zip) archive, not an .npy file: it holds {len(members)} members {shown}; "
+        f"pass key={arrays[0]!r} (or another member) to read one"
+    )
 
 
 def inflate(fd: int, member: Member, upto: int, path: str) -> bytes:

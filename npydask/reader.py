@@ -1,10 +1,13 @@
 """Reading headers and regions: a plan from :mod:`npydask.region`, bytes from a backend.
 
 :class:`FileRef` is what a lazy task carries: the path, the identity the file
-had when the graph was built, the parsed header and the read settings. It
-pickles as those few fields and reopens the file (through the per-process
-handle cache) wherever it lands; a file whose identity changed meanwhile
-fails the task with :class:`~npydask.errors.FileChangedError`.
+had when the graph was built, the parsed header, the header bytes it relies
+on (a :class:`~npydask.backends._files.HeaderCheck`) and the read settings.
+It pickles as those few fields and reopens the file (through the
+per-process handle cache) wherever it lands; a file whose identity changed
+meanwhile, or changes while it is read, fails the task with
+:class:`~npydask.errors.FileChangedError`, and one whose header bytes are
+not the ones relied on with :class:`~npydask.errors.NpyFormatError`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from typing import NamedTuple
 import numpy as np
 
 from npydask import backends
-from npydask.backends._files import FileIdentity, OpenFile, acquire, scan_file
+from npydask.backends._files import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, scan_file
 from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
+from npydask.paths import absolute
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
@@ -105,14 +109,35 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
 
 
 def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None) -> np.ndarray:
-    """Read with the backend ``name`` resolves to; ``"auto"`` falls back to pread where mapping fails."""
+    """Read with the backend ``name`` resolves to, then check the file did not change meanwhile.
+
+    ``"auto"`` falls back to pread where mapping fails. The check is one
+    ``fstat`` once the bytes are in (for a zero-copy view: once it is made;
+    a view shows later writes, the documented window).
+
+    Raises
+    ------
+    FileChangedError
+        If the file's identity changed while it was read.
+    MemoryError
+        If no buffer could be had for the region, naming the file and the bytes.
+    """
     backend = choose_backend(name, f, plan, out)
     try:
-        return backend.read(f, plan, options, out)
-    except MapError:
-        if name != "auto":
-            raise
-        return backends.get("pread").read(f, plan, options, out)
+        try:
+            result = backend.read(f, plan, options, out)
+        except MapError:
+            if name != "auto":
+                raise
+            result = backends.get("pread").read(f, plan, options, out)
+    except MemoryError as e:
+        raise MemoryError(f"{f.path}: {e}; it was reading a region of {_mib(plan.nbytes)} (shape {plan.shape})") from e
+    check_unchanged(f.fd, f.identity, f.path)
+    return result
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes} bytes ({nbytes / (1 << 20):.1f} MiB)"
 
 
 def _check_backend(backend: str) -> None:
@@ -205,6 +230,8 @@ class FileRef(NamedTuple):
     backend: str = "auto"
     key: str | None = None
     compressed: bool = False
+    check: HeaderCheck | None = None
+    """The header bytes the reads rely on (checked against the file where it is read)."""
 
     @classmethod
     def open(
@@ -214,12 +241,17 @@ class FileRef(NamedTuple):
         options: ReadOptions | None = None,
         key: str | None = None,
     ) -> FileRef:
-        """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity."""
-        path = _fspath(path)
+        """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity.
+
+        A relative ``path`` is made absolute here (:func:`npydask.paths.absolute`):
+        the tasks that carry this reference may run in another working directory.
+        """
+        path = absolute(_fspath(path))
         _check_backend(backend)
         _check_key(key)
         f = acquire(path, key=key)
-        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.member is not None)
+        check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
+        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.member is not None, check)
 
     @property
     def token(self) -> str:
@@ -240,12 +272,14 @@ class FileRef(NamedTuple):
         RoiError
             If ``box`` does not fit the array.
         FileChangedError
-            If the file's size, mtime or inode changed since :meth:`open`.
+            If the file's size, mtime or inode changed since :meth:`open`, or while it was read.
+        NpyFormatError
+            If the file's header bytes are not the ones in :attr:`check`.
         """
         box = normalize_box(self.header.shape, box.start, box.stop, source=self.path)
         if out is not None:
             _check_out(out, box.shape, self.header.dtype, self.path)
-        f = acquire(self.path, self.identity, key=self.key)
+        f = acquire(self.path, self.identity, key=self.key, check=self.check)
         plan = plan_read(f.header, box)
         return _read(self.backend, f, plan, self.options, out)
 

@@ -8,9 +8,12 @@ the DALI tables are tested directly:
   ``(seed, epoch)`` (``seed=None`` is the fixed :data:`DEFAULT_SEED`): every
   shard computes the same permutation, so shards stay disjoint within an
   epoch, and each epoch differs.
-* **Shards** are contiguous ranges of that order, as DALI's
-  ``stick_to_shard=True``: shard ``k`` of ``S`` holds positions
-  ``[floor(N*k/S), floor(N*(k+1)/S))``.
+* **Shards** are contiguous ranges of that order: shard ``k`` of ``S``
+  holds positions ``[floor(N*k/S), floor(N*(k+1)/S))``. With
+  ``stick_to_shard=True`` (npydask's default) a shard reads its own range
+  every epoch; with ``stick_to_shard=False`` (DALI's default) it moves on to
+  the next shard's range every epoch, ``(k + epoch) mod S``, so over ``S``
+  epochs every shard reads the whole list (:func:`epoch_shard`).
 * **Padding** (``pad_last_batch``) repeats the shard's last sample until the
   shard holds ``ceil(N/S)`` samples (so every shard has as many), then up to
   a whole number of batches. Without it the last batch is short, or dropped
@@ -33,7 +36,7 @@ import numpy as np
 
 from npydask.discovery import shard_range
 
-__all__ = ["DEFAULT_SEED", "EpochPlan", "batch_count", "epoch_batches", "epoch_order", "shard_samples"]
+__all__ = ["DEFAULT_SEED", "EpochPlan", "batch_count", "epoch_batches", "epoch_order", "epoch_shard", "shard_samples"]
 
 DEFAULT_SEED = 0
 """The seed ``seed=None`` stands for: fixed, so that separate shard processes agree."""
@@ -67,6 +70,25 @@ def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None =
         return np.arange(n, dtype=np.int64)
     seed = DEFAULT_SEED if seed is None else _check_int("seed", seed, 0)
     return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
+
+
+def epoch_shard(shard_id: int, num_shards: int, epoch: int, *, stick_to_shard: bool = True) -> int:
+    """The shard whose range shard ``shard_id`` reads in ``epoch``.
+
+    Its own with ``stick_to_shard=True``; the next one every epoch with
+    ``stick_to_shard=False``, as DALI's readers advance after each epoch.
+
+    Examples
+    --------
+    >>> [epoch_shard(1, 3, e) for e in range(4)], [epoch_shard(1, 3, e, stick_to_shard=False) for e in range(4)]
+    ([1, 1, 1, 1], [1, 2, 0, 1])
+    """
+    epoch = _check_int("epoch", epoch, 0)
+    num_shards = _check_int("num_shards", num_shards, 1)
+    shard_id = _check_int("shard_id", shard_id, 0)
+    if shard_id >= num_shards:
+        raise ValueError(f"shard_id must be in [0, num_shards), found shard_id={shard_id} num_shards={num_shards}")
+    return shard_id if stick_to_shard else (shard_id + epoch) % num_shards
 
 
 def shard_samples(
@@ -103,6 +125,7 @@ def epoch_batches(
     num_shards: int = 1,
     pad_last_batch: bool = False,
     drop_last: bool = False,
+    stick_to_shard: bool = True,
 ) -> list[np.ndarray]:
     """The batches (arrays of dataset indices) shard ``shard_id`` reads in ``epoch``.
 
@@ -112,7 +135,10 @@ def epoch_batches(
     [[0, 1, 2], [3, 4, 5], [6]]
     >>> [b.tolist() for b in epoch_batches(7, 3, drop_last=True)]
     [[0, 1, 2], [3, 4, 5]]
+    >>> [b.tolist() for e in range(3) for b in epoch_batches(6, 2, epoch=e, num_shards=3, stick_to_shard=False)]
+    [[0, 1], [2, 3], [4, 5]]
     """
+    shard_id = epoch_shard(shard_id, num_shards, epoch, stick_to_shard=stick_to_shard)
     order = epoch_order(n, epoch, shuffle=shuffle, seed=seed)
     samples = shard_samples(
         order, shard_id=shard_id, num_shards=num_shards, batch_size=batch_size, pad_last_batch=pad_last_batch
@@ -164,6 +190,7 @@ class EpochPlan:
     num_shards: int
     pad_last_batch: bool
     drop_last: bool
+    stick_to_shard: bool = True
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """Epoch ``epoch``'s batches of dataset indices for this shard."""
@@ -177,14 +204,22 @@ class EpochPlan:
             num_shards=self.num_shards,
             pad_last_batch=self.pad_last_batch,
             drop_last=self.drop_last,
+            stick_to_shard=self.stick_to_shard,
         )
 
-    def __len__(self) -> int:
+    def count(self, epoch: int) -> int:
+        """Batches in epoch ``epoch``: the same every epoch, except that without padding a rotating
+        shard (``stick_to_shard=False``) of unequal ranges may hold one batch more or less."""
+        shard = epoch_shard(self.shard_id, self.num_shards, epoch, stick_to_shard=self.stick_to_shard)
         return batch_count(
             self.n,
             self.batch_size,
-            shard_id=self.shard_id,
+            shard_id=shard,
             num_shards=self.num_shards,
             pad_last_batch=self.pad_last_batch,
             drop_last=self.drop_last,
         )
+
+    def __len__(self) -> int:
+        """Batches of the shard's own range (epoch 0)."""
+        return self.count(0)

@@ -24,8 +24,7 @@ from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
-from npydask.backends._batch import read_files
-from npydask.backends._files import FileIdentity
+from npydask.backends._batch import Item, read_files
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
 from npydask.backends.pread import read_grid
@@ -97,7 +96,7 @@ class FileGroup:
         if self.stacked:
             block = self._read_stacked(box)
             return block[post] if post else block
-        out = empty(box.shape, self.dtype)
+        out = self._buffer(box.shape, 0, len(self.views))
         axis = 0 if self.stacked else self.axis
         lo, hi = box.start[axis], box.stop[axis]
         for k, view in enumerate(self.views):
@@ -117,6 +116,18 @@ class FileGroup:
                 out[tuple(dest)] = view.read(part)
         return out[post] if post else out
 
+    def _buffer(self, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
+        """The block for files ``lo..hi``; without memory for it, a ``MemoryError`` naming them."""
+        try:
+            return empty(shape, self.dtype)
+        except MemoryError as e:
+            nbytes = math.prod(shape) * self.dtype.itemsize
+            files = self.views[lo].ref.path + ("" if hi - lo <= 1 else f" .. {self.views[hi - 1].ref.path}")
+            raise MemoryError(
+                f"{files}: {e}; it was reading {nbytes} bytes ({nbytes / (1 << 20):.1f} MiB) of {hi - lo} "
+                f"file(s) as one block of shape {shape}: use smaller chunks (stack(chunks=...))"
+            ) from e
+
     def _read_stacked(self, box: Box) -> np.ndarray:
         """Files ``box.start[0]..box.stop[0]``, each cut to the inner box, on a new axis 0."""
         inner = Box(box.start[1:], box.stop[1:])
@@ -126,12 +137,12 @@ class FileGroup:
             if block.dtype.str != self.dtype.str:
                 block = block.astype(self.dtype)
             return block[np.newaxis]
-        out = empty(box.shape, self.dtype)
+        out = self._buffer(box.shape, lo, hi)
         row = out.nbytes // (hi - lo) if hi > lo else 0
         flat = memoryview(out.reshape(-1).view(np.uint8))
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
         strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
-        batch: list[tuple[str, FileIdentity, int]] = []  # consecutive plain files, read in one tight loop
+        batch: list[Item] = []  # consecutive plain files, read in one tight loop
         at = lo  # where the batch starts
         for k in range(lo, hi):
             view = self.views[k]
@@ -143,7 +154,7 @@ class FileGroup:
                 if run is False:
                     run = runs[id(h)] = _plain_run(h, inner, self.dtype)
             if run is not None:
-                batch.append((ref.path, ref.identity, run[0]))
+                batch.append((ref.path, ref.identity, run[0], ref.check))
                 continue
             if batch:
                 read_files(batch, flat[(at - lo) * row : (k - lo) * row], row)
@@ -156,7 +167,7 @@ class FileGroup:
                 if plan is False:
                     plan = strided[memo] = _strided_plan(view, inner, self.dtype)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
-                    read_grid(ref.path, ref.identity, plan, ref.options, as_bytes(slab))
+                    read_grid(ref.path, ref.identity, plan, ref.options, as_bytes(slab), ref.check)
                     continue
             if view.dtype.str != self.dtype.str:
                 slab[...] = view.read(inner)  # to native byte order

@@ -1,7 +1,14 @@
-"""PyTorch adapter: an ``IterableDataset`` over an :class:`~npydask.dataset.NpyDataset`.
+"""PyTorch adapters over an :class:`~npydask.dataset.NpyDataset`: iterable and map-style.
 
 ``import npydask`` never imports torch; this module does (install the extra
 with ``pip install 'npydask[torch]'``).
+
+:class:`NpyIterableDataset` plans each epoch itself (shuffle, ranks,
+workers); :class:`NpyMapDataset` leaves the order to DataLoader's samplers
+(``shuffle=True``, ``WeightedRandomSampler``, ``DistributedSampler``) and
+reads each batch of indices with one call (``__getitems__``). An
+``NpyDataset`` itself yields lazy dask arrays and is refused by a
+DataLoader with an error naming both adapters.
 
 Work is split twice, both as contiguous ranges of each epoch's order (the
 order :mod:`npydask.sampling` gives: shuffled by ``(seed, epoch)`` only, so
@@ -19,22 +26,45 @@ worker process; no dask scheduler, thread pool or client is created before
 or after the fork. (``multiprocessing_context="spawn"`` works too.)
 
 Like ``DistributedSampler``, call :meth:`NpyIterableDataset.set_epoch`
-before each epoch to get a new shuffle: DataLoader workers iterate copies.
+before each epoch to get a new shuffle. The epoch lives in shared memory
+(a ``multiprocessing`` value made with the dataset and inherited by every
+worker, forked or spawned), so it reaches persistent workers
+(``persistent_workers=True``) too. Without ``set_epoch`` every epoch reads
+epoch 0's order.
+
+Samples of every ndim (0 included: a scalar per file) and every dtype torch
+holds come back as ``numpy.load`` gives them, in native byte order; dtypes
+torch cannot hold (bytes, str, void and structured, datetime64,
+timedelta64, longdouble) are refused with a ``TypeError`` when the adapter
+is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import multiprocessing
+import multiprocessing.context
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from npydask.loader import read_batch
+from npydask.loader import read_batch, warn_if_resharded
 from npydask.sampling import _check_int, epoch_order
+from npydask.stacking import joined_dtype
 
-__all__ = ["NpyIterableDataset", "split_for"]
+__all__ = ["NpyIterableDataset", "NpyMapDataset", "check_torch_dtype", "split_for"]
+
+_HINTS = {
+    "M": 'batch.view("int64") (the ticks of its unit)',
+    "m": 'batch.view("int64") (the ticks of its unit)',
+    "f": 'batch.astype("float64")',
+    "c": 'batch.astype("complex128")',
+    "S": "a numeric encoding of the values (torch has no string tensors)",
+    "U": "a numeric encoding of the values (torch has no string tensors)",
+    "V": 'batch[name] for each field (or batch.view("uint8") for raw bytes)',
+}
 
 
 def split_for(n: int, rank: int, world_size: int, worker: int, num_workers: int) -> range:
@@ -53,6 +83,99 @@ def split_for(n: int, rank: int, world_size: int, worker: int, num_workers: int)
     mine = range(n * rank // world_size, n * (rank + 1) // world_size)
     k = len(mine)
     return mine[k * worker // num_workers : k * (worker + 1) // num_workers]
+
+
+def check_torch_dtype(dataset: Any) -> None:
+    """Refuse a dataset whose dtype torch tensors cannot hold, naming the dtype and a way around.
+
+    torch holds bool, signed and unsigned 8-64 bit integers, float16/32/64
+    and complex64/128 (asked of torch itself, so a newer torch may hold
+    more); samples come back in native byte order, so either byte order
+    works.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> np.save(os.path.join(root, "a.npy"), np.array(["x"]))
+    >>> check_torch_dtype(npydask.open_dataset(root))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: torch tensors cannot hold dtype str32 (<U1) of .../a.npy: ...
+    """
+    if not len(dataset):
+        return
+    dtype = dataset.dtype
+    try:
+        torch.from_numpy(np.empty((0,), joined_dtype(dtype)))
+    except TypeError:
+        pass
+    else:
+        return
+    name = f"structured {dtype}" if dtype.fields is not None else f"{dtype.name} ({dtype.str})"
+    hint = _HINTS.get(dtype.kind, "a dtype torch holds")
+    raise TypeError(
+        f"torch tensors cannot hold dtype {name} of {dataset.files[0]}: they hold bool, (u)int8-64, "
+        f"float16/32/64 and complex64/128. Read NumPy batches with npydask.Loader(ds, batch_size) and "
+        f"convert each, e.g. {hint}, or save the files in a dtype torch holds"
+    )
+
+
+class _SharedEpoch:
+    """An epoch number in shared memory: set in the main process, read by every DataLoader worker.
+
+    Made with the dataset, so forked workers inherit it and spawned ones
+    receive it while they start (``multiprocessing`` shares the memory then).
+    A copy pickled at any other time (``pickle``, ``copy.deepcopy``) carries
+    the current number in a memory of its own.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._value = multiprocessing.RawValue("q", epoch)
+
+    @property
+    def value(self) -> int:
+        return int(self._value.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._value.value = epoch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if multiprocessing.context.get_spawning_popen() is not None:  # a worker starting: share
+            return (_shared_epoch, (self._value,))
+        return (_SharedEpoch, (self.value,))
+
+
+def _shared_epoch(value: Any) -> _SharedEpoch:
+    shared = _SharedEpoch.__new__(_SharedEpoch)
+    shared._value = value
+    return shared
+
+
+def _arrays(views: Sequence[Any], device: str) -> list[Any]:
+    """Each view read in full by one call: native-order, writable arrays (0-d ones included)."""
+    batch = read_batch(views, device)
+    if isinstance(batch, list):
+        return batch
+    return [batch[j, ...] for j in range(len(views))]  # `...` keeps 0-d samples arrays, not scalars
+
+
+def _tensor(a: Any) -> torch.Tensor:
+    if isinstance(a, np.ndarray):
+        return torch.from_numpy(a)  # writable and native-order: no copy, no warning
+    return torch.from_dlpack(a)  # CuPy, on the device
+
+
+def _check_dataset(dataset: Any, adapter: str, device: str) -> None:
+    from npydask.array import check_device
+    from npydask.dataset import NpyDataset
+
+    if not isinstance(dataset, NpyDataset):
+        raise TypeError(f"{adapter} reads an NpyDataset (npydask.open_dataset), found {type(dataset).__name__}")
+    check_device(device)
+    check_torch_dtype(dataset)
 
 
 class NpyIterableDataset(torch.utils.data.IterableDataset):
@@ -77,6 +200,11 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     read_size : int
         Samples read together by one call (one tight loop over their files).
 
+    Raises
+    ------
+    TypeError
+        A dtype torch cannot hold (see :func:`check_torch_dtype`).
+
     Examples
     --------
     >>> import numpy as np, npydask, tempfile, os, torch
@@ -100,12 +228,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         with_index: bool = False,
         read_size: int = 16,
     ) -> None:
-        from npydask.array import check_device
-        from npydask.dataset import NpyDataset
-
-        if not isinstance(dataset, NpyDataset):
-            raise TypeError(f"NpyIterableDataset reads an NpyDataset (npydask.open_dataset), found {type(dataset).__name__}")
-        check_device(device)
+        _check_dataset(dataset, "NpyIterableDataset", device)
         if (rank is None) != (world_size is None):
             raise ValueError("give rank and world_size together, or neither (to use torch.distributed's)")
         if rank is not None:
@@ -123,11 +246,22 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         self.device = device
         self.with_index = bool(with_index)
         self.read_size = _check_int("read_size", read_size, 1)
-        self.epoch = 0
+        self._epoch = _SharedEpoch()
+        share = self._share()
+        warn_if_resharded(dataset, share[0], share[1], f"NpyIterableDataset (rank {share[0]} of {share[1]})")
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration reads (in every DataLoader worker)."""
+        return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s shuffle in the next iteration (call it before each epoch)."""
-        self.epoch = _check_int("epoch", epoch, 0)
+        """Use epoch ``epoch``'s shuffle in the next iteration (call it before each epoch).
+
+        The number is kept in shared memory, so DataLoader workers started
+        before the call (``persistent_workers=True``) read it too.
+        """
+        self._epoch.value = _check_int("epoch", epoch, 0)
 
     def _share(self) -> tuple[int, int]:
         if self.rank is not None:
@@ -157,13 +291,73 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         mine = self.indices().tolist()
         for at in range(0, len(mine), self.read_size):
             part = mine[at : at + self.read_size]
-            batch = read_batch([views[i] for i in part], self.device)
-            items = batch if isinstance(batch, list) else [batch[j] for j in range(len(part))]
-            for i, item in zip(part, items):
-                tensor = self._tensor(item)
+            for i, item in zip(part, _arrays([views[i] for i in part], self.device)):
+                tensor = _tensor(item)
                 yield (tensor, i) if self.with_index else tensor
 
-    def _tensor(self, a: Any) -> torch.Tensor:
-        if isinstance(a, np.ndarray):
-            return torch.from_numpy(a)  # writable and native-order: no copy, no warning
-        return torch.from_dlpack(a)  # CuPy, on the device
+
+class NpyMapDataset(torch.utils.data.Dataset):
+    """Samples of an :class:`~npydask.dataset.NpyDataset` by index, for DataLoader's samplers.
+
+    ``shuffle=True``, ``WeightedRandomSampler`` and ``DistributedSampler``
+    pick the indices; a DataLoader with a ``batch_size`` hands each batch's
+    indices to :meth:`__getitems__`, which reads them with one call (the
+    loader's tight per-file loop), in the main process or a worker. As with
+    :class:`NpyIterableDataset`, reading uses plain system calls, so forked
+    workers are safe.
+
+    Parameters
+    ----------
+    dataset : NpyDataset
+        The files (after ROI).
+    device : {"cpu", "gpu"}
+        CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu]``).
+    with_index : bool
+        Give ``(tensor, index)`` pairs (a DataLoader batches them into a
+        batch and a tensor of indices).
+
+    Raises
+    ------
+    TypeError
+        A dtype torch cannot hold (see :func:`check_torch_dtype`).
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os, torch
+    >>> from npydask.torch import NpyMapDataset
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(6): np.save(os.path.join(root, f"{i}.npy"), np.float32(i))
+    >>> ds = NpyMapDataset(npydask.open_dataset(root))
+    >>> len(ds), ds[4]
+    (6, tensor(4.))
+    >>> sorted(torch.cat(list(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True))).tolist())
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    """
+
+    def __init__(self, dataset: Any, *, device: str = "cpu", with_index: bool = False) -> None:
+        _check_dataset(dataset, "NpyMapDataset", device)
+        self.dataset = dataset
+        self.device = device
+        self.with_index = bool(with_index)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices``, read by one call (DataLoader calls this once per batch)."""
+        picks = [self._index(i) for i in indices]
+        views = self.dataset.views
+        tensors = [_tensor(a) for a in _arrays([views[i] for i in picks], self.device)] if picks else []
+        return list(zip(tensors, picks)) if self.with_index else tensors
+
+    def _index(self, i: Any) -> int:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"NpyMapDataset indices are integers, found {i!r}")
+        n = len(self.dataset)
+        k = i.__index__()
+        if not -n <= k < n:
+            raise IndexError(f"sample index {k} is out of range for a dataset of {n} files")
+        return k % n

@@ -60,6 +60,8 @@ import dask
 import dask.array as da
 import numpy as np
 
+from npydask.paths import absolute
+
 __all__ = ["INSTALL_HINT", "ZarrLayout", "check_zarr_dtype", "covers_whole_units", "plan_zarr_layout", "to_zarr"]
 
 INSTALL_HINT = "install the zarr extra with: pip install 'npydask[zarr]'"
@@ -427,6 +429,7 @@ def to_zarr(x: Any, store: Any, *, compute: bool = True, **zarr_kwargs: Any) -> 
     store : str, os.PathLike or zarr store
         What ``zarr.create_array`` takes: a path, a ``zarr.storage.LocalStore``,
         a ``MemoryStore`` or ``ZipStore`` (in-process schedulers only), an fsspec URL, ...
+        A relative local path is made absolute now, so every worker writes there.
     compute : bool
         Write now (``True``) or return a lazy ``dask.delayed.Delayed``.
     **zarr_kwargs
@@ -492,6 +495,8 @@ def to_zarr(x: Any, store: Any, *, compute: bool = True, **zarr_kwargs: Any) -> 
         shards_arg = {**shards, "shape": layout.shards}
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
+    if isinstance(store, str) and "://" not in store:
+        store = absolute(store)  # a local folder: the write tasks may run in another working directory
     z = zarr.create_array(
         store, shape=x.shape, dtype=dtype, chunks=layout.chunks, shards=shards_arg, zarr_format=3, **zarr_kwargs
     )

@@ -239,3 +239,56 @@ def test_query_planning_engine_matches_config():
     """The suite runs twice in CI: once per engine; this records which one this run used."""
     expected = os.environ.get("DASK_ARRAY__QUERY_PLANNING", "").lower() in ("1", "true")
     assert da.array_expr_enabled() == expected
+
+
+# -- what a dask user tries first: several files through from_npy ------------------------------
+
+
+@pytest.mark.parametrize("several", [list, tuple])
+def test_from_npy_of_a_list_points_to_open_dataset(tmp_path, several):
+    paths = [str(tmp_path / f"{i}.npy") for i in range(3)]
+    for i, p in enumerate(paths):
+        np.save(p, np.full((2, 3), i, "<i4"))
+    with pytest.raises(TypeError) as info:
+        npydask.from_npy(several(paths))
+    message = str(info.value)
+    assert "one file" in message and "npydask.open_dataset(files=" in message and paths[0] in message
+    assert ".stack()" in message
+    # the advice, followed, gives what the user wanted
+    stacked = npydask.open_dataset(files=paths).stack().compute()
+    np.testing.assert_array_equal(stacked, np.stack([np.load(p) for p in paths]))
+
+
+@pytest.mark.parametrize(
+    "pattern, root, file_filter, recursive",
+    [
+        ("data/*.npy", "data", "*.npy", False),
+        ("data/scan_??.npy", "data", "scan_??.npy", False),
+        ("data/[ab]*.npy", "data", "[ab]*.npy", False),
+        ("*.npy", ".", "*.npy", False),
+        ("data/*/*.npy", "data", "*.npy", True),
+        ("data/**/*.npy", "data", "*.npy", True),
+    ],
+)
+def test_from_npy_of_a_glob_points_to_open_dataset(tmp_path, monkeypatch, pattern, root, file_filter, recursive):
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    for name in ["a0.npy", "b1.npy", "sub/a2.npy"]:
+        np.save(tmp_path / "data" / name, np.zeros(2))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        npydask.from_npy(pattern)
+    message = str(info.value)
+    call = f"npydask.open_dataset({root!r}, file_filter={file_filter!r}"
+    assert (call + (", recursive=True)" if recursive else ")")) in message, message
+    assert f"files=sorted(glob.glob({pattern!r}))" in message
+    assert pattern in message
+
+
+def test_from_npy_a_file_whose_name_looks_like_a_glob_is_read(tmp_path):
+    a = np.arange(5.0)
+    p = tmp_path / "weird[1]*?.npy"
+    np.save(p, a)
+    np.testing.assert_array_equal(npydask.from_npy(p).compute(), a)
+    with pytest.raises(FileNotFoundError) as info:  # a plain missing file gets no glob advice
+        npydask.from_npy(tmp_path / "missing.npy")
+    assert "open_dataset" not in str(info.value)

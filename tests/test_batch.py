@@ -10,7 +10,7 @@ import pytest
 
 from npydask.backends import _batch
 from npydask.backends._batch import read_files, scan_files
-from npydask.backends._files import FileIdentity, scan_file
+from npydask.backends._files import FileIdentity, HeaderCheck, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
 
 
@@ -57,16 +57,67 @@ def test_scan_files_twice_gives_the_same_header_object(mixed):
     assert first[0][1] is second[1][1]  # the memo serves equal headers
 
 
-def test_read_files_fills_each_slot(tmp_path):
+def _item(p: str, skip: int = 0, checked: bool = True) -> tuple:
+    identity, header, raw, _ = scan_file(p)
+    return (p, identity, header.data_offset + skip, HeaderCheck(raw, "a test", "none") if checked else None)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["header checked", "unchecked"])
+@pytest.mark.parametrize("skip", [0, 20], ids=["whole payload", "a run inside the payload"])
+def test_read_files_fills_each_slot(tmp_path, checked, skip):
     arrays = [np.arange(20, dtype="<f4").reshape(4, 5) + 100 * i for i in range(5)]
     items = []
     for i, a in enumerate(arrays):
         p = str(tmp_path / f"{i}.npy")
+        if i == 3:  # a version 2.0 header of another length, between 1.0 ones
+            with open(p, "wb") as f:
+                np.lib.format.write_array(f, a, version=(2, 0))
+        else:
+            np.save(p, a)
+        items.append(_item(p, skip, checked))
+    out = np.empty((5, 4 * 5 - skip // 4), "<f4")
+    read_files(items, memoryview(out.reshape(-1).view(np.uint8)), out[0].nbytes)
+    np.testing.assert_array_equal(out, np.stack(arrays).reshape(5, -1)[:, skip // 4 :])
+
+
+@pytest.mark.parametrize("skip", [0, 8])
+def test_read_files_refuses_other_header_bytes(tmp_path, skip):
+    """The header bytes read with the payload must be the expected ones (a stale index, another file's header)."""
+    p, q = str(tmp_path / "a.npy"), str(tmp_path / "b.npy")
+    np.save(p, np.zeros(8, "<f8"))
+    np.save(q, np.zeros(8, "<i8"))
+    path, identity, offset, _ = _item(p, skip)
+    other = HeaderCheck(scan_file(q)[2], "the index 'x.json'", "delete 'x.json'")
+    with pytest.raises(NpyFormatError, match=r"a.npy.*index 'x.json'.*<i8.*<f8.*delete 'x.json'"):
+        read_files([(path, identity, offset, other)], memoryview(bytearray(64 - skip)), 64 - skip)
+
+
+def test_read_files_finishes_short_reads(tmp_path, monkeypatch):
+    """``preadv`` may return fewer bytes than asked, even inside the header: the rest is read, checked alike."""
+    arrays = [np.arange(64, dtype="<i2") * (i + 1) for i in range(4)]
+    items = []
+    for i, a in enumerate(arrays):
+        p = str(tmp_path / f"{i}.npy")
         np.save(p, a)
-        identity, header, _, _ = scan_file(p)
-        items.append((p, identity, header.data_offset))
-    out = np.empty((5, 4, 5), "<f4")
-    read_files(items, memoryview(out.reshape(-1).view(np.uint8)), arrays[0].nbytes)
+        items.append(_item(p))
+    real = os.preadv
+    cut = iter([5, 100, 130, 200] * 10)
+
+    def short(fd, bufs, offset):
+        room = sum(len(b) for b in bufs)
+        n = min(room, next(cut))
+        data = os.pread(fd, n, offset)
+        at = 0
+        for b in bufs:
+            take = min(len(b), len(data) - at)
+            memoryview(b).cast("B")[:take] = data[at : at + take]
+            at += take
+        return len(data)
+
+    monkeypatch.setattr(os, "preadv", short)
+    out = np.empty((4, 64), "<i2")
+    read_files(items, memoryview(out.reshape(-1).view(np.uint8)), 128)
+    monkeypatch.setattr(os, "preadv", real)
     np.testing.assert_array_equal(out, np.stack(arrays))
 
 
@@ -79,8 +130,7 @@ def test_read_files_from_many_threads(tmp_path, monkeypatch, fast_file):
     for i in range(40):
         p = str(tmp_path / f"{i}.npy")
         np.save(p, np.full((8, 8), i, "<i4"))
-        identity, header, _, _ = scan_file(p)
-        items.append((p, identity, header.data_offset))
+        items.append(_item(p))
     outs = [np.empty((40, 8, 8), "<i4") for _ in range(6)]
     errors = []
 
@@ -109,7 +159,7 @@ def test_read_files_refuses_a_changed_file(tmp_path):
     identity, header, _, _ = scan_file(p)
     stale = FileIdentity(identity.size, identity.mtime_ns - 1, identity.ino)
     with pytest.raises(FileChangedError, match="a.npy"):
-        read_files([(p, stale, header.data_offset)], memoryview(bytearray(64)), 64)
+        read_files([(p, stale, header.data_offset, None)], memoryview(bytearray(64)), 64)
 
 
 def test_read_files_refuses_a_short_file(tmp_path):
@@ -118,4 +168,4 @@ def test_read_files_refuses_a_short_file(tmp_path):
     identity, header, _, _ = scan_file(p)
     # the identity matches, but the payload asked for runs past the end (as after a truncation race)
     with pytest.raises(FileChangedError, match="truncated"):
-        read_files([(p, identity, header.data_offset + 8)], memoryview(bytearray(64)), 64)
+        read_files([(p, identity, header.data_offset + 8, None)], memoryview(bytearray(64)), 64)

@@ -89,8 +89,31 @@ def test_info_npz_member(tmp_path):
     assert json.loads(out.stdout)["files"][0]["shape"] == [4, 5]
     out = run("info", str(tmp_path / "a.npz"), "--key", "nope")
     assert out.returncode == 2 and "members" in one_line(out)
+
+
+def test_info_npz_lists_every_member(tmp_path):
+    arrays = {"x": np.zeros((4, 5), "<i2"), "y": np.ones(3, ">f8"), "z": np.asfortranarray(np.ones((2, 3), "u1"))}
+    np.savez(tmp_path / "a.npz", **arrays)
+    np.savez_compressed(tmp_path / "c.npz", **arrays)
+    for name in ("a.npz", "c.npz"):
+        out = run("info", str(tmp_path / name), "--json")
+        assert out.returncode == 0, out.stderr
+        files = json.loads(out.stdout)["files"]
+        assert [f["key"] for f in files] == list(arrays)
+        for f in files:
+            a = arrays[f["key"]]
+            assert (f["shape"], f["dtype"], f["fortran_order"], f["nbytes"]) == (
+                list(a.shape), a.dtype.str, bool(np.isfortran(a)), a.nbytes)
     out = run("info", str(tmp_path / "a.npz"))
-    assert out.returncode == 2 and "--key" in one_line(out)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[2:-1]}
+    assert rows[f"{tmp_path / 'a.npz'}:x"][1:3] == ["4x5", "int16"]
+    assert rows[f"{tmp_path / 'a.npz'}:z"][1:4] == ["2x3", "uint8", "F"]
+    # a folder of archives, read without --key: each archive's members
+    out = run("info", str(tmp_path), "--filter", "*.npz", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [(f["path"], f["key"]) for f in json.loads(out.stdout)["files"]] == [
+        (n, k) for n in ("a.npz", "c.npz") for k in arrays]
 
 
 def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
@@ -112,12 +135,15 @@ def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
         (["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9"], "roi"),
         (["stats", "{folder}", "--roi-start", "a,b"], "--roi-start"),
         (["stats", "{folder}", "--scheduler", "tcp://127.0.0.1:9", "--filter", "s*.npy"], "cannot reach the scheduler"),
+        *[([command, *paths, "--scheduler", address], "cannot reach the scheduler")
+          for command, paths in (("stats", ["{folder}"]), ("convert", ["{folder}", "{out}"]), ("demo", []))
+          for address in ("foo://bar", "tcp://[::1", "inproc://x")],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(folder, tmp_path, args, words):
     bad = tmp_path / "bad.npy"
     bad.write_bytes(b"not an npy file at all")
-    args = [a.format(folder=folder, bad=bad) for a in args]
+    args = [a.format(folder=folder, bad=bad, out=tmp_path / "out") for a in args]
     out = run(*args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert words.lower() in one_line(out).lower()
@@ -228,6 +254,8 @@ def test_convert_to_zarr(tmp_path, folder):
     assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big.zarr"))[...], np.load(folder / "big.npy"))
     out = run("convert", str(folder), str(tmp_path / "all.zarr"), "--workers", "1")
+    assert out.returncode == 2 and "--layout per-file" in one_line(out)  # shapes and dtypes differ
+    out = run("convert", str(folder), str(tmp_path / "all.zarr"), "--workers", "1", "--layout", "per-file")
     assert out.returncode == 0, out.stderr
     group = zarr.open_group(str(tmp_path / "all.zarr"))
     np.testing.assert_array_equal(group["s3"][...], np.load(folder / "s3.npy"))
@@ -240,3 +268,258 @@ def test_convert_bad_input(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     out = run("convert", str(tmp_path / "bad.npz"), str(tmp_path / "out"))
     assert out.returncode == 2 and ".npz" in one_line(out)
+
+
+# -- progress, --quiet, threads for tiny jobs ---------------------------------------------------
+
+
+def run_here(capsys, *args):
+    """The command line in this process (so constants and cluster classes can be patched)."""
+    from npydask.cli import main
+
+    status = main(list(args))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """Fail the test if anything starts a distributed LocalCluster."""
+    import distributed
+
+    started = []
+
+    class Refused(Exception):
+        pass
+
+    def spy(*args, **kwargs):
+        started.append(kwargs)
+        raise Refused("a LocalCluster was started")
+
+    monkeypatch.setattr(distributed, "LocalCluster", spy)
+    return started, Refused
+
+
+def test_progress_goes_to_stderr_and_quiet_silences_it(folder):
+    out = run("stats", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    json.loads(out.stdout)  # stdout holds the JSON alone
+    assert "100% Completed" in out.stderr and "Completed" not in out.stdout
+    quiet = run("stats", str(folder), "--json", "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert json.loads(quiet.stdout) == json.loads(out.stdout)
+
+
+@pytest.mark.timeout(240)
+def test_cluster_progress_goes_to_stderr(folder):
+    import socket
+
+    with socket.socket() as busy:  # the dashboard's default port taken: no "port in use" warning on stderr
+        try:
+            busy.bind(("", 8787))
+            busy.listen()
+        except OSError:
+            pass  # taken already
+        out = run("stats", str(folder), "--json", "--workers", "1")
+    assert out.returncode == 0, out.stderr
+    json.loads(out.stdout)
+    assert out.stderr.splitlines()[0] == "starting an embedded local cluster (1 worker, 1 thread each)"
+    assert "Completed" in out.stderr and "8787" not in out.stderr and "Warning" not in out.stderr
+    quiet = run("stats", str(folder), "--json", "--workers", "1", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "" and json.loads(quiet.stdout) == json.loads(out.stdout)
+
+
+def test_tiny_jobs_run_on_threads_without_a_cluster(folder, tmp_path, capsys, no_cluster):
+    started, refused = no_cluster
+    status, out, err = run_here(capsys, "stats", str(folder), "--json")
+    assert status == 0 and started == [] and "local cluster" not in err
+    flat = np.concatenate([np.load(p).astype(np.float64).ravel() for p in sorted(folder.rglob("*.npy"))])
+    data = json.loads(out)
+    assert data["count"] == flat.size and data["max"] == flat.max() and np.isclose(data["std"], flat.std())
+    status, _, _ = run_here(capsys, "convert", str(folder), str(tmp_path / "copy"))
+    assert status == 0 and started == []
+    np.testing.assert_array_equal(np.load(tmp_path / "copy" / "big.npy"), np.load(folder / "big.npy"))
+    with pytest.raises(refused):  # --workers asks for a cluster, tiny as the job is
+        run_here(capsys, "stats", str(folder), "--workers", "1")
+    assert len(started) == 1
+
+
+@pytest.mark.parametrize("limit", ["files", "bytes"])
+def test_jobs_over_the_tiny_limits_start_a_cluster(folder, capsys, monkeypatch, no_cluster, limit):
+    from npydask.cli import _common, _progress
+
+    started, refused = no_cluster
+    monkeypatch.setattr(_common, "TINY_FILES" if limit == "files" else "TINY_BYTES", 7 if limit == "files" else 96 * 7)
+    with pytest.raises(refused):  # 7 files of 96 bytes or more: not under either limit
+        run_here(capsys, "stats", str(folder))
+    assert len(started) == 1
+    status, _, _ = run_here(capsys, "stats", str(folder), "--filter", "s*.npy")  # 5 files of 96 bytes: tiny
+    assert status == 0 and len(started) == 1
+
+
+@pytest.mark.parametrize("n", [300, 700])
+def test_scanning_many_files_shows_a_count(tmp_path, capsys, monkeypatch, n):
+    from npydask.cli import _common, _progress
+
+    monkeypatch.setattr(_common, "SCAN_COUNT_FROM", 100)
+    monkeypatch.setattr(_progress, "LINE_EVERY", 0.0)  # a line per batch of files
+    for i in range(n):
+        np.save(tmp_path / f"f{i:04d}.npy", np.full(3, i, "<i4"))
+    status, out, err = run_here(capsys, "info", str(tmp_path), "--summary", "--json")
+    assert status == 0 and json.loads(out)["totals"]["files"] == n
+    lines = err.splitlines()
+    assert lines[0] == f"scanned 256 / {n} files" and lines[-1] == f"scanned {n} / {n} files"
+    counts = [int(line.split()[1]) for line in lines]
+    assert counts == sorted(counts) and len(lines) <= n // 256 + 2  # per batch, not per file
+    status, out, err = run_here(capsys, "stats", str(tmp_path), "--quiet", "--json")
+    assert status == 0 and err == "" and json.loads(out)["count"] == 3 * n
+
+
+def test_a_count_while_scanning_thousands_of_files(tmp_path):
+    from npydask.cli._common import SCAN_COUNT_FROM
+
+    n = SCAN_COUNT_FROM + 100
+    for i in range(n):
+        np.save(tmp_path / f"f{i:05d}.npy", np.zeros(2, "<u2"))
+    out = run("info", str(tmp_path), "--summary")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{n:,} files, ")  # one number format: thousands separated
+    assert f"scanned {n:,} / {n:,} files" in out.stderr.splitlines()
+    assert run("info", str(tmp_path), "--summary", "-q").stderr == ""
+
+
+def test_progress_line_in_place_on_a_terminal_and_lines_in_a_log():
+    import io
+
+    from npydask.cli._progress import ProgressLine
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    line = ProgressLine(term, every=0.0)
+    for text in ("scanned 1 / 3 files", "scanned 3 / 3 files"):
+        line.update(text)
+    line.finish()
+    assert term.getvalue() == "\rscanned 1 / 3 files\x1b[K\rscanned 3 / 3 files\x1b[K\n"
+    log = io.StringIO()
+    line = ProgressLine(log, every=3600.0)  # a log gets the first text, then one per hour, and the last
+    line.write("\r[#   ] | 10% Completed")
+    line.write("\r[##  ] | 50% Completed")
+    line.write("\r[####] | 100% Completed")
+    line.write("\x1b[2K\r")  # distributed clears its bar when it is done
+    assert log.getvalue() == "[#   ] | 10% Completed\n[####] | 100% Completed\n"
+
+
+# -- info: several paths, globs, summaries, hints -----------------------------------------------
+
+
+def test_info_takes_several_paths_and_patterns(folder, tmp_path):
+    np.savez(tmp_path / "a.npz", x=np.zeros(3))
+    out = run("info", str(folder / "big.npy"), str(folder / "s[0-2].npy"), str(tmp_path / "a.npz"), "--json")
+    assert out.returncode == 0, out.stderr
+    paths = [f["path"] for f in json.loads(out.stdout)["files"]]
+    assert paths == [str(folder / n) for n in ("big.npy", "s0.npy", "s1.npy", "s2.npy")] + [str(tmp_path / "a.npz")]
+    out = run("info", str(folder), str(folder / "sub"), "--summary", "--json")
+    assert json.loads(out.stdout)["totals"]["files"] == 8  # the folder's 7 and sub/ again
+    out = run("info", str(folder / "big.npy"), str(folder / "nothing*.npy"))
+    assert out.returncode == 2 and "no file or folder matches" in one_line(out)
+    (tmp_path / "junk.npy").write_bytes(b"junk")  # among several paths, a bad file is listed (exit 1)
+    out = run("info", str(folder / "big.npy"), str(tmp_path / "junk.npy"), "--json")
+    assert out.returncode == 1 and json.loads(out.stdout)["totals"] == {
+        "files": 1, "unreadable": 1, "nbytes": 288, "dtypes": {">f8": 1}, "shapes": 1}
+    assert "junk.npy" in out.stderr
+
+
+def test_info_summary_counts_unreadable_files_instead_of_listing_them(folder):
+    for i in range(300):
+        (folder / f"bad{i:03d}.npy").write_bytes(b"\x93NUMPY broken")
+    out = run("info", str(folder), "--summary")
+    assert out.returncode == 1
+    assert out.stdout.strip().splitlines() == [
+        "7 files, 864 B of data; dtypes: float32 (6), float64 (1); 2 distinct shapes (most common: 2x3x4, 3x3x4); "
+        "300 unreadable"]
+    assert out.stderr.strip().splitlines() == ["300 of 307 files could not be read (run without --summary to list them)"]
+    data = json.loads(run("info", str(folder), "--summary", "--json").stdout)
+    assert "errors" not in data and data["totals"]["unreadable"] == 300
+    full = run("info", str(folder), "--json")
+    assert len(json.loads(full.stdout)["errors"]) == 300 and len(full.stderr.splitlines()) == 301
+
+
+@pytest.mark.parametrize(
+    "args, flag, python",
+    [
+        (["info", "{folder}", "--filter", "*.nothing"], "--recursive", "recursive="),
+        (["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9", "--roi-axes", "1,2"], "--oob", "out_of_bounds"),
+        (["stats", "{folder}", "--roi-start", "0", "--roi-axes", "7"], "--roi-axes", "roi_axes"),
+    ],
+)
+def test_hints_name_command_line_flags(folder, args, flag, python):
+    out = run(*[a.format(folder=folder) for a in args])
+    assert out.returncode == 2
+    line = one_line(out)
+    assert flag in line and python not in line and "file_root" not in line and "file_filter" not in line
+
+
+def test_bench_sizes_are_the_scripts_sizes(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    from npydask.cli import bench
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "_common.py"
+    spec = importlib.util.spec_from_file_location("_bench_common", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "_bench_common", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    assert tuple(bench.SIZES) == tuple(module.SIZES)
+    out = run("bench", "--size", "medium")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+# -- stats --json: strict JSON ------------------------------------------------------------------
+
+
+def strict(text):
+    def refuse(name):
+        raise AssertionError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def expected_json(a):
+    """What stats --json says of the values ``a``: numpy's numbers, non-finite ones as strings."""
+    if a.size == 0:
+        return {"count": 0, "min": None, "max": None, "mean": None, "std": None}
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = {"min": a.min(), "max": a.max(), "mean": a.mean(), "std": a.std()}
+    return {"count": a.size, **{k: float(v) if np.isfinite(v) else str(float(v)) for k, v in values.items()}}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, np.inf, 2.0],
+        [-np.inf, 1.0, 3.0],
+        [np.inf, -np.inf],
+        [np.nan, 1.0],
+        [1.0, 2.0, np.nan, np.inf],
+        [],
+    ],
+    ids=["inf", "-inf", "both", "nan", "nan-inf", "empty"],
+)
+@pytest.mark.parametrize("dtype", ["<f8", ">f4", "<f2"])
+def test_stats_json_is_strict_for_infinities_nan_and_empty_data(tmp_path, capsys, values, dtype):
+    a = np.array(values, dtype)
+    halves = [a[: len(a) // 2], a[len(a) // 2 :]]
+    for i, half in enumerate(halves):  # the values spread over files: the per-file rows are combined
+        np.save(tmp_path / f"p{i}.npy", half)
+    status, out, _ = run_here(capsys, "stats", str(tmp_path), "--json", "--per-file", "-q")
+    assert status == 0
+    data = strict(out)
+    assert {k: data[k] for k in ("count", "min", "max", "mean", "std")} == expected_json(a.astype(np.float64))
+    assert [{k: v for k, v in f.items() if k != "path"} for f in data["files"]] == [
+        expected_json(h.astype(np.float64)) for h in halves]
+    status, out, _ = run_here(capsys, "stats", str(tmp_path), "-q")  # the table, same rule for no values
+    assert status == 0 and out.splitlines()[-1].split()[:4] == ["all", "2", "files", str(a.size)]

@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import re
+import stat
 import tempfile
 
 import dask
@@ -1167,3 +1168,77 @@ def test_tuple_index_is_refused_as_ambiguous(tmp_path):
     with pytest.raises(TypeError, match="list"):
         ds[1, 2]
     assert ds[[1, 2]].files == ds.files[1:]
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
+@pytest.mark.parametrize("threads", [None, 1, 3])
+def test_scan_headers_reports_progress_per_batch_without_changing_results(tmp_path, n, threads):
+    from npydask.dataset import _BATCH, scan_headers
+
+    paths = []
+    for i in range(n):
+        p = tmp_path / f"f{i:04d}.npy"
+        np.save(p, np.zeros((i % 3 + 1, 2), ["<f4", ">i2"][i % 2]))
+        paths.append(str(p))
+    paths.insert(n // 2, str(tmp_path / "missing.npy"))  # a failure in the middle stays in its place
+    seen: list[int] = []
+    watched = scan_headers(paths, threads=threads, progress=seen.append)
+    plain = scan_headers(paths, threads=threads)
+    assert [type(r) for r in watched] == [type(r) for r in plain]
+    assert [r[1] for r in watched if not isinstance(r, BaseException)] == [
+        r[1] for r in plain if not isinstance(r, BaseException)]
+    assert isinstance(watched[n // 2], FileNotFoundError)
+    for p, r in zip(paths, watched):
+        if not isinstance(r, BaseException):
+            assert r[1].shape == np.load(p).shape and r[1].dtype == np.load(p).dtype
+    assert seen == sorted(seen) and seen[-1] == len(paths)  # counts only grow and end at every file
+    assert len(seen) == math.ceil(len(paths) / _BATCH)  # once a batch, never per file
+
+
+# --------------------------------------------------------------------------
+# An index= or file_list= path that is a FIFO is refused at once, never waited on
+
+
+def refused_without_blocking(fifo, call) -> BaseException:
+    """Run ``call`` in a thread; if it blocks on ``fifo``, unblock it (a writer that closes) and fail."""
+    import threading
+
+    box: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            box.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # a reader is waiting: this opens, then EOF
+        os.close(fd)
+        t.join(10)
+        pytest.fail(f"{fifo} blocked the call for 10 s")
+    assert box and box[0] is not None, "the FIFO was accepted"
+    return box[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+@pytest.mark.parametrize("which", ["index", "file_list", "file_list-with-root"])
+def test_a_fifo_as_index_or_file_list_is_refused_without_blocking(tmp_path, which):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        np.save(data / f"{i}.npy", np.full((2, 3), i, "<i2"))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    if which == "index":
+        call = lambda: npydask.open_dataset(data, index=fifo)  # noqa: E731
+    elif which == "file_list":
+        call = lambda: npydask.open_dataset(file_list=fifo)  # noqa: E731
+    else:
+        call = lambda: npydask.open_dataset(data, file_list=str(fifo))  # noqa: E731
+    err = refused_without_blocking(fifo, call)
+    assert isinstance(err, OSError) and str(fifo) in str(err) and "FIFO" in str(err), repr(err)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # left as it was

@@ -12,6 +12,7 @@ killed) even when a test fails. numpy is the oracle throughout, on real files.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import shutil
@@ -517,3 +518,57 @@ def test_cluster_benchmark_runs_at_tiny_size(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "P5" in done.stdout and "goal" in done.stdout
     assert out_json.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# relative paths: the workers run in other folders (the command-line cluster's workers in their
+# own, the LocalCluster's in the folder pytest started in), so a task must never depend on its cwd
+
+
+def test_relative_paths_read_the_client_files_on_workers(client, tmp_path, monkeypatch, capsys):
+    import json
+
+    from npydask.cli import main
+
+    data = tmp_path / "rel-data"
+    (data / "vols" / "s").mkdir(parents=True)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((6, 5)).astype(">f4")
+    np.save(data / "a.npy", a)
+    vols = {n: rng.integers(-1000, 1000, size=(3, 4)).astype("<i2") for n in ["0.npy", "1.npy", "s/2.npy", "s/3.npy"]}
+    for n, v in vols.items():
+        np.save(data / "vols" / n, v)
+    np.savez(data / "pair.npz", x=np.arange(10), y=np.eye(3, dtype="<f8"))
+    monkeypatch.chdir(data)
+    assert str(data) not in client.run(os.getcwd).values()  # the precondition: workers are elsewhere
+
+    x = npydask.from_npy("a.npy", chunks=(2, 5))
+    ds = npydask.open_dataset("vols")
+    listed = npydask.open_dataset(files=["vols/s/3.npy", "vols/0.npy"])
+    member = npydask.from_npy("pair.npz", key="y")
+    got = compute(client, x, ds.stack(), ds[2], listed.stack(), member)
+    assert ds.files == [os.path.join(str(data / "vols"), n) for n in vols]
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], np.stack(list(vols.values())))
+    np.testing.assert_array_equal(got[2], vols["s/2.npy"])
+    np.testing.assert_array_equal(got[3], np.stack([vols["s/3.npy"], vols["0.npy"]]))
+    np.testing.assert_array_equal(got[4], np.eye(3))
+
+    client.compute(npydask.to_npy(x, "out.npy", compute=False)).result(timeout=120)
+    np.testing.assert_array_equal(np.load(data / "out.npy"), a)
+    if importlib.util.find_spec("zarr") is not None:
+        import zarr
+
+        client.compute(npydask.to_zarr(x, "out.zarr", compute=False)).result(timeout=120)
+        np.testing.assert_array_equal(zarr.open_array(str(data / "out.zarr"), mode="r")[...], a)
+
+    # the command line against that cluster, with paths relative to where it runs
+    address = client.scheduler.address
+    capsys.readouterr()
+    assert main(["stats", "vols", "--json", "--scheduler", address]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    every = np.stack(list(vols.values())).astype("f8")
+    assert stats["count"] == every.size and (stats["min"], stats["max"]) == (every.min(), every.max())
+    assert np.isclose(stats["mean"], every.mean()) and np.isclose(stats["std"], every.std())
+    assert main(["convert", "a.npy", "c.npy", "--scheduler", address]) == 0
+    np.testing.assert_array_equal(np.load(data / "c.npy"), a)

@@ -474,6 +474,42 @@ _BOMB_CHILD = """
 """
 
 
+_NOMEM_CHILD = """
+    import json, os, resource, sys
+    import numpy as np, dask, npydask
+""" + _STATUS + """
+    path, how = sys.argv[1], sys.argv[2]
+    resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + (192 << 20), resource.RLIM_INFINITY))
+    try:
+        if how == "read_region":
+            npydask.read_region(path)
+        elif how == "from_npy":
+            npydask.from_npy(path, chunks=-1, backend="pread").compute(scheduler="sync")
+        elif how == "stack":
+            npydask.open_dataset(files=[path, path]).stack(chunks=(2, -1)).compute(scheduler="sync")
+        elif how == "roi":
+            npydask.open_dataset(files=[path], roi_start=[1], roi_end=[(1 << 28) - 1])[0].compute(scheduler="sync")
+        print(json.dumps(["no error"]))
+    except BaseException as e:
+        print(json.dumps([type(e).__name__, str(e)]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["read_region", "from_npy", "stack", "roi"])
+def test_no_memory_for_a_chunk_buffer_raises_memory_error_naming_the_read(tmp_path, how):
+    """Under an address-space limit of (current + 192 MiB), a 256 MiB buffer fails as ``MemoryError`` naming the file."""
+    path = tmp_path / "big.npy"
+    with open(path, "wb") as f:  # 256 MiB of zeros, sparse
+        np.lib.format.write_array_header_1_0(f, {"descr": "<u1", "fortran_order": False, "shape": (1 << 28,)})
+        f.truncate(f.tell() + (1 << 28))
+    done = child(_NOMEM_CHILD, str(path), how, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kind, *message = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kind == "MemoryError", (kind, message)
+    assert str(path) in message[0] and "MiB" in message[0], message
+
+
 def _bomb(shape: str, descr: str = "<f8", payload: int = 64) -> bytes:
     text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
     text += " " * (63 - (10 + len(text)) % 64) + "\n"
@@ -662,3 +698,186 @@ def test_memory_benchmark_runs_at_tiny_size(tmp_path):
     assert (tmp_path / "data").is_dir()  # --data keeps the file
 
 
+
+
+# --------------------------------------------------------------------------
+# A rewrite in place while a read is under way: the identity is checked again after the bytes are in
+
+
+_PLANNED_MTIME_NS = 1_000_000_000 * 10**9  # 2001: a rewrite's natural mtime always differs from it
+
+
+class _InPlaceWriter:
+    """Rewrites files in place (same size, same inode, new constant payload) in 64 KiB pieces, on demand."""
+
+    def __init__(self, paths: list[pathlib.Path], offset: int) -> None:
+        self.paths, self.offset = paths, offset
+        self.go = threading.Event()
+        self.value = 0.0
+        self.thread: threading.Thread | None = None
+
+    def start(self, value: float, delay: float) -> None:
+        self.value = value
+        self.go.clear()
+        self.thread = threading.Thread(target=self._run, args=(delay,))
+        self.thread.start()
+
+    def _run(self, delay: float) -> None:
+        self.go.wait(10)
+        time.sleep(delay)
+        for path in self.paths[::-1]:  # against the readers' order: they cross
+            size = os.path.getsize(path) - self.offset
+            piece = np.full(min(size, 64 << 10) // 8, self.value, "<f8").tobytes()
+            fd = os.open(path, os.O_WRONLY)  # no O_TRUNC: the same inode, the same size
+            try:
+                for at in range(self.offset, self.offset + size, len(piece)):
+                    os.pwrite(fd, piece[: self.offset + size - at], at)
+            finally:
+                os.close(fd)
+
+    def join(self) -> None:
+        assert self.thread is not None
+        self.thread.join(30)
+
+
+def _write_version(paths: list[pathlib.Path], shape: tuple[int, ...], value: float) -> None:
+    """Version ``value`` of every file, in place, then a planned mtime no rewrite can give it."""
+    for path in paths:
+        if path.exists():
+            with open(path, "r+b") as f:  # in place: the inode stays
+                np.lib.format.write_array(f, np.full(shape, value, "<f8"))
+        else:
+            np.save(path, np.full(shape, value, "<f8"))
+        os.utime(path, ns=(_PLANNED_MTIME_NS, _PLANNED_MTIME_NS + int(value)))
+
+
+_REWRITE_READS: dict[str, tuple[int, tuple[int, ...], Any]] = {
+    # name: (files, shape, plan: paths -> a function that reads); plans are made before the writer starts
+    "from_npy-pread": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(256, 1024), backend="pread").compute),
+    # strided chunks: copied inside the read (a zero-copy chunk shows later writes: the documented window)
+    "from_npy-auto-strided": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(512, 500), backend="auto").compute),
+    "from_npy-mmap-copy": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(256, 700), backend="mmap").compute),
+    "read_region": (1, (512, 1024), lambda ps: lambda: npydask.read_region(ps[0], (0, 0), (512, 1000))),
+    "read_region-mmap": (1, (512, 1024), lambda ps: lambda: npydask.read_region(ps[0], (0, 1), (512, 1024), backend="mmap")),
+    "stack-small-files": (8, (256, 1024), lambda ps: npydask.open_dataset(files=[str(p) for p in ps]).stack().compute),
+    "roi-group": (16, (128, 256), lambda ps: npydask.open_dataset(
+        files=[str(p) for p in ps], roi_start=[2, 3], roi_shape=[120, 250]).stack().compute),
+}  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how", list(_REWRITE_READS))
+def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monkeypatch, how):
+    """Each read equals the files as planned (value ``v``) or raises ``FileChangedError``, never a mix.
+
+    A thread rewrites the files in place (the last first) with ``v + 1`` (same size and inode, natural mtime) starting
+    a random 0-0.8 ms after the read opened its file (``read_region``, which has no plan, holds what it
+    found then), or after the compute started (a group of small files). The planned mtime is far in
+    the past, so every rewrite shows in the mtime: the documented same-tick window is not in play.
+    """
+    from npydask import reader
+    from npydask.backends import pread
+
+    n_files, shape, plan = _REWRITE_READS[how]
+    paths = [tmp_path / f"f{k:02d}.npy" for k in range(n_files)]
+    _write_version(paths, shape, 0.0)
+    writer = _InPlaceWriter(paths, npydask.read_header(paths[0]).data_offset)
+
+    def opened_then_go(*args: Any, **kwargs: Any) -> Any:
+        f = real(*args, **kwargs)
+        writer.go.set()
+        return f
+
+    real = reader.acquire
+    monkeypatch.setattr(reader, "acquire", opened_then_go)
+    monkeypatch.setattr(pread, "acquire", opened_then_go)
+    rng = np.random.default_rng(7)
+    outcomes = {"planned": 0, "changed": 0}
+    for it in range(1, 301 if n_files > 1 else 101):
+        value = 2.0 * it
+        _write_version(paths, shape, value)
+        read = plan(paths)
+        writer.start(value + 1, float(rng.uniform(0, 0.0008)))
+        if how.startswith("stack"):
+            writer.go.set()  # (the grouped loop opens files itself)
+        try:
+            got = read()
+        except FileChangedError as e:
+            assert str(tmp_path) in str(e)
+            outcomes["changed"] += 1
+        else:
+            wrong = np.count_nonzero(got != value)
+            assert wrong == 0, f"iteration {it}: {wrong} of {got.size} values are not the planned version"
+            outcomes["planned"] += 1
+        finally:
+            writer.go.set()
+            writer.join()
+    assert outcomes["changed"] > 0, outcomes  # the writer did overlap reads
+
+
+# --------------------------------------------------------------------------
+# A low RLIMIT_NOFILE: the handle cache stays under it and the process keeps working
+
+_NOFILE_CHILD = """
+    import json, os, resource, sys
+    folder, soft, how, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    if cache != "default":
+        os.environ["NPYDASK_HANDLE_CACHE_SIZE"] = cache
+    import numpy as np, dask, npydask
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    if how.endswith("-crowded"):  # the rest of the process holds all but a few descriptors
+        how = how[: -len("-crowded")]
+        while len(os.listdir("/proc/self/fd")) < soft - 6:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    paths = sorted(os.path.join(folder, n) for n in os.listdir(folder))
+    total = 0.0
+    with dask.config.set(scheduler="threads", num_workers=4):
+        if how == "from_npy":
+            for p in paths:
+                total += float(npydask.from_npy(p, chunks=(5, 7)).sum().compute())  # mapped: two descriptors a file
+        elif how == "from_npy-pread":
+            for p in paths:
+                total += float(npydask.from_npy(p, backend="pread").sum().compute())
+        elif how == "read_region":
+            for p in paths:
+                total += float(npydask.read_region(p, (1, 0), (9, 7), backend="auto").sum())
+        elif how == "dataset-items":
+            ds = npydask.open_dataset(folder)
+            total = float(sum(float(ds[i].sum().compute()) for i in range(len(ds))))
+        elif how == "stack":
+            total = float(npydask.open_dataset(folder).stack().sum().compute())
+        elif how == "roi-stack":
+            total = float(npydask.open_dataset(folder, roi_start=[1, 0], roi_end=[9, 7]).stack().sum().compute())
+    for fd in held:
+        os.close(fd)
+    fds = len(os.listdir("/proc/self/fd"))
+    with open(paths[0], "rb") as f:
+        f.read(1)
+    npydask.open_dataset(folder)
+    import distributed  # opens many files of its own
+    print(json.dumps({"total": total, "fds": fds}))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cache", ["default", "10000"])
+@pytest.mark.parametrize("how", ["from_npy", "from_npy-pread", "read_region", "dataset-items", "stack", "roi-stack",
+                                 "from_npy-crowded", "read_region-crowded", "roi-stack-crowded"])
+def test_reading_300_files_under_a_low_open_file_limit(tmp_path, how, cache):
+    """Under ``RLIMIT_NOFILE`` 64 the handle cache stays below the limit and the process stays usable.
+
+    ``-crowded``: the process holds all but six descriptors, fewer than the cache may take, so an
+    open fails with ``EMFILE``, empties the cache and succeeds on its retry.
+    """
+    folder = tmp_path / "many"
+    folder.mkdir()
+    want = 0.0
+    for k in range(300):
+        a = np.arange(70, dtype="<f8").reshape(10, 7) + k
+        np.save(folder / f"{k:03d}.npy", a)
+        want += float(a[1:9].sum() if how.startswith(("read_region", "roi-stack")) else a.sum())
+    done = child(_NOFILE_CHILD, str(folder), "64", how, cache, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["total"] == pytest.approx(want) and out["fds"] < 64, out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import re
 import subprocess
 import sys
 import types
@@ -540,3 +541,66 @@ def test_gpu_pinned_host_fallback_without_kvikio(cupy, save, monkeypatch):
     x = npydask.from_npy(save(a), chunks=(16, 64, 64), device="gpu")
     same(_compute_all(cupy, x), a)
     same(cupy.asnumpy(x[5:60, 7:50, 9:40].compute()), a[5:60, 7:50, 9:40])
+
+
+# --------------------------------------------------------------------------
+# Integrity on both device branches: the header a task relies on, and the file after the read.
+
+
+def _rewrite_in_place(path):
+    """Rewrite ``path``'s payload with other bytes, same size and inode, and move its mtime on."""
+    st = os.stat(path)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\x7f" * 64, st.st_size - 64)
+    finally:
+        os.close(fd)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+@pytest.mark.parametrize("branch", ["host", "kvikio"])
+def test_device_reads_check_the_file_after_the_read(save, monkeypatch, branch):
+    paths = [save(np.arange(4000.0) + i) for i in range(3)]
+    jobs = _jobs(paths)
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    if branch == "kvikio":
+        fake = FakeKvikio()
+        real_pread = fake.CuFile.pread
+
+        def pread_then_rewrite(self, buf, size, file_offset, task_size=None):
+            future = real_pread(self, buf, size, file_offset, task_size)
+            if os.path.samefile(paths[1], f"/proc/self/fd/{self.fd}"):
+                _rewrite_in_place(paths[1])  # lands while the window's reads are in flight
+            return future
+
+        fake.CuFile.pread = pread_then_rewrite
+        how = {"kvikio": fake}
+    else:
+        real = kvikio_backend.pread_exact
+
+        def pread_then_rewrite(fd, dest, offset, path):
+            real(fd, dest, offset, path)
+            if path == paths[1]:
+                _rewrite_in_place(path)
+
+        monkeypatch.setattr(kvikio_backend, "pread_exact", pread_then_rewrite)
+        how = {}
+    with pytest.raises(FileChangedError, match=re.escape(os.path.basename(paths[1]))):
+        kvikio_backend.read_to_device(jobs, np, **how)
+
+
+@pytest.mark.parametrize("branch", ["host", "kvikio"])
+def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeypatch, branch):
+    from npydask.backends._files import HeaderCheck, clear_cache
+    from npydask.errors import NpyFormatError
+
+    p = save(np.arange(64.0).reshape(8, 8))
+    q = save(np.arange(64, dtype="<i8").reshape(8, 8))  # same size, other dtype
+    (job,) = _jobs([p])
+    wrong = HeaderCheck(FileRef.open(q).check.raw, "a tampered header index", "delete the index")
+    job = kvikio_backend.DeviceRead(job.ref._replace(check=wrong), job.plan)
+    clear_cache()
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    how = {"kvikio": FakeKvikio()} if branch == "kvikio" else {}
+    with pytest.raises(NpyFormatError, match="tampered header index"):
+        kvikio_backend.read_to_device([job], np, **how)

@@ -23,3 +23,22 @@ def test_public_names_are_sorted_and_present():
     for name in npydask.__all__:
         assert hasattr(npydask, name), name
     assert isinstance(npydask.__version__, str) and npydask.__version__.count(".") == 2
+
+
+def test_help_opens_with_what_npydask_does_and_its_entry_points():
+    import pydoc
+
+    text = pydoc.render_doc(npydask, renderer=pydoc.plaintext)
+    head = text.split("PACKAGE CONTENTS")[0]
+    assert len(head.splitlines()) <= 60, "help(npydask) should fit a screen or two before the contents"
+    assert "lazy Dask arrays" in head
+    for name in ["from_npy", "read_region", "read_header", "open_dataset", "NpyDataset", "Loader", "to_npy",
+                 "to_npy_files", "to_zarr", "config", "NpyFormatError", "npydask.torch", "npydask --help", "README"]:
+        assert name in head, f"help(npydask) does not mention {name} before the package contents"
+    # the entry-point table names public functions only, and all the main ones
+    import re
+
+    listed = set(re.findall(r"^ {8}([A-Za-z_]+)\(", head, flags=re.M))
+    assert listed == {"from_npy", "read_region", "read_header", "open_dataset", "Loader", "to_npy", "to_npy_files",
+                      "to_zarr"}, listed
+    assert listed <= set(npydask.__all__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -151,3 +152,112 @@ def test_bad_file_still_raises_with_an_index(folder, tmp_path):
     (folder / "zz.npy").write_bytes(b"garbage")
     with pytest.raises(npydask.NpyFormatError, match="zz.npy"):
         npydask.open_dataset(folder, index=idx)
+
+
+# --------------------------------------------------------------------------
+# A tampered or stale entry whose file still has the recorded (size, mtime, inode): every read site
+# compares the header bytes it relies on with the file's, so the data never disagrees with the file.
+
+
+def _raw_header(descr: str, fortran: bool, shape: tuple[int, ...], total: int) -> str:
+    """A v1.0 preamble and header of exactly ``total`` bytes, as latin-1 text (an index stores that)."""
+    text = f"{{'descr': {descr!r}, 'fortran_order': {fortran!r}, 'shape': {shape!r}, }}"
+    body = text + " " * (total - 10 - len(text) - 1) + "\n"
+    return (b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")).decode("latin1")
+
+
+# (how, header given to every entry): each parses, and its payload fits the file, so the index keeps it
+_TAMPERS = {
+    "dtype": lambda: _raw_header("<i4", False, (8, 6), 128),  # the float bits as int32
+    "byte-order": lambda: _raw_header(">f4", False, (8, 6), 128),  # the same values byte-swapped
+    "shape": lambda: _raw_header("<f4", False, (6, 8), 128),  # the same bytes in another shape
+    "dtype-and-shape": lambda: _raw_header("<i2", False, (8, 12), 128),
+    "fortran-order": lambda: _raw_header("<f4", True, (8, 6), 128),  # transposed
+    "offset": lambda: _raw_header("<f4", False, (8, 4), 192),  # payload 64 bytes further on, fewer rows
+}
+
+
+@pytest.fixture
+def floats(tmp_path):
+    data = tmp_path / "floats"
+    data.mkdir()
+    arrays = [np.random.default_rng(i).standard_normal((8, 6)).astype("<f4") for i in range(12)]
+    for i, a in enumerate(arrays):
+        np.save(data / f"{i:02d}.npy", a)
+    return data, arrays
+
+
+def _tamper(idx, how: str) -> None:
+    data = json.loads(idx.read_text())
+    assert len(data["headers"]) == 1
+    data["headers"][0] = _TAMPERS[how]()
+    idx.write_text(json.dumps(data))
+
+
+_READS = {
+    "stack": lambda ds: ds.stack().compute(),
+    "stack-threads": lambda ds: ds.stack(chunks=(3, -1, -1)).compute(scheduler="threads"),
+    "ds[i]": lambda ds: ds[5].compute(),
+    "ds[i]-pread": lambda ds: ds[5].compute(),
+    "ds[i]-mmap": lambda ds: ds[5].compute(),
+    "slice-inside-files": lambda ds: ds.stack()[:, 1:3].compute(),
+    "loader": lambda ds: [b for b in npydask.Loader(ds, batch_size=5)],
+    "loader-no-prefetch": lambda ds: [b for b in npydask.Loader(ds, batch_size=4, prefetch=0)],
+}
+
+
+@pytest.mark.parametrize("how", list(_TAMPERS))
+@pytest.mark.parametrize("read", list(_READS))
+def test_a_tampered_index_entry_never_changes_the_data(floats, tmp_path, how, read):
+    folder, arrays = floats
+    idx = tmp_path / "index.json"
+    backend = read.split("-")[-1] if read.startswith("ds[i]-") else "auto"
+    clean = npydask.open_dataset(folder, index=idx, backend=backend)
+    np.testing.assert_array_equal(clean.stack().compute(), np.stack(arrays))  # untampered: unchanged
+    _tamper(idx, how)
+    ds = npydask.open_dataset(folder, index=idx, backend=backend)  # identities match: the index is used
+    assert ds.headers[0] != clean.headers[0]
+    with pytest.raises(npydask.NpyFormatError) as info:
+        _READS[read](ds)
+    message = str(info.value)
+    assert str(folder) in message and str(idx) in message, message
+    assert "rebuild" in message or "delete" in message, message
+
+
+@pytest.mark.parametrize("how", ["dtype", "shape", "fortran-order", "offset"])
+@pytest.mark.parametrize("policy", ["error", "pad"])
+@pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
+def test_a_tampered_index_entry_is_caught_by_roi_reads(floats, tmp_path, how, policy, backend):
+    folder, arrays = floats
+    idx = tmp_path / "index.json"
+    roi = dict(roi_start=[1, 1], roi_shape=[4, 3] if policy == "error" else [9, 3], out_of_bounds_policy=policy)
+    clean = npydask.open_dataset(folder, index=idx, backend=backend, **roi)
+    want = np.stack([np.pad(a, ((0, 2), (0, 0)))[1:10, 1:4] if policy == "pad" else a[1:5, 1:4] for a in arrays])
+    np.testing.assert_array_equal(clean.stack().compute(), want)
+    _tamper(idx, how)
+    ds = npydask.open_dataset(folder, index=idx, backend=backend, **roi)
+    for read in (lambda: ds.stack().compute(), lambda: ds[3].compute(), lambda: list(npydask.Loader(ds, 6))):
+        with pytest.raises(npydask.NpyFormatError, match=str(idx)):
+            read()
+
+
+def test_one_tampered_entry_among_good_ones_names_its_file(floats, tmp_path):
+    folder, arrays = floats
+    idx = tmp_path / "index.json"
+    npydask.open_dataset(folder, index=idx)
+    data = json.loads(idx.read_text())
+    data["headers"].append(_raw_header("<f4", False, (4, 6), 128))  # the first half of the payload only
+    table = np.frombuffer(base64.b64decode(data["table"]), index_mod._ROW).copy()
+    row = data["names"].index("floats/07.npy")
+    table["header"][row] = 1
+    data["table"] = base64.b64encode(table.tobytes()).decode()
+    idx.write_text(json.dumps(data))
+    ds = npydask.open_dataset(folder, index=idx)
+    assert ds.headers[7].shape == (4, 6)
+    for i in (0, 6, 8, 11):
+        np.testing.assert_array_equal(ds[i].compute(), arrays[i])
+    with pytest.raises(npydask.NpyFormatError, match="07.npy") as info:
+        ds[7].compute()
+    assert "(4, 6)" in str(info.value) and "(8, 6)" in str(info.value)  # expected and found
+    with pytest.raises(npydask.NpyFormatError, match="07.npy"):
+        ds[6:9].concatenate().compute()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -201,3 +202,116 @@ def test_batches_read_on_the_cluster_equal_local_ones(folder, client):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
             assert y.flags.writeable
+
+
+# -- DALI's stick_to_shard=False (issue 13, item 9) ----------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("pad", [False, True])
+def test_without_stick_to_shard_shards_rotate_each_epoch(folder, shuffle, pad):
+    ds = npydask.open_dataset(folder)
+    shards = 3
+    rotating = [
+        npydask.Loader(ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, stick_to_shard=False, pad_last_batch=pad)
+        for k in range(shards)
+    ]
+    sticking = [npydask.Loader(ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, pad_last_batch=pad) for k in range(shards)]
+    for e in range(4):
+        own = [[i for b in epoch(loader) for i in b] for loader in sticking]
+        lengths = [len(loader) for loader in rotating]
+        got = [[i for b in epoch(loader) for i in b] for loader in rotating]
+        assert got == [own[(k + e) % shards] for k in range(shards)]  # shard k reads shard k+e's range
+        assert lengths == [len(loader) for loader in sticking][e % shards :] + [len(loader) for loader in sticking][: e % shards]
+        assert sorted({i for part in got for i in part}) == list(range(10))  # disjoint shards cover the epoch
+    first = npydask.Loader(ds, 2, shard_id=0, num_shards=shards, stick_to_shard=False)
+    assert [sorted({i for e in range(shards) for b in epoch(first) for i in b})] == [list(range(10))]
+
+
+def test_a_rotating_loader_resumes_in_its_epochs_shard(folder):
+    ds = npydask.open_dataset(folder)
+    full = npydask.Loader(ds, 1, shard_id=0, num_shards=3, stick_to_shard=False)
+    full.set_epoch(2)
+    expected = epoch(full)  # shard 2's range: four samples
+    loader = npydask.Loader(ds, 1, shard_id=0, num_shards=3, stick_to_shard=False)
+    loader.set_epoch(2)
+    it = iter(loader)
+    head = [ids(next(it)) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    assert state["stick_to_shard"] is False and state["batches_done"] == 3
+    fresh = npydask.Loader(ds, 1, shard_id=0, num_shards=3, stick_to_shard=False)
+    fresh.load_state_dict(state)
+    assert head + epoch(fresh) == expected == [[6], [7], [8], [9]]
+    with pytest.raises(ValueError, match="stick_to_shard"):
+        npydask.Loader(ds, 1, shard_id=0, num_shards=3).load_state_dict(state)
+
+
+def test_sharding_in_open_dataset_and_the_loader_warns(folder):
+    sharded = npydask.open_dataset(folder, shard_id=0, num_shards=2)
+    with pytest.warns(npydask.NpyDaskWarning, match=r"already shard 0 of 2.*1/4 of the whole list"):
+        loader = npydask.Loader(sharded, 1, shard_id=1, num_shards=2)
+    assert len(loader) == 3  # what compounding gives: 5 files, then its second shard
+    for again in (sharded[1:], sharded[[0, 2]], npydask.open_dataset(folder).shard(1, 2)):
+        with pytest.warns(npydask.NpyDaskWarning, match="already shard"):
+            npydask.Loader(again, 1, num_shards=2)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(sharded)).sharding == (0, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        npydask.Loader(sharded, 1)  # the dataset's shard alone
+        npydask.Loader(npydask.open_dataset(folder), 1, shard_id=1, num_shards=2)  # the loader's alone
+        npydask.Loader(npydask.open_dataset(folder, num_shards=1), 1, num_shards=2)
+    assert npydask.open_dataset(folder).sharding is None
+
+
+# -- a state belongs to its dataset (issue 12) ---------------------------------------------------
+
+
+def _other_folder(factory, names, shape=(2, 3)):
+    root = factory.mktemp("other")
+    for i, name in enumerate(names):
+        np.save(root / name, np.full(shape, i, "<i4"))
+    return root
+
+
+def test_a_state_of_another_dataset_of_the_same_length_is_refused(folder, tmp_path_factory):
+    ds = npydask.open_dataset(folder)
+    state = npydask.Loader(ds, 2, shuffle=True).state_dict()
+    others = {
+        "names": npydask.open_dataset(_other_folder(tmp_path_factory, [f"x{i}.npy" for i in range(10)])),
+        "order": ds[::-1],
+        "shapes": npydask.open_dataset(_other_folder(tmp_path_factory, [f"{i:02d}.npy" for i in range(10)], (3, 2))),
+        "roi": npydask.open_dataset(folder, roi_shape=[1, 3]),
+    }
+    for what, other in others.items():
+        assert len(other) == len(ds)
+        match = "file names" if what in ("names", "order") else "samples' dtype or shapes"
+        with pytest.raises(ValueError, match=rf"another dataset of 10 files: its {match}"):
+            npydask.Loader(other, 2, shuffle=True).load_state_dict(state)
+
+
+def test_a_state_resumes_on_a_copy_of_the_files_elsewhere(folder, tmp_path_factory):
+    import shutil
+
+    ds = npydask.open_dataset(folder)
+    loader = npydask.Loader(ds, 3, shuffle=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    copy = shutil.copytree(folder, tmp_path_factory.mktemp("elsewhere") / "copy")
+    fresh = npydask.Loader(npydask.open_dataset(copy), 3, shuffle=True)
+    fresh.load_state_dict(state)
+    assert [b.tolist() for b in epoch_batches(10, 3, shuffle=True)][1:] == epoch(fresh)
+
+
+def test_an_old_state_without_a_fingerprint_resumes_with_a_warning(folder):
+    ds = npydask.open_dataset(folder)
+    state = npydask.Loader(ds, 2).state_dict()
+    old = {k: v for k, v in state.items() if k not in ("dataset_fingerprint", "stick_to_shard")}
+    loader = npydask.Loader(ds, 2)
+    with pytest.warns(npydask.NpyDaskWarning, match="no dataset fingerprint"):
+        loader.load_state_dict(dict(old, batches_done=4))
+    assert epoch(loader) == [[8, 9]]

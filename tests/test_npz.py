@@ -136,3 +136,53 @@ def test_changed_archive_fails_the_task(tmp_path):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with pytest.raises(npydask.FileChangedError, match="s.npz"):
         x.compute()
+
+
+@pytest.mark.parametrize("entry", ["read_header", "from_npy", "read_region", "open_dataset folder", "open_dataset files"])
+def test_npz_without_key_lists_the_members(archive, entry):
+    path, _ = archive
+    folder = os.path.dirname(path)
+    call = {
+        "read_header": lambda: npydask.read_header(path),
+        "from_npy": lambda: npydask.from_npy(path),
+        "read_region": lambda: npydask.read_region(path),
+        "open_dataset folder": lambda: npydask.open_dataset(folder, file_filter="*.npz"),
+        "open_dataset files": lambda: npydask.open_dataset(files=[path]),
+    }[entry]
+    with pytest.raises(npydask.NpyFormatError) as info:
+        call()
+    message = str(info.value)
+    assert path in message and ".npz" in message
+    assert "['a', 'b', 's']" in message and "key='a'" in message
+
+
+def test_npz_folder_without_key_names_the_first_archive_and_its_members(tmp_path):
+    for i in range(3):
+        np.savez(tmp_path / f"{i}.npz", image=np.zeros((2, 2)), label=np.int64(i))
+    with pytest.raises(npydask.NpyFormatError, match=r"0\.npz.*\['image', 'label'\].*key='image'"):
+        npydask.open_dataset(tmp_path, file_filter="*.npz")
+    ds = npydask.open_dataset(tmp_path, file_filter="*.npz", key="label")  # the advice works
+    assert ds.stack().compute().tolist() == [0, 1, 2]
+
+
+def test_npz_without_key_long_member_lists_are_cut(tmp_path):
+    path = tmp_path / "many.npz"
+    np.savez(path, **{f"m{i:03d}": np.zeros(1) for i in range(40)})
+    with pytest.raises(npydask.NpyFormatError) as info:
+        npydask.read_header(path)
+    message = str(info.value)
+    assert "'m000'" in message and "'m039'" not in message and "40 members" in message
+    assert "key='m000'" in message
+
+
+def test_zip_without_npy_members_and_broken_zip_without_key(tmp_path):
+    plain = tmp_path / "notes.npz"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("readme.txt", "hello")
+    with pytest.raises(npydask.NpyFormatError, match=r"\['readme.txt'\]"):
+        npydask.read_header(plain)
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"PK\x03\x04" + b"\0" * 60)  # a zip's first bytes, no directory
+    with pytest.raises(npydask.NpyFormatError, match="zip") as info:
+        npydask.read_header(broken)
+    assert str(broken) in str(info.value)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask.sampling import DEFAULT_SEED, EpochPlan, batch_count, epoch_batches, epoch_order, shard_samples
+from npydask.sampling import DEFAULT_SEED, EpochPlan, batch_count, epoch_batches, epoch_order, epoch_shard, shard_samples
 
 
 def table(n, s, b, **kw):
@@ -116,3 +116,24 @@ def test_epoch_plan_is_the_functions():
     assert [b.tolist() for b in plan.batches(7)] == [
         b.tolist() for b in epoch_batches(10, 3, epoch=7, shuffle=True, seed=4, shard_id=1, num_shards=3, pad_last_batch=True)
     ]
+
+
+@given(n=st.integers(1, 60), s=st.integers(1, 5), b=st.integers(1, 7), epoch=st.integers(0, 9), pad=st.booleans())
+def test_without_stick_to_shard_epoch_e_reads_shard_k_plus_e(n, s, b, epoch, pad):
+    if s > n:
+        return
+    for k in range(s):
+        rotating = epoch_batches(n, b, epoch=epoch, shuffle=True, shard_id=k, num_shards=s, pad_last_batch=pad, stick_to_shard=False)
+        own = epoch_batches(n, b, epoch=epoch, shuffle=True, shard_id=(k + epoch) % s, num_shards=s, pad_last_batch=pad)
+        assert [x.tolist() for x in rotating] == [x.tolist() for x in own]
+        plan = EpochPlan(n, b, True, None, k, s, pad, False, False)
+        assert plan.count(epoch) == len(rotating) == len(plan.batches(epoch))
+    assert [epoch_shard(1, 3, e, stick_to_shard=False) for e in range(6)] == [1, 2, 0, 1, 2, 0]
+    assert {epoch_shard(1, 3, e) for e in range(6)} == {1}
+
+
+def test_epoch_shard_checks_its_arguments_before_rotating():
+    with pytest.raises(ValueError, match="shard_id"):
+        epoch_shard(3, 3, 1, stick_to_shard=False)  # (3 + 1) % 3 would hide the bad shard_id
+    with pytest.raises(ValueError, match="num_shards"):
+        epoch_shard(0, 0, 1, stick_to_shard=False)

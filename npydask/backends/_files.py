@@ -6,11 +6,25 @@ that is not a regular file with a builtin ``OSError`` carrying the path, and
 returns a ``FileIO`` that closes its descriptor when the last reference goes.
 
 :func:`acquire` is the cache every task uses: one ``stat`` per call, and the
-cached :class:`OpenFile` (descriptor plus parsed header) is reused while the
-file's identity (size, mtime, inode) is unchanged. A task that was built for
-one identity and finds another raises :class:`~npydask.errors.FileChangedError`.
-Eviction only drops the cache's reference: a thread still reading holds its
-own, so a descriptor is never closed (and its number reused) under a reader.
+cached :class:`OpenFile` (descriptor, parsed header and its raw bytes) is
+reused while the file's identity (size, mtime, inode) is unchanged. A task
+that was built for one identity and finds another raises
+:class:`~npydask.errors.FileChangedError`; a task that relies on a header
+(a :class:`HeaderCheck`: the raw header bytes, and where they came from)
+and finds other header bytes in the file raises
+:class:`~npydask.errors.NpyFormatError`. Read sites call
+:func:`check_unchanged` once the bytes are in, so a change *during* a read is
+caught too.
+
+The cache holds at most the ``handle_cache_size`` setting of files and at
+most an eighth of the process's ``RLIMIT_NOFILE`` soft limit (a cached file
+may hold two descriptors: its own and its mapping's; a third with
+``direct_io``), so it uses at most a quarter of the descriptors the process
+may open. Opening a file that fails
+with ``EMFILE``/``ENFILE`` empties the cache and tries once more. Eviction
+drops the cache's reference: a thread still reading holds its own, so a
+descriptor is never closed (and its number reused) under a reader; it
+closes as soon as the last reader lets go.
 """
 
 from __future__ import annotations
@@ -27,18 +41,22 @@ from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.npz import Member, inflate, locate
+from npydask.npz import Member, inflate, locate, without_key
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
 
 __all__ = [
     "FileIdentity",
+    "HeaderCheck",
     "OpenFile",
     "acquire",
+    "cache_limit",
+    "check_unchanged",
     "clear_cache",
     "fs_type",
     "open_regular",
     "pread_exact",
     "read_header_from",
+    "retry_open",
 ]
 
 _FIRST_READ = 4096
@@ -70,13 +88,51 @@ class FileIdentity(NamedTuple):
         return cls(st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _check_regular(st: os.stat_result, path: str) -> None:
+class HeaderCheck(NamedTuple):
+    """The header bytes a task relies on, checked against the file wherever it reads them.
+
+    A task's header may come from somewhere else than the file it reads: a
+    persistent header index, or another file's header. Each read site
+    compares ``raw`` with the bytes in the file (without a second read: the
+    handle cache parsed them when it opened the file, and the grouped
+    small-file loop reads them with the payload), so such a header can never
+    change the data. Equal headers share one object, so a task carrying
+    thousands of files carries each distinct header once.
+    """
+
+    raw: bytes
+    """The preamble and header bytes, up to ``data_offset`` (of the member, for an ``.npz`` member)."""
+    source: str
+    """Where they came from, for the error (``"the header index '/data/index.json'"``)."""
+    remedy: str
+    """What to do when they differ (``"delete '/data/index.json' and open the dataset again"``)."""
+
+
+def header_mismatch(path: str, check: HeaderCheck, found: bytes) -> NpyFormatError:
+    """The error for a file whose header bytes are not the ones ``check`` expects."""
+    return NpyFormatError(
+        f"{path}: the header this read relies on, from {check.source}, is {_describe(check.raw)}, "
+        f"but the file holds {_describe(found)}; npydask refuses to read it as something else: {check.remedy}"
+    )
+
+
+def _describe(raw: bytes) -> str:
+    """Shape, dtype, order and payload offset of header bytes, or why they do not parse (short)."""
+    try:
+        h = parse_header(raw, source="<header>")
+    except NpyFormatError:
+        return f"header bytes that do not parse ({raw[:80]!r}...)"
+    order = "Fortran" if h.fortran_order else "C"
+    return f"shape {h.shape}, dtype {h.dtype.str}, {order} order, payload at byte {h.data_offset}"
+
+
+def _check_regular(st: os.stat_result, path: str, what: str = "a regular .npy file") -> None:
     if stat.S_ISREG(st.st_mode):
         return
     kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
     if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "expected a regular .npy file, found a directory", path)
-    raise OSError(errno.EINVAL, f"expected a regular .npy file, found {kind}", path)
+        raise IsADirectoryError(errno.EISDIR, f"expected {what}, found a directory", path)
+    raise OSError(errno.EINVAL, f"expected {what}, found {kind}", path)
 
 
 class _Handle(io.FileIO):
@@ -90,8 +146,10 @@ class _Handle(io.FileIO):
         self.close()
 
 
-def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat_result]:
-    """Open ``path`` read-only without blocking and check it is a regular file.
+def open_regular(
+    path: str, *, direct: bool = False, what: str = "a regular .npy file"
+) -> tuple[io.FileIO, os.stat_result]:
+    """Open ``path`` read-only without blocking and check it is a regular file (``what`` names it in errors).
 
     Returns
     -------
@@ -108,16 +166,44 @@ def open_regular(path: str, *, direct: bool = False) -> tuple[io.FileIO, os.stat
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
     if direct:
         flags |= os.O_DIRECT
-    fd = os.open(path, flags)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        fd = retry_open(path, flags, e)
     try:
         st = os.fstat(fd)
-        _check_regular(st, path)
+        _check_regular(st, path, what)
         os.set_blocking(fd, True)
         f = _Handle(fd, "rb", closefd=True)
     except BaseException:
         os.close(fd)
         raise
     return f, st
+
+
+_TOO_MANY = (errno.EMFILE, errno.ENFILE)
+
+
+def retry_open(path: str, flags: int, error: OSError) -> int:
+    """``os.open`` again after ``error``: once, after emptying the cache, if it was ``EMFILE``/``ENFILE``.
+
+    Call it from the ``except`` of a failed ``os.open`` (the tight loops keep
+    only the ``os.open`` in their common path).
+    """
+    if error.errno not in _TOO_MANY:
+        raise error
+    clear_cache()
+    try:
+        return os.open(path, flags)
+    except OSError as again:
+        if again.errno in _TOO_MANY:
+            raise OSError(
+                again.errno,
+                f"{again.strerror} even after closing npydask's cached files: the process's open-file "
+                f"limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used up elsewhere; raise it",
+                path,
+            ) from error
+        raise
 
 
 def member_header(f: io.FileIO, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
@@ -143,7 +229,11 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
         with f:
             header, raw, member = member_header(f, path, key)
         return FileIdentity.of(st), header, raw, not member.stored
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        fd = retry_open(path, flags, e)
     try:
         st = os.fstat(fd)
         _check_regular(st, path)
@@ -210,6 +300,8 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
         first += read(min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
     if member is not None:
         path = f"{path} (member {member.name!r})"
+    elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
+        raise without_key(fd, path)
     header = parse_header(first, source=path)
     end = header.data_offset + header.nbytes
     if size < end:
@@ -235,6 +327,8 @@ class OpenFile:
     header: NpyHeader
     local: bool
     member: Member | None = None
+    raw: bytes = field(default=b"", repr=False)
+    """The header bytes as read from the file (up to ``data_offset``, of the member for a member)."""
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -296,7 +390,9 @@ _cache: OrderedDict[tuple[str, str | None], OpenFile] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def acquire(path: str, expected: FileIdentity | None = None, *, key: str | None = None) -> OpenFile:
+def acquire(
+    path: str, expected: FileIdentity | None = None, *, key: str | None = None, check: HeaderCheck | None = None
+) -> OpenFile:
     """The cached open file for ``path``, (re)opened if its identity changed.
 
     Parameters
@@ -309,18 +405,29 @@ def acquire(path: str, expected: FileIdentity | None = None, *, key: str | None 
     key : str, optional
         A member of an ``.npz`` archive: its header, and its
         :class:`~npydask.npz.Member` when it must be inflated to be read.
+    check : HeaderCheck, optional
+        The header bytes the caller relies on; the file's (read when it was
+        opened, with this identity) must be the same.
+
+    Raises
+    ------
+    FileChangedError
+        The file's identity is not ``expected``.
+    NpyFormatError
+        The file's header bytes are not ``check.raw``.
     """
     st = os.stat(path)
     ident = FileIdentity.of(st)
     if expected is not None and ident != expected:
         raise _changed(path, expected, ident)
     cache_key = (path, key)
-    limit = config.get("handle_cache_size")
     with _cache_lock:
         hit = _cache.get(cache_key)
         if hit is not None and hit.identity == ident:
             _cache.move_to_end(cache_key)
-            _trim(limit)  # the setting may have been lowered since
+            _trim(min(config.get("handle_cache_size"), _budget))  # the setting may have been lowered since
+            if check is not None and hit.raw != check.raw:
+                raise header_mismatch(path, check, hit.raw)
             return hit
     f, fst = open_regular(path)
     try:
@@ -328,18 +435,72 @@ def acquire(path: str, expected: FileIdentity | None = None, *, key: str | None 
         if expected is not None and ident != expected:
             raise _changed(path, expected, ident)
         if key is None:
-            opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
+            header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
+            opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
         else:
-            header, _, member = member_header(f, path, key)
-            opened = OpenFile(path, f, ident, header, is_local(fst), None if member.stored else member)
+            header, raw, member = member_header(f, path, key)
+            opened = OpenFile(path, f, ident, header, is_local(fst), None if member.stored else member, raw=raw)
+        if check is not None and raw != check.raw:
+            raise header_mismatch(path, check, raw)
     except BaseException:
         f.close()
         raise
     with _cache_lock:
         _cache[cache_key] = opened
         _cache.move_to_end(cache_key)
-        _trim(limit)
+        _trim(cache_limit())
     return opened
+
+
+def check_unchanged(fd: int, expected: FileIdentity, path: str) -> None:
+    """After a read: the open file ``fd`` still has the identity the read relied on.
+
+    One ``fstat`` on the descriptor. A rewrite in place updates the mtime
+    before its bytes land, so any byte of another version in the result
+    shows here (unless the rewrite kept size and inode and fell in the same
+    mtime tick: the documented window).
+
+    Raises
+    ------
+    FileChangedError
+        If its size, mtime or inode differ from ``expected``.
+    """
+    st = os.fstat(fd)
+    if st.st_size != expected[0] or st.st_mtime_ns != expected[1] or st.st_ino != expected[2]:
+        raise _changed(path, expected, FileIdentity.of(st), during=True)
+
+
+_budget = 1 << 62
+"""The cache's share of the open-file limit, in files, as :func:`cache_limit` last found it."""
+
+
+def _nofile_soft() -> int:
+    try:
+        import resource
+    except ImportError:  # (not a POSIX system)
+        return -1
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def cache_limit() -> int:
+    """How many files the cache may hold now: ``handle_cache_size``, at most the soft open-file limit / 8.
+
+    Each cached file holds up to two descriptors (its own and its mapping's),
+    so the cache takes at most a quarter of ``RLIMIT_NOFILE``, leaving the
+    rest to the process (sockets, libraries, the grouped reads). Read on
+    every open, so a limit lowered at run time is followed.
+
+    Examples
+    --------
+    >>> import resource
+    >>> soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    >>> cache_limit() == min(config.get("handle_cache_size"), max(1, soft // 8))
+    True
+    """
+    global _budget
+    soft = _nofile_soft()
+    _budget = 1 << 62 if soft < 0 else max(1, soft // 8)
+    return min(config.get("handle_cache_size"), _budget)
 
 
 def _trim(limit: int) -> None:
@@ -348,16 +509,17 @@ def _trim(limit: int) -> None:
         _cache.popitem(last=False)  # drop our reference only; readers keep theirs
 
 
-def _changed(path: str, expected: FileIdentity, found: FileIdentity) -> FileChangedError:
+def _changed(path: str, expected: FileIdentity, found: FileIdentity, *, during: bool = False) -> FileChangedError:
     what = [
         f"{name} {getattr(expected, name)} -> {getattr(found, name)}"
         for name in ("size", "mtime_ns", "ino")
         if getattr(expected, name) != getattr(found, name)
     ]
+    when = "while it was being read" if during else "after it was opened lazily"
     return FileChangedError(
         errno.ESTALE,
-        f"file changed after it was opened lazily ({', '.join(what)}); "
-        "npydask refuses to return other data: open it again",
+        f"file changed {when} ({', '.join(what)}); npydask refuses to return other data: open it again "
+        "(rewrite files by writing a new file and renaming it over the old one)",
         path,
     )
 

@@ -21,6 +21,7 @@ empty pool.
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -86,7 +87,7 @@ class BufferPool:
                 _, buf = stack.pop()
                 self._idle_bytes -= size
         if buf is None:
-            buf = PooledBuffer(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            buf = _new(size)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 try:
                     buf.madvise(mmap.MADV_HUGEPAGE)
@@ -133,6 +134,19 @@ class BufferPool:
             self._timer = None
             if self._idle:
                 self._arm()
+
+
+def _new(size: int) -> PooledBuffer:
+    """Fresh anonymous memory; ``MemoryError`` (saying how much) where the system refuses it."""
+    try:
+        return PooledBuffer(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        raise MemoryError(
+            f"cannot allocate a buffer of {size} bytes ({size / (1 << 20):.1f} MiB): {e.strerror} "
+            "(an address-space limit, `ulimit -v`, or memory exhausted)"
+        ) from e
 
 
 _POOL = BufferPool()

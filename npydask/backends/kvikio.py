@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, _changed, acquire, pread_exact
+from npydask.backends._files import FileIdentity, _changed, acquire, check_unchanged, pread_exact
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
@@ -181,7 +181,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
     else:
         host = aligned_empty(np, total, alignment)
     for job, at in zip(window, offsets):
-        f = acquire(job.ref.path, job.ref.identity, key=job.ref.key)
+        f = acquire(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
         fd, path = f.fd, f.path
 
         def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
@@ -189,6 +189,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
             return size
 
         wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), path)
+        check_unchanged(fd, job.ref.identity, path)  # a rewrite during the read: never other data
     if not on_device:
         return _finish_all(window, host, offsets, xp)
     staging = aligned_empty(xp, total, alignment)
@@ -215,13 +216,12 @@ class _KvikioRead:
 def _open_checked(kvikio: Any, ref: FileRef) -> Any:
     """A ``kvikio.CuFile`` for ``ref``, after checking the file is still the one the graph was built for.
 
-    The path is checked with ``stat`` first (a missing file is the builtin
-    ``FileNotFoundError``, as on the host path), then kvikio's own descriptor
-    with ``fstat``. No host descriptor is opened or cached.
+    The path goes through the host handle cache first, which checks its
+    identity and that its header bytes are the ones the task relies on (a
+    missing file is the builtin ``FileNotFoundError``, as on the host path);
+    then kvikio's own descriptor is checked with ``fstat``.
     """
-    found = FileIdentity.of(os.stat(ref.path))
-    if found != ref.identity:
-        raise _changed(ref.path, ref.identity, found)
+    acquire(ref.path, ref.identity, key=ref.key, check=ref.check)
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:
@@ -267,6 +267,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
         for k, (pending, path) in enumerate(issued):
             try:
                 wait_reads(pending, path)
+                check_unchanged(handles[k].fileno(), window[k].ref.identity, path)  # no torn data
             except BaseException:
                 for rest, _ in issued[k + 1 :]:
                     drain(rest)

@@ -13,8 +13,10 @@ Truncation: touching a mapped page past the end of a file that shrank kills
 the process with ``SIGBUS``. Every task first checks the file's identity
 (size, mtime, inode; a truncated file fails with ``FileChangedError``), and
 this backend checks the size with ``fstat`` again right before touching the
-mapping. The remaining window is a truncation between that check and the
-copy (for a copy) or during the life of a zero-copy view. Use the ``pread``
+mapping; after a copy the reader checks the identity once more (a rewrite
+in place during the copy raises ``FileChangedError``). The remaining window
+is a truncation between that check and the copy (for a copy) or during the
+life of a zero-copy view, which also shows later writes. Use the ``pread``
 backend for files other processes may truncate while they are read.
 """
 
@@ -27,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import OpenFile
+from npydask.backends._files import OpenFile, clear_cache
 from npydask.backends.base import Backend, copy_runs, same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
@@ -54,6 +56,17 @@ class MmapBackend(Backend):
         return copy_runs(base, plan, dtype, out)
 
 
+def _map(fd: int, length: int) -> mmap.mmap:
+    """A shared read-only mapping (Python's mmap keeps a duplicate descriptor: retried once on ``EMFILE``)."""
+    try:
+        return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+    clear_cache()
+    return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+
+
 def _mapped(f: OpenFile, end: int) -> np.ndarray:
     """The file's shared read-only mapping as ``uint8``, after checking it still reaches ``end``."""
     size = os.fstat(f.fd).st_size
@@ -69,7 +82,7 @@ def _mapped(f: OpenFile, end: int) -> np.ndarray:
             if f.mapping is None:
                 payload_end = f.header.data_offset + f.header.nbytes
                 try:
-                    m = mmap.mmap(f.fd, payload_end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                    m = _map(f.fd, payload_end)
                 except OSError as e:  # ENOMEM under an address-space limit, a file system without mmap...
                     raise MapError(
                         e.errno,

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, OpenFile, acquire, pread_exact
+from npydask.backends._files import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
 from npydask.backends._pool import pieces, scratch_pieces
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
@@ -122,20 +122,31 @@ class _Reader:
             done += piece
 
 
-def read_grid(path: str, identity: FileIdentity, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
+def read_grid(
+    path: str,
+    identity: FileIdentity,
+    plan: ReadPlan,
+    options: ReadOptions,
+    raw: np.ndarray,
+    check: HeaderCheck | None = None,
+) -> None:
     """Fill ``raw`` (C-contiguous ``uint8``) with ``plan``'s bytes of ``path`` in file order.
 
     The short way for a group's strided reads (ROIs of many files): the
-    cached descriptor is checked against ``identity`` and read through the
-    page cache, or ``O_DIRECT`` with the ``direct_io`` setting.
+    cached descriptor is checked against ``identity`` (and its header
+    against ``check``), read through the page cache, or ``O_DIRECT`` with
+    the ``direct_io`` setting, and checked against ``identity`` again.
 
     Raises
     ------
     FileChangedError
-        If the file is no longer the one ``identity`` describes.
+        If the file is no longer the one ``identity`` describes, before or after the read.
+    NpyFormatError
+        If its header bytes are not ``check.raw``.
     """
-    f = acquire(path, identity)
+    f = acquire(path, identity, check=check)
     _read_grid(_Reader(f, options.direct_io), plan, options, raw)
+    check_unchanged(f.fd, identity, path)
 
 
 def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:

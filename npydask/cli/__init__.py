@@ -13,17 +13,19 @@ from collections.abc import Sequence
 
 import npydask
 from npydask.cli import bench, convert, demo, info, stats
-from npydask.cli._common import UsageError, say
+from npydask.cli._common import UsageError, check_scheduler, cli_words, say
 
 __all__ = ["build_parser", "main"]
 
 EXAMPLES = """\
 examples:
   npydask demo                          a tour on synthetic MRI volumes (embedded cluster)
-  npydask info scans/                   shape, dtype, order, version and size of every file
-  npydask stats scans/ --per-file       min, max, mean, std and count on a cluster
+  npydask info scans/ more/*.npy        shape, dtype, order, version and size of every file
+  npydask info archive.npz              the members of an .npz archive
+  npydask stats scans/ --per-file       min, max, mean, std and count on threads or a cluster
   npydask convert data.npz data/        every .npz member to a .npy file (also to zarr, F to C order)
   npydask bench --size small            the benchmark suite, ratio tables and a JSON file
+  npydask <command> --quiet             no progress on stderr
   npydask <command> --help              the options of a command
 """
 
@@ -48,13 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "scheduler", None):
+            check_scheduler(args.scheduler)  # a malformed address fails here, before any work
         return int(args.func(args))
     except KeyboardInterrupt:
         say(f"npydask {args.command}: interrupted")
         return 130
     except (UsageError, npydask.NpyFormatError, npydask.RoiError, OSError, ImportError, npydask.GpuUnavailableError) as e:
-        say(f"npydask {args.command}: error: {e}")
+        say(f"npydask {args.command}: error: {cli_words(str(e))}")
         return 2
     except KeyError as e:
-        say(f"npydask {args.command}: error: {e.args[0] if e.args else e}")
+        say(f"npydask {args.command}: error: {cli_words(str(e.args[0] if e.args else e))}")
         return 2

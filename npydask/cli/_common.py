@@ -1,29 +1,69 @@
-"""What every command shares: one-line errors, file selection, tolerant scans, a cluster, tables.
+"""What every command shares: one-line errors, file selection, tolerant scans, progress, compute, tables.
 
 Results go to stdout; progress and messages go to stderr. Input is checked
 before any cluster starts: a problem with the command line or a single
 input file raises :class:`UsageError` (one line, exit status 2); files of a
 folder that cannot be read are listed with their reasons (exit status 1).
+
+Progress (off with ``--quiet``) is one line on stderr
+(:mod:`npydask.cli._progress`). Scanning more than ``SCAN_COUNT_FROM`` files
+shows a running count; computing shows dask's progress bar (the local
+scheduler's ``ProgressBar`` or ``distributed.progress``). A job under
+``TINY_BYTES`` and ``TINY_FILES`` runs on local threads; a larger one, or
+any job given ``--workers`` or ``--scheduler``, on a cluster.
+
+Numbers are printed by :func:`number` (and byte counts by :func:`size`), the
+same way in every command. Messages of the library name Python arguments
+(``recursive=True``); :func:`cli_words` says them as the flags of the
+command line (``--recursive``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import math
 import os
+import re
 import sys
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from npydask.backends._batch import Scanned
-from npydask.dataset import _human as human
-from npydask.dataset import scan_headers
+from npydask.cli._progress import progress_line
+from npydask.dataset import _human, scan_headers
 from npydask.discovery import select_files
 
-__all__ = ["Selection", "UsageError", "client", "human", "parse_list", "say", "select", "table"]
+__all__ = [
+    "SCAN_COUNT_FROM",
+    "TINY_BYTES",
+    "TINY_FILES",
+    "Selection",
+    "UsageError",
+    "check_scheduler",
+    "cli_words",
+    "compute",
+    "duration",
+    "expand_globs",
+    "npz_members",
+    "number",
+    "on_threads",
+    "parse_list",
+    "say",
+    "select",
+    "size",
+    "table",
+]
 
 T = TypeVar("T")
+
+SCAN_COUNT_FROM = 2000  # scanning more files than this shows "scanned N / M files"
+TINY_BYTES = 64 * 2**20  # a job under TINY_BYTES and TINY_FILES runs on threads, not a LocalCluster
+TINY_FILES = 256
+DEFAULT_WORKERS = 2
 
 
 class UsageError(Exception):
@@ -35,11 +75,74 @@ def say(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+# -- numbers: one way throughout ----------------------------------------------------------------
+
+
+def number(x: float | int) -> str:
+    """Every number the command line prints: integers with thousands separators, floats to 6 digits.
+
+    Examples
+    --------
+    >>> number(50000), number(2.5), number(1234567.0), number(float("-inf")), number(float("nan"))
+    ('50,000', '2.5', '1.23457e+06', '-inf', 'nan')
+    """
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:,.6g}"
+
+
+def size(nbytes: int) -> str:
+    """A byte count in binary units (``512 B``, ``1.5 KiB``), as the dataset's repr shows it."""
+    return _human(nbytes)
+
+
+def duration(seconds: float) -> str:
+    """A time span: milliseconds below a second, seconds above (``12.3 ms``, ``4.56 s``)."""
+    return f"{number(round(seconds * 1e3, 1))} ms" if seconds < 1 else f"{number(round(seconds, 2))} s"
+
+
+def json_number(x: float | int) -> float | int | str:
+    """``x`` for strict JSON: ``"nan"``, ``"inf"`` and ``"-inf"`` as strings (``float()`` reads them back)."""
+    return x if isinstance(x, int) or math.isfinite(x) else str(x)
+
+
 def emit_json(payload: Any) -> None:
-    """A JSON result on stdout (and nothing else there)."""
-    json.dump(payload, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    """A JSON result on stdout (and nothing else there); strict JSON, no bare ``NaN`` or ``Infinity``."""
+    text = json.dumps(payload, indent=2, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+_CLI_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), flag)
+    for pattern, flag in (
+        (r"\brecursive=True\b", "--recursive"),
+        (r"\bout_of_bounds_policy='(\w+)' or '(\w+)'", r"--oob \1 or --oob \2"),
+        (r"\bout_of_bounds_policy='?(\w+)'?", r"--oob \1"),
+        (r"\bkey=(['\"]?)([^'\" ]+)\1", r"--key \2"),
+        (r"\bfile_filter\b", "--filter"),
+        (r"\bfile_root\b", "PATH"),
+        (r"\bfill_value\b", "--fill-value"),
+        (r"\b(rel_)?roi_(start|end|shape|axes)\b", lambda m: "--" + m.group(0).replace("_", "-")),
+    )
+)  # type: ignore[misc]
+
+
+def cli_words(message: str) -> str:
+    """A library message with its Python arguments said as command-line flags.
+
+    Examples
+    --------
+    >>> cli_words("no file found under file_root 'x'; pass recursive=True to search deeper folders")
+    "no file found under PATH 'x'; pass --recursive to search deeper folders"
+    >>> cli_words("use out_of_bounds_policy='trim_to_shape' or 'pad'; roi_axes=[0] key='x'")
+    'use --oob trim_to_shape or --oob pad; --roi-axes=[0] --key x'
+    """
+    for pattern, flag in _CLI_WORDS:
+        message = pattern.sub(flag, message)  # type: ignore[arg-type]
+    return message
 
 
 def parse_list(text: str | None, kind: Callable[[str], T], option: str) -> list[T] | None:
@@ -63,9 +166,12 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, right: Se
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
+# -- choosing the files -------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Selection:
-    """The files a command reads: ``root`` is the folder given (``None`` for a single file)."""
+    """The files a command reads: ``root`` is the folder given (``None`` for files given one by one)."""
 
     root: str | None
     paths: list[str]
@@ -77,8 +183,42 @@ class Selection:
         return os.path.relpath(path, self.root) if self.root is not None else path
 
 
-def select(path: str, *, file_filter: str = "*.npy", recursive: bool = False, key: str | None = None) -> Selection:
+_MAGIC = re.compile(r"[*?[]")
+
+
+def expand_globs(patterns: Sequence[str]) -> list[str]:
+    """The paths given, with shell patterns the shell did not expand (quoted, or on Windows) expanded.
+
+    A path that exists is taken as it is, even with ``*`` in its name; a
+    pattern (``*``, ``?``, ``[...]``; ``**`` spans folders) that matches
+    nothing is a :class:`UsageError`.
+    """
+    out: list[str] = []
+    for p in patterns:
+        if os.path.lexists(p) or not _MAGIC.search(p):
+            out.append(p)
+            continue
+        found = sorted(glob.glob(p, recursive=True))
+        if not found:
+            raise UsageError(f"{p}: no file or folder matches this pattern")
+        out += found
+    return out
+
+
+def select(
+    path: str,
+    *,
+    file_filter: str = "*.npy",
+    recursive: bool = False,
+    key: str | None = None,
+    quiet: bool = False,
+    lenient: bool = False,
+) -> Selection:
     """The files under ``path`` (a file or a folder) with their headers; unreadable ones listed apart.
+
+    Scanning more than ``SCAN_COUNT_FROM`` files shows a running count on
+    stderr (unless ``quiet``). With ``lenient``, a single file that cannot
+    be read is listed in ``bad`` like a folder's files instead of raising.
 
     Raises
     ------
@@ -94,19 +234,32 @@ def select(path: str, *, file_filter: str = "*.npy", recursive: bool = False, ke
     else:
         try:
             paths = select_files(root, file_filter=file_filter, recursive=recursive)
-        except (ValueError, OSError) as e:
+        except ValueError as e:
+            where = "at any depth" if recursive else "directly in it or one folder below (--recursive looks deeper)"
+            raise UsageError(f"{root}: no file matching --filter {file_filter!r} {where}") from e
+        except OSError as e:
             raise UsageError(str(e)) from e
     good: list[tuple[str, Scanned]] = []
     bad: list[tuple[str, str]] = []
-    for p, result in zip(paths, scan_headers(paths, key=key)):
+    for p, result in zip(paths, _scan(paths, key, quiet)):
         if isinstance(result, BaseException):
             reason = result.args[0] if isinstance(result, KeyError) and result.args else result
             bad.append((p, _reason(p, reason)))
         else:
             good.append((p, result))
-    if root is None and bad:
+    if root is None and bad and not lenient:
         raise UsageError(bad[0][1] + _npz_hint(path, key))
     return Selection(root, paths, good, bad)
+
+
+def _scan(paths: list[str], key: str | None, quiet: bool) -> list[Scanned | BaseException]:
+    if len(paths) <= SCAN_COUNT_FROM:
+        return scan_headers(paths, key=key)
+    with progress_line(quiet) as line:
+        if line is None:
+            return scan_headers(paths, key=key)
+        total = number(len(paths))
+        return scan_headers(paths, key=key, progress=lambda n: line.update(f"scanned {number(n)} / {total} files"))
 
 
 def _reason(path: str, error: object) -> str:
@@ -120,19 +273,113 @@ def _npz_hint(path: str, key: str | None) -> str:
     return ""
 
 
-def report_bad(selection: Selection) -> int:
+def npz_members(path: str) -> list[str]:
+    """The member names of the ``.npz`` archive ``path`` (``"x"`` for ``x.npy``), in archive order.
+
+    Raises
+    ------
+    UsageError
+        ``path`` is not a readable zip archive, or holds no member.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n[: -len(".npy")] if n.endswith(".npy") else n for n in zf.namelist()]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise UsageError(f"{path}: not a readable .npz archive ({e})") from e
+    if not names:
+        raise UsageError(f"{path}: the archive holds no arrays")
+    return names
+
+
+def report_bad(selection: Selection, *, summary: bool = False) -> int:
     """List the files that could not be read on stderr; the exit status they call for."""
-    if not selection.bad:
+    return report_errors(selection.bad, len(selection.paths), summary=summary)
+
+
+def report_errors(bad: Sequence[tuple[str, str]], total: int, *, summary: bool = False) -> int:
+    """``bad`` (path, reason) of ``total`` files on stderr (only their count when ``summary``); 1 if any."""
+    if not bad:
         return 0
-    say(f"{len(selection.bad)} of {len(selection.paths)} files could not be read:")
-    for _, reason in selection.bad:
+    if summary:
+        say(f"{number(len(bad))} of {number(total)} files could not be read (run without --summary to list them)")
+        return 1
+    say(f"{number(len(bad))} of {number(total)} files could not be read:")
+    for _, reason in bad:
         say(f"  {reason}")
     return 1
 
 
+# -- computing ----------------------------------------------------------------------------------
+
+
+def on_threads(args: Any, *, nbytes: int, nfiles: int) -> bool:
+    """Whether a job of ``nfiles`` files and ``nbytes`` bytes runs on local threads (no cluster).
+
+    Tiny jobs (under ``TINY_BYTES`` and ``TINY_FILES``) do, unless
+    ``--scheduler`` or ``--workers`` asks for a cluster: starting a
+    ``LocalCluster`` takes about a second, more than such a job.
+    """
+    return args.scheduler is None and args.workers is None and nbytes < TINY_BYTES and nfiles < TINY_FILES
+
+
+def compute(args: Any, values: list[Any], *, threads: bool) -> list[Any]:
+    """Compute ``values`` on local threads or on a cluster, with a progress bar on stderr."""
+    if threads:
+        import dask
+        from dask.diagnostics import ProgressBar
+
+        with progress_line(args.quiet) as line:
+            bar = ProgressBar(out=line) if line is not None else contextlib.nullcontext()
+            with bar:
+                return list(dask.compute(*values, scheduler="threads"))
+    with client(args.scheduler, args.workers, quiet=args.quiet) as c:
+        return cluster_compute(c, values, quiet=args.quiet)
+
+
+def cluster_compute(c: Any, values: list[Any], *, quiet: bool = False) -> list[Any]:
+    """Compute on the client with ``distributed.progress`` on stderr (it draws on stdout)."""
+    futures = c.compute(values)
+    with progress_line(quiet) as line:
+        if line is not None:
+            from distributed import progress
+
+            with contextlib.redirect_stdout(line):
+                progress(futures)
+    return c.gather(futures)
+
+
+def check_scheduler(address: str) -> None:
+    """Refuse a scheduler address that no scheduler can have, before any work (one line, exit 2).
+
+    Raises
+    ------
+    UsageError
+        An unknown scheme (``foo://bar``), a malformed host (``tcp://[::1``),
+        a host name that does not resolve, or an ``inproc://`` address
+        (a scheduler inside another process's memory, unreachable from here).
+    """
+    from distributed.comm import parse_address, resolve_address
+
+    expected = "expected the address of a running dask scheduler, such as tcp://HOST:8786"
+    try:
+        scheme, _ = parse_address(address)
+        if scheme == "inproc":
+            raise ValueError("an inproc:// scheduler lives inside one process and cannot be reached from the command line")
+        resolve_address(address)
+    except (OSError, ValueError, TypeError) as e:
+        raise UsageError(f"cannot reach the scheduler at {address!r} ({expected}): {e}") from e
+
+
 @contextlib.contextmanager
-def client(scheduler: str | None, workers: int) -> Iterator[Any]:
-    """A distributed client on ``scheduler``, or on an embedded local cluster (no dashboard)."""
+def client(scheduler: str | None, workers: int | None, *, quiet: bool = False) -> Iterator[Any]:
+    """A distributed client on ``scheduler``, or on an embedded local cluster (no dashboard).
+
+    Raises
+    ------
+    UsageError
+        The scheduler address is malformed (``foo://bar``, ``tcp://[::1``)
+        or nothing answers there within 5 s; ``workers`` is below 1.
+    """
     import logging
 
     from distributed import Client, LocalCluster
@@ -141,40 +388,49 @@ def client(scheduler: str | None, workers: int) -> Iterator[Any]:
     if scheduler:
         try:
             c = Client(scheduler, timeout="5s")
-        except OSError as e:
-            raise UsageError(f"cannot reach the scheduler at {scheduler}: {e}") from e
+        except (OSError, ValueError, TypeError) as e:
+            raise UsageError(f"cannot reach the scheduler at {scheduler!r} (is a dask scheduler running there?): {e}") from e
         with c:
             yield c
         return
+    workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, found {workers}")
-    say(f"starting an embedded local cluster ({workers} workers, 1 thread each)")
+    if not quiet:
+        say(f"starting an embedded local cluster ({workers} worker{'s' if workers != 1 else ''}, 1 thread each)")
     with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=workers, threads_per_worker=1, processes=True,
+        dashboard_address=":0", scheduler_kwargs={"dashboard": False},  # any free port: no "port in use" warning
     ) as cluster, Client(cluster) as c:
         yield c
 
 
-def compute(c: Any, values: list[Any]) -> list[Any]:
-    """Compute on the client with a progress bar on stderr (distributed's writes to stdout)."""
-    futures = c.compute(values)
-    if sys.stderr.isatty():
-        from distributed import progress
-
-        with contextlib.redirect_stdout(sys.stderr):
-            progress(futures)
-    return c.gather(futures)
+# -- options ------------------------------------------------------------------------------------
 
 
 def add_cluster_options(parser: Any) -> None:
     """``--scheduler`` and ``--workers``."""
     parser.add_argument("--scheduler", metavar="ADDRESS", help="use this dask scheduler instead of an embedded cluster")
-    parser.add_argument("--workers", type=int, default=2, help="workers of the embedded cluster (default 2, 1 thread each)")
+    parser.add_argument(
+        "--workers", type=int, default=None,
+        help=f"run on an embedded cluster of this many workers, 1 thread each (default: local threads for "
+             f"jobs under {size(TINY_BYTES)} and {TINY_FILES} files, else {DEFAULT_WORKERS} workers)",
+    )
 
 
-def add_selection_options(parser: Any) -> None:
-    """``PATH``, ``--filter``, ``--recursive`` and ``--key``."""
-    parser.add_argument("path", metavar="PATH", help="a .npy file, or a folder of them")
+def add_quiet_option(parser: Any) -> None:
+    """``--quiet``."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress or messages on stderr (errors still)")
+
+
+def add_selection_options(parser: Any, *, several: bool = False) -> None:
+    """``PATH`` (``PATH...`` when ``several``), ``--filter``, ``--recursive`` and ``--key``."""
+    if several:
+        parser.add_argument("paths", metavar="PATH", nargs="+",
+                            help=".npy or .npz files or folders of them; shell patterns such as 'scans/*.npy' too")
+    else:
+        parser.add_argument("path", metavar="PATH", help="a .npy file, or a folder of them")
     parser.add_argument("--filter", default="*.npy", help="glob on file names in a folder (default '*.npy')")
     parser.add_argument("--recursive", action="store_true", help="look in every subfolder, not only the first level")
     parser.add_argument("--key", help="member of .npz archives to read (e.g. 'x')")
+    add_quiet_option(parser)

@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import npydask
-from npydask.cli._common import UsageError, say
+from npydask.cli._common import UsageError, add_quiet_option, duration, say
 
 __all__ = ["SCRIPTS", "add_parser", "run"]
 
 SCRIPTS = ("bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py", "bench_write.py",
-           "bench_cluster.py", "bench_memory.py")
-SIZES = {"tiny": "tiny", "small": "small", "medium": "full"}
+           "bench_cluster.py", "bench_memory.py", "bench_convert.py")
+SIZES = ("tiny", "small", "full")  # the scripts' own --size choices (benchmarks/_common.py)
 HELP = """\
 examples:
   npydask bench                         every benchmark at the small size (a few minutes on 2 cores)
-  npydask bench --size medium --json results.json
+  npydask bench --size full --json results.json
   npydask bench --only dataset,loader   the scripts whose names contain these words
 """
 
@@ -44,13 +44,15 @@ def add_parser(sub: Any) -> None:
         epilog=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--size", choices=sorted(SIZES), default="small",
-                   help="small (default), medium (the 1 GiB sets of the issues' goals) or tiny (a smoke test)")
+    p.add_argument("--size", choices=SIZES, default="small",
+                   help="passed to every script: small (default), full (the 1 GiB sets of the issues' goals) "
+                        "or tiny (a smoke test)")
     p.add_argument("--repeat", type=int, help="timed runs per variant (default: each script's own)")
     p.add_argument("--only", help="comma-separated words: run only the scripts whose names contain one")
     p.add_argument("--json", metavar="OUT", default=None,
                    help="write every result to this JSON file (default npydask-bench-SIZE.json)")
     p.add_argument("--data", metavar="DIR", help="keep and reuse the generated data sets in DIR")
+    add_quiet_option(p)
     p.set_defaults(func=run)
 
 
@@ -80,18 +82,19 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     with tempfile.TemporaryDirectory(prefix="npydask-bench-") as tmp:
         for script in scripts:
-            command = [sys.executable, str(folder / script), "--size", SIZES[args.size]]
+            command = [sys.executable, str(folder / script), "--size", args.size]
             if args.repeat is not None:
                 command += ["--repeat", str(args.repeat)]
             if args.data and script in ("bench_dataset.py", "bench_loader.py", "bench_read.py"):
                 command += ["--data", args.data]
             part = os.path.join(tmp, script + ".json")
             command += ["--json", part]
-            say(f"== {script} --size {SIZES[args.size]} ...")
+            if not args.quiet:
+                say(f"== {script} --size {args.size} ...")
             t0 = time.perf_counter()
             done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
             took = time.perf_counter() - t0
-            print(f"\n## {script} (size {SIZES[args.size]}, {took:.0f} s)\n")
+            print(f"\n## {script} (size {args.size}, {duration(took)})\n")
             print(done.stdout.rstrip(), flush=True)
             entry: dict[str, Any] = {"exit_status": done.returncode, "seconds": took}
             if os.path.exists(part):
@@ -104,5 +107,6 @@ def run(args: argparse.Namespace) -> int:
     with open(out_json, "w", encoding="utf8") as f:
         json.dump(merged, f, indent=2, default=str)
         f.write("\n")
-    say(f"wrote {out_json}")
+    if not args.quiet:
+        say(f"wrote {out_json}")
     return status

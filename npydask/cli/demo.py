@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import npydask
-from npydask.cli._common import add_cluster_options, client, compute, human, say, table
+from npydask.cli._common import add_cluster_options, add_quiet_option, compute, duration, number, say, size, table
 
 __all__ = ["add_parser", "make_mri_set", "run"]
 
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", help="folder for the sample set (default: a temporary folder, removed)")
     add_cluster_options(p)
+    add_quiet_option(p)
     p.set_defaults(func=run)
 
 
@@ -96,15 +97,15 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     t0 = time.perf_counter()
     slices, volumes = make_mri_set(root)
     total = sum(os.path.getsize(p) for p in slices + volumes)
-    print(f"== wrote {len(slices)} slices and {len(volumes)} volumes ({human(total)}) under {root} "
-          f"in {time.perf_counter() - t0:.2f} s")
+    print(f"== wrote {len(slices)} slices and {len(volumes)} volumes ({size(total)}) under {root} "
+          f"in {duration(time.perf_counter() - t0)}")
 
     print("\n== npydask info volumes/  (headers only)")
     ds_rows = []
     for p in volumes:
         h = npydask.read_header(p)
         ds_rows.append([os.path.basename(p), "x".join(map(str, h.shape)), h.dtype.name,
-                        "F" if h.fortran_order else "C", f"{h.version[0]}.{h.version[1]}", human(h.nbytes)])
+                        "F" if h.fortran_order else "C", f"{h.version[0]}.{h.version[1]}", size(h.nbytes)])
     print(table(ds_rows, ["path", "shape", "dtype", "order", "npy", "size"], right=(5,)))
 
     print("\n== lazy opening: open_dataset(slices/).stack()")
@@ -112,7 +113,7 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     slice_ds = npydask.open_dataset(os.path.join(root, "slices"))
     stack = slice_ds.stack()
     print(f"{slice_ds}\n-> {stack.shape} {stack.dtype}, {math.prod(stack.numblocks)} tasks, "
-          f"opened and built in {(time.perf_counter() - t) * 1e3:.1f} ms (no payload read)")
+          f"opened and built in {duration(time.perf_counter() - t)} (no payload read)")
 
     print("\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume (DALI's roi_start/roi_shape)")
     roi = dict(roi_start=[20, 96, 96], roi_shape=[16, 64, 64], out_of_bounds_policy="pad", fill_value=-1)
@@ -131,20 +132,19 @@ def _tour(args: argparse.Namespace, root: str) -> int:
 
     full = npydask.open_dataset(os.path.join(root, "volumes"))
     parts = [partials(full[[i]].stack()) for i in range(len(full))]
-    with client(args.scheduler, args.workers) as c:
-        t = time.perf_counter()
-        results = compute(c, parts)
-        took = time.perf_counter() - t
+    t = time.perf_counter()
+    results = compute(args, parts, threads=False)  # the tour shows a cluster, small as its data is
+    took = time.perf_counter() - t
     rows = []
     for p, r in zip(volumes, results):
         n, lo, hi, mean, std = combine(r)
         a = np.load(p).astype(np.float64)
         good = np.isclose(mean, a.mean(), rtol=1e-9) and np.isclose(std, a.std(), rtol=1e-9) and lo == a.min() and hi == a.max()
         ok &= bool(good)
-        rows.append([os.path.basename(p), f"{int(n):,}", f"{lo:.1f}", f"{hi:.1f}", f"{mean:.3f}", f"{std:.3f}",
+        rows.append([os.path.basename(p), number(int(n)), number(lo), number(hi), number(mean), number(std),
                      "yes" if good else "NO"])
     print(table(rows, ["volume", "count", "min", "max", "mean", "std", "= numpy"], right=(1, 2, 3, 4, 5)))
-    print(f"({took:.2f} s on the cluster, float64 accumulation)")
+    print(f"({duration(took)} on the cluster, float64 accumulation)")
 
     print("\n== timing: sum of every volume (float64)")
     t = time.perf_counter()
@@ -156,8 +156,8 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     t_nd = time.perf_counter() - t
     same = bool(np.isclose(got, ref, rtol=1e-9))
     ok &= same
-    print(f"np.load loop: {t_np * 1e3:.1f} ms; npydask open_dataset + concatenate + sum (threads): "
-          f"{t_nd * 1e3:.1f} ms; equal: {same}")
+    print(f"np.load loop: {duration(t_np)}; npydask open_dataset + concatenate + sum (threads): "
+          f"{duration(t_nd)}; equal: {same}")
 
     _png(root, slices)
     print(f"\nall results match numpy: {ok}")

@@ -1,12 +1,32 @@
-"""``npydask info PATH``: what the files are, from their headers alone (no cluster, no payload read)."""
+"""``npydask info PATH...``: what the files are, from their headers alone (no cluster, no payload read).
+
+Each PATH is a ``.npy`` file, a ``.npz`` archive (every member is listed,
+or only ``--key``) or a folder; shell patterns the shell left alone are
+expanded. ``--summary`` prints the totals and the number of unreadable
+files instead of one line per file.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from typing import Any
 
-from npydask.cli._common import Selection, add_selection_options, emit_json, human, report_bad, select, table
+from npydask.cli._common import (
+    Selection,
+    UsageError,
+    add_selection_options,
+    emit_json,
+    expand_globs,
+    npz_members,
+    number,
+    report_errors,
+    select,
+    size,
+    table,
+)
+from npydask.dataset import scan_headers
 
 __all__ = ["add_parser", "run"]
 
@@ -14,8 +34,10 @@ HELP = """\
 examples:
   npydask info scan.npy
   npydask info scans/ --recursive
+  npydask info 'scans/*.npy' extra.npy          several paths; patterns expanded if the shell did not
+  npydask info archive.npz                      every member: shape, dtype
   npydask info archive.npz --key x
-  npydask info huge_folder/ --summary --json
+  npydask info huge_folder/ --summary --json    totals and the count of unreadable files
 """
 
 
@@ -26,59 +48,124 @@ def add_parser(sub: Any) -> None:
         epilog=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_selection_options(p)
+    add_selection_options(p, several=True)
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
-    p.add_argument("--summary", action="store_true", help="totals only (for folders of many files)")
+    p.add_argument("--summary", action="store_true",
+                   help="totals and the count of unreadable files only (for folders of many files)")
     p.set_defaults(func=run)
 
 
-def _record(selection: Selection, path: str, scanned: Any) -> dict[str, Any]:
+def _record(name: str, scanned: Any, key: str | None) -> dict[str, Any]:
     _, header, _, _ = scanned
-    return {
-        "path": selection.name(path),
+    record = {
+        "path": name,
         "shape": list(header.shape),
         "dtype": header.dtype.str,
         "fortran_order": header.fortran_order,
         "version": f"{header.version[0]}.{header.version[1]}",
         "nbytes": header.nbytes,
     }
+    if key is not None:
+        record["key"] = key
+    return record
 
 
-def _dtype_name(text: str) -> str:
-    import numpy as np
+def _dtype_name(scanned: Any) -> str:
+    """The dtype as tables show it: ``float32``, or the fields of a structured dtype."""
+    dtype = scanned[1].dtype
+    return dtype.name if dtype.fields is None else str(dtype.descr)
 
-    dtype = np.dtype(text) if not text.startswith("[") else None
-    return dtype.name if dtype is not None and dtype.fields is None else text
+
+Found = tuple[list[dict[str, Any]], list[str], list[tuple[str, str]]]
+
+
+def _members(path: str, name: str) -> Found:
+    """Records and dtype names of every member of the archive ``path`` (shown as ``name``), failures apart."""
+    found: Found = ([], [], [])
+    for member in npz_members(path):
+        (result,) = scan_headers([path], key=member)
+        if isinstance(result, BaseException):
+            found[2].append((f"{name}:{member}", f"{path}: member {member!r}: {result}"))
+        else:
+            found[0].append(_record(name, result, member))
+            found[1].append(_dtype_name(result))
+    return found
+
+
+def _archive(path: str, name: str, *, lenient: bool) -> Found:
+    """:func:`_members`; with ``lenient``, an unreadable archive is one failure instead of an error."""
+    try:
+        return _members(path, name)
+    except UsageError as e:
+        if not lenient:
+            raise
+        return [], [], [(name, str(e))]
+
+
+def _collect(args: argparse.Namespace) -> tuple[Found, int]:
+    """Records, dtype names and failures (shown name, reason) of every file or member; how many files."""
+    paths = expand_globs(args.paths)
+    lenient = len(paths) > 1
+    found: Found = ([], [], [])
+    seen = 0
+    for path in paths:
+        if args.key is None and path.endswith(".npz") and not os.path.isdir(path):
+            parts = [_archive(path, path, lenient=lenient)]
+            seen += 1
+        else:
+            selection = select(path, file_filter=args.filter, recursive=args.recursive, key=args.key,
+                               quiet=args.quiet, lenient=lenient)
+            seen += len(selection.paths)
+            parts = [_from_selection(selection, args.key)]
+            # an archive in a folder, read without --key: list its members
+            parts += [_archive(p, selection.name(p), lenient=True)
+                      for p, _ in selection.bad if args.key is None and p.endswith(".npz")]
+        for part in parts:
+            for mine, theirs in zip(found, part):
+                mine += theirs  # type: ignore[operator]
+    return found, seen
+
+
+def _from_selection(selection: Selection, key: str | None) -> Found:
+    return (
+        [_record(selection.name(p), s, key) for p, s in selection.good],
+        [_dtype_name(s) for _, s in selection.good],
+        [(selection.name(p), reason) for p, reason in selection.bad if key is not None or not p.endswith(".npz")],
+    )
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape)) or "()"
 
 
 def run(args: argparse.Namespace) -> int:
-    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key)
-    records = [_record(selection, p, s) for p, s in selection.good]
-    dtypes = Counter(h.dtype.str if h.dtype.fields is None else str(h.dtype.descr) for _, (_, h, _, _) in selection.good)
+    (records, names, bad), seen = _collect(args)
+    dtypes = Counter(names)
     shapes = Counter(tuple(r["shape"]) for r in records)
     totals = {
         "files": len(records),
-        "unreadable": len(selection.bad),
+        "unreadable": len(bad),
         "nbytes": sum(r["nbytes"] for r in records),
-        "dtypes": dict(dtypes),
+        "dtypes": dict(Counter(r["dtype"] for r in records)),
         "shapes": len(shapes),
     }
     if args.json:
-        payload: dict[str, Any] = {"totals": totals, "errors": [{"path": selection.name(p), "error": r} for p, r in selection.bad]}
+        payload: dict[str, Any] = {"totals": totals}
         if not args.summary:
-            payload = {"files": records, **payload}
+            payload = {"files": records, **payload, "errors": [{"path": n, "error": r} for n, r in bad]}
         emit_json(payload)
     else:
         if not args.summary and records:
             rows = [
-                [r["path"], "x".join(map(str, r["shape"])) or "()", _dtype_name(r["dtype"]),
-                 "F" if r["fortran_order"] else "C", r["version"], human(r["nbytes"])]
-                for r in records
+                [r["path"] + (f":{r['key']}" if "key" in r else ""), _shape(r["shape"]), name,
+                 "F" if r["fortran_order"] else "C", r["version"], size(r["nbytes"])]
+                for r, name in zip(records, names)
             ]
             print(table(rows, ["path", "shape", "dtype", "order", "npy", "size"], right=(5,)))
-        kinds = ", ".join(f"{_dtype_name(d)} ({n})" for d, n in dtypes.most_common())
-        common = ", ".join("x".join(map(str, s)) or "()" for s, _ in shapes.most_common(3))
+        kinds = ", ".join(f"{d} ({number(n)})" for d, n in dtypes.most_common())
+        common = ", ".join(_shape(list(s)) for s, _ in shapes.most_common(3))
         more = f" (most common: {common})" if len(shapes) > 1 else f" ({common})" if shapes else ""
-        print(f"{len(records)} files, {human(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
-              f"{len(shapes)} distinct shape{'s' if len(shapes) != 1 else ''}{more}")
-    return report_bad(selection)
+        unreadable = f"; {number(len(bad))} unreadable" if bad else ""
+        print(f"{number(len(records))} files, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
+              f"{number(len(shapes))} distinct shape{'s' if len(shapes) != 1 else ''}{more}{unreadable}")
+    return report_errors(bad, max(seen, len(records) + len(bad)), summary=args.summary)

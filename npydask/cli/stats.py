@@ -1,10 +1,14 @@
-"""``npydask stats PATH``: min, max, mean, std and count over every file, on a cluster.
+"""``npydask stats PATH``: min, max, mean, std and count over every file, on threads or a cluster.
 
 Each task reduces its block to one row per file, ``(count, min, max, mean,
 M2)`` in float64 (M2: the sum of squared deviations from the block's mean);
 the client combines the rows exactly (Chan et al.'s pairwise formula), so
 the standard deviation does not suffer the cancellation of ``E[x^2] -
 E[x]^2``. Files of one shape are stacked, so many small files are few tasks.
+
+``--json`` is strict JSON: a value that is not finite (data holding NaN or
+infinities) is the string ``"nan"``, ``"inf"`` or ``"-inf"``; a statistic
+of no values (``count`` 0: empty files) is ``null``.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from npydask.cli._common import (
     UsageError,
     add_cluster_options,
     add_selection_options,
-    client,
     compute,
     emit_json,
+    json_number,
+    number,
+    on_threads,
     parse_list,
     report_bad,
     select,
@@ -45,7 +51,7 @@ FIELDS = ("count", "min", "max", "mean", "std")
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "stats",
-        help="min, max, mean, std (ddof=0) and count over all files, on a cluster",
+        help="min, max, mean, std (ddof=0) and count over all files, on threads or a cluster",
         epilog=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -79,8 +85,9 @@ def block_partials(block: Any) -> np.ndarray:
     if count == 0:
         rows = np.tile(np.array([0.0, np.nan, np.nan, 0.0, 0.0]), (n, 1))
     else:
-        mean = flat.mean(axis=1)
-        m2 = ((flat - mean[:, None]) ** 2).sum(axis=1)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as numpy's mean and std say
+            mean = flat.mean(axis=1)
+            m2 = ((flat - mean[:, None]) ** 2).sum(axis=1)
         rows = np.stack([np.full(n, float(count)), flat.min(axis=1), flat.max(axis=1), mean, m2], axis=1)
         rows = rows.get() if hasattr(rows, "get") else rows  # CuPy: back to the host (a few numbers)
     return np.asarray(rows).reshape((n,) + (1,) * (block.ndim - 1) + (5,))
@@ -106,8 +113,9 @@ def combine(rows: np.ndarray) -> tuple[float, float, float, float, float]:
     if len(rows) == 0:
         return 0.0, math.nan, math.nan, math.nan, math.nan
     n = rows[:, 0].sum()
-    mean = float((rows[:, 0] * rows[:, 3]).sum() / n)
-    m2 = float(rows[:, 4].sum() + (rows[:, 0] * (rows[:, 3] - mean) ** 2).sum())
+    with np.errstate(invalid="ignore", over="ignore"):  # infinities make NaN, as in numpy
+        mean = float((rows[:, 0] * rows[:, 3]).sum() / n)
+        m2 = float(rows[:, 4].sum() + (rows[:, 0] * (rows[:, 3] - mean) ** 2).sum())
     return float(n), float(rows[:, 1].min()), float(rows[:, 2].max()), mean, math.sqrt(max(m2, 0.0) / n)
 
 
@@ -129,7 +137,7 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key)
+    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key, quiet=args.quiet)
     status = report_bad(selection)
     if not selection.good:
         raise UsageError(f"{args.path}: no readable file")
@@ -154,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
         for local in by_shape.values():
             arrays.append(partials(ds[local].stack()))
             groups.append([members[j] for j in local])
-    with client(args.scheduler, args.workers) as c:
-        results = compute(c, arrays)
+    nbytes = sum(header.nbytes for _, (_, header, _, _) in selection.good)
+    results = compute(args, arrays, threads=on_threads(args, nbytes=nbytes, nfiles=len(paths)))
     per_file: list[np.ndarray] = [np.empty((0, 5))] * len(paths)
     for members, result in zip(groups, results):
         result = np.asarray(result).reshape(len(members), -1, 5)
@@ -167,23 +175,25 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _clean(v: float) -> float | int | None:
-    return None if isinstance(v, float) and math.isnan(v) else v
+def _json(field: str, v: float, count: float) -> float | int | str | None:
+    """A statistic as strict JSON: ``count`` an int; of no values ``null``; NaN and infinities as strings."""
+    if field == "count":
+        return int(v)
+    return None if count == 0 else json_number(v)
 
 
 def _print(args: argparse.Namespace, total: tuple[float, ...], files: list[dict[str, Any]]) -> None:
     summary = dict(zip(FIELDS, total))
-    summary["count"] = int(summary["count"])
     if args.json:
-        payload: dict[str, Any] = {k: _clean(v) for k, v in summary.items()}
+        payload: dict[str, Any] = {k: _json(k, v, summary["count"]) for k, v in summary.items()}
         if args.per_file:
-            payload["files"] = [{"path": f["path"], **{k: _clean(int(f[k]) if k == "count" else f[k]) for k in FIELDS}}
-                                for f in files]
+            payload["files"] = [{"path": f["path"], **{k: _json(k, f[k], f["count"]) for k in FIELDS}} for f in files]
         emit_json(payload)
         return
+
     def row(name: str, s: dict[str, Any]) -> list[str]:
-        return [name, f"{int(s['count']):,}", *(f"{s[k]:.6g}" for k in FIELDS[1:])]
+        return [name, number(int(s["count"])), *(number(s[k]) if s["count"] else "-" for k in FIELDS[1:])]
 
     rows = [row(f["path"], f) for f in files] if args.per_file else []
-    rows.append(row(f"all {len(files)} files", summary))
+    rows.append(row(f"all {number(len(files))} files", summary))
     print(table(rows, ["file", *FIELDS], right=(1, 2, 3, 4, 5)))

@@ -1,0 +1,81 @@
+"""The packaging configuration ships every module: a wheel install has the CLI and every subpackage.
+
+These checks are offline and fast: they expand ``pyproject.toml`` with
+setuptools' own reader (what ``pip wheel .`` uses) and compare the packages it
+yields with the folders under ``npydask/``. ``ci/wheel_smoke.sh`` (run by
+``.ci/run``) builds a real wheel and runs the command line from a fresh
+virtual environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = ROOT / "pyproject.toml"
+
+
+def _configuration() -> dict:
+    # setuptools is in the test extra (Python 3.12's venv no longer brings it): this must not skip.
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    return read_configuration(str(PYPROJECT), expand=True)  # "find" runs in the file's folder
+
+
+def _source_packages() -> set[str]:
+    """Every folder under npydask/ that holds Python modules, as a dotted package name."""
+    found = set()
+    for folder, dirs, names in os.walk(ROOT / "npydask"):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if any(n.endswith(".py") for n in names):
+            found.add(".".join(Path(folder).relative_to(ROOT).parts))
+    return found
+
+
+def test_every_subpackage_is_packaged():
+    packages = set(_configuration()["tool"]["setuptools"]["packages"])
+    source = _source_packages()
+    assert {"npydask", "npydask.backends", "npydask.cli", "npydask.testing"} <= source
+    missing = sorted(source - packages)
+    assert not missing, f"pyproject.toml packages {sorted(packages)} leave out {missing}: a wheel would lack them"
+    stray = sorted(p for p in packages if not p.startswith("npydask"))
+    assert not stray, f"the wheel would install top-level packages {stray} (tests, benchmarks, ...)"
+
+
+def test_every_package_folder_has_an_init():
+    # A folder of modules without __init__.py is a namespace package: find_packages skips it.
+    for name in _source_packages():
+        init = ROOT.joinpath(*name.split("."), "__init__.py")
+        assert init.is_file(), f"{init} is missing: setuptools would leave package {name} out of the wheel"
+
+
+def test_scripts_and_package_data_point_into_the_wheel():
+    config = _configuration()
+    packages = set(config["tool"]["setuptools"]["packages"])
+    for script, target in config["project"]["scripts"].items():
+        module = target.partition(":")[0]
+        assert module in packages or module.rpartition(".")[0] in packages, f"{script} -> {target}: not packaged"
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["npydask"]
+    assert (ROOT / "npydask" / "py.typed").is_file()
+
+
+def test_python_dash_m_npydask_runs_the_cli(tmp_path):
+    p = tmp_path / "a.npy"
+    data = np.arange(12, dtype="<i4").reshape(3, 4)
+    np.save(p, data)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "npydask", "--help"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: npydask" in done.stdout and "info" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "npydask", "info", "a.npy", "--json"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (record,) = json.loads(done.stdout)["files"]
+    assert (record["path"], record["shape"], record["dtype"]) == ("a.npy", list(data.shape), data.dtype.str)
