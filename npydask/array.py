@@ -26,7 +26,7 @@ from dask.utils import parse_bytes
 
 from npydask.backends._pool import empty
 from npydask.reader import BACKENDS, FileRef, _fspath
-from npydask.region import Box
+from npydask.region import Box, raw
 from npydask.roi import FileRoi, fill_like
 
 __all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
@@ -111,7 +111,7 @@ class NpyFileArray:
         out = fill_like(empty(box.shape, self.dtype) if out is None else out, self.roi)
         if inner.size:
             where = tuple(slice(a - s, b - s) for a, b, s in zip(inner.start, inner.stop, wanted.start))
-            out[where] = self.ref.read(inner)
+            raw(out)[where] = raw(self.ref.read(inner))  # every byte, structured padding included
         return out
 
 

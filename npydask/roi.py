@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from npydask.errors import RoiError
-from npydask.region import Box
+from npydask.region import Box, raw
 
 __all__ = ["OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "fill_like", "resolve_roi"]
 
@@ -336,14 +336,14 @@ def apply_pad(block: np.ndarray, roi: FileRoi) -> np.ndarray:
     if not roi.padded:
         return np.asarray(block, order="C")  # (np.ascontiguousarray makes 0-d arrays 1-d)
     out = fill_like(np.empty(roi.shape, dtype=block.dtype), roi)
-    out[tuple(slice(b, b + n) for b, n in zip(roi.pad_before, block.shape))] = block
+    raw(out)[tuple(slice(b, b + n) for b, n in zip(roi.pad_before, block.shape))] = raw(block)  # padding too
     return out
 
 
 def fill_like(out: np.ndarray, roi: FileRoi) -> np.ndarray:
     """Fill ``out`` with the ROI's pad value (zero bytes for non-numeric dtypes) and return it."""
     if out.dtype.kind in _NON_NUMERIC_KINDS or roi.fill_value is None:
-        out[...] = np.zeros((), out.dtype)
+        raw(out)[...] = np.zeros((), raw(out).dtype)  # every byte, structured padding included
     else:
         out[...] = roi.fill_value
     return out

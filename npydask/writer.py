@@ -40,6 +40,7 @@ from dask.utils import ensure_dict, parse_bytes
 
 from npydask.backends.base import as_bytes, raw_copy
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
+from npydask.paths import absolute
 from npydask.reader import _fspath
 from npydask.backends._write import (
     TMP_SUFFIX,
@@ -351,7 +352,7 @@ def to_npy(
     """
     src = _source(x, "to_npy")
     align = _check_align(align)
-    path = os.path.abspath(_fspath(path))
+    path = absolute(_fspath(path))
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
         if os.path.exists(folder):
@@ -431,7 +432,7 @@ def to_npy_files(
         )
     arrays = list(arrays)
     align = _check_align(align)
-    root = os.path.abspath(_fspath(folder))
+    root = absolute(_fspath(folder))
     if os.path.exists(root) and not os.path.isdir(root):
         raise NotADirectoryError(errno.ENOTDIR, "the output folder is a file", root)
     if names is None:

@@ -700,3 +700,63 @@ def test_random_per_file_rows(shape, data):
                 read(full, kw, index=i, n_files=n_files)
             continue
         np.testing.assert_array_equal(read(full, kw, index=i, n_files=n_files), want)
+
+
+# --------------------------------------------------------------------------
+# Structured padding: a padded ROI holds the file's bytes and zero bytes, never heap bytes
+
+
+PADDED = [
+    np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4], "itemsize": 12}),
+    np.dtype([("x", "u1"), ("y", "<f8")], align=True),
+    np.dtype({"names": ["p"], "formats": [np.dtype([("q", "u1"), ("r", "<i2")], align=True)], "itemsize": 16}),
+]
+
+
+def _patterned(shape, dtype, seed):
+    """An array whose every byte (padding included) is a non-zero pattern."""
+    rng = np.random.default_rng(seed)
+    a = np.empty(shape, dtype)
+    a.view(np.uint8).reshape(-1)[:] = rng.integers(1, 256, a.nbytes, dtype=np.uint8)
+    return a
+
+
+def _dirty_heap(dtype, n=64):
+    """Leave freed buffers full of 0xEE where the next np.empty may find them."""
+    for _ in range(4):
+        np.full(n * dtype.itemsize, 0xEE, np.uint8)
+
+
+@pytest.mark.parametrize("dtype", PADDED, ids=["holes", "aligned", "nested"])
+@pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
+def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_path, dtype, backend):
+    import npydask
+    from npydask.region import raw
+
+    src = _patterned((6, 5), dtype, seed=dtype.itemsize)
+    p = tmp_path / "s.npy"
+    np.save(p, src)
+    ds = npydask.open_dataset(files=[str(p)], roi_start=[-2, 1], roi_shape=[9, 6], out_of_bounds_policy="pad",
+                              backend=backend)
+    view = ds.views[0]
+    for box in (Box((0, 0), (9, 6)), Box((1, 2), (8, 5)), Box((0, 0), (2, 6))):
+        _dirty_heap(dtype)
+        got = view.read(box)
+        want = np.zeros((9, 6), dtype)  # zero bytes everywhere outside the file
+        raw(want)[2:8, 0:4] = raw(src)[:, 1:5]
+        sel = tuple(slice(a, b) for a, b in zip(box.start, box.stop))
+        assert got.tobytes() == np.ascontiguousarray(raw(want)[sel]).tobytes()
+
+
+@pytest.mark.parametrize("dtype", PADDED, ids=["holes", "aligned", "nested"])
+def test_apply_pad_moves_every_byte_of_structured_values(dtype):
+    from npydask.region import raw
+
+    args = RoiArgs.from_user(roi_start=[-1, 0], roi_end=[4, 5], out_of_bounds_policy="pad")
+    roi = resolve_roi(args, (3, 3), dtype)
+    block = _patterned(roi.box.shape, dtype, seed=3)
+    _dirty_heap(dtype)
+    got = apply_pad(block, roi)
+    want = np.zeros(roi.shape, dtype)
+    raw(want)[1:4, 0:3] = raw(block)
+    assert got.tobytes() == np.ascontiguousarray(raw(want)).tobytes()

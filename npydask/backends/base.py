@@ -10,7 +10,7 @@ import numpy as np
 from npydask.backends._files import OpenFile
 from npydask.backends._pool import empty
 from npydask.config import ReadOptions
-from npydask.region import ReadPlan
+from npydask.region import ReadPlan, raw, raw_copy
 
 __all__ = ["Backend", "as_bytes", "copy_runs", "destination", "finish", "raw", "raw_copy", "same_layout"]
 
@@ -66,23 +66,3 @@ def copy_runs(base: np.ndarray, plan: ReadPlan, dtype: np.dtype, out: np.ndarray
 def as_bytes(a: np.ndarray) -> np.ndarray:
     """A flat ``uint8`` view of a C-contiguous array of any dtype."""
     return a.reshape(-1).view(np.uint8)
-
-
-def raw(a: np.ndarray) -> np.ndarray:
-    """``a``, or for a structured dtype the same bytes viewed as ``V<itemsize>`` (any strides).
-
-    numpy copies structured values field by field and leaves the padding
-    between fields uninitialised; a copy through this view moves every byte.
-
-    Examples
-    --------
-    >>> dt = np.dtype({"names": ["a"], "formats": ["u1"], "itemsize": 4})
-    >>> raw(np.zeros(3, dt)).dtype, raw(np.zeros(3, "<f4")).dtype
-    (dtype('V4'), dtype('float32'))
-    """
-    return a if a.dtype.names is None else a.view(np.dtype((np.void, a.dtype.itemsize)))
-
-
-def raw_copy(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``a`` with every byte, structured padding included."""
-    return np.asarray(raw(a), order="C").view(a.dtype)  # (np.ascontiguousarray makes 0-d arrays 1-d)
