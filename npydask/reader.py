@@ -25,6 +25,7 @@ from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
+from npydask.npz import check_stored
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
@@ -95,7 +96,7 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
     a caller's ``out``), files on network file systems, and chunks on a
     distributed worker (which counts and may spill what it holds) use pread.
     """
-    if f.member is not None:
+    if f.deflated:
         return backends.get("deflate")  # a compressed .npz member: nothing else can read it
     if name != "auto":
         return backends.get(name)
@@ -105,14 +106,22 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
 
 
 def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None) -> np.ndarray:
-    """Read with the backend ``name`` resolves to; ``"auto"`` falls back to pread where mapping fails."""
+    """Read with the backend ``name`` resolves to; ``"auto"`` falls back to pread where mapping fails.
+
+    A read of a whole stored ``.npz`` member checks the member's CRC-32 over
+    what it read (the deflate backend checks deflated members itself).
+    """
     backend = choose_backend(name, f, plan, out)
     try:
-        return backend.read(f, plan, options, out)
+        result = backend.read(f, plan, options, out)
     except MapError:
         if name != "auto":
             raise
-        return backends.get("pread").read(f, plan, options, out)
+        result = backends.get("pread").read(f, plan, options, out)
+    member = f.member
+    if member is not None and member.stored and plan.nbytes == f.header.nbytes:
+        check_stored(f.fd, member, f.path, result, f.header.fortran_order)
+    return result
 
 
 def _check_backend(backend: str) -> None:
@@ -219,7 +228,7 @@ class FileRef(NamedTuple):
         _check_backend(backend)
         _check_key(key)
         f = acquire(path, key=key)
-        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.member is not None)
+        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.deflated)
 
     @property
     def token(self) -> str:

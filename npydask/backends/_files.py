@@ -15,6 +15,7 @@ own, so a descriptor is never closed (and its number reused) under a reader.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import os
@@ -125,6 +126,7 @@ def member_header(f: io.FileIO, path: str, key: str) -> tuple[NpyHeader, bytes, 
     relative to the inflated member when deflated."""
     member = locate(f, path, key)
     header, raw = _read_header_raw(f.fileno(), member.file_size, path, member)
+    member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
     if member.stored:
         header = header.with_offset(member.data_start)
     return header, raw, member
@@ -235,12 +237,18 @@ class OpenFile:
     header: NpyHeader
     local: bool
     member: Member | None = None
+    """The ``.npz`` member read (stored or deflated), ``None`` for a plain ``.npy`` file."""
     _direct: io.FileIO | None = field(default=None, repr=False)
     _direct_refused: bool = field(default=False, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Guards the lazily made O_DIRECT handle and mapping."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
+
+    @property
+    def deflated(self) -> bool:
+        """Whether this is a deflated ``.npz`` member (only inflating reads it)."""
+        return self.member is not None and not self.member.stored
 
     @property
     def fd(self) -> int:
@@ -331,7 +339,7 @@ def acquire(path: str, expected: FileIdentity | None = None, *, key: str | None 
             opened = OpenFile(path, f, ident, read_header_from(f, fst.st_size, path), is_local(fst))
         else:
             header, _, member = member_header(f, path, key)
-            opened = OpenFile(path, f, ident, header, is_local(fst), None if member.stored else member)
+            opened = OpenFile(path, f, ident, header, is_local(fst), member)
     except BaseException:
         f.close()
         raise
