@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from typing import Any
 
-from npydask.cli._common import Selection, add_selection_options, emit_json, human, report_bad, select, table
+from npydask.cli._common import (
+    Selection,
+    UsageError,
+    add_selection_options,
+    emit_json,
+    human,
+    report_bad,
+    say,
+    select,
+    table,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -16,6 +27,7 @@ examples:
   npydask info scans/ --recursive
   npydask info archive.npz --key x
   npydask info huge_folder/ --summary --json
+  npydask info archive.npz --verify          check every member's CRC-32 (exit 1 if one is bad)
 """
 
 
@@ -29,6 +41,12 @@ def add_parser(sub: Any) -> None:
     add_selection_options(p)
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--summary", action="store_true", help="totals only (for folders of many files)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the CRC-32 of every member of the .npz archive (or of each .npz in the folder); "
+        "bad members are listed on stderr and the exit status is 1",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +69,31 @@ def _dtype_name(text: str) -> str:
     return dtype.name if dtype is not None and dtype.fields is None else text
 
 
+def _verify(path: str, recursive: bool) -> int:
+    """``--verify``: each archive's members against their CRC-32; 1 if any archive fails."""
+    from npydask.discovery import select_files
+    from npydask.npz import verify
+
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or folder")
+    archives = select_files(path, file_filter="*.npz", recursive=recursive) if os.path.isdir(path) else [path]
+    failed = 0
+    for archive in archives:
+        try:
+            names = verify(archive)
+        except (ValueError, OSError) as e:  # NpzCrcError, NpyFormatError, OSError: each names the archive
+            failed += 1
+            say(f"  {e}")
+        else:
+            print(f"{archive}: {len(names)} members, CRC-32 ok")
+    if failed:
+        say(f"{failed} of {len(archives)} archives failed verification")
+    return 1 if failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        return _verify(args.path, args.recursive)
     selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key)
     records = [_record(selection, p, s) for p, s in selection.good]
     dtypes = Counter(h.dtype.str if h.dtype.fields is None else str(h.dtype.descr) for _, (_, h, _, _) in selection.good)
