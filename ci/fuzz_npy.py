@@ -96,6 +96,7 @@ DOCUMENTED_STRICTER: dict[str, str] = {
     r"|a field is \(name, descr\)|a titled field name is|a field shape is",
     "header over 1 MiB": r"a header of at most 1048576 bytes",
     "zero-size items, too many elements": r"elements in an array of zero-size items",
+    "invalid escape sequence in a string (Python only warns)": r"strings without invalid escape sequences",
 }
 """npydask's deliberate refusals of files numpy loads: label -> regex on the error message.
 

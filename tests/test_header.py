@@ -897,3 +897,76 @@ def test_zero_itemsize_arrays_up_to_the_limit_compute_at_once(tmp_path, descr, s
     ):
         assert got.shape == expected.shape and got.dtype == expected.dtype
     assert time.perf_counter() - start < 30
+
+
+# --------------------------------------------------------------------------
+# Refusing (or reading) a header of up to 1 MiB costs bounded memory and a bounded message (issue 12)
+
+_BIG = (1 << 20) - 400
+
+
+def _v2(text: str) -> bytes:
+    return npy(text[:_BIG], (2, 0), payload=b"")
+
+
+BIG_HEADERS = {
+    "many-dims": _v2(dict_text(shape="(" + "1," * (_BIG // 2) + ")")),
+    "bool-dims": _v2(dict_text(shape="(" + "True," * (_BIG // 5) + ")")),
+    "unclosed-shape": _v2("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "1, " * (_BIG // 3)),
+    "bad-last-field": _v2(dict_text("[" + ",".join(f"('f{i}', '<f4')" for i in range(50_000)) + ", ('x', 'Q9')]")),
+    "float-last-dim": _v2(dict_text(shape="(" + "2, " * (_BIG // 3 - 20) + "2.5)")),
+    "nested-lists": _v2(dict_text("[" + "[" * 150 + "1" + "]" * 150 + "]" + " " * (_BIG - 400))),
+    "long-key": _v2("{'" + "k" * _BIG + "': 1}"),
+    "long-descr-string": _v2(dict_text("'" + "<f4," * (_BIG // 4 - 30) + "zz'")),
+    "long-trailing-text": _v2(dict_text() + " x" * (_BIG // 2 - 60)),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(BIG_HEADERS))
+def test_refusing_a_1_MiB_header_costs_little_memory_and_quotes_little(name):
+    import tracemalloc
+
+    data = BIG_HEADERS[name]
+    assert len(data) > 800_000
+    header_mod._MEMO.clear()
+    error: BaseException | None = None
+    tracemalloc.start()
+    try:
+        npydask.parse_header(data, source="big.npy")
+    except Exception as e:  # noqa: BLE001 - checked below, outside the measurement (pytest.raises allocates)
+        error = e
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert isinstance(error, NpyFormatError), repr(error)[:300]
+    message = str(error)
+    assert message.startswith("big.npy: not a valid .npy file: expected ")
+    assert len(message) < 700, (len(message), message[:300])
+    assert "\n" not in message
+    # (numpy's own parser of a 1 MiB comma-separated dtype string takes ~66 MB; npydask's part is small.
+    # Before the bounded literal parser: 160-360 MB, and messages quoting the whole header.)
+    limit = 100e6 if name == "long-descr-string" else 20e6
+    assert peak < limit, f"{peak / 1e6:.0f} MB to refuse a {len(data) / 2**20:.1f} MiB header"
+
+
+@pytest.mark.timeout(120)
+def test_reading_a_1_MiB_structured_header_costs_little_memory(tmp_path):
+    import tracemalloc
+
+    dtype = np.dtype([(f"f{i}", "<f4" if i % 2 else ">i2") for i in range(40_000)])
+    path = tmp_path / "wide.npy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (numpy notes that it wrote format 2.0)
+        np.save(path, np.zeros(2, dtype))
+    data = path.read_bytes()
+    assert npydask.parse_header(data).data_offset > 500_000
+    header_mod._MEMO.clear()
+    tracemalloc.start()
+    try:
+        h = npydask.parse_header(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_matches_numpy(h, path)
+    assert peak < 60e6, f"{peak / 1e6:.0f} MB to read a {h.data_offset / 2**20:.1f} MiB header"
