@@ -26,17 +26,21 @@ npydask is at least as strict as ``numpy.load(path, allow_pickle=False)``;
 the one place it is more lenient is the header size, accepted up to
 :data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters). It is stricter
 on purpose where numpy is lenient or loads something else than the header
-says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``):
+says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``
+and the table of header spellings in ``tests/test_header.py``; the README's
+Security section lists the same):
 
 * object dtypes (they need pickle), and ``S0``/``U0`` strings;
 * arrays of zero-size items (``|V0``, ``[]``) of more than
   :data:`MAX_ZERO_ITEMSIZE_ELEMENTS` elements (copying them never ends);
 * a dtype with a top-level subarray shape (``('<f4', (2,))``: numpy folds
   it into the array's shape, so the header's shape is not the array's);
-* text after the dict other than the space padding, a leading space before
-  it, duplicate keys, and Python 2 long integers (``(2L, 3L)``, which numpy
-  still strips in version 1.0 and 2.0 headers);
-* descr tuples of the wrong length or type, and anything but literals.
+* text after the dict other than the space padding and one newline, anything
+  before it (a space, a comment), duplicate keys, bools in shapes, and Python
+  2 long integers (``(2L, 3L)``, which numpy still strips in version 1.0 and
+  2.0 headers);
+* descr parts of the wrong length or type (lists for tuples), anything but
+  literals (``(+3,)``), and invalid escape sequences in strings.
 """
 
 from __future__ import annotations
