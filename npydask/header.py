@@ -14,8 +14,10 @@ An ``.npy`` file is (``numpy/lib/_format_impl.py`` is the reference)::
 
 This module never touches a file and never evaluates code: the header text is
 matched against numpy's canonical spelling first, and anything else goes
-through :func:`ast.parse` whose tree is walked by hand, accepting only string,
-integer and boolean literals, tuples, lists and the one dict. Validation runs
+through :mod:`npydask._literal`, a bounded parser that accepts only string,
+integer and boolean literals, tuples, lists and the one dict (``ast.parse``
+would spend ~500 bytes of memory per byte of a 1 MiB header). Error messages
+quote at most 200 characters of what they found. Validation runs
 in a fixed order (magic, version, length, encoding, syntax, keys, values,
 dtype, size) and every failure raises :class:`~npydask.errors.NpyFormatError`
 naming the source, what was expected and what was found.
@@ -24,22 +26,25 @@ npydask is at least as strict as ``numpy.load(path, allow_pickle=False)``;
 the one place it is more lenient is the header size, accepted up to
 :data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters). It is stricter
 on purpose where numpy is lenient or loads something else than the header
-says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``):
+says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``
+and the table of header spellings in ``tests/test_header.py``; the README's
+Security section lists the same):
 
 * object dtypes (they need pickle), and ``S0``/``U0`` strings;
 * arrays of zero-size items (``|V0``, ``[]``) of more than
   :data:`MAX_ZERO_ITEMSIZE_ELEMENTS` elements (copying them never ends);
 * a dtype with a top-level subarray shape (``('<f4', (2,))``: numpy folds
   it into the array's shape, so the header's shape is not the array's);
-* text after the dict other than the space padding, a leading space before
-  it, duplicate keys, and Python 2 long integers (``(2L, 3L)``, which numpy
-  still strips in version 1.0 and 2.0 headers);
-* descr tuples of the wrong length or type, and anything but literals.
+* text after the dict other than the space padding and one newline, anything
+  before it (a space, a comment), duplicate keys, bools in shapes, and Python
+  2 long integers (``(2L, 3L)``, which numpy still strips in version 1.0 and
+  2.0 headers);
+* descr parts of the wrong length or type (lists for tuples), anything but
+  literals (``(+3,)``), and invalid escape sequences in strings.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import re
@@ -49,6 +54,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from npydask._literal import LiteralError, parse_dict
 from npydask.errors import NpyFormatError
 
 __all__ = [
@@ -159,7 +165,13 @@ class NpyHeader:
         )
 
 
+_MAX_QUOTED = 200
+"""Characters of a found value an error message quotes (a header may be 1 MiB)."""
+
+
 def _fail(source: str, expected: str, found: str, hint: str = "") -> NpyFormatError:
+    if len(found) > _MAX_QUOTED:
+        found = f"{found[:_MAX_QUOTED]}... ({len(found)} characters)"
     msg = f"{source}: not a valid .npy file: expected {expected}, found {found}"
     if hint:
         msg += f"; {hint}"
@@ -284,12 +296,13 @@ def header_end(buf: bytes) -> int:
         return 12 + int.from_bytes(buf[8:12], "little")
     return 0
 
+# (A possessive repeat: a backtracking group keeps ~120 bytes per repetition, 100 MB over 1 MiB.)
 # At most 19 digits: longer numbers (too large for intp anyway, and possibly past
 # Python's int-from-string digit limit) take the slow path, which refuses them.
 _INT = r"(?:0|[1-9][0-9]{0,18})"
 _CANONICAL = re.compile(
     r"\{'descr': '(?P<descr>[^'\\\n]+)', 'fortran_order': (?P<fortran>True|False), "
-    rf"'shape': \((?P<shape>|{_INT},|{_INT}(?:, {_INT})+)\), \}} *\n\Z",
+    rf"'shape': \((?P<shape>|{_INT},|{_INT}(?:, {_INT})++)\), \}} *\n\Z",
     re.ASCII,
 )
 
@@ -309,51 +322,32 @@ def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool,
     return _validate(descr, fortran, shape, source)
 
 
+_TAIL = re.compile(" *\n\\Z")
+
+
 def _parse_literal(text: str, source: str) -> tuple[Any, Any, Any]:
-    """The slow path: any literal spelling of the dict, still strictly checked."""
-    shown = text if len(text) <= 200 else text[:200] + "..."
+    """The slow path: any literal spelling of the dict, still strictly checked (:mod:`npydask._literal`)."""
     if not text.endswith("\n"):
-        raise _fail(source, "header text ending in a newline", repr(shown[-40:]))
+        raise _fail(source, "header text ending in a newline", repr(text[-40:]))
     if not text.startswith("{"):
-        raise _fail(source, "header text starting with '{'", repr(shown[:40]))
+        raise _fail(source, "header text starting with '{'", repr(text[:40]))
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        raise _fail(source, "a Python dict literal as header", repr(shown)) from e
-    node = tree.body
-    if not isinstance(node, ast.Dict):
-        raise _fail(source, "a dict as header", f"{type(node).__name__}: {shown!r}")
+        items, end = parse_dict(text)
+    except LiteralError as e:
+        raise _fail(source, e.expected, e.found) from None
+    except RecursionError as e:  # pragma: no cover - MAX_DEPTH stops nesting well before
+        raise _fail(source, "a Python dict literal as header", "brackets nested too deep") from e
     # Only spaces may follow the dict, then the one final newline.
-    lines = text.split("\n")
-    if node.end_lineno != len(lines) - 1 or lines[-2].encode("utf8")[node.end_col_offset :].strip(b" "):
-        raise _fail(source, "only spaces and one newline after the header dict", repr(shown))
+    if not _TAIL.match(text, end):
+        raise _fail(source, "only spaces and one newline after the header dict", repr(text[end : end + 40]))
     values: dict[str, Any] = {}
-    for k, v in zip(node.keys, node.values):
-        name = _literal(k, source) if k is not None else None
+    for name, value in items:
         if not isinstance(name, str) or name in values:
-            raise _fail(source, f"the keys {list(_EXPECTED_KEYS)} once each", f"{name!r} in {shown!r}")
-        values[name] = _literal(v, source)
+            raise _fail(source, f"the keys {list(_EXPECTED_KEYS)} once each", repr(name))
+        values[name] = value
     if sorted(values) != list(_EXPECTED_KEYS):
         raise _fail(source, f"exactly the keys {list(_EXPECTED_KEYS)}", f"{sorted(values)}")
     return values["descr"], values["fortran_order"], values["shape"]
-
-
-def _literal(node: ast.AST, source: str) -> Any:
-    """Convert a literal node: str, int, bool, tuple, list; nothing else."""
-    if isinstance(node, ast.Constant) and type(node.value) in (str, int, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = node.operand
-        if isinstance(inner, ast.Constant) and type(inner.value) is int:
-            return -inner.value
-    if isinstance(node, ast.Tuple):
-        return tuple(_literal(e, source) for e in node.elts)
-    if isinstance(node, ast.List):
-        return [_literal(e, source) for e in node.elts]
-    found = type(node).__name__
-    if isinstance(node, ast.Constant):
-        found = f"a {type(node.value).__name__} constant"
-    raise _fail(source, "only string, integer and boolean literals, tuples and lists in the header", found)
 
 
 def _validate(descr: Any, fortran: Any, shape: Any, source: str) -> tuple[np.dtype, bool, tuple[int, ...]]:

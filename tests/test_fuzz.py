@@ -354,15 +354,15 @@ def test_zero_itemsize_shape_at_the_limit_is_one_chunk_read_at_once(tmp_path, de
 
 @pytest.mark.timeout(30)
 def test_python2_long_suffix_is_refused_while_numpy_reads_it(tmp_path):
-    """Known, undocumented stricter case: numpy strips Python 2's ``L`` from 1.0/2.0 headers; npydask refuses.
+    """A documented stricter case: numpy strips Python 2's ``L`` from 1.0/2.0 headers; npydask refuses.
 
-    Pinned so that a change either way is deliberate (see the report; document or support it).
+    Pinned so that a change either way is deliberate (README, Security: the refusal list).
     """
     raw = b"{'descr': '<i4', 'fortran_order': False, 'shape': (2L, 3L), }\n"
     data = preamble((1, 0), raw) + raw + np.arange(6, dtype="<i4").tobytes()
     out = fuzz.check(data, str(tmp_path))
     assert (out.numpy, out.npydask) == ("accept", "NpyFormatError")
-    assert out.stricter is not None and out.stricter.startswith("KNOWN: Python 2 long suffix")
+    assert out.stricter is not None and out.stricter.startswith("Python 2 long suffix")
 
 
 def test_deprecated_descr_alias_warns_but_reads(tmp_path):

@@ -897,3 +897,266 @@ def test_zero_itemsize_arrays_up_to_the_limit_compute_at_once(tmp_path, descr, s
     ):
         assert got.shape == expected.shape and got.dtype == expected.dtype
     assert time.perf_counter() - start < 30
+
+
+# --------------------------------------------------------------------------
+# Refusing (or reading) a header of up to 1 MiB costs bounded memory and a bounded message (issue 12)
+
+_BIG = (1 << 20) - 400
+
+
+def _v2(text: str) -> bytes:
+    return npy(text[:_BIG], (2, 0), payload=b"")
+
+
+BIG_HEADERS = {
+    "many-dims": _v2(dict_text(shape="(" + "1," * (_BIG // 2) + ")")),
+    "bool-dims": _v2(dict_text(shape="(" + "True," * (_BIG // 5) + ")")),
+    "unclosed-shape": _v2("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "1, " * (_BIG // 3)),
+    "bad-last-field": _v2(dict_text("[" + ",".join(f"('f{i}', '<f4')" for i in range(50_000)) + ", ('x', 'Q9')]")),
+    "float-last-dim": _v2(dict_text(shape="(" + "2, " * (_BIG // 3 - 20) + "2.5)")),
+    "nested-lists": _v2(dict_text("[" + "[" * 150 + "1" + "]" * 150 + "]" + " " * (_BIG - 400))),
+    "long-key": _v2("{'" + "k" * _BIG + "': 1}"),
+    "long-descr-string": _v2(dict_text("'" + "<f4," * (_BIG // 4 - 30) + "zz'")),
+    "long-trailing-text": _v2(dict_text() + " x" * (_BIG // 2 - 60)),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(BIG_HEADERS))
+def test_refusing_a_1_MiB_header_costs_little_memory_and_quotes_little(name):
+    import tracemalloc
+
+    data = BIG_HEADERS[name]
+    assert len(data) > 800_000
+    header_mod._MEMO.clear()
+    error: BaseException | None = None
+    tracemalloc.start()
+    try:
+        npydask.parse_header(data, source="big.npy")
+    except Exception as e:  # noqa: BLE001 - checked below, outside the measurement (pytest.raises allocates)
+        error = e
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert isinstance(error, NpyFormatError), repr(error)[:300]
+    message = str(error)
+    assert message.startswith("big.npy: not a valid .npy file: expected ")
+    assert len(message) < 700, (len(message), message[:300])
+    assert "\n" not in message
+    # (numpy's own parser of a 1 MiB comma-separated dtype string takes ~66 MB; npydask's part is small.
+    # Before the bounded literal parser: 160-360 MB, and messages quoting the whole header.)
+    limit = 100e6 if name == "long-descr-string" else 20e6
+    assert peak < limit, f"{peak / 1e6:.0f} MB to refuse a {len(data) / 2**20:.1f} MiB header"
+
+
+@pytest.mark.timeout(120)
+def test_reading_a_1_MiB_structured_header_costs_little_memory(tmp_path):
+    import tracemalloc
+
+    dtype = np.dtype([(f"f{i}", "<f4" if i % 2 else ">i2") for i in range(40_000)])
+    path = tmp_path / "wide.npy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (numpy notes that it wrote format 2.0)
+        np.save(path, np.zeros(2, dtype))
+    data = path.read_bytes()
+    assert npydask.parse_header(data).data_offset > 500_000
+    header_mod._MEMO.clear()
+    tracemalloc.start()
+    try:
+        h = npydask.parse_header(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_matches_numpy(h, path)
+    assert peak < 60e6, f"{peak / 1e6:.0f} MB to read a {h.data_offset / 2**20:.1f} MiB header"
+
+
+# --------------------------------------------------------------------------
+# Every header numpy.load accepts and npydask refuses is a documented refusal (issue 12, item 6).
+# A table of spellings, generated systematically (what surrounds the dict, blanks and comments
+# inside it, key order and spellings, every kind of shape, fortran_order and descr), each checked
+# in versions 1.0 and 3.0 against numpy.load on the header plus the payload it asks for.
+
+_README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+_FUZZ = pathlib.Path(__file__).resolve().parent.parent / "ci" / "fuzz_npy.py"
+
+
+def _fuzz_module():
+    """``ci/fuzz_npy.py``, loaded once: its DOCUMENTED_STRICTER labels classify npydask's refusals."""
+    import importlib.util
+
+    name = "npydask_ci_fuzz_npy"  # (the name tests/test_fuzz.py loads it under)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _FUZZ)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[name] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules[name]
+
+
+_D, _F, _S = "'descr'", "'fortran_order'", "'shape'"
+
+
+def _dct(descr="'<f4'", fortran="False", shape="(3,)", sep=", ", colon=": ", open_="{", close=", }", keys=(_D, _F, _S),
+         order=(0, 1, 2)) -> str:  # fmt: skip
+    vals = (descr, fortran, shape)
+    return open_ + sep.join(f"{keys[i]}{colon}{vals[i]}" for i in order) + close
+
+
+def _header_variants() -> dict[str, str]:
+    out: dict[str, str] = {}
+    base = _dct()
+    for name, pre, post in [
+        ("plain", "", "\n"), ("pad", "", "      \n"), ("lead-space", " ", "\n"), ("lead-tab", "\t", "\n"),
+        ("lead-newline", "\n", "\n"), ("lead-paren", "(", ")\n"), ("lead-comment", "# c\n", "\n"), ("trail-tab", "", "\t\n"),
+        ("trail-cr", "", "\r\n"), ("trail-comment", "", "  # c\n"), ("trail-2nl", "", "\n\n"), ("no-nl", "", "   "),
+        ("trail-bs", "", "\\\n"), ("trail-semicolon", "", ";\n"), ("trail-ff", "", "\f\n"),
+    ]:  # fmt: skip
+        out[f"around-{name}"] = pre + base + post
+    for name, kw in [
+        ("no-space", dict(sep=",", colon=":")), ("spaced", dict(sep=" , ", colon=" : ")), ("tabs", dict(sep=",\t", colon=":\t")),
+        ("newlines", dict(sep=",\n ", colon=":\n")), ("cr", dict(sep=",\r ")), ("crlf", dict(sep=",\r\n ")), ("ff", dict(sep=",\f")),
+        ("comments", dict(sep=", # x\n ")), ("backslash", dict(sep=", \\\n ")), ("no-trailing-comma", dict(close="}")),
+        ("two-trailing-commas", dict(close=",,}")), ("open-space", dict(open_="{ ")), ("close-space", dict(close=" }")),
+        ("nbsp", dict(sep=",\u00a0")),
+    ]:  # fmt: skip
+        out[f"inside-{name}"] = _dct(**kw) + "\n"
+    for order in itertools.permutations(range(3)):
+        out[f"order-{''.join(map(str, order))}"] = _dct(order=order) + "\n"
+    for name, k in [
+        ("dq", '"descr"'), ("u", "u'descr'"), ("r", "r'descr'"), ("R", "R'descr'"), ("triple", "'''descr'''"),
+        ("concat", "'des' 'cr'"), ("escape", r"'\x64escr'"), ("octal-esc", r"'\144escr'"), ("unicode-esc", r"'\u0064escr'"),
+        ("named-esc", r"'\N{LATIN SMALL LETTER D}escr'"), ("bytes", "b'descr'"), ("paren", "('descr')"), ("fstring", "f'descr'"),
+        ("bad-escape", r"'de\scr'"),
+    ]:  # fmt: skip
+        out[f"key-{name}"] = _dct(keys=(k, _F, _S)) + "\n"
+    for name, sh in [
+        ("empty", "()"), ("one", "(3,)"), ("two", "(3, 4)"), ("trailing", "(3, 4,)"), ("list", "[3]"), ("int", "3"),
+        ("paren-int", "(3)"), ("plus", "(+3,)"), ("minus-zero", "(-0,)"), ("neg", "(-3,)"), ("float", "(3.0,)"), ("bool", "(True,)"),
+        ("hex", "(0x3,)"), ("oct", "(0o3,)"), ("bin", "(0b11,)"), ("under", "(1_0,)"), ("leading-zero", "(03,)"), ("zeros", "(00,)"),
+        ("paren-dim", "((3),)"), ("neg-paren", "(-(0),)"), ("nested", "((3,),)"), ("long-L", "(3L,)"), ("long-l", "(3l,)"),
+        ("space-L", "(3 L,)"), ("complex", "(3j,)"), ("expr", "(1+2,)"), ("tilde", "(~-4,)"), ("str", "('3',)"), ("none", "None"),
+        ("power", "(2**3,)"), ("double-neg", "(--0,)"), ("call", "(int(3),)"), ("set", "{3}"), ("big-int", "(" + "9" * 30 + ",)"),
+        ("zero-huge", "(0, " + "9" * 30 + ")"), ("spaces", "( 3 , 4 )"), ("newline-dims", "(3,\n 4)"),
+    ]:  # fmt: skip
+        out[f"shape-{name}"] = _dct(shape=sh) + "\n"
+    for name, fo in [("true", "True"), ("zero", "0"), ("one", "1"), ("str", "'False'"), ("paren", "(False)"), ("none", "None"),
+                     ("not", "not True"), ("attr", "np.False_")]:  # fmt: skip
+        out[f"fortran-{name}"] = _dct(fortran=fo) + "\n"
+    for name, de in [
+        ("u", "u'<f4'"), ("dq", '"<f4"'), ("concat", "'<' 'f4'"), ("no-order", "'f4'"), ("name", "'float32'"), ("native", "'=f4'"),
+        ("big", "'>f4'"), ("pipe", "'|u1'"), ("comma", "'<f4,<i2'"), ("space", "' <f4'"), ("paren", "('<f4')"),
+        ("struct", "[('a', '<f4')]"), ("struct-trailing", "[('a', '<f4'),]"), ("struct-subarray", "[('a', '<f4', (2,))]"),
+        ("struct-subarray-int", "[('a', '<f4', 2)]"), ("struct-empty-shape", "[('a', '<f4', ())]"),
+        ("struct-list-field", "[['a', '<f4']]"), ("struct-tuple", "(('a', '<f4'),)"), ("struct-pad", "[('', '|V4'), ('a', '<f4')]"),
+        ("struct-title", "[(('t', 'a'), '<f4')]"), ("struct-title-list", "[(['t', 'a'], '<f4')]"),
+        ("struct-nested", "[('a', [('b', '<i2')])]"), ("struct-dup", "[('a', '<f4'), ('a', '<f4')]"),
+        ("struct-4", "[('a', '<f4', (2,), 1)]"), ("struct-shape-list", "[('a', '<f4', [2])]"),
+        ("struct-field-3-list", "[('a', '<f4', (2,)), ['b', '<i2']]"), ("struct-bad-escape", r"[('a\q', '<f4')]"),
+        ("struct-plus-shape", "[('a', '<f4', (+2,))]"), ("struct-name-bytes", "[(b'a', '<f4')]"),
+        ("struct-shape-neg", "[('a', '<f4', (-1,))]"), ("struct-bool-shape", "[('a', '<f4', (True,))]"),
+        ("struct-str-shape", "[('a', '<f4', ('2',))]"), ("subarray-top", "('<f4', (2,))"), ("subarray-top-list", "['<f4', (2,)]"),
+        ("object", "'|O'"), ("V0", "'|V0'"), ("S0", "'|S0'"), ("U0", "'<U0'"), ("S5", "'|S5'"), ("M8", "'<M8[s]'"),
+        ("m8", "'<m8[us]'"), ("empty-list", "[]"), ("dict", "{'names': ['a'], 'formats': ['<f4']}"), ("bytes", "b'<f4'"),
+        ("float", "4.0"), ("int", "4"), ("none", "None"), ("longdouble", "'<f16'"), ("c8", "'<c8'"),
+    ]:  # fmt: skip
+        out[f"descr-{name}"] = _dct(descr=de) + "\n"
+    out["keys-duplicate"] = "{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (3,), }\n"
+    out["keys-extra"] = _dct(close=", 'x': 1}") + "\n"
+    out["keys-missing"] = "{'descr': '<f4', 'shape': (3,)}\n"
+    out["keys-unpack"] = "{'descr': '<f4', **{'fortran_order': False, 'shape': (3,)}}\n"
+    return out
+
+
+HEADER_VARIANTS = _header_variants()
+
+# The variants numpy.load reads and npydask refuses, with the documented refusal each falls under
+# (labels of ci/fuzz_npy.py's DOCUMENTED_STRICTER). Anything else must be read alike or refused by both.
+STRICTER_VARIANTS = {
+    **{f"around-{n}": "header text not starting with '{'"
+       for n in ("lead-space", "lead-tab", "lead-newline", "lead-paren", "lead-comment")},
+    **{f"around-{n}": "text after the dict other than spaces + one newline"
+       for n in ("trail-tab", "trail-cr", "trail-comment", "trail-2nl", "no-nl", "trail-bs", "trail-ff")},
+    "shape-plus": "non-literal syntax (only str/int/bool literals, tuples, lists)",
+    "descr-struct-plus-shape": "non-literal syntax (only str/int/bool literals, tuples, lists)",
+    "shape-long-L": "Python 2 long suffix, e.g. (3L,) (numpy strips it in 1.0/2.0 headers)",
+    "shape-space-L": "Python 2 long suffix, e.g. (3L,) (numpy strips it in 1.0/2.0 headers)",
+    "descr-S0": "S0/U0 string dtype",
+    "descr-U0": "S0/U0 string dtype",
+    "descr-struct-list-field": "descr part of a wrong arity or type (numpy ignores extra items)",
+    "descr-struct-shape-list": "descr part of a wrong arity or type (numpy ignores extra items)",
+    "descr-struct-field-3-list": "descr part of a wrong arity or type (numpy ignores extra items)",
+    "descr-struct-bad-escape": "invalid escape sequence in a string (Python only warns)",
+    "keys-duplicate": "dict keys not exactly once each",
+}
+
+# Where the README's refusal list (Security and robustness) names each documented refusal.
+README_REFUSALS = {
+    "object dtype (never unpickled)": "Object dtypes are refused",
+    "S0/U0 string dtype": "`S0`/`U0`",
+    "top-level subarray dtype": "top-level subarray",
+    "shape not a tuple of ints (bools)": "bools in shapes",
+    "dict keys not exactly once each": "duplicate keys",
+    "text after the dict other than spaces + one newline": "anything after the dict but spaces and one newline",
+    "header text not starting with '{'": "anything before the dict",
+    "non-literal syntax (only str/int/bool literals, tuples, lists)": "`(+3,)`",
+    "descr part of a wrong arity or type (numpy ignores extra items)": "lists where numpy takes tuples",
+    "header over 1 MiB": "Headers may be up to 1 MiB",
+    "zero-size items, too many elements": "zero-size items",
+    "invalid escape sequence in a string (Python only warns)": "invalid escape sequences",
+    "Python 2 long suffix, e.g. (3L,) (numpy strips it in 1.0/2.0 headers)": "Python 2 `3L`",
+}
+
+
+def _variant_file(text: str, version: tuple[int, int]) -> bytes:
+    raw = text.encode("utf8" if version == (3, 0) else "latin1")
+    fmt = "<H" if version == (1, 0) else "<I"
+    return MAGIC + bytes(version) + struct.pack(fmt, len(raw)) + raw
+
+
+def _numpy_load_verdict(data: bytes) -> tuple[tuple[int, ...], np.dtype] | BaseException:
+    """numpy.load on the header and the payload its own reader asks for (zeros, at most 1 MiB)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            f = io.BytesIO(data)
+            shape, _, dtype = _read_array_header(f, np.lib.format.read_magic(f), max_header_size=1 << 21)
+            payload = bytes(min(max(int(np.prod(shape, dtype=object)) * dtype.itemsize, 0), 1 << 20))
+            a = np.load(io.BytesIO(data + payload), allow_pickle=False, max_header_size=1 << 21)
+            return a.shape, a.dtype
+        except Exception as e:  # noqa: BLE001 - any refusal counts
+            return e
+
+
+@pytest.mark.parametrize("version", [(1, 0), (3, 0)], ids=["v1", "v3"])
+@pytest.mark.parametrize("name", list(HEADER_VARIANTS))
+def test_header_variants_numpy_reads_are_read_alike_or_a_documented_refusal(name, version):
+    data = _variant_file(HEADER_VARIANTS[name], version)
+    expected = _numpy_load_verdict(data)
+    try:
+        got: npydask.NpyHeader | NpyFormatError = npydask.parse_header(data)
+    except NpyFormatError as e:
+        got = e
+    if isinstance(expected, BaseException):
+        assert isinstance(got, NpyFormatError), f"numpy refuses ({expected!r}) but npydask reads {got}"
+        return
+    label = STRICTER_VARIANTS.get(name)
+    if name in ("shape-long-L", "shape-space-L") and version == (3, 0):
+        label = None  # (numpy strips the L in 1.0/2.0 headers only)
+    if label is None:
+        assert not isinstance(got, NpyFormatError), f"numpy reads it, npydask refuses: {got}"
+        assert got.shape == expected[0]
+        assert_dtype_identical(got.dtype, expected[1])
+        return
+    assert isinstance(got, NpyFormatError), f"expected the documented refusal {label!r}, npydask reads it"
+    assert _fuzz_module().stricter_reason(got) == label, str(got)
+
+
+def test_every_documented_refusal_is_in_the_readme_list():
+    documented = _fuzz_module().DOCUMENTED_STRICTER
+    assert set(README_REFUSALS) == set(documented)
+    assert set(STRICTER_VARIANTS.values()) <= set(documented)
+    security = _README.read_text().split("### Security and robustness", 1)[1].split("\n## ", 1)[0]
+    for label, phrase in README_REFUSALS.items():
+        assert phrase in security, f"the README's refusal list does not name {label!r} ({phrase!r})"
