@@ -95,13 +95,15 @@ DOCUMENTED_STRICTER: dict[str, str] = {
     "descr part of a wrong arity or type (numpy ignores extra items)": r"a subarray descr is \(descr, shape\)"
     r"|a field is \(name, descr\)|a titled field name is|a field shape is",
     "header over 1 MiB": r"a header of at most 1048576 bytes",
+    "zero-size items, too many elements": r"elements in an array of zero-size items",
 }
 """npydask's deliberate refusals of files numpy loads: label -> regex on the error message.
 
 They follow ``npydask.header``'s module docstring and SPEC section 1 (exact
 keys, only spaces and one newline after the dict, a shape of ints that are
 not bools, literal-only parsing, no object dtypes, no S0/U0, no top-level
-subarray, headers up to 1 MiB).
+subarray, headers up to 1 MiB, at most ``MAX_ZERO_ITEMSIZE_ELEMENTS`` items of
+zero size).
 """
 
 KNOWN_STRICTER: dict[str, str] = {

@@ -29,7 +29,7 @@ from npydask.reader import BACKENDS, FileRef, _fspath
 from npydask.region import Box, raw
 from npydask.roi import FileRoi, fill_like
 
-__all__ = ["NpyFileArray", "auto_chunks", "from_npy"]
+__all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy"]
 
 DEVICES = ("cpu", "gpu")
 
@@ -343,6 +343,22 @@ def glob_advice(path: str) -> str | None:
     )
 
 
+def drop_empty_chunks(chunks: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` without zero-size chunks, as ``dask.array.concatenate`` leaves them.
+
+    An axis of extent 0 keeps its one chunk ``(0,)``, as dask's own
+    constructors give it. Empty files (or files emptied by a ROI) would
+    otherwise add zero-size chunks inside an axis, which dask's slicing
+    mishandles (``x[300000::-1]`` of such an array came out empty).
+
+    Examples
+    --------
+    >>> drop_empty_chunks(((256, 0, 44, 0), (0,), (3,)))
+    ((256, 44), (0,), (3,))
+    """
+    return tuple(tuple(c for c in axis if c) or (0,) for axis in chunks)
+
+
 def wrap(
     source: Any,
     chunks: tuple[tuple[int, ...], ...],
@@ -361,7 +377,9 @@ def wrap(
     dtype is checked now) and the meta a ``cupy.ndarray``. With
     ``inline=False`` the source is one key of the graph that every task
     refers to (for a source too big to copy into each task: many files).
+    Zero-size chunks are dropped (:func:`drop_empty_chunks`).
     """
+    chunks = drop_empty_chunks(chunks)
     if device == "gpu":
         from npydask.gpu import on_device  # (imports CuPy only here)
 

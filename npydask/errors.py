@@ -10,11 +10,14 @@ This module imports nothing of npydask's.
 
 from __future__ import annotations
 
+import zipfile
+
 __all__ = [
     "FileChangedError",
     "GpuUnavailableError",
     "NpyDaskWarning",
     "NpyFormatError",
+    "NpzCrcError",
     "RoiError",
 ]
 
@@ -25,6 +28,16 @@ class NpyFormatError(ValueError):
     Raised for a bad magic string, an unknown version, a malformed or oversized
     header, an object dtype (npydask never unpickles) and a truncated payload.
     The message names the file, what was expected and what was found.
+    """
+
+
+class NpzCrcError(NpyFormatError, zipfile.BadZipFile):
+    """A member of an ``.npz`` archive does not match the CRC-32 its zip directory records.
+
+    ``numpy.load`` refuses such a member with ``zipfile.BadZipFile`` ("Bad
+    CRC-32"); this is both that and an :class:`NpyFormatError` (a
+    ``ValueError``). The message names the archive, the member, the recorded
+    and the computed CRC.
     """
 
 

@@ -27,6 +27,8 @@ on purpose where numpy is lenient or loads something else than the header
 says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``):
 
 * object dtypes (they need pickle), and ``S0``/``U0`` strings;
+* arrays of zero-size items (``|V0``, ``[]``) of more than
+  :data:`MAX_ZERO_ITEMSIZE_ELEMENTS` elements (copying them never ends);
 * a dtype with a top-level subarray shape (``('<f4', (2,))``: numpy folds
   it into the array's shape, so the header's shape is not the array's);
 * text after the dict other than the space padding, a leading space before
@@ -52,6 +54,7 @@ from npydask.errors import NpyFormatError
 __all__ = [
     "MAGIC",
     "MAX_HEADER_BYTES",
+    "MAX_ZERO_ITEMSIZE_ELEMENTS",
     "NpyHeader",
     "VERSIONS",
     "format_header",
@@ -63,6 +66,13 @@ __all__ = [
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 1 << 20
 """Largest header text accepted (1 MiB); numpy itself stops at 10,000 characters."""
+MAX_ZERO_ITEMSIZE_ELEMENTS = 1 << 24
+"""Most elements an array of zero-size items (``|V0``, ``[]``) may have: about 0.2 s per copy.
+
+Such an array holds no bytes, so its shape is bounded by nothing else, yet
+numpy (and so dask) loops over its elements in every copy: a 128-byte file
+of shape ``(10**18,)`` would keep a compute spinning forever.
+"""
 MAX_NDIM = 64
 """numpy's ``NPY_MAXDIMS`` (64 since numpy 2.0)."""
 _MAX_INTP = int(np.iinfo(np.intp).max)
@@ -365,6 +375,14 @@ def _validate(descr: Any, fortran: Any, shape: Any, source: str) -> tuple[np.dty
             f"an array of at most {_MAX_INTP} bytes",
             f"shape {shape} of {dtype.itemsize}-byte items",
             "the header is corrupt",
+        )
+    if dtype.itemsize == 0 and math.prod(shape) > MAX_ZERO_ITEMSIZE_ELEMENTS:
+        raise _fail(
+            source,
+            f"at most {MAX_ZERO_ITEMSIZE_ELEMENTS} elements in an array of zero-size items ({dtype.str})",
+            f"shape {shape}",
+            "numpy loads it, but every copy of it loops over each element (10**18 of them never finish); "
+            "npydask refuses it",
         )
     return dtype, fortran, shape
 

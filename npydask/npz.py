@@ -11,6 +11,15 @@ Keys follow numpy: ``"x"`` names the member ``"x.npy"`` (``"x.npy"`` works
 too). A missing key raises ``KeyError`` listing the members. The central
 directory is read with :mod:`zipfile` (which never executes anything);
 encrypted members and other compression methods are refused.
+
+Integrity: every member carries the CRC-32 of its ``.npy`` bytes (header,
+payload and anything after it). A read of a whole member checks it, as
+``numpy.load`` does, and raises :class:`~npydask.errors.NpzCrcError` on a
+mismatch: a deflated member is inflated to its end and checksummed on the way
+(:func:`inflate_into`), a stored one is checksummed over the bytes the read
+brought in (:func:`check_stored`). A read of *part* of a stored member
+cannot check it (that would mean reading the whole member); :func:`verify`
+checks a whole archive once.
 """
 
 from __future__ import annotations
@@ -23,13 +32,16 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 
-from npydask.errors import FileChangedError, NpyFormatError
+import numpy as np
 
-__all__ = ["Member", "inflate", "locate", "without_key"]
+from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
+
+__all__ = ["Member", "check_stored", "inflate", "inflate_into", "locate", "verify", "without_key"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")
 _LOCAL_MAGIC = b"PK\x03\x04"
 _INFLATE_PIECE = 1 << 20
+"""Bytes of compressed input read, and of output inflated, per step (what a task holds besides its result)."""
 _SHOWN_MEMBERS = 10
 
 
@@ -42,6 +54,10 @@ class Member:
     compress_type: int
     compress_size: int
     file_size: int
+    crc: int = 0
+    """The CRC-32 the zip directory records for the member's (uncompressed) bytes."""
+    header_bytes: bytes = b""
+    """The member's ``.npy`` preamble and header, once read: where a whole read's CRC starts."""
 
     @property
     def stored(self) -> bool:
@@ -74,7 +90,12 @@ def locate(f: io.FileIO, path: str, key: str) -> Member:
     name = key if key in names else f"{key}.npy" if f"{key}.npy" in names else None
     if name is None:
         raise KeyError(f"{path}: no member {key!r} in the archive; its members are {_members(zf)}")
-    info = zf.getinfo(name)
+    return _member(f, path, zf.getinfo(name))
+
+
+def _member(f: io.FileIO, path: str, info: zipfile.ZipInfo) -> Member:
+    """Where ``info``'s bytes start (past its local header), and how they are stored."""
+    name = info.filename
     if info.flag_bits & 0x1:
         raise NpyFormatError(f"{path}: member {name!r} is encrypted; npydask reads only unencrypted .npz members")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -87,7 +108,7 @@ def locate(f: io.FileIO, path: str, key: str) -> Member:
         raise NpyFormatError(f"{path}: member {name!r}: expected a zip local header at byte {info.header_offset}")
     fields = _LOCAL_HEADER.unpack(local)
     start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
-    return Member(name, start, info.compress_type, info.compress_size, info.file_size)
+    return Member(name, start, info.compress_type, info.compress_size, info.file_size, info.CRC)
 
 
 def without_key(fd: int, path: str) -> NpyFormatError:
@@ -126,25 +147,191 @@ def without_key(fd: int, path: str) -> NpyFormatError:
 
 def inflate(fd: int, member: Member, upto: int, path: str) -> bytes:
     """The first ``upto`` bytes of a deflated member, decompressing no further than needed."""
+    out = bytearray(upto)
+    inflate_into(fd, member, path, memoryview(out), 0)
+    return bytes(out)
+
+
+def inflate_into(fd: int, member: Member, path: str, dest: memoryview, start: int, *, verify: bool = False) -> None:
+    """Inflate bytes ``[start, start + len(dest))`` of a deflated member straight into ``dest``.
+
+    The member is inflated from its beginning in pieces of at most 1 MiB;
+    each piece is copied into ``dest`` where it overlaps the wanted range and
+    dropped otherwise, so no more than one piece is held besides ``dest``.
+    With ``verify``, inflation goes on to the member's end and its CRC-32 is
+    checked against the zip directory's (``dest`` is filled either way).
+
+    Raises
+    ------
+    NpyFormatError
+        The compressed bytes are not valid deflate data.
+    NpzCrcError
+        With ``verify``: the member's bytes do not match its CRC-32, or it
+        inflates to another size than the directory records.
+    FileChangedError
+        The member ends before ``start + len(dest)`` bytes (the archive was
+        truncated or changed after opening).
+    """
+    dest = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
+    need = start + len(dest)
+    stop = max(member.file_size, need) if verify else need
     d = zlib.decompressobj(-zlib.MAX_WBITS)
-    out = bytearray()
+    crc, done = 0, 0
     pos, end = member.data_start, member.data_start + member.compress_size
+    pending = b""
     try:
-        while len(out) < upto and pos < end:
-            piece = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+        while done < stop:
+            if not pending and pos < end:
+                pending = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+                if not pending:
+                    break  # the file ends before the member does
+                pos += len(pending)
+            piece = d.decompress(pending, min(_INFLATE_PIECE, stop - done))
+            pending = d.unconsumed_tail  # (input left over when the output limit was reached)
             if not piece:
+                if d.eof or (pos >= end and not pending):
+                    break
+                continue
+            if verify:
+                crc = zlib.crc32(piece, crc)
+            lo, hi = max(start, done), min(need, done + len(piece))
+            if lo < hi:
+                dest[lo - start : hi - start] = piece[lo - done : hi - done]
+            done += len(piece)
+        while verify and done == stop and not d.eof:  # the end-of-stream marker may still be unread
+            if not pending and pos < end:
+                pending = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+                pos = pos + len(pending) if pending else end  # (a shorter file: nothing more to read)
+            extra = d.decompress(pending, 1)
+            pending = d.unconsumed_tail
+            done += len(extra)
+            if not (pending or extra) and pos >= end:
                 break
-            pos += len(piece)
-            out += d.decompress(piece, upto - len(out))
-            while d.unconsumed_tail and len(out) < upto:
-                out += d.decompress(d.unconsumed_tail, upto - len(out))
     except zlib.error as e:
         raise NpyFormatError(f"{path}: member {member.name!r} is not valid deflate data ({e})") from e
-    if len(out) < upto:
+    if done < need and d.eof:  # the stream says it is complete: a corrupt member, not a shorter file
+        raise _crc_error(path, member, f"inflate to {done} bytes, not the {member.file_size} its zip directory records")
+    if done < need:
         raise FileChangedError(
             errno.EIO,
-            f"member {member.name!r} inflated to {len(out)} bytes, expected at least {upto}: the archive is "
+            f"member {member.name!r} inflated to {done} bytes, expected at least {need}: the archive is "
             "truncated or changed after opening",
             path,
         )
-    return bytes(out)
+    if verify:
+        if done != member.file_size or not d.eof:
+            raise _crc_error(path, member, f"inflate to {done}{'' if d.eof else '+'} bytes, "
+                             f"not the {member.file_size} its zip directory records")  # fmt: skip
+        _check_crc(path, member, crc)
+
+
+def check_stored(fd: int, member: Member, path: str, payload: np.ndarray, fortran: bool) -> None:
+    """Check the CRC-32 of a stored member whose whole payload a read just brought in.
+
+    ``payload`` is the array as read (C order); for a Fortran-ordered member
+    the file holds its transpose, checksummed in slabs of about 1 MiB rather
+    than copied whole. The member's header bytes come from
+    ``member.header_bytes``; bytes after the payload (none in what numpy
+    writes) are read from the file.
+
+    Raises
+    ------
+    NpzCrcError
+        The bytes do not match the CRC-32 the zip directory records.
+    """
+    crc = zlib.crc32(member.header_bytes)
+    if payload.nbytes:
+        if not fortran or payload.ndim < 2:
+            crc = zlib.crc32(memoryview(payload.reshape(-1).view(np.uint8)), crc)
+        else:
+            in_file = payload.T
+            step = max(1, _INFLATE_PIECE // max(1, in_file[0].nbytes))
+            for i in range(0, len(in_file), step):
+                crc = zlib.crc32(np.ascontiguousarray(in_file[i : i + step]).reshape(-1).view(np.uint8), crc)
+    crc, _ = _file_crc(fd, member.data_start + len(member.header_bytes) + payload.nbytes,
+                       member.data_start + member.file_size, crc)  # fmt: skip
+    _check_crc(path, member, crc)
+
+
+def _check_crc(path: str, member: Member, crc: int) -> None:
+    if crc & 0xFFFFFFFF != member.crc:
+        raise _crc_error(path, member, f"gives CRC-32 {crc & 0xFFFFFFFF:#010x}, its zip directory records "
+                         f"{member.crc:#010x}")  # fmt: skip
+
+
+def _crc_error(path: str, member: Member, found: str) -> NpzCrcError:
+    return NpzCrcError(
+        f"{path}: member {member.name!r} is corrupt: its bytes {found} (numpy.load refuses it too, "
+        "'Bad CRC-32'); restore the archive from a good copy or write it again"
+    )
+
+
+def _file_crc(fd: int, pos: int, end: int, crc: int = 0) -> tuple[int, int]:
+    """``crc`` carried over the file's bytes ``[pos, end)``, read in pieces; and where the file ended (``end``
+    unless it is shorter)."""
+    while pos < end:
+        piece = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+        if not piece:
+            break
+        crc = zlib.crc32(piece, crc)
+        pos += len(piece)
+    return crc, pos
+
+
+def verify(path: str | os.PathLike[str]) -> list[str]:
+    """Check every member of an ``.npz`` archive against its CRC-32, as ``numpy.load`` would on reading it.
+
+    Reads each member once, in pieces (a deflated one is inflated and
+    dropped piece by piece), so memory stays small whatever the archive's
+    size. Use it once on an archive whose members will be read in parts: a
+    read of part of a stored member cannot check the CRC.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The archive.
+
+    Returns
+    -------
+    list of str
+        The names of the members checked, in the archive's order.
+
+    Raises
+    ------
+    NpzCrcError
+        For the first member whose bytes do not match (the message names the
+        archive, the member, the recorded and the computed CRC).
+    NpyFormatError
+        The file is not a zip archive, or a member is encrypted, compressed
+        other than stored/deflated, or not valid deflate data.
+    OSError
+        The path cannot be opened as a regular file.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz"); np.savez_compressed(p, x=np.arange(3), y=np.ones(2))
+    >>> verify(p)
+    ['x.npy', 'y.npy']
+    """
+    from npydask.backends._files import open_regular  # (backends import this module)
+
+    path = os.fspath(path)
+    f, _ = open_regular(path)
+    with f:
+        try:
+            infos = zipfile.ZipFile(f).infolist()
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+            raise NpyFormatError(f"{path}: expected a .npz (zip) archive, found something else ({e})") from e
+        for info in infos:
+            member = _member(f, path, info)
+            if member.stored:
+                crc, stop = _file_crc(f.fileno(), member.data_start, member.data_start + member.file_size)
+                size = stop - member.data_start
+                if size != member.file_size:
+                    raise _crc_error(path, member, f"end after {size} of the {member.file_size} bytes its zip "
+                                     "directory records")  # fmt: skip
+                _check_crc(path, member, crc)
+            else:
+                inflate_into(f.fileno(), member, path, memoryview(b""), 0, verify=True)
+    return [info.filename for info in infos]

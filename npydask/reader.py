@@ -28,6 +28,7 @@ from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
+from npydask.npz import check_stored
 from npydask.paths import absolute
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 
@@ -99,7 +100,7 @@ def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | Non
     a caller's ``out``), files on network file systems, and chunks on a
     distributed worker (which counts and may spill what it holds) use pread.
     """
-    if f.member is not None:
+    if f.deflated:
         return backends.get("deflate")  # a compressed .npz member: nothing else can read it
     if name != "auto":
         return backends.get(name)
@@ -113,12 +114,16 @@ def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.
 
     ``"auto"`` falls back to pread where mapping fails. The check is one
     ``fstat`` once the bytes are in (for a zero-copy view: once it is made;
-    a view shows later writes, the documented window).
+    a view shows later writes, the documented window). A read of a whole
+    stored ``.npz`` member then checks the member's CRC-32 over what it read
+    (the deflate backend checks deflated members itself).
 
     Raises
     ------
     FileChangedError
         If the file's identity changed while it was read.
+    NpzCrcError
+        If a whole stored member's bytes do not match its CRC-32.
     MemoryError
         If no buffer could be had for the region, naming the file and the bytes.
     """
@@ -133,6 +138,9 @@ def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.
     except MemoryError as e:
         raise MemoryError(f"{f.path}: {e}; it was reading a region of {_mib(plan.nbytes)} (shape {plan.shape})") from e
     check_unchanged(f.fd, f.identity, f.path)
+    member = f.member
+    if member is not None and member.stored and plan.nbytes == f.header.nbytes:
+        check_stored(f.fd, member, f.path, result, f.header.fortran_order)
     return result
 
 
@@ -251,7 +259,7 @@ class FileRef(NamedTuple):
         _check_key(key)
         f = acquire(path, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
-        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.member is not None, check)
+        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.deflated, check)
 
     @property
     def token(self) -> str:

@@ -523,3 +523,25 @@ def test_stats_json_is_strict_for_infinities_nan_and_empty_data(tmp_path, capsys
         expected_json(h.astype(np.float64)) for h in halves]
     status, out, _ = run_here(capsys, "stats", str(tmp_path), "-q")  # the table, same rule for no values
     assert status == 0 and out.splitlines()[-1].split()[:4] == ["all", "2", "files", str(a.size)]
+
+
+def test_info_verify_checks_every_npz_member(tmp_path):
+    """``info --verify``: exit 0 on intact archives, 1 with the bad member named (issue 12, item 4)."""
+    a, b = np.arange(4000, dtype="<f8"), np.ones((30, 7), "<i2")
+    np.savez(tmp_path / "stored.npz", a=a, b=b)
+    np.savez_compressed(tmp_path / "deflated.npz", a=a, b=b)
+    for name in ("stored.npz", "deflated.npz"):
+        out = run("info", str(tmp_path / name), "--verify")
+        assert out.returncode == 0, out.stderr
+        assert "2 members, CRC-32 ok" in out.stdout
+    blob = bytearray((tmp_path / "stored.npz").read_bytes())
+    blob[blob.index(a[1000:1001].tobytes())] ^= 0x10  # one payload byte of member a
+    (tmp_path / "stored.npz").write_bytes(bytes(blob))
+    out = run("info", str(tmp_path / "stored.npz"), "--verify")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "'a.npy'" in out.stderr and "CRC-32" in out.stderr and "stored.npz" in out.stderr
+    out = run("info", str(tmp_path), "--verify")  # a folder: each archive in it
+    assert out.returncode == 1 and "deflated.npz: 2 members, CRC-32 ok" in out.stdout
+    assert "1 of 2 archives failed" in out.stderr
+    out = run("info", str(tmp_path / "missing.npz"), "--verify")
+    assert out.returncode == 2 and "no such file" in one_line(out)

@@ -14,6 +14,7 @@ import pickle
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
 
 import dask
 import dask.array as da
@@ -1242,3 +1243,85 @@ def test_a_fifo_as_index_or_file_list_is_refused_without_blocking(tmp_path, whic
     err = refused_without_blocking(fifo, call)
     assert isinstance(err, OSError) and str(fifo) in str(err) and "FIFO" in str(err), repr(err)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # left as it was
+
+
+# --------------------------------------------------------------------------
+# Empty files (or files empty after a ROI) add no zero-size chunks (issue 12, item 5)
+
+
+def _no_empty_chunks(x: da.Array) -> None:
+    """Every axis of extent > 0 has only non-empty chunks; an empty axis has the one chunk (0,), as dask."""
+    for n, c in zip(x.shape, x.chunks):
+        assert c == (0,) if n == 0 else 0 not in c, x.chunks
+
+
+def _random_slices(rng: np.random.Generator, n: int, count: int, edges: Sequence[int] = ()) -> list[slice]:
+    """``count`` random slices of an axis of ``n``, and slices starting at and around the file ``edges``."""
+    picks = [slice(None, None, -1), slice(n - 1, None, -1), slice(300_000, None, -1), slice(None, None, -2)]
+    picks += [slice(-n, None, -1), slice(-n - 1, None, 2)]  # (dask gets a start below -n wrong for step < 0)
+    for e in edges:  # dask mishandled a negative step starting at a chunk edge followed by empty chunks
+        picks += [slice(e, None, -1), slice(e - 1, None, -2), slice(e - n, None, -3), slice(e, 0, -1)]
+    for _ in range(count):
+        a, b = (int(v) if rng.random() < 0.85 else None for v in rng.integers(-n, n + 5, 2))
+        step = int(rng.choice([-7, -3, -2, -1, 1, 2, 3, 5]))
+        picks.append(slice(a, b, step))
+    return picks
+
+
+@pytest.mark.parametrize("chunk_size", ["256B", "1KiB", "128MiB"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_concatenate_ragged_folder_with_empty_files_slices_as_numpy(tmp_path, seed, chunk_size):
+    rng = np.random.default_rng(seed)
+    lengths = [int(rng.choice([0, 0, 1, 37, 300, 701])) for _ in range(9)]
+    lengths[int(rng.integers(9))] = 0
+    lengths[-1 if seed % 2 == 0 else 0] = 0  # an empty file at an end too
+    arrays = [rng.integers(-1000, 1000, (n, 3)).astype("<i4") for n in lengths]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i % 3 == 1 else a)
+    expected = np.concatenate(arrays)
+    with dask.config.set({"array.chunk-size": chunk_size}):
+        variants = [npydask.open_dataset(tmp_path).concatenate(), npydask.open_dataset(tmp_path).concatenate(chunks=(64, 3))]
+    for x in variants:
+        _no_empty_chunks(x)
+        assert_eq(x, expected, check_chunks=True)
+        edges = np.cumsum(lengths).tolist()
+        for s in _random_slices(rng, len(expected), 40, edges):
+            np.testing.assert_array_equal(x[s].compute(), expected[s], err_msg=f"{s} of chunks {x.chunks}")
+            np.testing.assert_array_equal(x[s, ::-1].compute(), expected[s, ::-1], err_msg=f"{s} of chunks {x.chunks}")
+
+
+@pytest.mark.parametrize("chunk_size", ["256B", "128MiB"])
+def test_rois_that_empty_files_add_no_empty_chunks(tmp_path, chunk_size):
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal((n, 4)).astype("<f8") for n in (90, 20, 150, 10, 64)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", a)
+    # rows 30..130 of every file, trimmed: files of 20 and 10 rows come out empty
+    with dask.config.set({"array.chunk-size": chunk_size}):
+        ds = npydask.open_dataset(
+            tmp_path, roi_start=[30], roi_shape=[100], roi_axes=[0], out_of_bounds_policy="trim_to_shape"
+        )
+        x = ds.concatenate()
+        empty = ds[1]
+    expected = np.concatenate([a[30:130] for a in arrays])
+    _no_empty_chunks(x)
+    assert empty.shape == (0, 4) and empty.chunks == ((0,), (4,))
+    edges = np.cumsum([len(a[30:130]) for a in arrays]).tolist()
+    for s in _random_slices(rng, len(expected), 60, edges):
+        np.testing.assert_array_equal(x[s].compute(), expected[s], err_msg=f"{s} of chunks {x.chunks}")
+
+
+def test_stack_of_empty_files_keeps_the_one_empty_chunk_of_its_empty_axis(tmp_path):
+    arrays = [np.zeros((0, 5), "<f4") for _ in range(6)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", a)
+    with dask.config.set({"array.chunk-size": "256B"}):
+        x = npydask.open_dataset(tmp_path).stack()
+        y = npydask.open_dataset(tmp_path).concatenate()
+        z = npydask.open_dataset(tmp_path).concatenate(axis=1)
+    for lazy, expected in ((x, np.stack(arrays)), (y, np.concatenate(arrays)), (z, np.concatenate(arrays, axis=1))):
+        _no_empty_chunks(lazy)
+        assert_eq(lazy, expected, check_chunks=True)
+        np.testing.assert_array_equal(lazy[::-1].compute(), expected[::-1])
+    single = npydask.from_npy(tmp_path / "0.npy")
+    assert single.chunks == da.from_array(arrays[0]).chunks == ((0,), (5,))

@@ -848,3 +848,52 @@ def test_zero_itemsize_cannot_hide_an_overflowing_shape():
     data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
     with pytest.raises(npydask.NpyFormatError, match="at most"):
         npydask.parse_header(data)
+
+
+# --------------------------------------------------------------------------
+# Zero-itemsize arrays: bounded element count, never a spinning compute (issue 12, item 6)
+
+
+ZERO_LIMIT = getattr(header_mod, "MAX_ZERO_ITEMSIZE_ELEMENTS", 1 << 20)
+ZERO_ITEMSIZE_HUGE = [
+    ("'|V0'", (10**18,)),
+    ("[]", (10**18,)),
+    ("'|V0'", (10**9, 10**9)),
+    ("[('a', '<f4', (0,))]", (2**40,)),
+    ("'|V0'", (ZERO_LIMIT + 1,)),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("descr", "shape"), ZERO_ITEMSIZE_HUGE, ids=[f"{d}-{s}" for d, s in ZERO_ITEMSIZE_HUGE])
+def test_huge_zero_itemsize_arrays_are_refused_at_open(tmp_path, descr, shape):
+    path = tmp_path / "z.npy"
+    path.write_bytes(npy(dict_text(descr, shape=repr(shape)), payload=b""))
+    assert isinstance(numpy_header(path)[1], tuple)  # numpy reads the header (and then spins on a copy)
+    for call in (
+        lambda: npydask.read_header(path),
+        lambda: npydask.read_region(path),
+        lambda: npydask.from_npy(path).compute(),
+        lambda: npydask.open_dataset(files=[str(path)]).stack().compute(),
+    ):
+        with pytest.raises(NpyFormatError, match=r"at most \d+ elements in an array of zero-size items") as info:
+            call()
+        assert str(path) in str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("descr", ["'|V0'", "[]", "[('a', '<f4', (0,))]"])
+@pytest.mark.parametrize("shape", [(0,), (7,), (1000, 1000), (ZERO_LIMIT,), (0, 10**18)])
+def test_zero_itemsize_arrays_up_to_the_limit_compute_at_once(tmp_path, descr, shape):
+    path = tmp_path / "z.npy"
+    path.write_bytes(npy(dict_text(descr, shape=repr(shape)), payload=b""))
+    expected = np.load(path)
+    start = time.perf_counter()
+    for got in (
+        npydask.read_region(path),
+        npydask.from_npy(path).compute(),
+        npydask.from_npy(path)[::-1].compute(),
+        npydask.open_dataset(files=[str(path)] * 3).stack().compute()[1],
+    ):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert time.perf_counter() - start < 30

@@ -29,6 +29,7 @@ closes as soon as the last reader lets go.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import os
@@ -211,6 +212,7 @@ def member_header(f: io.FileIO, path: str, key: str) -> tuple[NpyHeader, bytes, 
     relative to the inflated member when deflated."""
     member = locate(f, path, key)
     header, raw = _read_header_raw(f.fileno(), member.file_size, path, member)
+    member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
     if member.stored:
         header = header.with_offset(member.data_start)
     return header, raw, member
@@ -327,6 +329,7 @@ class OpenFile:
     header: NpyHeader
     local: bool
     member: Member | None = None
+    """The ``.npz`` member read (stored or deflated), ``None`` for a plain ``.npy`` file."""
     raw: bytes = field(default=b"", repr=False)
     """The header bytes as read from the file (up to ``data_offset``, of the member for a member)."""
     _direct: io.FileIO | None = field(default=None, repr=False)
@@ -335,6 +338,11 @@ class OpenFile:
     """Guards the lazily made O_DIRECT handle and mapping."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
+
+    @property
+    def deflated(self) -> bool:
+        """Whether this is a deflated ``.npz`` member (only inflating reads it)."""
+        return self.member is not None and not self.member.stored
 
     @property
     def fd(self) -> int:
@@ -439,7 +447,7 @@ def acquire(
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
         else:
             header, raw, member = member_header(f, path, key)
-            opened = OpenFile(path, f, ident, header, is_local(fst), None if member.stored else member, raw=raw)
+            opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw)
         if check is not None and raw != check.raw:
             raise header_mismatch(path, check, raw)
     except BaseException:

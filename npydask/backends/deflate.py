@@ -1,7 +1,11 @@
 """The ``deflate`` backend: members of ``numpy.savez_compressed`` archives.
 
 A deflated member cannot be read at an offset: the task inflates it from its
-start up to the last byte the region needs, then cuts the region out with one
+start, piece by piece, dropping what lies before the region and copying the
+rest straight into place. A read of the whole member inflates directly into
+the result (about 1x the member's size in memory, plus 1 MiB pieces) and
+goes on to the member's end to check its CRC-32. A region of part of the
+member is inflated into a buffer of the span it covers, then cut out with one
 strided copy. Chunks of deflated members are therefore best whole (the
 default); every chunk of a split member inflates the member's prefix again.
 """
@@ -13,24 +17,31 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.backends._files import OpenFile
-from npydask.backends.base import Backend, copy_runs
+from npydask.backends._pool import empty
+from npydask.backends.base import Backend, as_bytes, copy_runs, destination, finish
 from npydask.config import ReadOptions
-from npydask.npz import inflate
+from npydask.npz import inflate_into
 from npydask.region import ReadPlan
 
 __all__ = ["DeflateBackend"]
 
 
 class DeflateBackend(Backend):
-    """Inflate the member's prefix, then copy the region out of it."""
+    """Inflate the member up to the region's end (to its end for a whole read), into place."""
 
     name: ClassVar[str] = "deflate"
 
     def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
-        if f.member is None:
+        member = f.member
+        if member is None or member.stored:
             raise ValueError(f"{f.path}: the deflate backend reads deflated .npz members only")
+        if plan.nbytes == f.header.nbytes:  # the whole member: inflate into place, check its CRC-32
+            result, buffer = destination(plan, f.header.dtype, out)
+            dest = memoryview(as_bytes(buffer)) if buffer.nbytes else memoryview(b"")  # (no bytes view of V0)
+            inflate_into(f.fd, member, f.path, dest, plan.offset, verify=True)
+            return finish(result, buffer)
         if plan.n_runs == 0:
             return np.empty(plan.shape, f.header.dtype) if out is None else out
-        data = inflate(f.fd, f.member, plan.end, f.path)
-        base = np.frombuffer(data, np.uint8)[plan.offset : plan.end]
-        return copy_runs(base, plan, f.header.dtype, out)
+        span = empty((plan.end - plan.offset,), np.uint8)
+        inflate_into(f.fd, member, f.path, memoryview(span), plan.offset)
+        return copy_runs(span, plan, f.header.dtype, out)

@@ -22,6 +22,7 @@ from npydask.cli._common import (
     npz_members,
     number,
     report_errors,
+    say,
     select,
     size,
     table,
@@ -38,6 +39,7 @@ examples:
   npydask info archive.npz                      every member: shape, dtype
   npydask info archive.npz --key x
   npydask info huge_folder/ --summary --json    totals and the count of unreadable files
+  npydask info archive.npz --verify              check every member's CRC-32 (exit 1 if one is bad)
 """
 
 
@@ -52,6 +54,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--summary", action="store_true",
                    help="totals and the count of unreadable files only (for folders of many files)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the CRC-32 of every member of each .npz archive (or of each .npz in a folder); "
+        "bad members are listed on stderr and the exit status is 1",
+    )
     p.set_defaults(func=run)
 
 
@@ -138,7 +146,31 @@ def _shape(shape: list[int]) -> str:
     return "x".join(map(str, shape)) or "()"
 
 
+def _verify(path: str, recursive: bool) -> int:
+    """``--verify``: each archive's members against their CRC-32; 1 if any archive fails."""
+    from npydask.discovery import select_files
+    from npydask.npz import verify
+
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or folder")
+    archives = select_files(path, file_filter="*.npz", recursive=recursive) if os.path.isdir(path) else [path]
+    failed = 0
+    for archive in archives:
+        try:
+            names = verify(archive)
+        except (ValueError, OSError) as e:  # NpzCrcError, NpyFormatError, OSError: each names the archive
+            failed += 1
+            say(f"  {e}")
+        else:
+            print(f"{archive}: {len(names)} members, CRC-32 ok")
+    if failed:
+        say(f"{failed} of {len(archives)} archives failed verification")
+    return 1 if failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        return max([_verify(p, args.recursive) for p in expand_globs(args.paths)], default=0)
     (records, names, bad), seen = _collect(args)
     dtypes = Counter(names)
     shapes = Counter(tuple(r["shape"]) for r in records)
