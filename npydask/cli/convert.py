@@ -268,6 +268,11 @@ class Plan:
     nfiles: int = 1
 
 
+def _nbytes(x: Any) -> int:
+    """Bytes of a lazy array (dask's array expressions have no ``nbytes``)."""
+    return math.prod(x.shape) * x.dtype.itemsize
+
+
 def _stem(name: str) -> str:
     for ext in (".npy", ".npz"):
         if name.endswith(ext) and len(name) > len(ext):
@@ -298,12 +303,12 @@ def _plan(args: argparse.Namespace) -> Plan:
     x = npydask.from_npy(src_abs, key=args.key)
     if kind == "zarr":
         _check_zarr_dtypes([x.dtype], src)
-        return Plan(f"{src} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite), x.nbytes)
+        return Plan(f"{src} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite), _nbytes(x))
     if kind == "folder":
         name = args.key or _stem(os.path.basename(src_abs))
         return Plan(f"{src} to {dest}/{name}.npy (C order)",
-                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)], x.nbytes)
-    return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)], x.nbytes)
+                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)], _nbytes(x))
+    return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)], _nbytes(x))
 
 
 def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overwrite: bool) -> Plan:
@@ -314,7 +319,7 @@ def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overw
             f"file, or give a folder or a .zarr store for all of them"
         )
     arrays = [npydask.from_npy(src_abs, key=m) for m in members]
-    nbytes = sum(a.nbytes for a in arrays)
+    nbytes = sum(_nbytes(a) for a in arrays)
     if kind == "zarr":
         _check_zarr_dtypes([a.dtype for a in arrays], src)
         return Plan(f"{len(members)} members of {src} to {dest}",
