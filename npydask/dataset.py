@@ -21,8 +21,8 @@ import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.backends._batch import Scanned, scan_files
-from npydask.backends._files import HeaderCheck
+from npydask.storage._batch import Scanned, scan_files
+from npydask.storage._handles import HeaderCheck
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range

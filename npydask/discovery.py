@@ -76,7 +76,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable
 
-from npydask.backends._files import open_regular
+from npydask.storage._handles import open_regular
 
 __all__ = ["DEFAULT_FILE_FILTER", "select_files", "shard_range"]
 

@@ -314,7 +314,7 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
     >>> verify(p)
     ['x.npy', 'y.npy']
     """
-    from npydask.backends._files import open_regular  # (backends import this module)
+    from npydask.storage._handles import open_regular  # (backends import this module)
 
     path = os.fspath(path)
     f, _ = open_regular(path)

@@ -24,7 +24,7 @@ from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
-from npydask.backends._batch import Item, read_files
+from npydask.storage._batch import Item, read_files
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
 from npydask.backends.pread import read_grid

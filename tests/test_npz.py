@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.backends import _files
+from npydask.storage import _handles
 
 A = np.arange(20 * 30, dtype=">f4").reshape(20, 30)
 B = np.asfortranarray(np.arange(2 * 3 * 4, dtype="<i8").reshape(2, 3, 4))
@@ -111,7 +111,7 @@ def test_corrupt_deflate_stream_is_an_npyformaterror(tmp_path):
     start = h_member.header_offset + 30 + len("a.npy") + len(h_member.extra) + 200
     raw[start : start + 64] = b"\xff" * 64
     path.write_bytes(bytes(raw))
-    _files.clear_cache()
+    _handles.clear_cache()
     with pytest.raises((npydask.NpyFormatError, npydask.FileChangedError)):
         npydask.from_npy(path, key="a").compute()
 

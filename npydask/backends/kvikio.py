@@ -21,7 +21,7 @@ pinned host memory (CuPy without kvikio)
     same device steps.
 
 Either way the file's identity (size, mtime, inode) is checked before reading:
-through the shared handle cache (:func:`~npydask.backends._files.acquire`) on
+through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
 the host path; on the path and then on kvikio's own descriptor with kvikio. A
 file replaced after the graph was built fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, _changed, acquire, check_unchanged, pread_exact
+from npydask.storage._handles import FileIdentity, _changed, acquire, check_unchanged, pread_exact
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
