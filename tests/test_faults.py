@@ -775,8 +775,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
     found then), or after the compute started (a group of small files). The planned mtime is far in
     the past, so every rewrite shows in the mtime: the documented same-tick window is not in play.
     """
-    from npydask import reader
     from npydask.backends import pread
+    from npydask.storage import local
 
     n_files, shape, plan = _REWRITE_READS[how]
     paths = [tmp_path / f"f{k:02d}.npy" for k in range(n_files)]
@@ -788,8 +788,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
         writer.go.set()
         return f
 
-    real = reader.acquire
-    monkeypatch.setattr(reader, "acquire", opened_then_go)
+    real = local.acquire  # (what LocalSource.open calls: FileRef.read and read_region open through it)
+    monkeypatch.setattr(local, "acquire", opened_then_go)
     monkeypatch.setattr(pread, "acquire", opened_then_go)
     rng = np.random.default_rng(7)
     outcomes = {"planned": 0, "changed": 0}

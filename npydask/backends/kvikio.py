@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.storage._handles import FileIdentity, _changed, acquire, check_unchanged, pread_exact
+from npydask.storage._handles import FileIdentity, _changed, check_unchanged, pread_exact
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
@@ -181,7 +181,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
     else:
         host = aligned_empty(np, total, alignment)
     for job, at in zip(window, offsets):
-        f = acquire(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
+        f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
         fd, path = f.fd, f.path
 
         def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
@@ -221,7 +221,7 @@ def _open_checked(kvikio: Any, ref: FileRef) -> Any:
     missing file is the builtin ``FileNotFoundError``, as on the host path);
     then kvikio's own descriptor is checked with ``fstat``.
     """
-    acquire(ref.path, ref.identity, key=ref.key, check=ref.check)
+    ref.source.open(ref.path, ref.identity, key=ref.key, check=ref.check)
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:

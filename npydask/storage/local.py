@@ -23,9 +23,10 @@ from npydask import config
 from npydask.backends import _write
 from npydask.backends.pread import read_grid
 from npydask.config import ReadOptions
+from npydask.header import NpyHeader
 from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file
 from npydask.storage.base import Entry, Item, Lister, Scanned, Source, Target
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
@@ -62,6 +63,10 @@ class LocalSource(Source):
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """:func:`~npydask.storage._batch.scan_files`: one open, fstat, pread and close per file."""
         return scan_files(paths, key)
+
+    def header(self, path: str, key: str | None = None) -> NpyHeader:
+        """:func:`~npydask.storage._handles.scan_file`'s header: one open, fstat, pread and close."""
+        return scan_file(path, key)[1]
 
     def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
