@@ -156,7 +156,7 @@ def _read(
     check_unchanged(f.fd, f.identity, f.path)
     member = f.member
     if member is not None and member.stored and plan.nbytes == f.header.nbytes:
-        check_stored(f.fd, member, f.path, result, f.header.fortran_order)
+        check_stored(f.read_at, member, f.path, result, f.header.fortran_order)
     return result
 
 
