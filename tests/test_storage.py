@@ -9,6 +9,7 @@ every check. ``numpy.load`` of the same bytes is the oracle throughout.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -315,41 +316,50 @@ class TestLocalSource(SourceTests):
 # -- Lister ------------------------------------------------------------------------------
 
 
-def test_local_lister_lists_files_with_sizes_and_identities(tmp_path: Path) -> None:
+def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     (tmp_path / "sub" / "deep").mkdir(parents=True)
     (tmp_path / "other").mkdir()
-    files = {"a.npy": 3, "b.txt": 5, os.path.join("sub", "c.npy"): 7, os.path.join("sub", "deep", "d.npy"): 9,
-             os.path.join("other", "e.npy"): 11}
-    for rel, n in files.items():
-        np.save(tmp_path / rel, np.zeros(n, np.uint8)) if rel.endswith(".npy") else (tmp_path / rel).write_bytes(b"x" * n)
-    os.symlink(tmp_path, tmp_path / "sub" / "loop")  # a folder loop: listed once
-    os.symlink(tmp_path / "a.npy", tmp_path / "link.npy")  # a symlink to a file: followed
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    np.save(outside / "o.npy", np.zeros(1))
+    for rel in ["a.npy", "b.txt", "sub/c.npy", "sub/deep/d.npy", "other/e.npy"]:
+        np.save(tmp_path / rel, np.zeros(2)) if rel.endswith(".npy") else (tmp_path / rel).write_bytes(b"x")
+    os.symlink(tmp_path, tmp_path / "sub" / "loop")  # back to the root: a loop
+    os.symlink(tmp_path / "other", tmp_path / "again")  # a sibling, linked
+    os.symlink(outside, tmp_path / "sub" / "out")  # out of the tree
+    os.symlink(tmp_path / "a.npy", tmp_path / "link.npy")  # a symlink to a file: a file
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling.npy")  # skipped
     os.mkfifo(tmp_path / "pipe.npy")  # not a file: skipped
+    npy = re.compile(r".*\.npy$").match
+    j = os.path.join
 
-    def expect(rels: list[str]) -> dict[str, tuple[int, tuple]]:
-        out = {}
-        for rel in rels:
-            st = os.stat(tmp_path / rel)
-            out[rel] = (st.st_size, (st.st_size, st.st_mtime_ns, st.st_ino))
-        return out
-
-    everything = [*files, "link.npy"]
-    got = {e.path: (e.size, tuple(e.identity)) for e in LocalLister(str(tmp_path)).entries(recursive=True)}
-    assert got == expect(everything)
-    flat = [r for r in everything if r.count(os.sep) <= 1]
-    got = {e.path: (e.size, tuple(e.identity)) for e in LocalLister(str(tmp_path)).entries()}
-    assert got == expect(flat)
-    for e in LocalLister(str(tmp_path)).entries():
-        assert e.identity == LOCAL.identity(str(tmp_path / e.path))
+    flat = LocalLister(str(tmp_path)).list(match=npy)
+    assert flat.sizes is None and flat.identities is None  # (no stat per file: the scan gives them)
+    # DALI's rule: immediate subfolders, symlinked ones too, each listed under its own name
+    assert sorted(flat.paths) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("other", "e.npy"), j("again", "e.npy")])
+    assert sorted(LocalLister(str(tmp_path)).list().paths) == sorted([*flat.paths, "b.txt"])
+    deep = LocalLister(str(tmp_path)).list(recursive=True, match=npy).paths
+    # every folder once: the real tree first, the link back to the root adds nothing, the link out adds its tree
+    assert sorted(deep) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("sub", "deep", "d.npy"),
+                                   j("other", "e.npy"), j("sub", "out", "o.npy")])
 
 
 def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> None:
     np.save(tmp_path / "a.npy", np.zeros(2))
-    with pytest.raises(NotADirectoryError, match="a.npy"):
-        list(LocalLister(str(tmp_path / "a.npy")).entries())
-    with pytest.raises(FileNotFoundError, match="missing"):
-        list(LocalLister(str(tmp_path / "missing")).entries())
+    for recursive in (False, True):
+        with pytest.raises(NotADirectoryError, match="a.npy"):
+            LocalLister(str(tmp_path / "a.npy")).list(recursive)
+        with pytest.raises(FileNotFoundError, match="missing"):
+            LocalLister(str(tmp_path / "missing")).list(recursive)
+
+
+def test_dali_order_of_a_listing_is_pure_and_bytewise() -> None:
+    from npydask.discovery import dali_order
+
+    listed = ["s1/c.npy", "B.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy", "\u00e9.npy", "a10.npy", "a2.npy"]
+    assert dali_order(listed, sep="/") == ["B.npy", "a.npy", "a10.npy", "a2.npy", "\u00e9.npy",
+                                           "a/x.npy", "a-b/x.npy", "s0/d.npy", "s1/c.npy"]
+    assert dali_order(listed[::-1], sep="/") == dali_order(listed, sep="/")
 
 
 # -- Target ------------------------------------------------------------------------------

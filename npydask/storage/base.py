@@ -8,8 +8,9 @@ the same pure modules (:mod:`npydask.header`, :mod:`npydask.region`,
 * a :class:`Source` reads: a file's identity, headers of many files, a
   region's byte runs (a :class:`~npydask.region.ReadPlan`) into a
   destination, and whole payloads of a group of small files in one loop;
-* a :class:`Lister` lists a folder as :class:`Entry` values (relative path,
-  size, identity), which discovery then orders;
+* a :class:`Lister` lists a folder as a :class:`Listing` (relative paths,
+  with sizes and identities where the listing gives them), which discovery
+  then orders by DALI's rules;
 * a :class:`Target` writes one file by blocks and publishes it at once, or
   leaves nothing behind.
 
@@ -24,7 +25,7 @@ file) and pickles small, so tasks carry it cheaply.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from npydask.region import ReadPlan
     from npydask.storage._handles import HeaderCheck, OpenFile
 
-__all__ = ["Entry", "Identity", "Item", "Lister", "Scanned", "Source", "Target"]
+__all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
 
 Identity = tuple
 """An opaque identity: equal while the file's bytes are the ones planned for (compare with ``==``)."""
@@ -47,23 +48,28 @@ Item = tuple  # (str, Identity, int, HeaderCheck | None)
 """(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
 
 
-class Entry(NamedTuple):
-    """One file of a listing: its path relative to the listed folder, its size and identity.
+class Listing(NamedTuple):
+    """The files of a folder, in no particular order: relative paths, and sizes and identities if known.
 
-    A frozen value (a named tuple: listings of 20,000 files build one per file).
+    A frozen value of columns, not one object per file: listing 20,000 files
+    builds three lists, not 20,000 records. ``sizes[i]`` and
+    ``identities[i]`` belong to ``paths[i]``; both are ``None`` where the
+    listing would need a request per file to know them (a local folder: the
+    header scan's ``fstat`` gives them anyway), and come free with an object
+    store's listing.
 
     Examples
     --------
-    >>> Entry("a/b.npy", 128, (128, 0, 7)).path
-    'a/b.npy'
+    >>> Listing(["a/b.npy"], [128], [(128, "etag")]).sizes
+    [128]
     """
 
-    path: str
+    paths: list[str]
     """Relative to the listed folder, with the platform's separator between folders."""
-    size: int
-    """Size in bytes."""
-    identity: Identity
-    """What a later read must find (see :meth:`Source.identity`)."""
+    sizes: list[int] | None = None
+    """Sizes in bytes, or ``None``."""
+    identities: list[Identity] | None = None
+    """What later reads must find (see :meth:`Source.identity`), or ``None``."""
 
 
 class Source(abc.ABC):
@@ -137,13 +143,13 @@ class Lister(abc.ABC):
     """Lists the files under one folder (or prefix), unordered: discovery orders them."""
 
     @abc.abstractmethod
-    def entries(self, recursive: bool = False) -> Iterator[Entry]:
-        """The files of the folder as :class:`Entry` values, in no particular order.
+    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
+        """The files of the folder whose base name ``match`` accepts (all without it), in no particular order.
 
         Without ``recursive``, the files directly in the folder and in each
         of its immediate subfolders (DALI's non-recursive traversal); with
-        it, files at every depth. Folders themselves are not entries;
-        ordering and filtering by name are the caller's (pure) business.
+        it, files at every depth. Folders themselves are not listed.
+        Ordering is the caller's (pure) business.
         """
 
 

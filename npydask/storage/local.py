@@ -14,7 +14,8 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from npydask.header import NpyHeader
 from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file
-from npydask.storage.base import Entry, Item, Lister, Scanned, Source, Target
+from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
 
@@ -102,47 +103,118 @@ LOCAL = LocalSource()
 
 
 class LocalLister(Lister):
-    """The files under a local folder, with symlinks to files and folders followed.
+    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.discovery`).
 
-    Each folder (by device and inode) is listed once, so symlink and bind
-    mount loops end. Entries whose symlink is dangling or loops are skipped,
-    and so are FIFOs, sockets and devices. Sizes and identities come from
-    one ``stat`` per file (``os.DirEntry.stat``).
+    A file is a regular file or a symlink to one (dangling symlinks, symlink
+    loops and links to anything else are skipped). Symlinked folders are
+    followed. Without ``recursive``, the immediate subfolders are listed as
+    DALI does, so a subfolder that links to the root or a sibling lists those
+    files again under its own name. With it, every folder (by device and
+    inode) is walked once: first the real tree, then symlinked folders that
+    lead somewhere not yet walked, fewest symlinks first and byte-wise within
+    a round. An unreadable folder raises :func:`os.scandir`'s
+    ``PermissionError``. No file is ``stat``-ed (``os.DirEntry`` answers from
+    the directory), so sizes and identities are ``None``.
 
     Examples
     --------
-    >>> import numpy as np, os, tempfile
+    >>> import os, tempfile
     >>> root = tempfile.mkdtemp(); os.mkdir(os.path.join(root, "sub"))
-    >>> np.save(os.path.join(root, "a.npy"), np.zeros(2)); np.save(os.path.join(root, "sub", "b.npy"), np.zeros(3))
-    >>> sorted(e.path for e in LocalLister(root).entries(recursive=True)) == ["a.npy", os.path.join("sub", "b.npy")]
+    >>> for rel in ["a.npy", "b.txt", "sub/c.npy"]: open(os.path.join(root, rel), "wb").close()
+    >>> sorted(LocalLister(root).list(match=lambda name: name.endswith(".npy")).paths) == ["a.npy", os.path.join("sub", "c.npy")]
     True
     """
 
     def __init__(self, root: str) -> None:
         self.root = root
 
-    def entries(self, recursive: bool = False) -> Iterator[Entry]:
-        """See :meth:`Lister.entries` (relative paths joined with ``os.sep``)."""
-        root_st = os.stat(self.root)
-        if not stat.S_ISDIR(root_st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "expected a folder to list, found a file", self.root)
-        seen = {(root_st.st_dev, root_st.st_ino)}
-        stack = [("", self.root, 0)]
-        while stack:
-            rel, path, depth = stack.pop()
-            with os.scandir(path) as it:
-                listed = list(it)
-            for entry in listed:
+    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
+        """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
+        match = match or _any
+        return Listing(self._recursive(match) if recursive else self._flat(match))
+
+    def _flat(self, match: Callable[[str], object]) -> list[str]:
+        dirs, found = _scan(self.root, match)
+        for d in dirs:
+            _, names = _scan(d.path, match)
+            prefix = d.name + os.sep
+            found.extend(prefix + name for name in names)
+        return found
+
+    def _recursive(self, match: Callable[[str], object]) -> list[str]:
+        root_stat = os.stat(self.root)
+        visited = {(root_stat.st_dev, root_stat.st_ino)}
+        found: list[str] = []
+
+        def walk_real(rel: str, path: str, links: list[tuple[str, str]]) -> None:
+            # Depth-first through real directories; symlinked ones wait for a later round.
+            stack = [(rel, path)]
+            while stack:
+                rel_dir, dir_path = stack.pop()
+                dirs, names = _scan(dir_path, match)
+                found.extend(rel_dir + os.sep + name if rel_dir else name for name in names)
+                for d in dirs:
+                    child = rel_dir + os.sep + d.name if rel_dir else d.name
+                    if d.is_symlink():
+                        links.append((child, d.path))
+                        continue
+                    st = d.stat(follow_symlinks=False)
+                    key = (st.st_dev, st.st_ino)
+                    if key not in visited:  # a bind mount can loop without symlinks
+                        visited.add(key)
+                        stack.append((child, d.path))
+
+        links: list[tuple[str, str]] = []
+        walk_real("", self.root, links)
+        while links:
+            links.sort(key=lambda link: fs_bytes(link[0]))
+            next_links: list[tuple[str, str]] = []
+            for rel, path in links:
                 try:
-                    st = entry.stat()  # (symlinks followed)
-                except OSError:  # dangling, looping or vanished since listed
+                    st = os.stat(path)
+                except OSError:  # vanished or became dangling since it was listed
                     continue
-                child = rel + os.sep + entry.name if rel else entry.name
-                if stat.S_ISREG(st.st_mode):
-                    yield Entry(child, st.st_size, FileIdentity.of(st))
-                elif stat.S_ISDIR(st.st_mode) and (recursive or depth == 0) and (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    stack.append((child, entry.path, depth + 1))
+                key = (st.st_dev, st.st_ino)
+                if key in visited or not stat.S_ISDIR(st.st_mode):
+                    continue
+                visited.add(key)
+                walk_real(rel, path, next_links)
+            links = next_links
+        return found
+
+
+def _any(name: str) -> bool:
+    return True
+
+
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def fs_bytes(name: str) -> bytes:
+    """``os.fsencode(name)`` without its Python-level overhead (it is a sort key)."""
+    return name.encode(_FS_ENCODING, _FS_ERRORS)
+
+
+def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[str]], list[str]]:
+    """One directory: its subdirectories (symlinks followed) and matching files, unsorted."""
+    dirs: list[os.DirEntry[str]] = []
+    names: list[str] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            # DirEntry answers from d_type without a stat, except for symlinks
+            # (followed) and file systems that report DT_UNKNOWN.
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a symlink loop (ELOOP): not a file, not a folder
+                if not entry.is_symlink():
+                    raise
+                continue
+            if is_dir:
+                dirs.append(entry)
+            elif match(entry.name) and entry.is_file():
+                names.append(entry.name)
+    return dirs, names
 
 
 class LocalTarget(Target):
