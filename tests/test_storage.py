@@ -25,7 +25,7 @@ from npydask.region import normalize_box, plan_read
 from npydask.storage import _handles
 from npydask.storage._handles import HeaderCheck
 from npydask.storage.base import Source
-from npydask.storage.local import LOCAL, LocalLister, LocalTarget
+from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 
 ARRAYS: dict[str, Callable[[], np.ndarray]] = {
     "c3d-f4": lambda: np.arange(6 * 7 * 9, dtype="<f4").reshape(6, 7, 9),
@@ -432,3 +432,82 @@ def test_local_target_without_overwrite_refuses_an_existing_file(tmp_path: Path)
 def test_local_target_names_the_file_when_its_folder_is_missing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nofolder"):
         LocalTarget(str(tmp_path / "nofolder" / "x.bin"), 1).write_block(0, b"x")
+
+
+# -- the readers reach bytes through the reference's source --------------------------------
+
+
+class _CountingSource(LocalSource):
+    """Local files, counting the calls each entry point makes (and optionally refusing to be mapped)."""
+
+    def __init__(self, mappable: bool = True) -> None:
+        self._mappable = mappable
+        self.calls: dict[str, int] = {}
+
+    @property
+    def mappable(self) -> bool:
+        return self._mappable
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def open(self, *args: Any, **kwargs: Any) -> Any:
+        self._count("open")
+        return super().open(*args, **kwargs)
+
+    def read_runs(self, *args: Any, **kwargs: Any) -> None:
+        self._count("read_runs")
+        super().read_runs(*args, **kwargs)
+
+    def read_many(self, items: Any, dest: memoryview, nbytes: int) -> None:
+        self._count("read_many")
+        super().read_many(items, dest, nbytes)
+
+    def scan(self, paths: Any, key: str | None = None) -> Any:
+        self._count("scan")
+        return super().scan(paths, key)
+
+    def __reduce__(self) -> Any:  # (a plain object again: LOCAL's reduce names the shared instance)
+        return (_CountingSource, (self._mappable,))
+
+
+@pytest.mark.parametrize("mappable", [True, False])
+def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: bool) -> None:
+    from npydask.reader import FileRef
+    from npydask.region import Box
+
+    values = np.arange(4096, dtype="<f8").reshape(64, 64)
+    np.save(tmp_path / "a.npy", values)
+    source = _CountingSource(mappable)
+    ref = FileRef.open(tmp_path / "a.npy", source=source)
+    assert ref.source is source and source.calls == {"open": 1}
+    got = ref.read(Box((8, 0), (16, 64)))  # a contiguous region: "auto" maps it where it may
+    np.testing.assert_array_equal(got, values[8:16])
+    assert source.calls == {"open": 2}
+    assert got.flags.writeable is not mappable  # a zero-copy mapping is read-only; pread's copy is not
+
+
+def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
+    from npydask.array import NpyFileArray
+    from npydask.dataset import scan_headers
+    from npydask.reader import FileRef
+    from npydask.stacking import FileGroup
+
+    arrays = [np.full((8, 8), i, "<i4") for i in range(40)]
+    paths = []
+    for i, a in enumerate(arrays):
+        paths.append(str(tmp_path / f"{i:02d}.npy"))
+        np.save(paths[-1], a)
+    source = _CountingSource()
+    scanned = scan_headers(paths, source=source)
+    assert source.calls == {"scan": 1}
+    refs = [FileRef(p, s[0], s[1], read_options(), "auto", None, False, HeaderCheck(s[2], "t", "t"), source)
+            for p, s in zip(paths, scanned)]
+    group = FileGroup([NpyFileArray(r) for r in refs], 0, True)
+    np.testing.assert_array_equal(group[5:37], np.stack(arrays[5:37]))
+    assert source.calls == {"scan": 1, "read_many": 1}  # 32 files, one call: the loop is the source's
+    ref1 = refs[0]._replace(source=LOCAL)  # a file of another source goes through its own read
+    group = FileGroup([NpyFileArray(ref1), *(NpyFileArray(r) for r in refs[1:4])], 0, True)
+    np.testing.assert_array_equal(group[0:4], np.stack(arrays[0:4]))
+    # the group's source is its first file's (LOCAL): the others each open through their own
+    assert source.calls == {"scan": 1, "read_many": 1, "open": 3}
