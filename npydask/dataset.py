@@ -529,7 +529,7 @@ def open_dataset(
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again")
     checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
-    options = read_options()
+    options = read_options(gap_bytes=source.gap_bytes)  # (the source's default coalescing gap)
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
     checked: NpyHeader | None = None  # headers are memoised objects: equal files share one

@@ -235,7 +235,7 @@ def read_region(
     if out is not None:
         _check_out(out, box.shape, f.header.dtype, path)
     plan = plan_read(f.header, box)
-    return _read(backend, f, plan, read_options(), out)
+    return _read(backend, f, plan, read_options(gap_bytes=LOCAL.gap_bytes), out)
 
 
 class FileRef(NamedTuple):
@@ -281,7 +281,8 @@ class FileRef(NamedTuple):
         _check_key(key)
         f = source.open(path, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
-        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.deflated, check, source)
+        options = options or read_options(gap_bytes=source.gap_bytes)
+        return cls(path, f.identity, f.header, options, backend, key, f.deflated, check, source)
 
     @property
     def token(self) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import npydask
+
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.region import normalize_box, plan_read
@@ -469,6 +471,22 @@ class _CountingSource(LocalSource):
 
     def __reduce__(self) -> Any:  # (a plain object again: LOCAL's reduce names the shared instance)
         return (_CountingSource, (self._mappable,))
+
+
+def test_readers_take_the_sources_gap(tmp_path: Path) -> None:
+    from npydask import config
+    from npydask.reader import FileRef
+
+    class WideGaps(_CountingSource):
+        @property
+        def gap_bytes(self) -> int:
+            return 65536
+
+    np.save(tmp_path / "a.npy", np.arange(10))
+    assert FileRef.open(tmp_path / "a.npy", source=WideGaps()).options.gap_bytes == 65536
+    with config.set(gap_bytes=512):
+        assert FileRef.open(tmp_path / "a.npy").options.gap_bytes == 512  # LOCAL's: the setting
+        assert npydask.open_dataset(str(tmp_path)).views[0].ref.options.gap_bytes == 512
 
 
 @pytest.mark.parametrize("mappable", [True, False])

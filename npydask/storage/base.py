@@ -90,7 +90,12 @@ class Source(abc.ABC):
     @property
     @abc.abstractmethod
     def gap_bytes(self) -> int:
-        """The default coalescing gap: runs of a region closer than this are read as one span."""
+        """The default coalescing gap: runs of a region closer than this are read as one span.
+
+        Readers of this source's files take it as their ``ReadOptions.gap_bytes``
+        (:func:`npydask.config.read_options`), so one region planner serves
+        every source with the gap that suits it.
+        """
 
     @abc.abstractmethod
     def identity(self, path: str) -> Identity:
