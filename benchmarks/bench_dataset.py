@@ -156,9 +156,9 @@ def make_data(folder: str, size: Size) -> tuple[list[str], list[str]]:
 def clear_npydask_caches() -> None:
     """Forget npydask's open-file cache and header memo (as a fresh process would)."""
     from npydask import header
-    from npydask.backends import _files
+    from npydask.storage import _handles
 
-    _files.clear_cache()
+    _handles.clear_cache()
     for name, value in vars(header).items():
         if "MEMO" in name.upper() and isinstance(value, dict):
             value.clear()

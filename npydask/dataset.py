@@ -21,8 +21,9 @@ import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.backends._batch import Scanned, scan_files
-from npydask.backends._files import HeaderCheck
+from npydask.storage._handles import HeaderCheck
+from npydask.storage.base import Scanned, Source
+from npydask.storage.local import LOCAL
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
@@ -44,11 +45,14 @@ def scan_headers(
     threads: int | None = None,
     key: str | None = None,
     progress: Callable[[int], None] | None = None,
+    source: Source = LOCAL,
 ) -> list[Scanned | BaseException]:
     """Identity, header and raw header bytes of every path; failures come back as exceptions.
 
-    Each file costs one ``open``, one ``fstat``, one ``pread`` and one
-    ``close``; header texts shared by many files are parsed once. Files in
+    Batches of files go to ``source``'s scan (:meth:`Source.scan
+    <npydask.storage.base.Source.scan>`): for local files, one ``open``,
+    one ``fstat``, one ``pread`` and one ``close`` each; header texts shared
+    by many files are parsed once. Files in
     the page cache are scanned in this thread (threads only fight over the
     GIL there: measured 3x slower on 2 cores); when the first batch shows
     latency (over ``_SLOW_FILE`` seconds a file: a network or cold file
@@ -68,6 +72,7 @@ def scan_headers(
     ([(3,)], [256, 512, 600])
     """
     report = progress if progress is not None else _ignore
+    scan_files = source.scan
     if len(paths) <= _BATCH:
         results = scan_files(paths, key)
         report(len(paths))
@@ -495,6 +500,7 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
+    source = LOCAL  # (one per dataset, shared by its files' references)
     paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
     paths = absolute_all(paths)  # tasks may run in another working directory (npydask.paths)
     _check_key(key)
@@ -520,10 +526,10 @@ def open_dataset(
         origin = (f"the header index {index_path!r}",
                   f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it")
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
-        scanned = scan_headers(chosen, key=key)
+        scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again")
     checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
-    options = read_options()
+    options = read_options(gap_bytes=source.gap_bytes)  # (the source's default coalescing gap)
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
     checked: NpyHeader | None = None  # headers are memoised objects: equal files share one
@@ -563,7 +569,7 @@ def open_dataset(
                     roi = None
                 if shared_roi:
                     rois[memo_key] = roi
-        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check), roi))
+        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))
     if device == "gpu" and views:
         from npydask.gpu import check_gpu_dtype
 

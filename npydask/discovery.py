@@ -33,7 +33,10 @@ Every result is ``os.path.join(file_root, entry)`` as a ``str``, so an absolute
 entry overrides ``file_root``. ``file_filter`` and ``recursive`` apply only to
 discovery. Only discovery touches the file system (and ``file_root`` is
 checked to be a directory); listed entries are not checked here, opening them
-reports what is missing.
+reports what is missing. The folder is listed by a
+:class:`~npydask.storage.base.Lister` (the walk below is
+:class:`~npydask.storage.local.LocalLister`'s); the ordering rules are pure
+functions of the listing (:func:`dali_order`, byte-wise sorting).
 
 What counts during discovery:
 
@@ -74,11 +77,13 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from npydask.backends._files import open_regular
+from npydask.storage._handles import open_regular
+from npydask.storage.local import LocalLister
+from npydask.storage.local import fs_bytes as _fs_bytes
 
-__all__ = ["DEFAULT_FILE_FILTER", "select_files", "shard_range"]
+__all__ = ["DEFAULT_FILE_FILTER", "dali_order", "select_files", "shard_range"]
 
 DEFAULT_FILE_FILTER = "*.npy"
 """DALI's default ``file_filter`` for ``fn.readers.numpy``."""
@@ -87,7 +92,6 @@ PathArg = str | os.PathLike[str]
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _FS_ENCODING = sys.getfilesystemencoding()
-_FS_ERRORS = sys.getfilesystemencodeerrors()
 
 
 def select_files(
@@ -163,7 +167,7 @@ def select_files(
             "files=[...] or file_list=PATH"
         )
     if root is not None:
-        root_stat = _stat_root(root)
+        _stat_root(root)  # (a folder, or a clear error)
 
     if files is not None:
         entries = _entries_from_files(files)
@@ -176,10 +180,8 @@ def select_files(
 
     assert root is not None
     match = re.compile(fnmatch.translate(file_filter)).match
-    if recursive:
-        found = _discover_recursive(root, root_stat, match)
-    else:
-        found = _discover_flat(root, match)
+    listing = LocalLister(root).list(recursive, match)
+    found = _sorted(listing.paths) if recursive else dali_order(listing.paths)
     if not found:
         where = "at any depth under" if recursive else "directly in or one folder below"
         hint = "" if recursive else "; pass recursive=True to search deeper folders"
@@ -317,11 +319,6 @@ def _entries_from_list(list_path: str) -> list[str]:
 # -- discovery ---------------------------------------------------------------------------------
 
 
-def _fs_bytes(name: str) -> bytes:
-    """``os.fsencode(name)`` without its Python-level overhead (it is a sort key)."""
-    return name.encode(_FS_ENCODING, _FS_ERRORS)
-
-
 def _sorted(names: list[str]) -> list[str]:
     """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts.
 
@@ -340,76 +337,28 @@ def _sorted(names: list[str]) -> list[str]:
     return names
 
 
-def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[str]], list[str]]:
-    """One directory: its subdirectories (symlinks followed) and matching files, unsorted."""
-    dirs: list[os.DirEntry[str]] = []
-    names: list[str] = []
-    with os.scandir(path) as it:
-        for entry in it:
-            # DirEntry answers from d_type without a stat, except for symlinks
-            # (followed) and file systems that report DT_UNKNOWN.
-            try:
-                is_dir = entry.is_dir()
-            except OSError:  # a symlink loop (ELOOP): not a file, not a folder
-                if not entry.is_symlink():
-                    raise
-                continue
-            if is_dir:
-                dirs.append(entry)
-            elif match(entry.name) and entry.is_file():
-                names.append(entry.name)
-    return dirs, names
+def dali_order(paths: list[str], sep: str = os.sep) -> list[str]:
+    """DALI's non-recursive order of a listing (relative paths at most one folder deep), pure.
 
+    The files directly in the root first, byte-wise; then each immediate
+    subfolder in byte-wise order, with its own files byte-wise (``traverse_directories``).
 
-def _discover_flat(root: str, match: Callable[[str], object]) -> list[str]:
-    """DALI's ``traverse_directories``: the root's files, then each immediate subdirectory's."""
-    dirs, names = _scan(root, match)
-    found = _sorted(names)
-    for sub in _sorted([d.name for d in dirs]):
-        _, sub_names = _scan(os.path.join(root, sub), match)
-        found.extend(sub + os.sep + name for name in _sorted(sub_names))
-    return found
-
-
-def _discover_recursive(
-    root: str, root_stat: os.stat_result, match: Callable[[str], object]
-) -> list[str]:
-    """Every depth, each directory (by device and inode) once; real paths before symlinked ones."""
-    visited = {(root_stat.st_dev, root_stat.st_ino)}
-    found: list[str] = []
-
-    def walk_real(rel: str, path: str, links: list[tuple[str, str]]) -> None:
-        # Depth-first through real directories; symlinked ones wait for a later round.
-        stack = [(rel, path)]
-        while stack:
-            rel_dir, dir_path = stack.pop()
-            dirs, names = _scan(dir_path, match)
-            found.extend(rel_dir + os.sep + name if rel_dir else name for name in names)
-            for d in dirs:
-                child = rel_dir + os.sep + d.name if rel_dir else d.name
-                if d.is_symlink():
-                    links.append((child, d.path))
-                    continue
-                st = d.stat(follow_symlinks=False)
-                key = (st.st_dev, st.st_ino)
-                if key not in visited:  # a bind mount can loop without symlinks
-                    visited.add(key)
-                    stack.append((child, d.path))
-
-    links: list[tuple[str, str]] = []
-    walk_real("", root, links)
-    while links:
-        links.sort(key=lambda link: _fs_bytes(link[0]))
-        next_links: list[tuple[str, str]] = []
-        for rel, path in links:
-            try:
-                st = os.stat(path)
-            except OSError:  # vanished or became dangling since it was listed
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key in visited or not stat.S_ISDIR(st.st_mode):
-                continue
-            visited.add(key)
-            walk_real(rel, path, next_links)
-        links = next_links
-    return _sorted(found)
+    Examples
+    --------
+    >>> dali_order(["s1/c.npy", "b.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy"], sep="/")
+    ['a.npy', 'b.npy', 'a/x.npy', 'a-b/x.npy', 's0/d.npy', 's1/c.npy']
+    """
+    top = [p for p in paths if sep not in p]
+    if len(top) == len(paths):
+        return _sorted(top)
+    subs: dict[str, list[str]] = {}
+    for p in [p for p in paths if sep in p]:
+        folder = p.partition(sep)[0]
+        names = subs.get(folder)
+        if names is None:
+            names = subs[folder] = []
+        names.append(p)
+    ordered = _sorted(top)
+    for sub in _sorted(list(subs)):
+        ordered += _sorted(subs[sub])  # (paths sharing the prefix "sub/" sort as their names do)
+    return ordered

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, open_regular
+from npydask.storage._handles import FileIdentity, open_regular
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.header import NpyHeader, parse_header
 

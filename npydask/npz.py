@@ -30,13 +30,21 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
 
-__all__ = ["Member", "check_stored", "inflate", "inflate_into", "locate", "verify", "without_key"]
+__all__ = ["Member", "Read", "RangeFile", "check_stored", "inflate", "inflate_into", "locate", "verify", "without_key"]
+
+Read = Callable[[int, int], bytes]
+"""``read(offset, n)``: up to ``n`` bytes of the archive from ``offset`` (fewer only at its end).
+
+Everything here reads the archive through such a callable, so it does not
+care where the bytes come from (a local descriptor, an object store).
+"""
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")
 _LOCAL_MAGIC = b"PK\x03\x04"
@@ -65,12 +73,50 @@ class Member:
         return self.compress_type == zipfile.ZIP_STORED
 
 
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable file over a :data:`Read` callable of ``size`` bytes (for :mod:`zipfile`).
+
+    Examples
+    --------
+    >>> data = b"0123456789"
+    >>> f = RangeFile(lambda offset, n: data[offset : offset + n], len(data))
+    >>> f.seek(-3, os.SEEK_END), f.read(2), f.tell()
+    (7, b'78', 9)
+    """
+
+    def __init__(self, read: Read, size: int) -> None:
+        self._read, self._size, self._pos = read, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, f"seek to {base + offset}, before the start of the archive")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self._read(self._pos, len(buffer))
+        n = len(data)
+        memoryview(buffer).cast("B")[:n] = data
+        self._pos += n
+        return n
+
+
 def _members(zf: zipfile.ZipFile) -> list[str]:
     return sorted(n[:-4] if n.endswith(".npy") else n for n in zf.namelist())
 
 
-def locate(f: io.FileIO, path: str, key: str) -> Member:
-    """Find member ``key`` of the archive open as ``f``.
+def locate(read: Read, size: int, path: str, key: str) -> Member:
+    """Find member ``key`` of the archive of ``size`` bytes that ``read`` reads (see :data:`Read`).
 
     Raises
     ------
@@ -81,7 +127,7 @@ def locate(f: io.FileIO, path: str, key: str) -> Member:
         other than stored/deflated.
     """
     try:
-        zf = zipfile.ZipFile(f)  # reads the central directory only; does not close f
+        zf = zipfile.ZipFile(RangeFile(read, size))  # reads the central directory only
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
         raise NpyFormatError(
             f"{path}: key={key!r} was given, so a .npz (zip) archive was expected, found something else ({e})"
@@ -90,10 +136,10 @@ def locate(f: io.FileIO, path: str, key: str) -> Member:
     name = key if key in names else f"{key}.npy" if f"{key}.npy" in names else None
     if name is None:
         raise KeyError(f"{path}: no member {key!r} in the archive; its members are {_members(zf)}")
-    return _member(f, path, zf.getinfo(name))
+    return _member(read, path, zf.getinfo(name))
 
 
-def _member(f: io.FileIO, path: str, info: zipfile.ZipInfo) -> Member:
+def _member(read: Read, path: str, info: zipfile.ZipInfo) -> Member:
     """Where ``info``'s bytes start (past its local header), and how they are stored."""
     name = info.filename
     if info.flag_bits & 0x1:
@@ -103,7 +149,7 @@ def _member(f: io.FileIO, path: str, info: zipfile.ZipInfo) -> Member:
             f"{path}: member {name!r} uses zip compression method {info.compress_type}; expected stored (0) or "
             "deflated (8), as numpy.savez and numpy.savez_compressed write"
         )
-    local = os.pread(f.fileno(), _LOCAL_HEADER.size, info.header_offset)
+    local = read(info.header_offset, _LOCAL_HEADER.size)
     if len(local) < _LOCAL_HEADER.size or local[:4] != _LOCAL_MAGIC:
         raise NpyFormatError(f"{path}: member {name!r}: expected a zip local header at byte {info.header_offset}")
     fields = _LOCAL_HEADER.unpack(local)
@@ -111,20 +157,19 @@ def _member(f: io.FileIO, path: str, info: zipfile.ZipInfo) -> Member:
     return Member(name, start, info.compress_type, info.compress_size, info.file_size, info.CRC)
 
 
-def without_key(fd: int, path: str) -> NpyFormatError:
-    """The error for an archive (open as ``fd``) read as an ``.npy`` file: its members and the key to pass.
+def without_key(read: Read, size: int, path: str) -> NpyFormatError:
+    """The error for an archive (of ``size`` bytes, read by ``read``) read as an ``.npy`` file: its members and the key to pass.
 
     Examples
     --------
     >>> import numpy as np, os, tempfile
     >>> p = os.path.join(tempfile.mkdtemp(), "pair.npz"); np.savez(p, x=np.zeros(2), y=np.ones(3))
-    >>> fd = os.open(p, os.O_RDONLY)
-    >>> print(str(without_key(fd, p)).replace(p, "pair.npz"))
+    >>> data = open(p, "rb").read()
+    >>> print(str(without_key(lambda offset, n: data[offset : offset + n], len(data), p)).replace(p, "pair.npz"))
     pair.npz: an .npz (zip) archive, not an .npy file: it holds 2 members ['x', 'y']; pass key='x' (or another member) to read one
-    >>> os.close(fd)
     """
     try:
-        with zipfile.ZipFile(io.FileIO(fd, closefd=False)) as zf:  # the central directory only
+        with zipfile.ZipFile(RangeFile(read, size)) as zf:  # the central directory only
             names = zf.namelist()
             members = _members(zf)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
@@ -145,15 +190,15 @@ def without_key(fd: int, path: str) -> NpyFormatError:
     )
 
 
-def inflate(fd: int, member: Member, upto: int, path: str) -> bytes:
+def inflate(read: Read, member: Member, upto: int, path: str) -> bytes:
     """The first ``upto`` bytes of a deflated member, decompressing no further than needed."""
     out = bytearray(upto)
-    inflate_into(fd, member, path, memoryview(out), 0)
+    inflate_into(read, member, path, memoryview(out), 0)
     return bytes(out)
 
 
-def inflate_into(fd: int, member: Member, path: str, dest: memoryview, start: int, *, verify: bool = False) -> None:
-    """Inflate bytes ``[start, start + len(dest))`` of a deflated member straight into ``dest``.
+def inflate_into(read: Read, member: Member, path: str, dest: memoryview, start: int, *, verify: bool = False) -> None:
+    """Inflate bytes ``[start, start + len(dest))`` of a deflated member (of the archive ``read`` reads) into ``dest``.
 
     The member is inflated from its beginning in pieces of at most 1 MiB;
     each piece is copied into ``dest`` where it overlaps the wanted range and
@@ -182,7 +227,7 @@ def inflate_into(fd: int, member: Member, path: str, dest: memoryview, start: in
     try:
         while done < stop:
             if not pending and pos < end:
-                pending = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+                pending = read(pos, min(_INFLATE_PIECE, end - pos))
                 if not pending:
                     break  # the file ends before the member does
                 pos += len(pending)
@@ -200,7 +245,7 @@ def inflate_into(fd: int, member: Member, path: str, dest: memoryview, start: in
             done += len(piece)
         while verify and done == stop and not d.eof:  # the end-of-stream marker may still be unread
             if not pending and pos < end:
-                pending = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+                pending = read(pos, min(_INFLATE_PIECE, end - pos))
                 pos = pos + len(pending) if pending else end  # (a shorter file: nothing more to read)
             extra = d.decompress(pending, 1)
             pending = d.unconsumed_tail
@@ -225,7 +270,7 @@ def inflate_into(fd: int, member: Member, path: str, dest: memoryview, start: in
         _check_crc(path, member, crc)
 
 
-def check_stored(fd: int, member: Member, path: str, payload: np.ndarray, fortran: bool) -> None:
+def check_stored(read: Read, member: Member, path: str, payload: np.ndarray, fortran: bool) -> None:
     """Check the CRC-32 of a stored member whose whole payload a read just brought in.
 
     ``payload`` is the array as read (C order); for a Fortran-ordered member
@@ -248,7 +293,7 @@ def check_stored(fd: int, member: Member, path: str, payload: np.ndarray, fortra
             step = max(1, _INFLATE_PIECE // max(1, in_file[0].nbytes))
             for i in range(0, len(in_file), step):
                 crc = zlib.crc32(np.ascontiguousarray(in_file[i : i + step]).reshape(-1).view(np.uint8), crc)
-    crc, _ = _file_crc(fd, member.data_start + len(member.header_bytes) + payload.nbytes,
+    crc, _ = _file_crc(read, member.data_start + len(member.header_bytes) + payload.nbytes,
                        member.data_start + member.file_size, crc)  # fmt: skip
     _check_crc(path, member, crc)
 
@@ -266,11 +311,11 @@ def _crc_error(path: str, member: Member, found: str) -> NpzCrcError:
     )
 
 
-def _file_crc(fd: int, pos: int, end: int, crc: int = 0) -> tuple[int, int]:
+def _file_crc(read: Read, pos: int, end: int, crc: int = 0) -> tuple[int, int]:
     """``crc`` carried over the file's bytes ``[pos, end)``, read in pieces; and where the file ended (``end``
     unless it is shorter)."""
     while pos < end:
-        piece = os.pread(fd, min(_INFLATE_PIECE, end - pos), pos)
+        piece = read(pos, min(_INFLATE_PIECE, end - pos))
         if not piece:
             break
         crc = zlib.crc32(piece, crc)
@@ -314,24 +359,29 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
     >>> verify(p)
     ['x.npy', 'y.npy']
     """
-    from npydask.backends._files import open_regular  # (backends import this module)
+    from npydask.storage._handles import open_regular  # (backends import this module)
 
     path = os.fspath(path)
-    f, _ = open_regular(path)
+    f, st = open_regular(path)
     with f:
+        fd = f.fileno()
+
+        def read(offset: int, n: int) -> bytes:
+            return os.pread(fd, n, offset)
+
         try:
-            infos = zipfile.ZipFile(f).infolist()
+            infos = zipfile.ZipFile(RangeFile(read, st.st_size)).infolist()
         except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
             raise NpyFormatError(f"{path}: expected a .npz (zip) archive, found something else ({e})") from e
         for info in infos:
-            member = _member(f, path, info)
+            member = _member(read, path, info)
             if member.stored:
-                crc, stop = _file_crc(f.fileno(), member.data_start, member.data_start + member.file_size)
+                crc, stop = _file_crc(read, member.data_start, member.data_start + member.file_size)
                 size = stop - member.data_start
                 if size != member.file_size:
                     raise _crc_error(path, member, f"end after {size} of the {member.file_size} bytes its zip "
                                      "directory records")  # fmt: skip
                 _check_crc(path, member, crc)
             else:
-                inflate_into(f.fileno(), member, path, memoryview(b""), 0, verify=True)
+                inflate_into(read, member, path, memoryview(b""), 0, verify=True)
     return [info.filename for info in infos]

@@ -2,7 +2,7 @@
 
 :class:`FileRef` is what a lazy task carries: the path, the identity the file
 had when the graph was built, the parsed header, the header bytes it relies
-on (a :class:`~npydask.backends._files.HeaderCheck`) and the read settings.
+on (a :class:`~npydask.storage._handles.HeaderCheck`) and the read settings.
 It pickles as those few fields and reopens the file (through the
 per-process handle cache) wherever it lands; a file whose identity changed
 meanwhile, or changes while it is read, fails the task with
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from npydask import backends
-from npydask.backends._files import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, scan_file
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, check_unchanged
 from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
@@ -31,6 +31,8 @@ from npydask.header import NpyHeader
 from npydask.npz import check_stored
 from npydask.paths import absolute
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
+from npydask.storage.base import Source
+from npydask.storage.local import LOCAL
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
 
@@ -79,7 +81,7 @@ def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyH
     """
     path = _fspath(path)
     _check_key(key)
-    return scan_file(path, key)[1]
+    return LOCAL.header(path, key)
 
 
 def _on_distributed_worker() -> bool:
@@ -93,23 +95,37 @@ def _on_distributed_worker() -> bool:
     return True
 
 
-def choose_backend(name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | None) -> backends.Backend:
+def choose_backend(
+    name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | None, source: Source = LOCAL
+) -> backends.Backend:
     """Resolve ``"auto"``: a zero-copy mapping only for whole contiguous regions on local disks.
 
-    Everything that is copied anyway (a strided region, a Fortran region,
-    a caller's ``out``), files on network file systems, and chunks on a
-    distributed worker (which counts and may spill what it holds) use pread.
+    Mapping needs a source that can map (:attr:`Source.mappable
+    <npydask.storage.base.Source.mappable>`) and a file on a local file
+    system. Everything that is copied anyway (a strided region, a Fortran
+    region, a caller's ``out``), files on network file systems, and chunks
+    on a distributed worker (which counts and may spill what it holds) use
+    pread.
     """
     if f.deflated:
         return backends.get("deflate")  # a compressed .npz member: nothing else can read it
     if name != "auto":
         return backends.get(name)
-    if out is None and plan.is_contiguous and same_layout(plan) and f.local and not _on_distributed_worker():
+    if (
+        out is None
+        and plan.is_contiguous
+        and same_layout(plan)
+        and source.mappable
+        and f.local
+        and not _on_distributed_worker()
+    ):
         return backends.get("mmap")
     return backends.get("pread")
 
 
-def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None) -> np.ndarray:
+def _read(
+    name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None, source: Source = LOCAL
+) -> np.ndarray:
     """Read with the backend ``name`` resolves to, then check the file did not change meanwhile.
 
     ``"auto"`` falls back to pread where mapping fails. The check is one
@@ -127,7 +143,7 @@ def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.
     MemoryError
         If no buffer could be had for the region, naming the file and the bytes.
     """
-    backend = choose_backend(name, f, plan, out)
+    backend = choose_backend(name, f, plan, out, source)
     try:
         try:
             result = backend.read(f, plan, options, out)
@@ -140,7 +156,7 @@ def _read(name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.
     check_unchanged(f.fd, f.identity, f.path)
     member = f.member
     if member is not None and member.stored and plan.nbytes == f.header.nbytes:
-        check_stored(f.fd, member, f.path, result, f.header.fortran_order)
+        check_stored(f.read_at, member, f.path, result, f.header.fortran_order)
     return result
 
 
@@ -214,19 +230,22 @@ def read_region(
     path = _fspath(path)
     _check_key(key)
     _check_backend(backend)
-    f = acquire(path, key=key)
+    f = LOCAL.open(path, key=key)
     box = normalize_box(f.header.shape, start, stop, source=path)
     if out is not None:
         _check_out(out, box.shape, f.header.dtype, path)
     plan = plan_read(f.header, box)
-    return _read(backend, f, plan, read_options(), out)
+    return _read(backend, f, plan, read_options(gap_bytes=LOCAL.gap_bytes), out)
 
 
 class FileRef(NamedTuple):
-    """A file as a lazy task sees it: path, identity, header and read settings.
+    """A file as a lazy task sees it: path, identity, header, read settings and the source it is read from.
 
     No open file, no mapping, no data: it pickles in a few hundred bytes and
-    reopens the file where it is unpickled. (An immutable named tuple: a
+    reopens the file where it is unpickled. The identity is opaque (the
+    source's: size, mtime and inode for a local file); the source is one
+    object shared by every file of a dataset (:data:`~npydask.storage.local.LOCAL`
+    for local files, pickled by reference). (An immutable named tuple: a
     dataset makes one per file, and a frozen dataclass costs five times as
     much to build.)
     """
@@ -240,6 +259,8 @@ class FileRef(NamedTuple):
     compressed: bool = False
     check: HeaderCheck | None = None
     """The header bytes the reads rely on (checked against the file where it is read)."""
+    source: Source = LOCAL
+    """Where the bytes come from (shared by a dataset's files)."""
 
     @classmethod
     def open(
@@ -248,6 +269,7 @@ class FileRef(NamedTuple):
         backend: str = "auto",
         options: ReadOptions | None = None,
         key: str | None = None,
+        source: Source = LOCAL,
     ) -> FileRef:
         """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity.
 
@@ -257,9 +279,10 @@ class FileRef(NamedTuple):
         path = absolute(_fspath(path))
         _check_backend(backend)
         _check_key(key)
-        f = acquire(path, key=key)
+        f = source.open(path, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
-        return cls(path, f.identity, f.header, options or read_options(), backend, key, f.deflated, check)
+        options = options or read_options(gap_bytes=source.gap_bytes)
+        return cls(path, f.identity, f.header, options, backend, key, f.deflated, check, source)
 
     @property
     def token(self) -> str:
@@ -287,9 +310,9 @@ class FileRef(NamedTuple):
         box = normalize_box(self.header.shape, box.start, box.stop, source=self.path)
         if out is not None:
             _check_out(out, box.shape, self.header.dtype, self.path)
-        f = acquire(self.path, self.identity, key=self.key, check=self.check)
+        f = self.source.open(self.path, self.identity, key=self.key, check=self.check)
         plan = plan_read(f.header, box)
-        return _read(self.backend, f, plan, self.options, out)
+        return _read(self.backend, f, plan, self.options, out, self.source)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,13 +24,12 @@ from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
-from npydask.backends._batch import Item, read_files
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
-from npydask.backends.pread import read_grid
 from npydask.header import NpyHeader
 from npydask.reader import shared_facts
 from npydask.region import Box, ReadPlan, plan_read
+from npydask.storage.base import Item
 
 __all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
 
@@ -139,6 +138,8 @@ class FileGroup:
             return block[np.newaxis]
         out = self._buffer(box.shape, lo, hi)
         row = out.nbytes // (hi - lo) if hi > lo else 0
+        source = self.views[lo].ref.source  # (a group's files share theirs; any other goes through its own read)
+        read_many = source.read_many
         flat = memoryview(out.reshape(-1).view(np.uint8))
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
         strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
@@ -148,7 +149,7 @@ class FileGroup:
             view = self.views[k]
             ref = view.ref
             run = None
-            if view.roi is None and ref.key is None and not ref.options.direct_io:
+            if view.roi is None and ref.key is None and not ref.options.direct_io and ref.source is source:
                 h = ref.header
                 run = runs.get(id(h), False)
                 if run is False:
@@ -157,24 +158,24 @@ class FileGroup:
                 batch.append((ref.path, ref.identity, run[0], ref.check))
                 continue
             if batch:
-                read_files(batch, flat[(at - lo) * row : (k - lo) * row], row)
+                read_many(batch, flat[(at - lo) * row : (k - lo) * row], row)
                 batch = []
             at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
-            if view.roi is not None and ref.key is None and ref.backend != "mmap":
+            if view.roi is not None and ref.key is None and ref.backend != "mmap" and ref.source is source:
                 memo = (id(ref.header), id(view.roi))
                 plan = strided.get(memo, False)
                 if plan is False:
                     plan = strided[memo] = _strided_plan(view, inner, self.dtype)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
-                    read_grid(ref.path, ref.identity, plan, ref.options, as_bytes(slab), ref.check)
+                    source.read_runs(ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check)
                     continue
             if view.dtype.str != self.dtype.str:
                 slab[...] = view.read(inner)  # to native byte order
             else:
                 view.read(inner, out=slab)
         if batch and row:
-            read_files(batch, flat[(at - lo) * row : (hi - lo) * row], row)
+            read_many(batch, flat[(at - lo) * row : (hi - lo) * row], row)
         return out
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from npydask.backends import _files
+from npydask.storage import _handles
 
 settings.register_profile(
     "ci",
@@ -24,9 +24,9 @@ settings.load_profile("ci")
 @pytest.fixture(autouse=True)
 def _fresh_handle_cache():
     """Each test starts and ends with an empty per-process handle cache."""
-    _files.clear_cache()
+    _handles.clear_cache()
     yield
-    _files.clear_cache()
+    _handles.clear_cache()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.backends import _files
+from npydask.storage import _handles
 from npydask.backends import mmap as mmap_backend
 from npydask.backends import pread as pread_backend
 from npydask.errors import FileChangedError, NpyDaskWarning
@@ -82,9 +82,9 @@ class PreadvCounter:
         self._real = os.preadv
         self._fail = fail
         self._lock = threading.Lock()
-        # pread.py and _files.py both call os.preadv through the os module.
+        # pread.py and _handles.py both call os.preadv through the os module.
         monkeypatch.setattr(pread_backend.os, "preadv", self)
-        monkeypatch.setattr(_files.os, "preadv", self)
+        monkeypatch.setattr(_handles.os, "preadv", self)
 
     def __call__(self, fd: int, buffers: list, offset: int, *args: int) -> int:
         direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT) if O_DIRECT else False
@@ -176,7 +176,7 @@ def test_direct_io_fallback_when_open_refused(tmp_path: Path, monkeypatch: pytes
             raise OSError(errno.EINVAL, "Invalid argument (simulated)", p)
         return real_open(p, flags, *args, **kwargs)
 
-    monkeypatch.setattr(_files.os, "open", refusing_open)
+    monkeypatch.setattr(_handles.os, "open", refusing_open)
     with config.set(direct_io=True):
         with pytest.warns(NpyDaskWarning, match="O_DIRECT") as record:
             assert_same_array(read_region(path, (1, 2), (29, 19)), values[1:29, 2:19], "first read")
@@ -201,7 +201,7 @@ def test_direct_io_fallback_when_read_refused(tmp_path: Path, monkeypatch: pytes
 def test_direct_handle_is_shared_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "a.npy"
     np.save(path, np.arange(10_000, dtype="<f4"))
-    f = _files.acquire(str(path))
+    f = _handles.acquire(str(path))
     barrier = threading.Barrier(8)
 
     def grab(_: int) -> object:
@@ -213,8 +213,8 @@ def test_direct_handle_is_shared_and_checked(tmp_path: Path) -> None:
     assert len({id(h) for h in handles}) == 1, "concurrent callers opened several O_DIRECT descriptors"
     assert fcntl.fcntl(handles[0].fileno(), fcntl.F_GETFL) & O_DIRECT
     # The O_DIRECT handle is opened by path: a file replaced meanwhile is refused, not read.
-    _files.clear_cache()
-    g = _files.acquire(str(path))
+    _handles.clear_cache()
+    g = _handles.acquire(str(path))
     np.save(tmp_path / "new.npy", np.zeros(10_000, "<f4"))
     os.replace(tmp_path / "new.npy", path)
     with pytest.raises(FileChangedError) as info:
@@ -252,7 +252,7 @@ def test_reads_only_the_region(
         pytest.skip("O_DIRECT refused here")
     path = volume[0] if order == "C" else volume[1]
     header = npydask.read_header(path)
-    _files.acquire(path)  # the header read is not part of the count
+    _handles.acquire(path)  # the header read is not part of the count
     plan = plan_read(header, Box(*region))
     counter = PreadvCounter(monkeypatch)
     with config.set(gap_bytes=gap, direct_io=direct):
@@ -289,7 +289,7 @@ def test_mmap_maps_each_open_file_once(volume: tuple[str, str], monkeypatch: pyt
         got = read_region(path, *region, backend="mmap")
         assert_same_array(got, np.ascontiguousarray(expected[tuple(slice(a, b) for a, b in zip(*region))]), "region")
     assert lengths == [header.data_offset + header.nbytes]
-    _files.clear_cache()  # a new open file maps anew
+    _handles.clear_cache()  # a new open file maps anew
     read_region(path, *ROW, backend="mmap")
     assert len(lengths) == 2
 
@@ -330,8 +330,8 @@ def test_pread_returns_fresh_writeable_arrays(save) -> None:
 
 def test_choose_backend(save, monkeypatch: pytest.MonkeyPatch) -> None:
     values = sample_array((6, 7, 8), "<f4", seed=8)
-    c = _files.acquire(save(values))
-    f = _files.acquire(save(values, order="F"))
+    c = _handles.acquire(save(values))
+    f = _handles.acquire(save(values, order="F"))
 
     def chosen(of, region, out=None, name="auto") -> str:
         return choose_backend(name, of, plan_read(of.header, Box(*region)), out).name
@@ -373,20 +373,20 @@ def test_unknown_backend(save) -> None:
 def test_cache_reuses_one_open_file(save, monkeypatch: pytest.MonkeyPatch) -> None:
     path = save(sample_array((20, 30), "<f8", seed=9))
     opened: list[str] = []
-    real = _files.open_regular
+    real = _handles.open_regular
 
     def counting(p, *args, **kwargs):
         opened.append(p)
         return real(p, *args, **kwargs)
 
-    monkeypatch.setattr(_files, "open_regular", counting)
-    first = _files.acquire(path)
+    monkeypatch.setattr(_handles, "open_regular", counting)
+    first = _handles.acquire(path)
     for k in range(20):
         read_region(path, (k,), (k + 1,), backend=("pread", "mmap", "auto")[k % 3])
     ref = FileRef.open(path)
     for k in range(5):
         ref.read(Box((k, 0), (k + 2, 30)))
-    assert _files.acquire(path) is first
+    assert _handles.acquire(path) is first
     assert opened == [path]
 
 
@@ -394,7 +394,7 @@ def test_cache_notices_replacement(save, tmp_path: Path) -> None:
     old = sample_array((10, 10), "<i8", seed=10)
     path = save(old)
     ref = FileRef.open(path, "pread")
-    before = _files.acquire(path)
+    before = _handles.acquire(path)
     np.testing.assert_array_equal(read_region(path), old)
     for new in (old + 1, sample_array((10, 10), "<i8", seed=11), sample_array((4, 5), ">f4", seed=12)):
         np.save(tmp_path / "incoming.npy", new)
@@ -404,7 +404,7 @@ def test_cache_notices_replacement(save, tmp_path: Path) -> None:
         with pytest.raises(FileChangedError) as info:
             ref.read(Box((0, 0), (1, 1)))
         assert path in str(info.value) and "changed" in str(info.value)
-    after = _files.acquire(path)
+    after = _handles.acquire(path)
     assert after is not before and after.identity != before.identity
     assert FileRef.open(path, "pread").read(Box.whole((4, 5))).shape == (4, 5)
 
@@ -418,10 +418,10 @@ def test_cache_eviction(save) -> None:
             for p, r, a in zip(paths, refs, arrays):
                 assert_same_array(read_region(p, (1, 1), (6, 3)), a[1:6, 1:3], p)
                 assert_same_array(r.read(Box((0, 0), (7, 2))), a[:, :2], p)
-                assert len(_files._cache) <= 2
+                assert len(_handles._cache) <= 2
     with config.set(handle_cache_size=0):
         assert_same_array(read_region(paths[0]), arrays[0], "no cache at all")
-        assert len(_files._cache) == 0
+        assert len(_handles._cache) == 0
 
 
 def test_dropped_handles_close_quietly(save) -> None:
@@ -434,7 +434,7 @@ def test_dropped_handles_close_quietly(save) -> None:
         with config.set(handle_cache_size=1):
             for p in paths:
                 read_region(p)
-        _files.clear_cache()
+        _handles.clear_cache()
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
 

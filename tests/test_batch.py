@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from npydask.backends import _batch
-from npydask.backends._batch import read_files, scan_files
-from npydask.backends._files import FileIdentity, HeaderCheck, scan_file
+from npydask.storage import _batch
+from npydask.storage._batch import read_files, scan_files
+from npydask.storage._handles import FileIdentity, HeaderCheck, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
 
 

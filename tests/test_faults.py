@@ -38,7 +38,7 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.backends import _files
+from npydask.storage import _handles
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE
 from npydask.testing.strategies import assert_same_array
@@ -275,7 +275,7 @@ def test_replaced_by_a_special_file_before_compute(tmp_path, what):
         x.compute()
     assert time.perf_counter() - t0 < 5
     assert str(path) in str(info.value)
-    _files.clear_cache()  # as on a fresh worker
+    _handles.clear_cache()  # as on a fresh worker
     with pytest.raises(OSError) as info:
         npydask.from_npy(path)
     assert str(path) in str(info.value) and not isinstance(info.value, NpyFormatError)
@@ -294,7 +294,7 @@ def test_permission_removed_before_compute_on_a_fresh_worker(tmp_path):
     x = npydask.from_npy(path, chunks=(10, 30))
     path.chmod(0)
     try:
-        _files.clear_cache()  # a worker that never opened it
+        _handles.clear_cache()  # a worker that never opened it
         with pytest.raises(PermissionError) as info:
             x.compute()
         assert str(path) in str(info.value)
@@ -665,7 +665,7 @@ def test_o_direct_refused_falls_back_once_per_file_in_threaded_compute(tmp_path,
             raise OSError(errno.EINVAL, "Invalid argument (simulated: no O_DIRECT here)", p)
         return real_open(p, flags, *args, **kwargs)
 
-    monkeypatch.setattr(_files.os, "open", refusing_open)
+    monkeypatch.setattr(_handles.os, "open", refusing_open)
     with config.set(direct_io=True):
         arrays = [npydask.from_npy(p, chunks=(8, 40), backend="pread") for p, _ in files]
         ds = npydask.open_dataset(files=[p for p, _ in files], roi_start=[1, 1], roi_end=[60, 39], backend="pread")
@@ -775,8 +775,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
     found then), or after the compute started (a group of small files). The planned mtime is far in
     the past, so every rewrite shows in the mtime: the documented same-tick window is not in play.
     """
-    from npydask import reader
     from npydask.backends import pread
+    from npydask.storage import local
 
     n_files, shape, plan = _REWRITE_READS[how]
     paths = [tmp_path / f"f{k:02d}.npy" for k in range(n_files)]
@@ -788,8 +788,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
         writer.go.set()
         return f
 
-    real = reader.acquire
-    monkeypatch.setattr(reader, "acquire", opened_then_go)
+    real = local.acquire  # (what LocalSource.open calls: FileRef.read and read_region open through it)
+    monkeypatch.setattr(local, "acquire", opened_then_go)
     monkeypatch.setattr(pread, "acquire", opened_then_go)
     rng = np.random.default_rng(7)
     outcomes = {"planned": 0, "changed": 0}

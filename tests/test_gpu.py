@@ -591,7 +591,7 @@ def test_device_reads_check_the_file_after_the_read(save, monkeypatch, branch):
 
 @pytest.mark.parametrize("branch", ["host", "kvikio"])
 def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeypatch, branch):
-    from npydask.backends._files import HeaderCheck, clear_cache
+    from npydask.storage._handles import HeaderCheck, clear_cache
     from npydask.errors import NpyFormatError
 
     p = save(np.arange(64.0).reshape(8, 8))

@@ -420,8 +420,12 @@ def _pwrite_all(fd: int, data: memoryview, offset: int, path: str) -> None:
 
 def _publish(target: FileTarget, tmp: str) -> None:
     """Move the finished file ``tmp`` to the target, then sync the folder."""
-    path = target.path
-    if target.overwrite:
+    publish(tmp, target.path, overwrite=target.overwrite, sync_folder=target.sync_folder)
+
+
+def publish(tmp: str, path: str, *, overwrite: bool, sync_folder: bool = True) -> None:
+    """Move the finished file ``tmp`` to ``path`` (``overwrite=False``: only if nothing is there), then sync the folder."""
+    if overwrite:
         with contextlib.suppress(OSError):  # keep the replaced file's permissions
             os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
@@ -436,7 +440,7 @@ def _publish(target: FileTarget, tmp: str) -> None:
             os.replace(tmp, path)
         else:
             os.unlink(tmp)
-    if target.sync_folder:
+    if sync_folder:
         _fsync_folder(os.path.dirname(path))
 
 

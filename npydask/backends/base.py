@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import OpenFile
+from npydask.storage._handles import OpenFile
 from npydask.backends._pool import empty
 from npydask.config import ReadOptions
 from npydask.region import ReadPlan, raw, raw_copy

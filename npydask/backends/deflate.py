@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import OpenFile
+from npydask.storage._handles import OpenFile
 from npydask.backends._pool import empty
 from npydask.backends.base import Backend, as_bytes, copy_runs, destination, finish
 from npydask.config import ReadOptions
@@ -38,10 +38,10 @@ class DeflateBackend(Backend):
         if plan.nbytes == f.header.nbytes:  # the whole member: inflate into place, check its CRC-32
             result, buffer = destination(plan, f.header.dtype, out)
             dest = memoryview(as_bytes(buffer)) if buffer.nbytes else memoryview(b"")  # (no bytes view of V0)
-            inflate_into(f.fd, member, f.path, dest, plan.offset, verify=True)
+            inflate_into(f.read_at, member, f.path, dest, plan.offset, verify=True)
             return finish(result, buffer)
         if plan.n_runs == 0:
             return np.empty(plan.shape, f.header.dtype) if out is None else out
         span = empty((plan.end - plan.offset,), np.uint8)
-        inflate_into(f.fd, member, f.path, memoryview(span), plan.offset)
+        inflate_into(f.read_at, member, f.path, memoryview(span), plan.offset)
         return copy_runs(span, plan, f.header.dtype, out)

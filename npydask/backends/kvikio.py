@@ -21,7 +21,7 @@ pinned host memory (CuPy without kvikio)
     same device steps.
 
 Either way the file's identity (size, mtime, inode) is checked before reading:
-through the shared handle cache (:func:`~npydask.backends._files.acquire`) on
+through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
 the host path; on the path and then on kvikio's own descriptor with kvikio. A
 file replaced after the graph was built fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, _changed, acquire, check_unchanged, pread_exact
+from npydask.storage._handles import FileIdentity, _changed, check_unchanged, pread_exact
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
@@ -181,7 +181,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
     else:
         host = aligned_empty(np, total, alignment)
     for job, at in zip(window, offsets):
-        f = acquire(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
+        f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
         fd, path = f.fd, f.path
 
         def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
@@ -221,7 +221,7 @@ def _open_checked(kvikio: Any, ref: FileRef) -> Any:
     missing file is the builtin ``FileNotFoundError``, as on the host path);
     then kvikio's own descriptor is checked with ``fstat``.
     """
-    acquire(ref.path, ref.identity, key=ref.key, check=ref.check)
+    ref.source.open(ref.path, ref.identity, key=ref.key, check=ref.check)
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:

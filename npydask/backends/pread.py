@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.backends._files import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
 from npydask.backends._pool import pieces, scratch_pieces
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions

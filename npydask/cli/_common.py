@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from npydask.backends._batch import Scanned
+from npydask.storage._batch import Scanned
 from npydask.cli._progress import progress_line
 from npydask.dataset import _human, scan_headers
 from npydask.discovery import select_files

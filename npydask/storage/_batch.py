@@ -8,7 +8,7 @@ they call to locals and take the memoised header without re-parsing, so the
 cost per file stays close to the system calls' (measured in
 ``benchmarks/bench_dataset.py``). Anything unusual (a long header, a
 truncated file, a special file) falls back to the general path in
-:mod:`npydask.backends._files`, which gives the same results and errors.
+:mod:`npydask.storage._handles`, which gives the same results and errors.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from npydask.backends._files import (
+from npydask.storage._handles import (
     _FIRST_READ,
     FileIdentity,
     HeaderCheck,
@@ -42,7 +42,7 @@ _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
-    """:func:`~npydask.backends._files.scan_file` for each path; failures come back as exceptions.
+    """:func:`~npydask.storage._handles.scan_file` for each path; failures come back as exceptions.
 
     The loop reads each file's first 4 KiB once; a header already seen (the
     exact same bytes) is taken from the header memo with its payload size

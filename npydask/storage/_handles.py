@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.npz import Member, inflate, locate, without_key
+from npydask.npz import Member, Read, inflate, locate, without_key
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
 
 __all__ = [
@@ -207,10 +207,19 @@ def retry_open(path: str, flags: int, error: OSError) -> int:
         raise
 
 
-def member_header(f: io.FileIO, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
-    """Header of ``.npz`` member ``key``: ``data_offset`` absolute in the zip file when stored,
-    relative to the inflated member when deflated."""
-    member = locate(f, path, key)
+def reader(fd: int) -> Read:
+    """``read(offset, n)`` over a descriptor (one ``pread``), as :mod:`npydask.npz` reads archives."""
+
+    def read(offset: int, n: int) -> bytes:
+        return os.pread(fd, n, offset)
+
+    return read
+
+
+def member_header(f: io.FileIO, size: int, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
+    """Header of ``.npz`` member ``key`` of the archive ``f`` of ``size`` bytes: ``data_offset`` absolute
+    in the zip file when stored, relative to the inflated member when deflated."""
+    member = locate(reader(f.fileno()), size, path, key)
     header, raw = _read_header_raw(f.fileno(), member.file_size, path, member)
     member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
     if member.stored:
@@ -229,7 +238,7 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
     if key is not None:
         f, st = open_regular(path)
         with f:
-            header, raw, member = member_header(f, path, key)
+            header, raw, member = member_header(f, st.st_size, path, key)
         return FileIdentity.of(st), header, raw, not member.stored
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
     try:
@@ -293,7 +302,7 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
             return _pread_upto(fd, length, offset)
         if member.stored:
             return _pread_upto(fd, min(length, max(size - offset, 0)), member.data_start + offset)
-        return inflate(fd, member, min(offset + length, size), path)[offset:]
+        return inflate(reader(fd), member, min(offset + length, size), path)[offset:]
 
     first = read(min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
     need = header_end(first)
@@ -303,7 +312,7 @@ def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None
     if member is not None:
         path = f"{path} (member {member.name!r})"
     elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
-        raise without_key(fd, path)
+        raise without_key(reader(fd), size, path)
     header = parse_header(first, source=path)
     end = header.data_offset + header.nbytes
     if size < end:
@@ -348,6 +357,10 @@ class OpenFile:
     def fd(self) -> int:
         """The (buffered-I/O-free) descriptor for ``pread``."""
         return self.file.fileno()
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes from ``offset`` (one ``pread``): the :data:`npydask.npz.Read` of this file."""
+        return os.pread(self.file.fileno(), n, offset)
 
     def direct_file(self) -> io.FileIO | None:
         """A second handle opened with ``O_DIRECT``, or ``None`` where refused (warned once).
@@ -446,7 +459,7 @@ def acquire(
             header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
         else:
-            header, raw, member = member_header(f, path, key)
+            header, raw, member = member_header(f, fst.st_size, path, key)
             opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw)
         if check is not None and raw != check.raw:
             raise header_mismatch(path, check, raw)

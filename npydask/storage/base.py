@@ -1,0 +1,186 @@
+"""The storage seam: where a dataset's bytes come from, and where written files go.
+
+Three small interfaces, one implementation each per kind of storage (local
+files in :mod:`npydask.storage.local`; object stores later), all planned by
+the same pure modules (:mod:`npydask.header`, :mod:`npydask.region`,
+:mod:`npydask.roi`, the ordering rules of :mod:`npydask.discovery`):
+
+* a :class:`Source` reads: a file's identity, headers of many files, a
+  region's byte runs (a :class:`~npydask.region.ReadPlan`) into a
+  destination, and whole payloads of a group of small files in one loop;
+* a :class:`Lister` lists a folder as a :class:`Listing` (relative paths,
+  with sizes and identities where the listing gives them), which discovery
+  then orders by DALI's rules;
+* a :class:`Target` writes one file by blocks and publishes it at once, or
+  leaves nothing behind.
+
+Identities are opaque tuples: whatever must stay the same for facts read
+earlier to stay true (size, mtime and inode for a local file). A task built
+for one identity that finds another fails with
+:class:`~npydask.errors.FileChangedError` instead of returning other data.
+A source is shared by every file of a dataset (one object, not one per
+file) and pickles small, so tasks carry it cheaply.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from npydask.config import ReadOptions
+    from npydask.header import NpyHeader
+    from npydask.region import ReadPlan
+    from npydask.storage._handles import HeaderCheck, OpenFile
+
+__all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
+
+Identity = tuple
+"""An opaque identity: equal while the file's bytes are the ones planned for (compare with ``==``)."""
+
+Scanned = tuple  # (Identity, NpyHeader, bytes, bool)
+"""(identity, header, raw header bytes, deflated) of one file, as :meth:`Source.scan` gives it."""
+
+Item = tuple  # (str, Identity, int, HeaderCheck | None)
+"""(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
+
+
+class Listing(NamedTuple):
+    """The files of a folder, in no particular order: relative paths, and sizes and identities if known.
+
+    A frozen value of columns, not one object per file: listing 20,000 files
+    builds three lists, not 20,000 records. ``sizes[i]`` and
+    ``identities[i]`` belong to ``paths[i]``; both are ``None`` where the
+    listing would need a request per file to know them (a local folder: the
+    header scan's ``fstat`` gives them anyway), and come free with an object
+    store's listing.
+
+    Examples
+    --------
+    >>> Listing(["a/b.npy"], [128], [(128, "etag")]).sizes
+    [128]
+    """
+
+    paths: list[str]
+    """Relative to the listed folder, with the platform's separator between folders."""
+    sizes: list[int] | None = None
+    """Sizes in bytes, or ``None``."""
+    identities: list[Identity] | None = None
+    """What later reads must find (see :meth:`Source.identity`), or ``None``."""
+
+
+class Source(abc.ABC):
+    """Reads files of one storage: local files, or the objects behind one store.
+
+    Every method names the failing file in its errors: ``FileNotFoundError``
+    for a missing one, :class:`~npydask.errors.FileChangedError` for one whose
+    identity is not the planned one (before or during a read, or ending
+    early), :class:`~npydask.errors.NpyFormatError` for header bytes other
+    than a :class:`~npydask.storage._handles.HeaderCheck` expects.
+    """
+
+    @property
+    @abc.abstractmethod
+    def mappable(self) -> bool:
+        """Whether files here can be memory-mapped (``backend="auto"`` may then map a contiguous region)."""
+
+    @property
+    @abc.abstractmethod
+    def gap_bytes(self) -> int:
+        """The default coalescing gap: runs of a region closer than this are read as one span.
+
+        Readers of this source's files take it as their ``ReadOptions.gap_bytes``
+        (:func:`npydask.config.read_options`), so one region planner serves
+        every source with the gap that suits it.
+        """
+
+    @abc.abstractmethod
+    def identity(self, path: str) -> Identity:
+        """The identity ``path`` has now (one metadata request: ``stat`` for a local file)."""
+
+    @abc.abstractmethod
+    def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
+        """Identity, checked header, raw header bytes and whether deflated, for each path.
+
+        Failures come back in place as exceptions (``OSError``, ``ValueError``
+        or ``KeyError`` subclasses), so one bad file does not stop a scan of
+        thousands. With ``key``, the ``.npz`` member's header.
+        """
+
+    @abc.abstractmethod
+    def open(
+        self, path: str, expected: Identity | None = None, *, key: str | None = None, check: HeaderCheck | None = None
+    ) -> OpenFile:
+        """The file opened for a backend (its header parsed), failing if it is not ``expected`` or ``check``."""
+
+    @abc.abstractmethod
+    def read_runs(
+        self,
+        path: str,
+        identity: Identity,
+        plan: ReadPlan,
+        dest: np.ndarray,
+        options: ReadOptions,
+        check: HeaderCheck | None = None,
+    ) -> None:
+        """Fill ``dest`` (C-contiguous ``uint8``, ``plan.nbytes`` long) with ``plan``'s byte runs in file order.
+
+        Raises ``FileChangedError`` if the file is not ``identity`` before
+        or after the read, ``NpyFormatError`` if its header is not ``check``'s.
+        """
+
+    @abc.abstractmethod
+    def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
+        """Fill ``dest`` with ``nbytes`` from each ``(path, identity, offset, check)`` in turn (a small-file group)."""
+
+    def header(self, path: str, key: str | None = None) -> NpyHeader:
+        """The checked header of one file (the first of :meth:`scan`'s results, raised if it failed)."""
+        found = self.scan([path], key)[0]
+        if isinstance(found, BaseException):
+            raise found
+        return found[1]
+
+
+class Lister(abc.ABC):
+    """Lists the files under one folder (or prefix), unordered: discovery orders them."""
+
+    @abc.abstractmethod
+    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
+        """The files of the folder whose base name ``match`` accepts (all without it), in no particular order.
+
+        Without ``recursive``, the files directly in the folder and in each
+        of its immediate subfolders (DALI's non-recursive traversal); with
+        it, files at every depth. Folders themselves are not listed.
+        Ordering is the caller's (pure) business.
+        """
+
+
+class Target(abc.ABC):
+    """One file being written: blocks at any offset, then published whole, or nothing.
+
+    Readers never see a partial file under the target's name: :meth:`finish`
+    makes it appear at once, :meth:`abort` removes what was written. As a
+    context manager it aborts when the block raises.
+    """
+
+    @abc.abstractmethod
+    def write_block(self, offset: int, data: Any) -> None:
+        """Write the bytes of ``data`` (any buffer) at ``offset``."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Publish the written file under its name (replacing, or refusing to replace, an existing one)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Drop what was written; the target's name is left as it was. Safe to call more than once."""
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:
+            self.abort()

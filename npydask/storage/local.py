@@ -1,0 +1,283 @@
+"""Local files (and network file systems mounted as local): the :mod:`~npydask.storage.base` interfaces.
+
+The work is done where it always was: safe opening and the per-process
+handle cache in :mod:`npydask.storage._handles`, the tight loops over many
+small files in :mod:`npydask.storage._batch`, the run grid of a region in
+:func:`npydask.backends.pread.read_grid`. These classes only give them one
+interface, so readers pick a source once per dataset (:data:`LOCAL`, one
+shared object) and never test what kind of storage they read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from npydask import config
+from npydask.backends import _write
+from npydask.backends.pread import read_grid
+from npydask.config import ReadOptions
+from npydask.header import NpyHeader
+from npydask.region import ReadPlan
+from npydask.storage._batch import read_files, scan_files
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file
+from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
+
+__all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
+
+
+class LocalSource(Source):
+    """Files of the local file system (one stateless object, :data:`LOCAL`, serves every dataset).
+
+    Identities are :class:`~npydask.storage._handles.FileIdentity` values
+    (size, mtime, inode). It pickles as a reference to :data:`LOCAL`.
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.arange(4))
+    >>> LOCAL.header(p).shape, LOCAL.identity(p).size
+    ((4,), 160)
+    """
+
+    @property
+    def mappable(self) -> bool:
+        """Local files can be mapped (``"auto"`` still checks each file's file system)."""
+        return True
+
+    @property
+    def gap_bytes(self) -> int:
+        """The ``gap_bytes`` setting (4 KiB by default: a page)."""
+        return config.get("gap_bytes")
+
+    def identity(self, path: str) -> FileIdentity:
+        """One ``stat``, symlinks followed."""
+        return FileIdentity.of(os.stat(path))
+
+    def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
+        """:func:`~npydask.storage._batch.scan_files`: one open, fstat, pread and close per file."""
+        return scan_files(paths, key)
+
+    def header(self, path: str, key: str | None = None) -> NpyHeader:
+        """:func:`~npydask.storage._handles.scan_file`'s header: one open, fstat, pread and close."""
+        return scan_file(path, key)[1]
+
+    def open(
+        self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
+    ) -> OpenFile:
+        """The cached open file (:func:`~npydask.storage._handles.acquire`)."""
+        return acquire(path, expected, key=key, check=check)
+
+    def read_runs(
+        self,
+        path: str,
+        identity: Any,
+        plan: ReadPlan,
+        dest: np.ndarray,
+        options: ReadOptions,
+        check: HeaderCheck | None = None,
+    ) -> None:
+        """:func:`~npydask.backends.pread.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
+        read_grid(path, identity, plan, options, dest, check)
+
+    def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
+        """:func:`~npydask.storage._batch.read_files`: one open, preadv, fstat and close per file."""
+        read_files(items, dest, nbytes)
+
+    def __repr__(self) -> str:
+        return "LocalSource()"
+
+    def __reduce__(self) -> str:
+        return "LOCAL"  # (pickled by reference: every task shares the one object)
+
+
+LOCAL = LocalSource()
+"""The local file system's source."""
+
+
+class LocalLister(Lister):
+    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.discovery`).
+
+    A file is a regular file or a symlink to one (dangling symlinks, symlink
+    loops and links to anything else are skipped). Symlinked folders are
+    followed. Without ``recursive``, the immediate subfolders are listed as
+    DALI does, so a subfolder that links to the root or a sibling lists those
+    files again under its own name. With it, every folder (by device and
+    inode) is walked once: first the real tree, then symlinked folders that
+    lead somewhere not yet walked, fewest symlinks first and byte-wise within
+    a round. An unreadable folder raises :func:`os.scandir`'s
+    ``PermissionError``. No file is ``stat``-ed (``os.DirEntry`` answers from
+    the directory), so sizes and identities are ``None``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp(); os.mkdir(os.path.join(root, "sub"))
+    >>> for rel in ["a.npy", "b.txt", "sub/c.npy"]: open(os.path.join(root, rel), "wb").close()
+    >>> sorted(LocalLister(root).list(match=lambda name: name.endswith(".npy")).paths) == ["a.npy", os.path.join("sub", "c.npy")]
+    True
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
+        """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
+        match = match or _any
+        return Listing(self._recursive(match) if recursive else self._flat(match))
+
+    def _flat(self, match: Callable[[str], object]) -> list[str]:
+        dirs, found = _scan(self.root, match)
+        for d in dirs:
+            _, names = _scan(d.path, match)
+            prefix = d.name + os.sep
+            found.extend(prefix + name for name in names)
+        return found
+
+    def _recursive(self, match: Callable[[str], object]) -> list[str]:
+        root_stat = os.stat(self.root)
+        visited = {(root_stat.st_dev, root_stat.st_ino)}
+        found: list[str] = []
+
+        def walk_real(rel: str, path: str, links: list[tuple[str, str]]) -> None:
+            # Depth-first through real directories; symlinked ones wait for a later round.
+            stack = [(rel, path)]
+            while stack:
+                rel_dir, dir_path = stack.pop()
+                dirs, names = _scan(dir_path, match)
+                found.extend(rel_dir + os.sep + name if rel_dir else name for name in names)
+                for d in dirs:
+                    child = rel_dir + os.sep + d.name if rel_dir else d.name
+                    if d.is_symlink():
+                        links.append((child, d.path))
+                        continue
+                    st = d.stat(follow_symlinks=False)
+                    key = (st.st_dev, st.st_ino)
+                    if key not in visited:  # a bind mount can loop without symlinks
+                        visited.add(key)
+                        stack.append((child, d.path))
+
+        links: list[tuple[str, str]] = []
+        walk_real("", self.root, links)
+        while links:
+            links.sort(key=lambda link: fs_bytes(link[0]))
+            next_links: list[tuple[str, str]] = []
+            for rel, path in links:
+                try:
+                    st = os.stat(path)
+                except OSError:  # vanished or became dangling since it was listed
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in visited or not stat.S_ISDIR(st.st_mode):
+                    continue
+                visited.add(key)
+                walk_real(rel, path, next_links)
+            links = next_links
+        return found
+
+
+def _any(name: str) -> bool:
+    return True
+
+
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def fs_bytes(name: str) -> bytes:
+    """``os.fsencode(name)`` without its Python-level overhead (it is a sort key)."""
+    return name.encode(_FS_ENCODING, _FS_ERRORS)
+
+
+def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[str]], list[str]]:
+    """One directory: its subdirectories (symlinks followed) and matching files, unsorted."""
+    dirs: list[os.DirEntry[str]] = []
+    names: list[str] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            # DirEntry answers from d_type without a stat, except for symlinks
+            # (followed) and file systems that report DT_UNKNOWN.
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a symlink loop (ELOOP): not a file, not a folder
+                if not entry.is_symlink():
+                    raise
+                continue
+            if is_dir:
+                dirs.append(entry)
+            elif match(entry.name) and entry.is_file():
+                names.append(entry.name)
+    return dirs, names
+
+
+class LocalTarget(Target):
+    """A local file written into a temporary file beside it, then renamed over it.
+
+    The temporary file is created (``O_EXCL``) on the first block, so an
+    unused target leaves nothing. :meth:`finish` checks the size, syncs, and
+    renames it over ``path`` (keeping a replaced file's permissions), or with
+    ``overwrite=False`` links it there only if nothing is (``FileExistsError``
+    otherwise), then syncs the folder.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with LocalTarget(p, 6) as t:
+    ...     t.write_block(3, b"def"); t.write_block(0, b"abc"); t.finish()
+    >>> open(p, "rb").read()
+    b'abcdef'
+    """
+
+    def __init__(self, path: str, size: int, *, overwrite: bool = True) -> None:
+        self.path = path
+        self.size = size
+        self.overwrite = overwrite
+        name = f".{os.path.basename(path)}.{secrets.token_hex(8)}{_write.TMP_SUFFIX}"
+        self.tmp = os.path.join(os.path.dirname(path), name)
+        self._fd: int | None = None
+
+    def write_block(self, offset: int, data: Any) -> None:
+        """``pwrite`` ``data`` at ``offset`` of the temporary file (created on the first call)."""
+        if self._fd is None:
+            if not self.overwrite and os.path.lexists(self.path):
+                raise _write.exists_error(self.path)
+            self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        _write._pwrite_all(self._fd, memoryview(data).cast("B"), offset, self.path)
+
+    def finish(self) -> None:
+        """Check the size, ``fsync``, and publish under :attr:`path`; aborts on failure."""
+        if self._fd is None:
+            self.write_block(0, b"")
+        fd = self._fd
+        assert fd is not None
+        try:
+            found = os.fstat(fd).st_size
+            if found != self.size:
+                raise OSError(
+                    errno.EIO,
+                    f"expected {self.size} bytes written before publishing, found {found}: blocks are missing; "
+                    "not publishing a partial file",
+                    self.path,
+                )
+            os.fsync(fd)
+            os.close(fd)
+            self._fd = None
+            _write.publish(self.tmp, self.path, overwrite=self.overwrite)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Close and remove the temporary file; the target is left as it was."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        _write._remove_quietly(self.tmp)
