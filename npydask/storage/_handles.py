@@ -167,6 +167,22 @@ def open_regular(
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
     if direct:
         flags |= os.O_DIRECT
+    fd, st = _open_fd(path, flags, what)
+    try:
+        os.set_blocking(fd, True)
+        f = _Handle(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return f, st
+
+
+def _open_fd(path: str, flags: int, what: str = "a regular .npy file") -> tuple[int, os.stat_result]:
+    """A descriptor for ``path`` opened with ``flags`` (retried once past the open-file limit) and its ``fstat``.
+
+    Raises the builtin ``OSError`` subclass naming the path, or ``OSError``
+    with ``EINVAL`` when it is not a regular file (the descriptor is closed).
+    """
     try:
         fd = os.open(path, flags)
     except OSError as e:
@@ -174,12 +190,10 @@ def open_regular(
     try:
         st = os.fstat(fd)
         _check_regular(st, path, what)
-        os.set_blocking(fd, True)
-        f = _Handle(fd, "rb", closefd=True)
     except BaseException:
         os.close(fd)
         raise
-    return f, st
+    return fd, st
 
 
 _TOO_MANY = (errno.EMFILE, errno.ENFILE)
@@ -240,14 +254,8 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
         with f:
             header, raw, member = member_header(f, st.st_size, path, key)
         return FileIdentity.of(st), header, raw, not member.stored
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    fd, st = _open_fd(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        fd = retry_open(path, flags, e)
-    try:
-        st = os.fstat(fd)
-        _check_regular(st, path)
         header, raw = _read_header_raw(fd, st.st_size, path)
         return FileIdentity.of(st), header, raw, False
     finally:
