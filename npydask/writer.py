@@ -24,7 +24,6 @@ import functools
 import hashlib
 import math
 import os
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,6 @@ from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.paths import absolute
 from npydask.reader import _fspath
 from npydask.backends._write import (
-    TMP_SUFFIX,
     WRITTEN,
     ChunkTarget,
     FileTarget,
@@ -52,23 +50,17 @@ from npydask.backends._write import (
     exists_error,
     write_block_task,
     finish_file,
+    new_run,
+    temporary_name,
     write_file,
 )
 
 __all__ = ["ChunkTarget", "FileTarget", "check_names", "plan_target", "to_npy", "to_npy_files"]
 
-NAME_MAX = 255
-"""Bytes in one file name (Linux, macOS and Windows file systems alike)."""
 NUMPY_MAX_HEADER = 10_000
 """The longest header text ``numpy.load`` reads by default (its ``max_header_size``)."""
 MAX_ALIGN = 9984
 """The largest ``align`` whose padded header ``numpy.load`` still reads by default."""
-_RUN_HEX = 16
-"""Hex digits of the random id of one call in its temporary names."""
-_STEM_BYTES = NAME_MAX - len(b"..") - _RUN_HEX - len(b".12345678") - len(TMP_SUFFIX)
-"""Bytes of the target's name kept in a temporary name (room for the 8 digits of a task's own copy)."""
-
-
 def plan_target(
     path: str, dtype: np.dtype, shape: tuple[int, ...], run: str, *, align: int = 64, overwrite: bool = True,
     make_dirs: bool = False, sync_folder: bool = True, root: str = "",
@@ -81,7 +73,7 @@ def plan_target(
     Raises
     ------
     OSError
-        ``ENAMETOOLONG`` naming ``path`` when its name is over :data:`NAME_MAX` bytes.
+        ``ENAMETOOLONG`` naming ``path`` when its name is over 255 bytes (``NAME_MAX``).
     ValueError
         When ``align`` would make a header ``numpy.load`` refuses by default.
 
@@ -104,35 +96,13 @@ def plan_target(
         )
     nbytes = math.prod(shape) * dtype.itemsize
     header = NpyHeader((preamble[6], preamble[7]), tuple(shape), dtype, False, len(preamble), nbytes)
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{_stem(name, path)}.{run}{TMP_SUFFIX}")
+    tmp = temporary_name(path, run)
     return FileTarget(preamble, ChunkTarget(path, tmp, header, make_dirs, root), overwrite, sync_folder)
 
 
 def _text_bytes(preamble: bytes) -> int:
     """The header text's length as ``numpy.load`` measures it (after the magic, version and length field)."""
     return len(preamble) - (10 if preamble[6] == 1 else 12)
-
-
-def _stem(name: str, path: str) -> str:
-    """The first :data:`_STEM_BYTES` bytes of ``name``, never splitting a UTF-8 character.
-
-    Raises ``OSError(ENAMETOOLONG)`` naming ``path`` when ``name`` itself is
-    over :data:`NAME_MAX` bytes.
-    """
-    raw = os.fsencode(name)
-    if len(raw) > NAME_MAX:
-        raise OSError(
-            errno.ENAMETOOLONG,
-            f"File name too long: {len(raw)} bytes, the file system allows {NAME_MAX}; use a shorter name",
-            path,
-        )
-    if len(raw) <= _STEM_BYTES:
-        return name
-    cut = _STEM_BYTES
-    while cut and raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back up to its lead byte
-        cut -= 1
-    return os.fsdecode(raw[:cut])
 
 
 @functools.lru_cache(maxsize=256)
@@ -237,11 +207,6 @@ def _check_target(path: str, overwrite: bool) -> None:
         raise IsADirectoryError(errno.EISDIR, "the target is a folder; give a file path", path)
     if not overwrite and os.path.lexists(path):
         raise exists_error(path)
-
-
-def _run() -> str:
-    """A fresh random id for one call's temporary file (shared by its retried tasks, never by two calls)."""
-    return secrets.token_hex(_RUN_HEX // 2)
 
 
 def _graph_of(x: Any) -> tuple[dict, list]:
@@ -361,7 +326,7 @@ def to_npy(
     _check_target(path, overwrite)
     token = _digest(src.token, path, align, overwrite)
     key = "npy-write-" + token
-    target = plan_target(path, src.dtype, src.shape, _run(), align=align, overwrite=overwrite)
+    target = plan_target(path, src.dtype, src.shape, new_run(), align=align, overwrite=overwrite)
     value = Delayed(key, _file_graph(src, target, key))
     if not compute:
         return value
@@ -453,7 +418,7 @@ def to_npy_files(
     for i, (x, path) in enumerate(zip(arrays, paths)):
         src = _source(x, f"to_npy_files: array {i} ({path})", limit)
         token = _digest(src.token, path, align, overwrite)
-        target = plan_target(path, src.dtype, src.shape, _run(), align=align, overwrite=overwrite,
+        target = plan_target(path, src.dtype, src.shape, new_run(), align=align, overwrite=overwrite,
                              make_dirs=True, sync_folder=False, root=real_root)
         keys.append("npy-write-" + token)
         dsk.update(_file_graph(src, target, keys[-1]))

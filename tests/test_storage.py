@@ -436,6 +436,21 @@ def test_local_target_names_the_file_when_its_folder_is_missing(tmp_path: Path) 
         LocalTarget(str(tmp_path / "nofolder" / "x.bin"), 1).write_block(0, b"x")
 
 
+@pytest.mark.parametrize("name", ["é" * 122, "日本" * 40 + "x.bin", "a" * 255, "😀" * 63])
+def test_local_target_writes_names_up_to_the_file_system_limit(tmp_path: Path, name: str) -> None:
+    target = tmp_path / name  # (up to 255 bytes in UTF-8: its temporary name must fit too)
+    with LocalTarget(str(target), 4) as t:
+        t.write_block(0, b"data")
+        t.finish()
+    assert target.read_bytes() == b"data" and _leftovers(tmp_path) == []
+
+
+def test_local_target_names_a_too_long_target(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="File name too long") as e:
+        LocalTarget(str(tmp_path / ("é" * 128)), 1)
+    assert e.value.filename == str(tmp_path / ("é" * 128))
+
+
 # -- the readers reach bytes through the reference's source --------------------------------
 
 

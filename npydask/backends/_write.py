@@ -40,6 +40,7 @@ from npydask.region import Box, plan_read
 
 __all__ = [
     "STAMP_BYTES",
+    "NAME_MAX",
     "TMP_SUFFIX",
     "WRITTEN",
     "ChunkTarget",
@@ -49,6 +50,8 @@ __all__ = [
     "check_inside",
     "exists_error",
     "finish_file",
+    "new_run",
+    "temporary_name",
     "write_block_task",
     "write_chunk",
     "write_file",
@@ -56,6 +59,58 @@ __all__ = [
 
 TMP_SUFFIX = ".npydask-tmp"
 """Ending of every temporary file (never ``.npy``)."""
+NAME_MAX = 255
+"""Bytes in one file name (Linux, macOS and Windows file systems alike)."""
+RUN_HEX = 16
+"""Hex digits of the random id of one write call in its temporary names."""
+_STEM_BYTES = NAME_MAX - len(b"..") - RUN_HEX - len(b".12345678") - len(TMP_SUFFIX)
+"""Bytes of the target's name kept in a temporary name (room for the 8 digits of a task's own copy)."""
+
+
+def new_run() -> str:
+    """A fresh random id for one call's temporary file (shared by its retried tasks, never by two calls)."""
+    return secrets.token_hex(RUN_HEX // 2)
+
+
+def temporary_name(path: str, run: str) -> str:
+    """The hidden temporary file beside ``path`` for the write call ``run``: ``.<name>.<run>.npydask-tmp``.
+
+    The target's name is cut to :data:`_STEM_BYTES` bytes on a UTF-8
+    character boundary, so the temporary name always fits ``NAME_MAX``.
+
+    Raises
+    ------
+    OSError
+        ``ENAMETOOLONG`` naming ``path`` when its name is over :data:`NAME_MAX` bytes.
+
+    Examples
+    --------
+    >>> temporary_name("/data/a.npy", "0123abcd")
+    '/data/.a.npy.0123abcd.npydask-tmp'
+    """
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{_stem(name, path)}.{run}{TMP_SUFFIX}")
+
+
+def _stem(name: str, path: str) -> str:
+    """The first :data:`_STEM_BYTES` bytes of ``name``, never splitting a UTF-8 character.
+
+    Raises ``OSError(ENAMETOOLONG)`` naming ``path`` when ``name`` itself is
+    over :data:`NAME_MAX` bytes.
+    """
+    raw = os.fsencode(name)
+    if len(raw) > NAME_MAX:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"File name too long: {len(raw)} bytes, the file system allows {NAME_MAX}; use a shorter name",
+            path,
+        )
+    if len(raw) <= _STEM_BYTES:
+        return name
+    cut = _STEM_BYTES
+    while cut and raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back up to its lead byte
+        cut -= 1
+    return os.fsdecode(raw[:cut])
 
 STAMP_BYTES = 16
 """Random bytes that mark one temporary file, kept just past its payload until the last step."""

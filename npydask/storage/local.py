@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import sys
 from collections.abc import Callable, Sequence
@@ -240,8 +239,7 @@ class LocalTarget(Target):
         self.path = path
         self.size = size
         self.overwrite = overwrite
-        name = f".{os.path.basename(path)}.{secrets.token_hex(8)}{_write.TMP_SUFFIX}"
-        self.tmp = os.path.join(os.path.dirname(path), name)
+        self.tmp = _write.temporary_name(path, _write.new_run())  # (cut by bytes: always a legal name)
         self._fd: int | None = None
 
     def write_block(self, offset: int, data: Any) -> None:
