@@ -545,3 +545,11 @@ def test_info_verify_checks_every_npz_member(tmp_path):
     assert "1 of 2 archives failed" in out.stderr
     out = run("info", str(tmp_path / "missing.npz"), "--verify")
     assert out.returncode == 2 and "no such file" in one_line(out)
+
+
+def test_info_verify_of_a_folder_without_archives_is_one_line(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    out = run("info", str(tmp_path), "--verify")
+    assert out.returncode == 2
+    line = one_line(out)
+    assert "no file found" in line and "*.npz" in line

@@ -395,3 +395,15 @@ def test_layout_is_refused_for_a_single_file(tmp_path, save):
     src = save(np.zeros(3), "one.npy")
     with pytest.raises(UsageError, match="--layout applies to a folder"):
         plan(src, tmp_path / "o.zarr", "--layout", "per-file")
+
+
+def test_convert_folder_names_that_clash_are_refused_before_any_write(tmp_path):
+    """``a.npy`` and a file ``a`` both become ``out/a.npy``: refused up front, nothing overwritten."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.zeros(3))
+    with open(src / "a", "wb") as f:  # a valid .npy file without the extension
+        np.save(f, np.ones(3))
+    out = run("convert", str(src), str(tmp_path / "out"), "--filter", "*")
+    assert out.returncode == 2 and "both write" in one_line(out)
+    assert not (tmp_path / "out").exists()

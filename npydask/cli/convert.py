@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask.writer import check_names
 from npydask.cli._common import (
     UsageError,
     add_cluster_options,
@@ -236,9 +237,9 @@ async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | No
         await z.setitem(Ellipsis, npydask.read_region(item.path, key=key))
 
     async def one(item: ZarrItem) -> None:
-        data = npydask.read_region(item.path, key=key)
         metadata, document = templates[item.shape, item.dtype, item.chunks]
-        async with gate:
+        async with gate:  # (read inside the gate: at most _ZARR_CONCURRENCY files held at once)
+            data = npydask.read_region(item.path, key=key)
             await local.set(f"{item.name}/zarr.json", document)
             z = zarr.AsyncArray(metadata=metadata, store_path=StorePath(local, item.name))
             await z.setitem(Ellipsis, data)
@@ -343,7 +344,12 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
     if kind == "folder":
         if layout == "stacked":
             raise UsageError(f"{args.dest}: --layout stacked writes one array: give a .zarr store or a .npy file")
-        items = list(zip(paths, [_stem(n) for n in names]))  # ".npy" is appended as numpy.save does
+        stems = [_stem(n) for n in names]  # ".npy" is appended as numpy.save does
+        try:  # every name at once, before any cluster starts (tasks write groups of them)
+            check_names(stems)
+        except ValueError as e:
+            raise UsageError(f"{src}: {e}") from e
+        items = list(zip(paths, stems))
         sizes = [h.nbytes for h in headers]
         return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)", lambda: _npy_folder_writes(items, sizes, dest_abs, key),
                     total, len(paths))

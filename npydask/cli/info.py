@@ -153,7 +153,10 @@ def _verify(path: str, recursive: bool) -> int:
 
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
-    archives = select_files(path, file_filter="*.npz", recursive=recursive) if os.path.isdir(path) else [path]
+    try:
+        archives = select_files(path, file_filter="*.npz", recursive=recursive) if os.path.isdir(path) else [path]
+    except ValueError as e:  # no archive in the folder
+        raise UsageError(f"{path}: {e}") from e
     failed = 0
     for archive in archives:
         try:
