@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
+from npydask.region import raw_copy
 
 __all__ = ["Member", "Read", "RangeFile", "check_stored", "inflate", "inflate_into", "locate", "verify", "without_key"]
 
@@ -292,7 +293,8 @@ def check_stored(read: Read, member: Member, path: str, payload: np.ndarray, for
             in_file = payload.T
             step = max(1, _INFLATE_PIECE // max(1, in_file[0].nbytes))
             for i in range(0, len(in_file), step):
-                crc = zlib.crc32(np.ascontiguousarray(in_file[i : i + step]).reshape(-1).view(np.uint8), crc)
+                # (raw_copy: every byte, structured padding included; a plain copy leaves it uninitialised)
+                crc = zlib.crc32(raw_copy(in_file[i : i + step]).reshape(-1).view(np.uint8), crc)
     crc, _ = _file_crc(read, member.data_start + len(member.header_bytes) + payload.nbytes,
                        member.data_start + member.file_size, crc)  # fmt: skip
     _check_crc(path, member, crc)
