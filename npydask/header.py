@@ -54,7 +54,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask._literal import LiteralError, parse_dict
 from npydask.errors import NpyFormatError
 
 __all__ = [
@@ -331,6 +330,8 @@ def _parse_literal(text: str, source: str) -> tuple[Any, Any, Any]:
         raise _fail(source, "header text ending in a newline", repr(text[-40:]))
     if not text.startswith("{"):
         raise _fail(source, "header text starting with '{'", repr(text[:40]))
+    from npydask._literal import LiteralError, parse_dict  # (only here: its regex compiles in ~3 ms at import)
+
     try:
         items, end = parse_dict(text)
     except LiteralError as e:
