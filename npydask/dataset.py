@@ -229,12 +229,7 @@ class NpyDataset:
         )
 
     def _index(self, i: Any) -> int:
-        if isinstance(i, bool) or not hasattr(i, "__index__"):
-            raise TypeError(f"dataset indices are integers, slices or lists of integers, found {i!r}")
-        k = i.__index__()
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"file index {k} is out of range for a dataset of {len(self)} files")
-        return k % len(self)
+        return file_index(i, len(self), "dataset indices are integers, slices or lists of integers")
 
     def shard(self, shard_id: int, num_shards: int) -> NpyDataset:
         """Shard ``shard_id`` of ``num_shards``: DALI's contiguous ``[floor(N*k/S), floor(N*(k+1)/S))``."""
@@ -407,6 +402,24 @@ def _layout(views: Sequence[NpyFileArray]) -> _Layout:
             sizes.append(math.prod(roi.shape) * h.dtype.itemsize)
         fortran.append(h.fortran_order)
     return shapes, sizes, fortran
+
+
+def file_index(i: Any, n: int, kinds: str) -> int:
+    """``i`` as a file index in ``range(n)`` (negative counts from the end); ``kinds`` says what is accepted.
+
+    Raises
+    ------
+    TypeError
+        ``i`` is not an integer (bools are refused).
+    IndexError
+        ``i`` is out of range.
+    """
+    if isinstance(i, bool) or not hasattr(i, "__index__"):
+        raise TypeError(f"{kinds}, found {i!r}")
+    k = i.__index__()
+    if not -n <= k < n:
+        raise IndexError(f"file index {k} is out of range for a dataset of {n} files")
+    return k % n
 
 
 def _rebuild(views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None) -> NpyDataset:

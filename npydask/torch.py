@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from npydask.dataset import file_index
 from npydask.loader import read_batch, warn_if_resharded
 from npydask.sampling import _check_int, epoch_order
 from npydask.stacking import joined_dtype
@@ -354,10 +355,4 @@ class NpyMapDataset(torch.utils.data.Dataset):
         return list(zip(tensors, picks)) if self.with_index else tensors
 
     def _index(self, i: Any) -> int:
-        if isinstance(i, bool) or not hasattr(i, "__index__"):
-            raise TypeError(f"NpyMapDataset indices are integers, found {i!r}")
-        n = len(self.dataset)
-        k = i.__index__()
-        if not -n <= k < n:
-            raise IndexError(f"sample index {k} is out of range for a dataset of {n} files")
-        return k % n
+        return file_index(i, len(self.dataset), "NpyMapDataset indices are integers")
