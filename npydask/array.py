@@ -25,9 +25,12 @@ from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
 from npydask.backends._pool import empty
-from npydask.reader import BACKENDS, FileRef, _fspath
+from npydask.reader import BACKENDS, FileRef
 from npydask.region import Box, raw
 from npydask.roi import FileRoi, fill_like
+from npydask.storage.local import LOCAL
+from npydask.storage.urls import redact
+from npydask.storage.where import fspath, resolve
 
 __all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy"]
 
@@ -241,6 +244,7 @@ def from_npy(
     key: str | None = None,
     device: str = "cpu",
     backend: str = "auto",
+    storage_options: dict[str, Any] | None = None,
 ) -> da.Array:
     """A lazy dask array equal to ``numpy.load(path)``.
 
@@ -260,7 +264,13 @@ def from_npy(
         ``"gpu"`` gives CuPy chunks (needs ``pip install 'npydask[gpu]'``).
     backend : {"auto", "mmap", "pread"}
         Host reader. ``"auto"`` maps whole contiguous chunks on local file
-        systems (zero-copy, read-only) and preads everything else.
+        systems (zero-copy, read-only) and preads everything else. Object
+        URLs take ``"auto"`` only (range requests).
+    storage_options : dict, optional
+        For object URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``):
+        obstore's store and client options. They travel inside the tasks
+        (keep credentials in the workers' environment); only the bucket,
+        endpoint and region enter the name.
 
     Returns
     -------
@@ -280,17 +290,20 @@ def from_npy(
     """
     if isinstance(path, list | tuple):
         raise TypeError(several_files_advice(path))
-    path = _fspath(path)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    given = fspath(path)  # (advice quotes the path as the user wrote it)
+    path, where = resolve(given, storage_options)
+    if where is not LOCAL and backend != "auto":
+        raise ValueError(f"{redact(path)}: object URLs are read with backend='auto' (range requests), found {backend!r}")
     check_device(device)
     try:
-        ref = FileRef.open(path, backend, key=key)
+        ref = FileRef.open(path, backend, key=key, source=where)
     except FileNotFoundError as e:
-        advice = glob_advice(path)
+        advice = glob_advice(given) if where is LOCAL else None
         if advice is None:
             raise
-        raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", path) from e
+        raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", given) from e
     source = NpyFileArray(ref)
     return wrap(source, resolve_chunks(chunks, source), device=device, key=key)
 

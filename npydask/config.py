@@ -13,6 +13,29 @@ setting                environment variable         default    meaning
 ``pool_bytes``         ``NPYDASK_POOL_BYTES``       256 MiB    idle chunk buffers kept for reuse (0: none)
 =====================  ===========================  =========  ==============================================
 
+Object storage (``s3://``, ``gs://``, ``az://``, ``https://``; see :mod:`npydask.storage.object`):
+
+=========================  ===============================  =======  ==========================================
+setting                    environment variable             default  meaning
+=========================  ===============================  =======  ==========================================
+``remote_gap_bytes``       ``NPYDASK_REMOTE_GAP_BYTES``     64 KiB   runs closer than this are one range request
+``remote_part_bytes``      ``NPYDASK_REMOTE_PART_BYTES``    8 MiB    larger spans are split into parallel requests
+``remote_header_bytes``    ``NPYDASK_REMOTE_HEADER_BYTES``  4 KiB    the first range read for a header
+``remote_concurrency``     ``NPYDASK_REMOTE_CONCURRENCY``   64       requests in flight per process
+``remote_connect_timeout`` ``NPYDASK_REMOTE_CONNECT_TIMEOUT``  5    seconds to connect before a retry
+``remote_timeout``         ``NPYDASK_REMOTE_TIMEOUT``       30       seconds for one request before a retry
+``remote_retries``         ``NPYDASK_REMOTE_RETRIES``       3        retries of a failed request (with backoff)
+``remote_retry_timeout``   ``NPYDASK_REMOTE_RETRY_TIMEOUT``  45      seconds after which retrying stops
+=========================  ===============================  =======  ==========================================
+
+The remote settings are captured with the store (a
+:class:`~npydask.storage.object.StoreSpec`) when a lazy array is built and
+travel inside its tasks, like :class:`ReadOptions`. Retries back off
+exponentially from 100 ms up to 5 s between tries. With the defaults a
+stopped server fails a read within a few seconds (connections are refused at
+once) and a server that stops answering within about a minute
+(``remote_timeout`` plus retries, bounded by ``remote_retry_timeout``).
+
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
 ``max_span_bytes``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
@@ -72,6 +95,14 @@ _SETTINGS: dict[str, _Setting] = {
     "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 4 * 1024 * 1024, _parse_size),
     "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
     "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * 1024 * 1024, _parse_size),
+    "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * 1024, _parse_size),
+    "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * 1024 * 1024, _parse_size),
+    "remote_header_bytes": _Setting("NPYDASK_REMOTE_HEADER_BYTES", 4096, _parse_size),
+    "remote_concurrency": _Setting("NPYDASK_REMOTE_CONCURRENCY", 64, _parse_size),
+    "remote_connect_timeout": _Setting("NPYDASK_REMOTE_CONNECT_TIMEOUT", 5, _parse_size),
+    "remote_timeout": _Setting("NPYDASK_REMOTE_TIMEOUT", 30, _parse_size),
+    "remote_retries": _Setting("NPYDASK_REMOTE_RETRIES", 3, _parse_size),
+    "remote_retry_timeout": _Setting("NPYDASK_REMOTE_RETRY_TIMEOUT", 45, _parse_size),
 }
 
 _overrides: dict[str, Any] = {}

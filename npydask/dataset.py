@@ -24,6 +24,8 @@ from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunk
 from npydask.storage._handles import HeaderCheck
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL
+from npydask.storage.urls import is_url, redact
+from npydask.storage.where import fspath, lister_for, resolve
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
 from npydask.discovery import select_files, shard_range
@@ -73,7 +75,13 @@ def scan_headers(
     """
     report = progress if progress is not None else _ignore
     scan_files = source.scan
-    if len(paths) <= _BATCH:
+    if len(paths) <= _BATCH or not source.mappable:  # (an object store's scan has its own requests in flight)
+        if not source.mappable and progress is not None:
+            results = []
+            for i in range(0, len(paths), _BATCH * 8):
+                results += scan_files(paths[i : i + _BATCH * 8], key)
+                report(len(results))
+            return results
         results = scan_files(paths, key)
         report(len(paths))
         return results
@@ -93,6 +101,41 @@ def scan_headers(
             results += batch
             report(len(results))
     return results
+
+
+def _select(
+    file_root: Any, file_filter: str, file_list: Any, files: Any, recursive: bool, storage_options: dict[str, Any] | None
+) -> tuple[list[str], Source]:
+    """The dataset's paths in read order, and the one source that reads them all."""
+    first = file_root
+    if first is None and files is not None and not isinstance(files, str | bytes | os.PathLike):
+        files = list(files)
+        first = files[0] if files else None
+    probe = fspath(first) if isinstance(first, str | os.PathLike) else None
+    if probe is None or not is_url(probe):
+        if storage_options:
+            raise ValueError(
+                "storage_options apply to object-store URLs (s3://, gs://, az://, http(s)://); "
+                f"the dataset's files are local ({probe!r}): drop storage_options"
+            )
+        root = None if file_root is None else fspath(file_root)
+        paths = select_files(root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
+        for p in paths[:1] + paths[-1:]:
+            if is_url(p):
+                raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
+        return absolute_all(paths), LOCAL  # tasks may run in another working directory (npydask.paths)
+    probe, source = resolve(probe, storage_options)
+    root = probe if file_root is not None else None
+    lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
+    paths = select_files(root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister)
+    base = source.spec.base + "/"  # type: ignore[attr-defined]
+    for p in paths:
+        if not p.startswith(base):
+            raise ValueError(
+                f"a dataset reads objects of one store ({source.spec.public()}); found {redact(p)}: "  # type: ignore[attr-defined]
+                "open a dataset per store"
+            )
+    return paths, source
 
 
 def _ignore(done: int) -> None:
@@ -146,7 +189,9 @@ class NpyDataset:
 
     @property
     def files(self) -> list[str]:
-        """The files' absolute paths in read order (``os.path.join(file_root, entry)``, relative roots made absolute)."""
+        """The files' absolute paths (or URLs, query strings removed) in read order (``os.path.join(file_root, entry)``, relative roots made absolute)."""
+        if self._views and not self._views[0].ref.source.mappable:
+            return [redact(v.ref.path) for v in self._views]
         return [v.ref.path for v in self._views]
 
     @property
@@ -456,6 +501,7 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
 ) -> NpyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
@@ -466,6 +512,10 @@ def open_dataset(
         Which files, in which order (see :mod:`npydask.discovery`). Relative
         paths are made absolute against the current working directory now
         (:mod:`npydask.paths`), so tasks read the same files on any worker.
+        ``file_root`` may be an object-store prefix (``s3://bucket/prefix``,
+        with or without the trailing ``/``), listed once; ``files`` and
+        ``file_list`` may hold URLs of one store (``http(s)://`` servers
+        have no listing: only these two work there).
     key : str, optional
         Member name inside ``.npz`` archives.
     index : path, optional
@@ -481,6 +531,10 @@ def open_dataset(
         Keep shard ``shard_id`` of ``num_shards`` (contiguous, as DALI).
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
+        Object URLs take ``"auto"`` or ``"pread"`` (range requests).
+    storage_options : dict, optional
+        For an object-store ``file_root`` or URLs in ``files``/``file_list``:
+        obstore's store and client options (see :func:`npydask.from_npy`).
     **dali_only
         Taken only to explain them: DALI reader arguments that live
         elsewhere in npydask (``random_shuffle``, ``stick_to_shard``,
@@ -513,9 +567,7 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    source = LOCAL  # (one per dataset, shared by its files' references)
-    paths = select_files(file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
-    paths = absolute_all(paths)  # tasks may run in another working directory (npydask.paths)
+    paths, source = _select(file_root, file_filter, file_list, files, recursive, storage_options)
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,

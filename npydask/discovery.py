@@ -80,7 +80,9 @@ import sys
 from collections.abc import Iterable
 
 from npydask.storage._handles import open_regular
+from npydask.storage.base import Lister
 from npydask.storage.local import LocalLister
+from npydask.storage.urls import is_url, join_url, split_url
 from npydask.storage.local import fs_bytes as _fs_bytes
 
 __all__ = ["DEFAULT_FILE_FILTER", "dali_order", "select_files", "shard_range"]
@@ -101,6 +103,7 @@ def select_files(
     file_list: PathArg | None = None,
     files: Iterable[PathArg] | None = None,
     recursive: bool = False,
+    lister: Lister | None = None,
 ) -> list[str]:
     """The paths a dataset reads, in read order, as DALI's numpy reader selects them.
 
@@ -121,6 +124,11 @@ def select_files(
     recursive : bool, default False
         Discover files at every depth instead of the root and its immediate
         subdirectories. Ignored for ``files`` and ``file_list``.
+    lister : Lister, optional
+        Lists ``file_root`` (an object-store prefix's
+        :class:`~npydask.storage.object.ObjectLister`); a local folder's by
+        default. Its listing is ordered by the same rules, and entries join
+        ``file_root`` with ``/``.
 
     Returns
     -------
@@ -166,21 +174,23 @@ def select_files(
             "no files to select: pass file_root (a folder to discover files in), "
             "files=[...] or file_list=PATH"
         )
-    if root is not None:
+    remote = root is not None and is_url(root)
+    if root is not None and not remote:
         _stat_root(root)  # (a folder, or a clear error)
 
+    join = _join_url if remote else os.path.join
     if files is not None:
         entries = _entries_from_files(files)
-        return [os.path.join(root, e) if root is not None else e for e in entries]
+        return [join(root, e) if root is not None else e for e in entries]
     if file_list is not None:
         list_path = _path_str(file_list, "file_list")
         entries = _entries_from_list(list_path)
         base = root if root is not None else os.path.dirname(list_path)
-        return [os.path.join(base, e) for e in entries]
+        return [join(base, e) for e in entries]
 
     assert root is not None
     match = re.compile(fnmatch.translate(file_filter)).match
-    listing = LocalLister(root).list(recursive, match)
+    listing = (lister or LocalLister(root)).list(recursive, match)
     found = _sorted(listing.paths) if recursive else dali_order(listing.paths)
     if not found:
         where = "at any depth under" if recursive else "directly in or one folder below"
@@ -191,8 +201,15 @@ def select_files(
         )
     # Discovered names are relative and non-empty, so one prefix joins them all
     # exactly as os.path.join(root, rel) would, without 20,000 calls to it.
-    prefix = os.path.join(root, "")
+    prefix = root.rstrip("/") + "/" if remote else os.path.join(root, "")
     return [prefix + rel for rel in found]
+
+
+def _join_url(base: str, entry: str) -> str:
+    """A listed entry under an object-store root: URLs and ``/``-rooted keys are kept (as ``os.path.join`` keeps absolute paths)."""
+    if is_url(entry):
+        return entry
+    return join_url(base, entry.lstrip("/")) if not entry.startswith("/") else join_url(split_url(base).base, entry[1:])
 
 
 def shard_range(n: int, shard_id: int, num_shards: int) -> range:

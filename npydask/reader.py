@@ -18,12 +18,12 @@ import hashlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from npydask import backends
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, check_unchanged
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile
 from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
@@ -33,6 +33,8 @@ from npydask.paths import absolute
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
+from npydask.storage.urls import redact
+from npydask.storage.where import fspath, resolve
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
 
@@ -40,10 +42,7 @@ BACKENDS = ("auto", "mmap", "pread")
 
 
 def _fspath(path: str | os.PathLike[str]) -> str:
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        raise TypeError(f"expected a str or os.PathLike path, found bytes {path!r}")
-    return path
+    return fspath(path)
 
 
 def _check_key(key: str | None) -> None:
@@ -51,7 +50,9 @@ def _check_key(key: str | None) -> None:
         raise TypeError(f"key must be the name of an .npz member (a str), found {key!r}")
 
 
-def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyHeader:
+def read_header(
+    path: str | os.PathLike[str], *, key: str | None = None, storage_options: dict[str, Any] | None = None
+) -> NpyHeader:
     """Read and check the header of an ``.npy`` file.
 
     Besides :func:`~npydask.parse_header`'s checks, the file must hold at least
@@ -60,9 +61,13 @@ def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyH
     Parameters
     ----------
     path : str or os.PathLike
-        The file.
+        The file, or an object URL (``s3://``, ``gs://``, ``az://``,
+        ``http(s)://``; one range request) or ``file://`` URL.
     key : str, optional
         Member name inside an ``.npz`` archive.
+    storage_options : dict, optional
+        For URLs: obstore's store and client options (``endpoint``,
+        ``region``, ``skip_signature``, ...).
 
     Raises
     ------
@@ -79,9 +84,9 @@ def read_header(path: str | os.PathLike[str], *, key: str | None = None) -> NpyH
     >>> h.shape, h.dtype.str, h.fortran_order
     ((3, 4), '>f8', False)
     """
-    path = _fspath(path)
     _check_key(key)
-    return LOCAL.header(path, key)
+    path, source = resolve(path, storage_options)
+    return source.header(path, key)
 
 
 def _on_distributed_worker() -> bool:
@@ -153,7 +158,7 @@ def _read(
             result = backends.get("pread").read(f, plan, options, out)
     except MemoryError as e:
         raise MemoryError(f"{f.path}: {e}; it was reading a region of {_mib(plan.nbytes)} (shape {plan.shape})") from e
-    check_unchanged(f.fd, f.identity, f.path)
+    f.check_unchanged()
     member = f.member
     if member is not None and member.stored and plan.nbytes == f.header.nbytes:
         check_stored(f.read_at, member, f.path, result, f.header.fortran_order)
@@ -188,6 +193,7 @@ def read_region(
     key: str | None = None,
     out: np.ndarray | None = None,
     backend: str = "pread",
+    storage_options: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """Read the box ``[start, stop)`` of an ``.npy`` file, touching only its bytes.
 
@@ -211,7 +217,10 @@ def read_region(
     backend : {"pread", "mmap", "auto"}
         How to read. The default returns a fresh, writeable array; ``"auto"``
         may return a read-only zero-copy view of a mapping for a contiguous
-        region.
+        region. Object URLs are read by range requests (``"pread"`` or
+        ``"auto"``; ``"mmap"`` is refused).
+    storage_options : dict, optional
+        For URLs: obstore's store and client options.
 
     Raises
     ------
@@ -227,15 +236,25 @@ def read_region(
     array([[ 7,  8],
            [12, 13]])
     """
-    path = _fspath(path)
     _check_key(key)
     _check_backend(backend)
-    f = LOCAL.open(path, key=key)
-    box = normalize_box(f.header.shape, start, stop, source=path)
+    path, source = resolve(path, storage_options)
+    check_backend_for(backend, source, path)
+    f = source.open(path, key=key)
+    box = normalize_box(f.header.shape, start, stop, source=f.path)
     if out is not None:
-        _check_out(out, box.shape, f.header.dtype, path)
+        _check_out(out, box.shape, f.header.dtype, f.path)
     plan = plan_read(f.header, box)
-    return _read(backend, f, plan, read_options(gap_bytes=LOCAL.gap_bytes), out)
+    return _read(backend, f, plan, read_options(gap_bytes=source.gap_bytes), out, source)
+
+
+def check_backend_for(backend: str, source: Source, path: str) -> None:
+    """Refuse ``backend="mmap"`` for a source whose files cannot be mapped (object stores)."""
+    if backend == "mmap" and not source.mappable:
+        raise ValueError(
+            f"{redact(path)}: backend='mmap' maps local files only; objects are read by range requests "
+            "(use backend='auto' or 'pread')"
+        )
 
 
 class FileRef(NamedTuple):
@@ -276,8 +295,10 @@ class FileRef(NamedTuple):
         A relative ``path`` is made absolute here (:func:`npydask.paths.absolute`):
         the tasks that carry this reference may run in another working directory.
         """
-        path = absolute(_fspath(path))
+        if source is LOCAL:
+            path = absolute(_fspath(path))
         _check_backend(backend)
+        check_backend_for(backend, source, path)
         _check_key(key)
         f = source.open(path, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
@@ -293,7 +314,10 @@ class FileRef(NamedTuple):
         """The text the token hashes: path, identity, header, settings, backend, key."""
         i = self.identity
         shared = shared_facts(self.header, self.options, self.backend, self.key)
-        return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
+        if self.source is LOCAL:
+            return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
+        # (an object: its store's public part only, never storage_options' credentials)
+        return f"{self.source.spec.public()}|{redact(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
 
     def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
         """Read ``box``, failing if the file is no longer the one that was opened.

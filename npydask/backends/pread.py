@@ -17,7 +17,7 @@ import errno
 import functools
 import os
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
 from npydask.region import Coalesced, ReadPlan, align_span
 
-__all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "aligned_empty", "read_grid"]
+__all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "RangeReader", "aligned_empty", "read_grid", "read_plan"]
 
 DIRECT_ALIGNMENT = 4096
 _DIRECT_PIECE = 16 * 1024 * 1024
@@ -40,6 +40,16 @@ def aligned_empty(nbytes: int, alignment: int = DIRECT_ALIGNMENT) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
+class RangeReader(Protocol):
+    """Where :func:`read_plan` gets bytes: whole ranges into buffers."""
+
+    def read_into(self, dest: np.ndarray, offset: int) -> None:
+        """Fill ``dest`` (``uint8``) from ``offset``."""
+
+    def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+        """Read ``size`` bytes at each offset into the matching ``[memoryview]``."""
+
+
 class PreadBackend(Backend):
     """Positional reads (optionally ``O_DIRECT``) into a fresh C-order array."""
 
@@ -48,8 +58,9 @@ class PreadBackend(Backend):
     def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
         result, buffer = destination(plan, f.header.dtype, out)
         if plan.n_runs:
-            reader = _Reader(f, options.direct_io)
-            _read_grid(reader, plan, options, as_bytes(buffer))
+            # (an object store's file brings its own reader: range requests instead of preadv)
+            reader = _Reader(f, options.direct_io) if isinstance(f, OpenFile) else f.range_reader()
+            read_plan(reader, plan, options, as_bytes(buffer))
         return finish(result, buffer)
 
 
@@ -145,12 +156,18 @@ def read_grid(
         If its header bytes are not ``check.raw``.
     """
     f = acquire(path, identity, check=check)
-    _read_grid(_Reader(f, options.direct_io), plan, options, raw)
+    read_plan(_Reader(f, options.direct_io), plan, options, raw)
     check_unchanged(f.fd, identity, path)
 
 
-def _read_grid(reader: _Reader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
-    """Fill ``raw`` (the region's bytes in file order) from the run grid of ``plan``."""
+def read_plan(reader: RangeReader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
+    """Fill ``raw`` (the region's bytes in file order) from the run grid of ``plan``.
+
+    ``reader`` is where the bytes come from (:class:`RangeReader`): a local
+    file's ``preadv`` loop, or an object's range requests
+    (:class:`npydask.storage.object.RangeReader`); this is the one planner
+    both use, coalescing runs closer than ``options.gap_bytes``.
+    """
     co, offsets = _coalesced(plan, options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
     per_span = len(raw) // co.n_spans
     if len(co.inner_shape) == 1:  # every span is one run: read straight into place

@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 
 from npydask.storage._handles import (
-    _FIRST_READ,
     FileIdentity,
     HeaderCheck,
     _changed,
@@ -32,6 +31,7 @@ from npydask.storage._handles import (
     scan_file,
 )
 from npydask.header import _MEMO, NpyHeader, header_end
+from npydask.storage._headers import FIRST_READ
 
 __all__ = ["Scanned", "read_files", "scan_files"]
 
@@ -82,7 +82,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
             if not isreg(st.st_mode):
                 _check_regular(st, p)
             size = st.st_size
-            first = pread(fd, _FIRST_READ, 0)
+            first = pread(fd, FIRST_READ, 0)
             end = header_end(first)
             hit = memo_get(first[:end]) if 0 < end <= len(first) else None
             if hit is not None and size >= hit.data_offset + hit.nbytes:

@@ -29,7 +29,6 @@ closes as soon as the last reader lets go.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import io
 import os
@@ -42,8 +41,10 @@ from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.npz import Member, Read, inflate, locate, without_key
-from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
+from npydask.header import NpyHeader, parse_header
+from npydask.npz import Member, Read
+from npydask.storage._headers import member_header as _member_header
+from npydask.storage._headers import npy_header
 
 __all__ = [
     "FileIdentity",
@@ -59,8 +60,6 @@ __all__ = [
     "read_header_from",
     "retry_open",
 ]
-
-_FIRST_READ = 4096
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -231,14 +230,8 @@ def reader(fd: int) -> Read:
 
 
 def member_header(f: io.FileIO, size: int, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
-    """Header of ``.npz`` member ``key`` of the archive ``f`` of ``size`` bytes: ``data_offset`` absolute
-    in the zip file when stored, relative to the inflated member when deflated."""
-    member = locate(reader(f.fileno()), size, path, key)
-    header, raw = _read_header_raw(f.fileno(), member.file_size, path, member)
-    member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
-    if member.stored:
-        header = header.with_offset(member.data_start)
-    return header, raw, member
+    """Header of ``.npz`` member ``key`` of the archive ``f`` (:func:`npydask.storage._headers.member_header`)."""
+    return _member_header(reader(f.fileno()), size, path, key)
 
 
 def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeader, bytes, bool]:
@@ -284,52 +277,14 @@ def pread_exact(fd: int, dest: memoryview, offset: int, path: str) -> None:
         done += n
 
 
-def _pread_upto(fd: int, length: int, offset: int) -> bytes:
-    """Up to ``length`` bytes at ``offset``: fewer only at the end of the file (short reads looped)."""
-    chunks = []
-    while length > 0:
-        chunk = os.pread(fd, length, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        length -= len(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
 def read_header_from(f: io.FileIO | int, size: int, path: str) -> NpyHeader:
     """Read and parse the header of an open file (or descriptor) and check its payload is all there."""
     return _read_header_raw(f if isinstance(f, int) else f.fileno(), size, path)[0]
 
 
-def _read_header_raw(fd: int, size: int, path: str, member: Member | None = None) -> tuple[NpyHeader, bytes]:
-    """Header and raw header bytes of a file, or of a member's bytes (offsets relative to the member)."""
-
-    def read(length: int, offset: int) -> bytes:
-        if member is None:
-            return _pread_upto(fd, length, offset)
-        if member.stored:
-            return _pread_upto(fd, min(length, max(size - offset, 0)), member.data_start + offset)
-        return inflate(reader(fd), member, min(offset + length, size), path)[offset:]
-
-    first = read(min(max(size, MAX_PREAMBLE), _FIRST_READ), 0)
-    need = header_end(first)
-    if need > len(first) and size > len(first):
-        # (parse_header refuses a length over the cap: read no further than it)
-        first += read(min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
-    if member is not None:
-        path = f"{path} (member {member.name!r})"
-    elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
-        raise without_key(reader(fd), size, path)
-    header = parse_header(first, source=path)
-    end = header.data_offset + header.nbytes
-    if size < end:
-        raise NpyFormatError(
-            f"{path}: truncated .npy file: expected {header.nbytes} bytes of payload after offset "
-            f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
-            f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
-        )
-    return header, first[: header.data_offset]
+def _read_header_raw(fd: int, size: int, path: str) -> tuple[NpyHeader, bytes]:
+    """Header and raw header bytes of an open file (:func:`npydask.storage._headers.npy_header`)."""
+    return npy_header(reader(fd), size, path)
 
 
 @dataclass(eq=False)
@@ -365,6 +320,10 @@ class OpenFile:
     def fd(self) -> int:
         """The (buffered-I/O-free) descriptor for ``pread``."""
         return self.file.fileno()
+
+    def check_unchanged(self) -> None:
+        """:func:`check_unchanged` of this file: one ``fstat`` (after a read, to catch a change during it)."""
+        check_unchanged(self.file.fileno(), self.identity, self.path)
 
     def read_at(self, offset: int, n: int) -> bytes:
         """Up to ``n`` bytes from ``offset`` (one ``pread``): the :data:`npydask.npz.Read` of this file."""

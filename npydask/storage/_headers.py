@@ -1,0 +1,90 @@
+"""Reading a checked header through any ``read(offset, n)``: local descriptors and object stores alike.
+
+One implementation of the order numpy reads a file in: the first few KiB,
+more only for a long header, the preamble and header parsed strictly
+(:func:`npydask.header.parse_header`), then the payload's presence checked
+against the file's size. An ``.npz`` member is found through the archive's
+central directory (:func:`npydask.npz.locate`) and its header read from the
+member's bytes (inflated for a deflated member). The source of bytes is a
+:data:`npydask.npz.Read` callable, so local files (one ``pread`` per call)
+and object stores (one range request per call) share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from npydask.errors import NpyFormatError
+from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
+from npydask.npz import Member, Read, inflate, locate, without_key
+
+__all__ = ["FIRST_READ", "member_header", "npy_header", "read_upto"]
+
+FIRST_READ = 4096
+"""Bytes read first for a header (numpy's own headers are at most a few hundred bytes)."""
+
+
+def read_upto(read: Read, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes at ``offset``: fewer only at the end of the file (short reads looped)."""
+    chunks = []
+    while length > 0:
+        chunk = read(offset, length)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def npy_header(
+    read: Read, size: int, path: str, member: Member | None = None, first_read: int = FIRST_READ
+) -> tuple[NpyHeader, bytes]:
+    """Header and raw header bytes of a file of ``size`` bytes, or of a member's bytes (offsets relative to it).
+
+    Raises
+    ------
+    NpyFormatError
+        A malformed header, an ``.npz`` archive read without a key (naming
+        its members), or a payload shorter than the header promises.
+    """
+
+    def get(length: int, offset: int) -> bytes:
+        if member is None:
+            return read_upto(read, length, offset)
+        if member.stored:
+            return read_upto(read, min(length, max(size - offset, 0)), member.data_start + offset)
+        return inflate(read, member, min(offset + length, size), path)[offset:]
+
+    first = get(min(max(size, MAX_PREAMBLE), first_read), 0)
+    need = header_end(first)
+    if need > len(first) and size > len(first):
+        # (parse_header refuses a length over the cap: read no further than it)
+        first += get(min(need, size, MAX_PREAMBLE + MAX_HEADER_BYTES) - len(first), len(first))
+    if member is not None:
+        path = f"{path} (member {member.name!r})"
+    elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
+        raise without_key(read, size, path)
+    header = parse_header(first, source=path)
+    end = header.data_offset + header.nbytes
+    if size < end:
+        raise NpyFormatError(
+            f"{path}: truncated .npy file: expected {header.nbytes} bytes of payload after offset "
+            f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
+            f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
+        )
+    return header, first[: header.data_offset]
+
+
+def member_header(read: Read, size: int, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
+    """Header of ``.npz`` member ``key`` of the archive of ``size`` bytes that ``read`` reads.
+
+    ``data_offset`` is absolute in the zip file when the member is stored,
+    relative to the inflated member when deflated.
+    """
+    member = locate(read, size, path, key)
+    header, raw = npy_header(read, member.file_size, path, member)
+    member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
+    if member.stored:
+        header = header.with_offset(member.data_start)
+    return header, raw, member

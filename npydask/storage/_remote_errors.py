@@ -1,0 +1,100 @@
+"""obstore's exceptions as builtin ones, with npydask's own text.
+
+obstore's messages embed request dumps (and a presigned URL's query string),
+so they are never chained or quoted whole: the builtin error names the
+(redacted) URL, what npydask was doing, the HTTP status and the store's error
+code where the response had them, and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+from npydask.errors import FileChangedError
+from npydask.storage.urls import redact
+
+__all__ = ["translate"]
+
+_STATUS = re.compile(r"status code: (\d{3})")
+_CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
+_REGION = re.compile(r"<Region>([A-Za-z0-9-]{1,64})</Region>")
+_CONNECT = ("error sending request", "connection refused", "tcp connect", "dns error", "connection reset")
+_TIMEOUT = ("timed out", "timeout", "deadline")
+
+
+def _facts(text: str) -> tuple[int | None, str | None, str]:
+    status = _STATUS.search(text)
+    code = _CODE.search(text)
+    n = int(status.group(1)) if status else None
+    shown = " ".join(x for x in (f"HTTP {n}" if n else None, code.group(1) if code else None) if x)
+    return n, code.group(1) if code else None, shown
+
+
+def translate(e: BaseException, url: str, what: str) -> BaseException:
+    """The builtin exception for obstore's ``e``, raised while ``what`` (``"reading bytes 0..4096"``) on ``url``.
+
+    Exceptions that are not obstore's come back unchanged.
+
+    Examples
+    --------
+    >>> class NotFoundError(Exception): pass
+    >>> NotFoundError.__module__ = "obstore.exceptions"
+    >>> err = translate(NotFoundError("...status code: 404 Not Found..."), "s3://b/k.npy?sig=x", "reading its header")
+    >>> type(err).__name__, err.filename
+    ('FileNotFoundError', 's3://b/k.npy?sig=x')
+    """
+    module = type(e).__module__ or ""
+    if not module.startswith("obstore") and not isinstance(e, FileNotFoundError):
+        return e  # (obstore raises the builtin FileNotFoundError for a missing object, with its request dump)
+    name = "NotFoundError" if isinstance(e, FileNotFoundError) else type(e).__name__
+    text = str(e)
+    status, code, shown = _facts(text)
+    shown = f" ({shown})" if shown else ""
+    where = redact(url)
+    lower = text.lower()
+    if name == "NotFoundError" or status == 404:
+        return FileNotFoundError(errno.ENOENT, f"no such object while {what}{shown}", where)
+    if name in ("PermissionDeniedError", "UnauthenticatedError") or status in (401, 403):
+        return PermissionError(
+            errno.EACCES,
+            f"access denied while {what}{shown}: check the credentials the store finds (the workers' "
+            "environment, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or storage_options); S3 also answers "
+            "403 for a missing key when the caller may not list the bucket (s3:ListBucket)",
+            where,
+        )
+    if name == "PreconditionError" or status == 412:
+        return FileChangedError(
+            errno.ESTALE,
+            f"the object was replaced after it was opened (its ETag no longer matches) while {what}; "
+            "open it again to read its new contents",
+            where,
+        )
+    if name == "AlreadyExistsError":
+        return FileExistsError(errno.EEXIST, f"the object exists while {what}{shown}: pass overwrite=True", where)
+    if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
+        region = _REGION.search(text)
+        hint = f" ('{region.group(1)}')" if region else ""
+        return OSError(
+            errno.EIO,
+            f"the bucket is in another region{hint} while {what}{shown}: set storage_options={{'region': ...}} "
+            "to the bucket's region",
+            where,
+        )
+    if name == "NotSupportedError":
+        return OSError(errno.EOPNOTSUPP, f"the store does not support this while {what}", where)
+    if status is None and any(s in lower for s in _TIMEOUT):
+        return TimeoutError(
+            errno.ETIMEDOUT,
+            f"the store did not answer in time while {what}, after retries: is the endpoint reachable? "
+            "(settings remote_timeout, remote_connect_timeout, remote_retries)",
+            where,
+        )
+    if status is None and any(s in lower for s in _CONNECT):
+        return ConnectionError(
+            errno.ECONNREFUSED,
+            f"could not reach the store while {what}, after retries: is the endpoint right and the server up? "
+            "(storage_options 'endpoint'; settings remote_connect_timeout, remote_retries)",
+            where,
+        )
+    return OSError(errno.EIO, f"the store failed while {what}{shown or f' ({name})'}", where)

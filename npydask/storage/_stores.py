@@ -1,0 +1,294 @@
+"""The per-process registry of object stores, their request pool, and the fork guard.
+
+A :class:`StoreSpec` is what a task carries to reach a store: the URL's
+``scheme://bucket``, the user's ``storage_options`` (a flat dict for
+obstore's store constructor: its config keys and its client keys) and a
+snapshot of the remote settings (timeouts, retries, concurrency, part size).
+Each process builds the obstore store for a spec once, on first use
+(:func:`store_for`), and runs requests on one thread pool per process
+(:func:`run_all`): obstore's synchronous calls release the GIL, and on the
+local SeaweedFS server a pool of 64 threads fetched 2,000 small objects in
+0.45 s against 0.55 s for 64 coroutines on an event loop.
+
+obstore is not fork-safe: a child forked from a process that has used it
+hangs on its first request, even with a new store. The first use records
+the process id; a store asked for in another process that inherited that
+record (a forked child) raises :class:`RuntimeError` naming the ``spawn``
+and ``forkserver`` start methods instead of hanging.
+
+obstore is imported here only, on first use: ``import npydask`` never
+imports it, and without it a URL raises :class:`ImportError` with the
+install command.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from datetime import timedelta
+from typing import Any, NamedTuple, TypeVar
+
+from npydask import config
+from npydask.storage.urls import OBJECT_SCHEMES, redact
+
+__all__ = [
+    "CLIENT_KEYS",
+    "RemoteSettings",
+    "StoreSpec",
+    "check_not_forked",
+    "import_obstore",
+    "run_all",
+    "store_for",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+CLIENT_KEYS = frozenset(
+    (
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "default_content_type",
+        "default_headers",
+        "http1_only",
+        "http2_only",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "proxy_url",
+        "proxy_ca_certificate",
+        "proxy_excludes",
+        "randomize_addresses",
+        "read_timeout",
+        "root_certificate",
+        "timeout",
+        "user_agent",
+    )
+)
+"""``storage_options`` keys that go to obstore's ``client_options`` (every other key goes to its store config)."""
+
+PUBLIC_KEYS = ("endpoint", "region")
+"""The only ``storage_options`` that enter a lazy array's name (with the bucket)."""
+
+INSTALL = "pip install 'npydask[remote]'"
+
+
+class RemoteSettings(NamedTuple):
+    """The remote settings (:mod:`npydask.config`) as a task carries them."""
+
+    connect_timeout: int
+    timeout: int
+    retries: int
+    retry_timeout: int
+    concurrency: int
+    part_bytes: int
+    header_bytes: int
+
+    @classmethod
+    def current(cls) -> RemoteSettings:
+        """A snapshot of the current settings."""
+        get = config.get
+        return cls(
+            get("remote_connect_timeout"),
+            get("remote_timeout"),
+            get("remote_retries"),
+            get("remote_retry_timeout"),
+            max(1, get("remote_concurrency")),
+            max(1, get("remote_part_bytes")),
+            max(64, get("remote_header_bytes")),
+        )
+
+
+class StoreSpec(NamedTuple):
+    """Everything needed to build one object store, in any process (hashable, small, picklable)."""
+
+    base: str
+    """``scheme://bucket`` (or ``scheme://host[:port]`` for ``http(s)``)."""
+    options: tuple[tuple[str, Any], ...]
+    """``storage_options`` as sorted ``(key, value)`` pairs (a dict value as sorted pairs too)."""
+    settings: RemoteSettings
+
+    @classmethod
+    def of(cls, base: str, storage_options: dict[str, Any] | None) -> StoreSpec:
+        """The spec for ``base`` with ``storage_options`` and the current settings.
+
+        Raises
+        ------
+        TypeError
+            If ``storage_options`` is not a dict of str keys.
+        """
+        if storage_options is None:
+            storage_options = {}
+        if not isinstance(storage_options, dict) or not all(isinstance(k, str) for k in storage_options):
+            raise TypeError(
+                f"storage_options must be a dict of obstore store and client options with str keys "
+                f"(e.g. {{'endpoint': 'http://127.0.0.1:8333', 'region': 'us-east-1'}}), "
+                f"found {type(storage_options).__name__}"
+            )
+        pairs = []
+        for k, v in sorted(storage_options.items()):
+            if isinstance(v, dict):
+                v = tuple(sorted(v.items()))
+            pairs.append((k.lower(), v))
+        return cls(base, tuple(pairs), RemoteSettings.current())
+
+    @property
+    def kind(self) -> str:
+        """``"s3"``, ``"gs"``, ``"az"`` or ``"http"``."""
+        return OBJECT_SCHEMES[self.base.partition("://")[0].lower()]
+
+    def public(self) -> str:
+        """What may be shown and hashed into names: the base and the endpoint and region, never credentials."""
+        shown = dict(self.options)
+        extra = "".join(f"|{k}={redact(str(shown[k]))}" for k in PUBLIC_KEYS if k in shown)
+        return f"{self.base}{extra}"
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """One of the ``storage_options``."""
+        return dict(self.options).get(name, default)
+
+
+_lock = threading.Lock()
+_stores: dict[StoreSpec, Any] = {}
+_pools: dict[int, ThreadPoolExecutor] = {}
+_owner_pid: int | None = None
+"""The process that first used obstore (a forked child inherits it and must not use obstore)."""
+
+
+def import_obstore() -> Any:
+    """The ``obstore`` module, or ``ImportError`` with the install command."""
+    try:
+        import obstore
+    except ImportError as e:
+        raise ImportError(
+            f"reading or writing object-store URLs (s3://, gs://, az://, http(s)://) needs obstore: {INSTALL}"
+        ) from e
+    return obstore
+
+
+def check_not_forked(url: str) -> None:
+    """Raise if this process was forked from one that already used obstore (it would hang).
+
+    Raises
+    ------
+    RuntimeError
+        In such a forked child, naming ``url`` and the start methods to use.
+    """
+    global _owner_pid
+    pid = os.getpid()
+    if _owner_pid is None:
+        _owner_pid = pid
+    elif _owner_pid != pid:
+        raise RuntimeError(
+            f"{redact(url)}: this process was forked from one that had already used the object store client "
+            f"(obstore, process {_owner_pid}), which is not fork-safe: a request here would hang. Start worker "
+            "processes with the 'spawn' or 'forkserver' method instead, e.g. "
+            "DataLoader(..., multiprocessing_context='spawn') or multiprocessing.set_start_method('forkserver')"
+        )
+
+
+def store_for(spec: StoreSpec) -> Any:
+    """The obstore store for ``spec`` in this process (built on first use).
+
+    Raises
+    ------
+    ImportError
+        Without obstore.
+    RuntimeError
+        In a forked child (see :func:`check_not_forked`).
+    ValueError
+        If obstore refuses a ``storage_options`` key or value.
+    """
+    check_not_forked(spec.base)
+    found = _stores.get(spec)
+    if found is not None:
+        return found
+    with _lock:
+        found = _stores.get(spec)
+        if found is None:
+            found = _stores[spec] = _build(spec)
+    return found
+
+
+def _build(spec: StoreSpec) -> Any:
+    import_obstore()
+    from obstore.store import from_url
+
+    store_config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    for k, v in spec.options:
+        if k == "default_headers" and isinstance(v, tuple):
+            v = dict(v)
+        (client if k in CLIENT_KEYS else store_config)[k] = v
+    s = spec.settings
+    client.setdefault("connect_timeout", f"{s.connect_timeout}s")
+    client.setdefault("timeout", f"{s.timeout}s")
+    endpoint = str(store_config.get("endpoint", store_config.get("aws_endpoint", "")))
+    if spec.base.lower().startswith("http://") or endpoint.lower().startswith("http://"):
+        client.setdefault("allow_http", True)  # (an http:// endpoint is the user's explicit choice)
+    retry = {
+        "max_retries": s.retries,
+        "retry_timeout": timedelta(seconds=s.retry_timeout),
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2},
+    }
+    try:
+        return from_url(spec.base, config=store_config or None, client_options=client, retry_config=retry)
+    except Exception as e:  # obstore's configuration errors embed no request, but name only obstore's view
+        kind = type(e).__name__
+        raise ValueError(
+            f"{spec.public()}: the object store client refused storage_options with keys "
+            f"{sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}); see obstore's store and "
+            "client options for the accepted keys"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _pool(concurrency: int) -> ThreadPoolExecutor:
+    pool = _pools.get(concurrency)
+    if pool is None:
+        with _lock:
+            pool = _pools.get(concurrency)
+            if pool is None:
+                pool = _pools[concurrency] = ThreadPoolExecutor(concurrency, thread_name_prefix="npydask-remote")
+    return pool
+
+
+def run_all(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], concurrency: int) -> list[R]:
+    """``[fn(item) for item in items]`` with up to ``concurrency`` calls in flight; the first error is raised.
+
+    One call runs in the caller's thread; more go to the process's request
+    pool. On an error the calls not yet started are cancelled and the ones
+    running are waited for (they write into buffers the caller owns).
+    """
+    items = list(items)
+    if len(items) <= 1 or concurrency <= 1:
+        return [fn(item) for item in items]
+    pool = _pool(concurrency)
+    futures = [pool.submit(fn, item) for item in items]
+    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    if pending:
+        for f in pending:
+            f.cancel()
+        wait(pending)
+        for f in futures:
+            if not f.cancelled() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+    return [f.result() for f in futures]
+
+
+def run_each(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R | BaseException]:
+    """Like :func:`run_all`, but each call's ``OSError``/``ValueError``/``KeyError`` comes back in its place."""
+
+    def safe(item: T) -> R | BaseException:
+        try:
+            return fn(item)
+        except (OSError, ValueError, KeyError) as e:
+            return e
+
+    return run_all(safe, items, concurrency)

@@ -1,0 +1,461 @@
+"""Objects in S3, GCS, Azure and HTTP servers, through obstore: the :mod:`~npydask.storage.base` interfaces.
+
+One :class:`ObjectSource` per store (``scheme://bucket`` plus
+``storage_options`` and a snapshot of the remote settings: a
+:class:`~npydask.storage._stores.StoreSpec`) serves every object of a
+dataset; it pickles as its spec and finds its store again in whichever
+process unpickles it.
+
+Requests, per operation:
+
+* a header: one range GET of the first ``remote_header_bytes`` (4 KiB), a
+  second only for a longer header; its response gives the size and ETag (the
+  identity), so opening a folder costs its LIST pages plus one GET per object,
+  ``remote_concurrency`` in flight;
+* a region: its byte runs coalesced across gaps under ``remote_gap_bytes``
+  (64 KiB) by the same planner local reads use, spans longer than
+  ``remote_part_bytes`` (8 MiB) split into parallel range GETs;
+* a group of small objects: each whole object (header and payload) in one
+  GET from byte 0, ``remote_concurrency`` in flight;
+* an ``.npz`` member: the zip directory read by range (64 KiB blocks), a
+  stored member by offset like a file, a deflated one inflated from ranges.
+
+Every GET after the first carries ``If-Match`` with the ETag the object had
+when it was opened, and every response's size and ETag are compared too
+(plain HTTP servers ignore ``If-Match``): a replaced object fails with
+:class:`~npydask.errors.FileChangedError` naming the URL. Where a server sends
+no ETag, its ``Last-Modified`` stands in (and is compared, not sent).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from npydask.config import ReadOptions
+from npydask.errors import FileChangedError
+from npydask.header import NpyHeader, parse_header
+from npydask.npz import Member
+from npydask.region import ReadPlan
+from npydask.storage._headers import member_header, npy_header
+from npydask.storage._handles import HeaderCheck, header_mismatch
+from npydask.storage._remote_errors import translate
+from npydask.storage._stores import StoreSpec, run_all, run_each, store_for
+from npydask.storage.base import Item, Lister, Listing, Scanned, Source
+from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
+
+__all__ = ["ObjectIdentity", "ObjectLister", "ObjectSource", "RemoteFile", "source_for"]
+
+_BLOCK = 64 * 1024
+"""Read-ahead of a header's or zip directory's reads past the first GET."""
+
+
+class ObjectIdentity(NamedTuple):
+    """An object's size and version tag: equal while its bytes are the ones planned for."""
+
+    size: int
+    etag: str | None
+    """The ETag (sent as ``If-Match`` and compared with each response's), or ``None``."""
+    modified: str | None = None
+    """``Last-Modified`` (ISO 8601), compared only where the server sends no ETag."""
+
+    @classmethod
+    def of(cls, meta: Any) -> ObjectIdentity:
+        """The identity in an obstore ``ObjectMeta``."""
+        etag = meta.get("e_tag")
+        modified = meta.get("last_modified")
+        return cls(int(meta["size"]), etag or None, None if etag or modified is None else modified.isoformat())
+
+    def facts(self) -> str:
+        """The text a task's token hashes."""
+        return f"{self.size}|{self.etag}|{self.modified}"
+
+
+class ObjectSource(Source):
+    """The objects of one store (see the module docs for the requests each operation makes).
+
+    Paths are URLs (``s3://bucket/key``); keys are taken from them. Use
+    :func:`source_for` to get the one object per spec of a process.
+    """
+
+    def __init__(self, spec: StoreSpec) -> None:
+        self.spec = spec
+        self._prefix = spec.base + "/"
+        self._files: OrderedDict[tuple[str, ObjectIdentity, str | None], RemoteFile] = OrderedDict()
+
+    # -- the interface --------------------------------------------------------------------------
+
+    @property
+    def mappable(self) -> bool:
+        """Objects cannot be memory-mapped."""
+        return False
+
+    @property
+    def gap_bytes(self) -> int:
+        """The ``remote_gap_bytes`` setting (64 KiB by default)."""
+        from npydask import config
+
+        return config.get("remote_gap_bytes")
+
+    def identity(self, path: str) -> ObjectIdentity:
+        """One HEAD request."""
+        store = self.store(path)
+        obstore = _obstore()
+        try:
+            return ObjectIdentity.of(obstore.head(store, self.key(path)))
+        except Exception as e:
+            raise translate(e, path, "asking for its size and ETag") from None
+
+    def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
+        """Identity, header, raw header bytes and whether deflated, ``remote_concurrency`` objects at once."""
+        return run_each(lambda p: self._scan(p, key), paths, self.spec.settings.concurrency)
+
+    def open(
+        self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
+    ) -> RemoteFile:
+        """The object as a :class:`RemoteFile`.
+
+        A plain ``.npy`` object whose identity and header bytes are known
+        (every task's case) costs no request: each later read is conditional
+        on the ETag, so the header bytes cannot differ from ``check``'s
+        without the read failing. Otherwise its header is read (and an
+        ``.npz`` member located) and kept in a small per-process cache.
+        """
+        if expected is not None and check is not None and key is None and expected.etag is not None:
+            header = parse_header(check.raw, source=redact(path))
+            return RemoteFile(self, path, expected, header, check.raw, None)
+        cache_key = (path, expected, key)
+        hit = self._files.get(cache_key) if expected is not None else None
+        if hit is None:
+            ident, header, raw, member = self._read_header(path, key)
+            if expected is not None and ident != expected:
+                raise changed(path, expected, ident)
+            hit = RemoteFile(self, path, ident, header, raw, member)
+            self._files[(path, ident, key)] = hit
+            while len(self._files) > 256:
+                self._files.popitem(last=False)
+        if check is not None and hit.raw != check.raw:
+            raise header_mismatch(redact(path), check, hit.raw)
+        return hit
+
+    def read_runs(
+        self,
+        path: str,
+        identity: Any,
+        plan: ReadPlan,
+        dest: np.ndarray,
+        options: ReadOptions,
+        check: HeaderCheck | None = None,
+    ) -> None:
+        """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``."""
+        from npydask.backends.pread import read_plan
+
+        read_plan(RangeReader(self, path, identity), plan, options, dest)
+
+    def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
+        """Each whole small object in one GET from byte 0, ``remote_concurrency`` at once; headers checked."""
+        out = np.frombuffer(dest, np.uint8) if nbytes else None
+
+        def one(i: int) -> None:
+            path, identity, offset, check = items[i]
+            data = self._get(path, identity, 0, offset + nbytes, "reading the whole object")
+            if check is not None and data[: len(check.raw)] != check.raw:
+                raise header_mismatch(redact(path), check, bytes(data[: len(check.raw)]))
+            if out is not None:
+                out[i * nbytes : (i + 1) * nbytes] = np.frombuffer(data, np.uint8, nbytes, offset)
+
+        run_all(one, range(len(items)), self.spec.settings.concurrency)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def store(self, url: str) -> Any:
+        """The obstore store (built once per process; raises in a forked child)."""
+        return store_for(self.spec)
+
+    def key(self, url: str) -> str:
+        """The object key ``url`` names in this store."""
+        if url.startswith(self._prefix) and self.spec.kind != "http":
+            return url[len(self._prefix) :]
+        return split_url(url).key
+
+    def _get(
+        self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
+    ) -> memoryview:
+        """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many."""
+        obstore = _obstore()
+        options: dict[str, Any] = {"range": (start, stop)}
+        if identity is not None and identity.etag is not None:
+            options["if_match"] = identity.etag
+        what = f"{what} (bytes {start}..{stop})"
+        try:
+            result = obstore.get(self.store(path), self.key(path), options=options)
+            data = memoryview(result.bytes())
+            meta = result.meta
+        except Exception as e:
+            raise translate(e, path, what) from None
+        if identity is not None:
+            found = ObjectIdentity.of(meta)
+            if found != identity:
+                raise changed(path, identity, found)
+        if len(data) != stop - start:
+            raise FileChangedError(
+                errno.EIO,
+                f"expected {stop - start} bytes while {what}, the store sent {len(data)}: the object is "
+                "shorter than when it was opened; open it again",
+                redact(path),
+            )
+        return data
+
+    def _read_header(self, path: str, key: str | None) -> tuple[ObjectIdentity, NpyHeader, bytes, Member | None]:
+        """One GET of the first ``remote_header_bytes`` (more only when needed): identity, header, raw, member."""
+        first = self.spec.settings.header_bytes
+        obstore = _obstore()
+        try:
+            result = obstore.get(self.store(path), self.key(path), options={"range": (0, first)})
+            data = bytes(result.bytes())
+            identity = ObjectIdentity.of(result.meta)
+        except Exception as e:
+            err = translate(e, path, "reading its header")
+            if not _unsatisfiable(e):
+                raise err from None
+            identity = self.identity(path)  # (an empty object: no range of it exists)
+            data = b""
+        read = _Blocks(self, path, identity, data)
+        shown = redact(path)
+        if key is None:
+            header, raw = npy_header(read, identity.size, shown)
+            return identity, header, raw, None
+        header, raw, member = member_header(read, identity.size, shown, key)
+        return identity, header, raw, member
+
+    def _scan(self, path: str, key: str | None) -> Scanned:
+        identity, header, raw, member = self._read_header(path, key)
+        return identity, header, raw, member is not None and not member.stored
+
+    def __repr__(self) -> str:
+        return f"ObjectSource({self.spec.public()!r})"
+
+    def __reduce__(self) -> tuple[Callable[[StoreSpec], ObjectSource], tuple[StoreSpec]]:
+        return source_for, (self.spec,)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectSource) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+_SOURCES: dict[StoreSpec, ObjectSource] = {}
+
+
+def source_for(spec: StoreSpec) -> ObjectSource:
+    """The one :class:`ObjectSource` of this process for ``spec`` (tasks unpickle to it)."""
+    found = _SOURCES.get(spec)
+    if found is None:
+        found = _SOURCES.setdefault(spec, ObjectSource(spec))
+    return found
+
+
+def _obstore() -> Any:
+    from npydask.storage._stores import import_obstore
+
+    return import_obstore()
+
+
+def _unsatisfiable(e: BaseException) -> bool:
+    return "416" in str(e) and type(e).__module__.startswith("obstore")
+
+
+def changed(path: str, expected: ObjectIdentity, found: ObjectIdentity) -> FileChangedError:
+    """The error for an object whose size or ETag is not the one planned for."""
+    return FileChangedError(
+        errno.ESTALE,
+        f"the object changed after it was opened: expected size {expected.size} and ETag {expected.etag} "
+        f"(last modified {expected.modified}), found size {found.size} and ETag {found.etag} "
+        f"(last modified {found.modified}); open it again to read its new contents",
+        redact(path),
+    )
+
+
+class _Blocks:
+    """A :data:`npydask.npz.Read` over an object: the first GET's bytes, then 64 KiB blocks, conditional."""
+
+    def __init__(self, source: ObjectSource, path: str, identity: ObjectIdentity, first: bytes) -> None:
+        self.source, self.path, self.identity = source, path, identity
+        self.first = first
+        self.blocks: dict[int, bytes] = {}
+
+    def __call__(self, offset: int, n: int) -> bytes:
+        size = self.identity.size
+        n = min(n, max(size - offset, 0))
+        if n <= 0:
+            return b""
+        if offset + n <= len(self.first):
+            return self.first[offset : offset + n]
+        if n > 4 * _BLOCK:  # (a deflated member's pieces: one request each, not cached)
+            return bytes(self.source._get(self.path, self.identity, offset, offset + n, "reading an .npz member"))
+        out = []
+        pos, end = offset, offset + n
+        while pos < end:
+            index = pos // _BLOCK
+            block = self.blocks.get(index)
+            if block is None:
+                lo = index * _BLOCK
+                block = self.blocks[index] = bytes(
+                    self.source._get(self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory")
+                )
+            lo = index * _BLOCK
+            piece = block[pos - lo : end - lo]
+            out.append(piece)
+            pos += len(piece)
+        return b"".join(out)
+
+
+class RemoteFile:
+    """An object opened for a backend: its URL, identity, header and (for ``.npz``) member.
+
+    The object-store twin of :class:`~npydask.storage._handles.OpenFile`:
+    ``read_at`` is a conditional range GET, :meth:`range_reader` serves the
+    pread backend, and there is nothing to close.
+    """
+
+    local = False
+    """Never mapped (see :func:`npydask.reader.choose_backend`)."""
+
+    def __init__(
+        self,
+        source: ObjectSource,
+        path: str,
+        identity: ObjectIdentity,
+        header: NpyHeader,
+        raw: bytes,
+        member: Member | None,
+    ) -> None:
+        self.source = source
+        self.path = redact(path)
+        self.url = path
+        self.identity = identity
+        self.header = header
+        self.raw = raw
+        self.member = member
+
+    @property
+    def deflated(self) -> bool:
+        """Whether this is a deflated ``.npz`` member (only inflating reads it)."""
+        return self.member is not None and not self.member.stored
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end): one conditional range GET."""
+        n = min(n, max(self.identity.size - offset, 0))
+        if n <= 0:
+            return b""
+        return bytes(self.source._get(self.url, self.identity, offset, offset + n, "reading"))
+
+    def range_reader(self) -> RangeReader:
+        """The reader the pread backend reads this object's runs with."""
+        return RangeReader(self.source, self.url, self.identity)
+
+    def check_unchanged(self) -> None:
+        """Nothing to do: every response was checked against the identity as it came."""
+
+
+class RangeReader:
+    """Reads byte ranges of one object into buffers: parts of at most ``remote_part_bytes``, in parallel.
+
+    The remote twin of the pread backend's local reader (the same two
+    methods), so one run-grid planner (:func:`npydask.backends.pread.read_plan`)
+    serves both.
+    """
+
+    def __init__(self, source: ObjectSource, url: str, identity: ObjectIdentity) -> None:
+        self.source, self.url, self.identity = source, url, identity
+
+    def read_into(self, dest: np.ndarray, offset: int) -> None:
+        """Fill ``dest`` (``uint8``) from ``offset``."""
+        self.read_many([[memoryview(dest)]], len(dest), [offset])
+
+    def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+        """Read ``size`` bytes at each offset into the matching ``[memoryview]``, all at once."""
+        part = self.source.spec.settings.part_bytes
+        jobs = []
+        for bufs, offset in zip(iovecs, offsets):
+            buf = bufs[0].cast("B") if bufs[0].format != "B" else bufs[0]
+            for lo in range(0, size, part):
+                jobs.append((buf[lo : min(lo + part, size)], offset + lo))
+        source, url, identity = self.source, self.url, self.identity
+
+        def one(job: tuple[memoryview, int]) -> None:
+            buf, offset = job
+            buf[:] = source._get(url, identity, offset, offset + len(buf), "reading a region")
+
+        run_all(one, jobs, source.spec.settings.concurrency)
+
+
+class ObjectLister(Lister):
+    """The objects under a prefix, as DALI's traversal would find them in folders.
+
+    Without ``recursive``: the objects directly under the prefix, then those
+    directly under each immediate "folder" (one LIST with a delimiter, then one
+    per folder, in parallel); with it, every object at any depth (one paged
+    LIST). Zero-byte ``folder/`` marker keys are skipped. Sizes and
+    identities come with the listing.
+    """
+
+    def __init__(self, source: ObjectSource, url: str) -> None:
+        if source.spec.kind == "http":
+            raise ValueError(
+                f"{redact(url)}: plain http(s):// servers have no listing; pass the objects' URLs with "
+                "files=[...] or file_list=... (a text file of URLs, one per line)"
+            )
+        self.source = source
+        self.url = url
+        self.parsed: ObjectUrl = split_url(url)
+        self.prefix = prefix_of(self.parsed)
+
+    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
+        """See :meth:`Lister.list` (relative paths joined with ``/``)."""
+        obstore = _obstore()
+        store = self.source.store(self.url)
+        paths: list[str] = []
+        sizes: list[int] = []
+        idents: list[ObjectIdentity] = []
+        cut = len(self.prefix)
+
+        def take(metas: Sequence[Any]) -> None:
+            for meta in metas:
+                key = meta["path"]
+                rel = key[cut:]
+                if not rel or rel.endswith("/"):
+                    continue  # (a "folder/" marker)
+                if match is not None and not match(rel.rpartition("/")[2]):
+                    continue
+                paths.append(rel)
+                sizes.append(int(meta["size"]))
+                idents.append(ObjectIdentity.of(meta))
+
+        try:
+            if recursive:
+                for page in obstore.list(store, self.prefix or None, chunk_size=1000):
+                    take(page)
+            else:
+                top = obstore.list_with_delimiter(store, self.prefix or None)
+                take(top["objects"])
+                folders = sorted(top["common_prefixes"])
+                pages = run_all(
+                    lambda p: obstore.list_with_delimiter(store, p)["objects"],
+                    folders,
+                    self.source.spec.settings.concurrency,
+                )
+                for page in pages:
+                    take(page)
+        except Exception as e:
+            raise translate(e, self.url, "listing the prefix") from None
+        return Listing(paths, sizes, idents)
+
+    def join(self, rel: str) -> str:
+        """The URL of a listed relative path."""
+        return join_url(self.url, rel)
