@@ -589,10 +589,11 @@ def open_dataset(
         index_path = os.fspath(index)
         scanned = scan_with_index(index_path, chosen, scan_headers)
         origin = (f"the header index {index_path!r}",
-                  f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it")
+                  f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it",
+                  False)
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
-        origin = ("the header read when the dataset was opened", "open the dataset again")
+        origin = ("the header read when the dataset was opened", "open the dataset again", True)
     checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
     options = read_options(gap_bytes=source.gap_bytes)  # (the source's default coalescing gap)
     views: list[NpyFileArray] = []

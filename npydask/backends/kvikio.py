@@ -144,7 +144,7 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
         kvikio = None if xp is np else _import_kvikio(jobs[todo[0]].ref.path)
     for first in range(0, len(todo), FILES_IN_FLIGHT):
         window = [jobs[k] for k in todo[first : first + FILES_IN_FLIGHT]]
-        if kvikio is not None:
+        if kvikio is not None and all(job.ref.source.mappable for job in window):
             done = _read_window_kvikio(window, xp, kvikio)
         else:
             done = _read_window_host(window, xp)
@@ -182,6 +182,15 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
         host = aligned_empty(np, total, alignment)
     for job, at in zip(window, offsets):
         f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
+        if not job.ref.source.mappable:  # an object: range requests into the pinned buffer (each checked)
+            reader = f.range_reader()
+
+            def read_remote(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
+                reader.read_into(dest, offset)
+                return size
+
+            wait_reads(issue_reads(job.plan, read_remote, host[at : at + job.plan.staging_nbytes]), f.path)
+            continue
         fd, path = f.fd, f.path
 
         def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:

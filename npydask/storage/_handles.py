@@ -106,6 +106,10 @@ class HeaderCheck(NamedTuple):
     """Where they came from, for the error (``"the header index '/data/index.json'"``)."""
     remedy: str
     """What to do when they differ (``"delete '/data/index.json' and open the dataset again"``)."""
+    pinned: bool = False
+    """Whether ``raw`` was read from the file itself at the identity the task carries. An object
+    store's conditional reads (``If-Match`` on the ETag) then guarantee the header bytes without
+    reading them again; local read sites compare them regardless (they cost nothing there)."""
 
 
 def header_mismatch(path: str, check: HeaderCheck, found: bytes) -> NpyFormatError:

@@ -120,12 +120,15 @@ class ObjectSource(Source):
         """The object as a :class:`RemoteFile`.
 
         A plain ``.npy`` object whose identity and header bytes are known
-        (every task's case) costs no request: each later read is conditional
-        on the ETag, so the header bytes cannot differ from ``check``'s
-        without the read failing. Otherwise its header is read (and an
-        ``.npz`` member located) and kept in a small per-process cache.
+        and were read from the object itself (a ``check`` that is
+        :attr:`~npydask.storage._handles.HeaderCheck.pinned`: every task of
+        ``from_npy`` and of a dataset opened without an index) costs no
+        request: each later read is conditional on the ETag, so the header
+        bytes cannot differ from ``check``'s without the read failing.
+        Otherwise its header is read (and an ``.npz`` member located),
+        compared with ``check`` and kept in a small per-process cache.
         """
-        if expected is not None and check is not None and key is None and expected.etag is not None:
+        if expected is not None and check is not None and check.pinned and key is None and expected.etag is not None:
             header = parse_header(check.raw, source=redact(path))
             return RemoteFile(self, path, expected, header, check.raw, None)
         cache_key = (path, expected, key)
@@ -154,6 +157,8 @@ class ObjectSource(Source):
         """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``."""
         from npydask.backends.pread import read_plan
 
+        if check is not None and not check.pinned:
+            self.open(path, identity, check=check)  # (header bytes from elsewhere: compared, once per process)
         read_plan(RangeReader(self, path, identity), plan, options, dest)
 
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
