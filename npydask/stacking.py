@@ -144,6 +144,7 @@ class FileGroup:
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
         strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
         batch: list[Item] = []  # consecutive plain files, read in one tight loop
+        rois: list[tuple[Any, ...]] = []  # ROIs inside their files: read_runs jobs, run together at the end
         at = lo  # where the batch starts
         for k in range(lo, hi):
             view = self.views[k]
@@ -168,7 +169,7 @@ class FileGroup:
                 if plan is False:
                     plan = strided[memo] = _strided_plan(view, inner, self.dtype)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
-                    source.read_runs(ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check)
+                    rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
                     continue
             if view.dtype.str != self.dtype.str:
                 slab[...] = view.read(inner)  # to native byte order
@@ -176,6 +177,8 @@ class FileGroup:
                 view.read(inner, out=slab)
         if batch and row:
             read_many(batch, flat[(at - lo) * row : (hi - lo) * row], row)
+        if rois:
+            source.read_runs_many(rois)
         return out
 
 

@@ -269,7 +269,11 @@ def run_all(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], concurrency:
     items = list(items)
     if len(items) <= 1 or concurrency <= 1:
         return [fn(item) for item in items]
-    pool = _pool(concurrency)
+    return _run_on(_pool(concurrency), fn, items)
+
+
+def _run_on(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """Each call on ``pool``; on an error the rest is cancelled, the running ones waited for, the first raised."""
     futures = [pool.submit(fn, item) for item in items]
     _, pending = wait(futures, return_when=FIRST_EXCEPTION)
     if pending:
@@ -280,6 +284,27 @@ def run_all(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], concurrency:
             if not f.cancelled() and f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
     return [f.result() for f in futures]
+
+
+_FILES_AT_ONCE = 16
+_files_pool: ThreadPoolExecutor | None = None
+
+
+def run_files(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``fn`` over ``items`` (files) on a second pool of ``_FILES_AT_ONCE`` threads.
+
+    For work per file that itself issues requests through :func:`run_all`
+    (a ROI: a request per plane): a separate pool, so a file's thread
+    waiting for its requests never holds a request thread.
+    """
+    global _files_pool
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    if _files_pool is None:
+        with _lock:
+            if _files_pool is None:
+                _files_pool = ThreadPoolExecutor(_FILES_AT_ONCE, thread_name_prefix="npydask-remote-files")
+    return _run_on(_files_pool, fn, items)
 
 
 def run_each(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R | BaseException]:

@@ -132,6 +132,15 @@ class Source(abc.ABC):
         or after the read, ``NpyFormatError`` if its header is not ``check``'s.
         """
 
+    def read_runs_many(self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]) -> None:
+        """:meth:`read_runs` of each ``(path, identity, plan, dest, options, check)`` (the ROIs of a group).
+
+        In turn here; a source with latency to hide (an object store) reads
+        several files at once.
+        """
+        for job in jobs:
+            self.read_runs(*job)
+
     @abc.abstractmethod
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """Fill ``dest`` with ``nbytes`` from each ``(path, identity, offset, check)`` in turn (a small-file group)."""

@@ -44,7 +44,7 @@ from npydask.region import ReadPlan
 from npydask.storage._headers import member_header, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import translate
-from npydask.storage._stores import StoreSpec, run_all, run_each, store_for
+from npydask.storage._stores import StoreSpec, run_all, run_each, run_files, store_for
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
 
@@ -160,6 +160,10 @@ class ObjectSource(Source):
         if check is not None and not check.pinned:
             self.open(path, identity, check=check)  # (header bytes from elsewhere: compared, once per process)
         read_plan(RangeReader(self, path, identity), plan, options, dest)
+
+    def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
+        """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""
+        run_files(lambda job: self.read_runs(*job), jobs)
 
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """Each whole small object in one GET from byte 0, ``remote_concurrency`` at once; headers checked."""
