@@ -20,7 +20,7 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _REGION = re.compile(r"<Region>([A-Za-z0-9-]{1,64})</Region>")
 _CONNECT = ("error sending request", "connection refused", "tcp connect", "dns error", "connection reset")
-_TIMEOUT = ("timed out", "timeout", "deadline")
+_TIMEOUT = ("timed out", "deadline has elapsed")  # (not "timeout": every retry error says "retry_timeout")
 
 
 def _facts(text: str) -> tuple[int | None, str | None, str]:
@@ -79,6 +79,13 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
             errno.EIO,
             f"the bucket is in another region{hint} while {what}{shown}: set storage_options={{'region': ...}} "
             "to the bucket's region",
+            where,
+        )
+    if "builder error" in lower:
+        return OSError(
+            errno.EINVAL,
+            f"the HTTP client refused the request while {what}: an http:// endpoint needs "
+            "storage_options={'allow_http': True} (or AWS_ALLOW_HTTP=true in the environment)",
             where,
         )
     if name == "NotSupportedError":

@@ -225,9 +225,8 @@ def _build(spec: StoreSpec) -> Any:
     s = spec.settings
     client.setdefault("connect_timeout", f"{s.connect_timeout}s")
     client.setdefault("timeout", f"{s.timeout}s")
-    endpoint = str(store_config.get("endpoint", store_config.get("aws_endpoint", "")))
-    if spec.base.lower().startswith("http://") or endpoint.lower().startswith("http://"):
-        client.setdefault("allow_http", True)  # (an http:// endpoint is the user's explicit choice)
+    if "allow_http" not in client and _http_allowed(spec, store_config):
+        client["allow_http"] = True  # (client_options given here would otherwise drop the environment's)
     retry = {
         "max_retries": s.retries,
         "retry_timeout": timedelta(seconds=s.retry_timeout),
@@ -242,6 +241,19 @@ def _build(spec: StoreSpec) -> Any:
             f"{sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}); see obstore's store and "
             "client options for the accepted keys"
         ) from None
+
+
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3", "GOOGLE_SERVICE_ENDPOINT", "AZURE_ENDPOINT")
+_ALLOW_HTTP_ENV = ("ALLOW_HTTP", "AWS_ALLOW_HTTP", "GOOGLE_ALLOW_HTTP", "AZURE_ALLOW_HTTP")
+
+
+def _http_allowed(spec: StoreSpec, store_config: dict[str, Any]) -> bool:
+    """Whether plain http is the user's explicit choice: an ``http://`` URL or endpoint, or ``*ALLOW_HTTP`` set."""
+    endpoints = [spec.base, str(store_config.get("endpoint", store_config.get("aws_endpoint", "")))]
+    endpoints += [os.environ.get(name, "") for name in _ENDPOINT_ENV]
+    if any(e.lower().startswith("http://") for e in endpoints):
+        return True
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in _ALLOW_HTTP_ENV)
 
 
 def _first_line(e: BaseException) -> str:

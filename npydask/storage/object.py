@@ -44,7 +44,7 @@ from npydask.region import ReadPlan
 from npydask.storage._headers import member_header, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import translate
-from npydask.storage._stores import StoreSpec, run_all, run_each, run_files, store_for
+from npydask.storage._stores import StoreSpec, check_not_forked, run_all, run_each, run_files, store_for
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
 
@@ -182,7 +182,8 @@ class ObjectSource(Source):
     # -- helpers --------------------------------------------------------------------------------
 
     def store(self, url: str) -> Any:
-        """The obstore store (built once per process; raises in a forked child)."""
+        """The obstore store (built once per process; raises in a forked child, naming ``url``)."""
+        check_not_forked(url)
         return store_for(self.spec)
 
     def key(self, url: str) -> str:
