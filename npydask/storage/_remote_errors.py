@@ -16,11 +16,17 @@ from npydask.storage.urls import redact
 
 __all__ = ["translate"]
 
+_REFUSED = re.compile(r'Path "([^"]*)"')
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _REGION = re.compile(r"<Region>([A-Za-z0-9-]{1,64})</Region>")
 _CONNECT = ("error sending request", "connection refused", "tcp connect", "dns error", "connection reset")
 _TIMEOUT = ("timed out", "deadline has elapsed")  # (not "timeout": every retry error says "retry_timeout")
+
+
+def _first(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:300]
 
 
 def _facts(text: str) -> tuple[int | None, str | None, str]:
@@ -45,6 +51,14 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
     ('FileNotFoundError', 's3://b/k.npy?sig=x')
     """
     module = type(e).__module__ or ""
+    if type(e) is ValueError and "path" in str(e).lower():  # obstore refuses a key it cannot represent
+        key = _REFUSED.search(str(e))
+        shown_key = f"the key {key.group(1)[:300]!r}" if key else "a key"
+        return ValueError(
+            f"{redact(url)}: the object store client (obstore) refuses {shown_key} while {what}: "
+            f"{_first(str(e))}; keys with empty segments ('a//b'), '.' or '..' segments cannot be read "
+            "through it: rename the object"
+        )
     if not module.startswith("obstore") and not isinstance(e, FileNotFoundError):
         return e  # (obstore raises the builtin FileNotFoundError for a missing object, with its request dump)
     name = "NotFoundError" if isinstance(e, FileNotFoundError) else type(e).__name__
@@ -63,6 +77,8 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
             "403 for a missing key when the caller may not list the bucket (s3:ListBucket)",
             where,
         )
+    if name == "AlreadyExistsError":
+        return FileExistsError(errno.EEXIST, f"the object exists while {what}{shown}: pass overwrite=True", where)
     if name == "PreconditionError" or status == 412:
         return FileChangedError(
             errno.ESTALE,
@@ -70,8 +86,6 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
             "open it again to read its new contents",
             where,
         )
-    if name == "AlreadyExistsError":
-        return FileExistsError(errno.EEXIST, f"the object exists while {what}{shown}: pass overwrite=True", where)
     if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
         region = _REGION.search(text)
         hint = f" ('{region.group(1)}')" if region else ""

@@ -1,0 +1,80 @@
+"""obstore's exceptions as builtin ones (npydask.storage._remote_errors): pure, with stand-ins of obstore's classes.
+
+The real ones are raised against the SeaweedFS server in tests/test_remote.py;
+here every branch is checked with exceptions of the same names and module,
+carrying text shaped as obstore's (a request dump with a presigned query).
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from npydask.errors import FileChangedError
+from npydask.storage._remote_errors import translate
+
+URL = "https://host/bucket/key.npy?X-Amz-Signature=s1gn4tur3zz"
+DUMP = (
+    "Error performing GET https://host/bucket/key.npy?X-Amz-Signature=s1gn4tur3zz in 1ms - Server returned "
+    "non-2xx status code: {status}: <?xml version=\"1.0\"?><Error><Code>{code}</Code>{extra}</Error>\n"
+    "Debug source: Generic {{ store: \"S3\", source: RetryError {{ retry_timeout: 180s }} }}"
+)
+
+
+def _obstore_error(name: str, text: str) -> BaseException:
+    cls = type(name, (Exception,), {})
+    cls.__module__ = "obstore.exceptions"
+    return cls(text)
+
+
+@pytest.mark.parametrize(
+    "name, status, code, extra, kind, words",
+    [
+        ("NotFoundError", "404 Not Found", "NoSuchKey", "", FileNotFoundError, ["no such object", "HTTP 404 NoSuchKey"]),
+        ("PermissionDeniedError", "403 Forbidden", "AccessDenied", "", PermissionError, ["access denied", "s3:ListBucket"]),
+        ("UnauthenticatedError", "401 Unauthorized", "InvalidToken", "", PermissionError, ["credentials"]),
+        ("GenericError", "403 Forbidden", "SignatureDoesNotMatch", "", PermissionError, ["HTTP 403 SignatureDoesNotMatch"]),
+        ("PreconditionError", "412 Precondition Failed", "PreconditionFailed", "", FileChangedError, ["replaced", "ETag"]),
+        ("GenericError", "301 Moved Permanently", "PermanentRedirect", "<Region>eu-west-1</Region>", OSError, ["region", "eu-west-1"]),
+        ("GenericError", "400 Bad Request", "AuthorizationHeaderMalformed", "", OSError, ["region"]),
+        ("GenericError", "500 Internal Server Error", "InternalError", "", OSError, ["HTTP 500 InternalError"]),
+        ("AlreadyExistsError", "412 Precondition Failed", "x", "", FileExistsError, ["overwrite=True"]),
+    ],
+)
+def test_status_codes(name: str, status: str, code: str, extra: str, kind: type, words: list[str]) -> None:
+    err = translate(_obstore_error(name, DUMP.format(status=status, code=code, extra=extra)), URL, "reading its header")
+    assert type(err) is kind or (kind is OSError and isinstance(err, OSError))
+    text = str(err)
+    for w in words:
+        assert w in text, text
+    assert "s1gn4tur3zz" not in text and "Debug source" not in text and "RetryError" not in text
+    assert err.filename == "https://host/bucket/key.npy"  # type: ignore[attr-defined]
+    assert err.__cause__ is None
+
+
+def test_connection_refused_and_timeouts() -> None:
+    refused = translate(_obstore_error("GenericError", "Error performing GET http://127.0.0.1:1/b/k after 3 retries, "
+                                       "retry_timeout: 45s - HTTP error: error sending request"), URL, "reading")
+    assert isinstance(refused, ConnectionError) and "endpoint" in str(refused)
+    slow = translate(_obstore_error("GenericError", "... retry_timeout: 45s - HTTP error: operation timed out"), URL, "reading")
+    assert isinstance(slow, TimeoutError) and slow.errno == errno.ETIMEDOUT
+    builder = translate(_obstore_error("GenericError", "... retry_timeout: 180s - HTTP error: builder error"), URL, "listing")
+    assert type(builder) is OSError and "allow_http" in str(builder)
+
+
+def test_obstore_not_found_is_a_builtin_with_a_dump() -> None:
+    """obstore raises the builtin FileNotFoundError itself, with the request dump in it: it is replaced."""
+    err = translate(FileNotFoundError(DUMP.format(status="404 Not Found", code="NoSuchKey", extra="")), URL, "reading")
+    assert isinstance(err, FileNotFoundError) and "s1gn4tur3zz" not in str(err) and "no such object" in str(err)
+
+
+def test_refused_keys_are_named() -> None:
+    err = translate(ValueError('Could not parse path: Path "p/a//b.npy" contained empty path segment'),
+                    "s3://b/p/a//b.npy", "reading its header")
+    assert type(err) is ValueError and "'p/a//b.npy'" in str(err) and "rename" in str(err)
+
+
+def test_other_exceptions_pass_unchanged() -> None:
+    for e in (KeyError("x"), RuntimeError("forked"), FileChangedError(errno.ESTALE, "ours", "s3://b/k")):
+        assert translate(e, URL, "reading") is e
