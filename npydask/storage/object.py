@@ -182,14 +182,23 @@ class ObjectSource(Source):
     # -- helpers --------------------------------------------------------------------------------
 
     def store(self, url: str) -> Any:
-        """The obstore store (built once per process; raises in a forked child, naming ``url``)."""
+        """The obstore store (built once per process; raises in a forked child, naming ``url``).
+
+        An ``http(s)`` URL with a query string (a presigned or SAS URL) gets
+        a store of its own whose base is the whole URL, so the query is sent
+        verbatim with each request (and its key is ``""``).
+        """
         check_not_forked(url)
+        if self.spec.kind == "http" and "?" in url:
+            return store_for(self.spec._replace(base=url.partition("#")[0]))
         return store_for(self.spec)
 
     def key(self, url: str) -> str:
         """The object key ``url`` names in this store."""
         if url.startswith(self._prefix) and self.spec.kind != "http":
             return url[len(self._prefix) :]
+        if self.spec.kind == "http" and "?" in url:
+            return ""  # (the URL is its store's base: see store())
         return split_url(url).key
 
     def _get(
@@ -277,7 +286,8 @@ def _obstore() -> Any:
 
 
 def _unsatisfiable(e: BaseException) -> bool:
-    return "416" in str(e) and type(e).__module__.startswith("obstore")
+    """Whether obstore's ``e`` is a 416 (a range of an empty object)."""
+    return "status code: 416" in str(e) and type(e).__module__.startswith("obstore")
 
 
 def changed(path: str, expected: ObjectIdentity, found: ObjectIdentity) -> FileChangedError:
