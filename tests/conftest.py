@@ -41,3 +41,67 @@ def save(tmp_path):
 
     return _save
 
+
+
+# -- object-storage servers (npydask.testing): SeaweedFS's S3, a range-capable HTTP server ----------
+
+
+def _seaweed_or_skip():
+    """A started SeaweedServer; skips only where SeaweedFS's weed is missing or cannot run here."""
+    import errno
+
+    from npydask.testing.seaweed import SeaweedServer, find_weed
+
+    try:
+        find_weed()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    server = SeaweedServer()
+    try:
+        server.start()
+    except OSError as e:
+        if e.errno in (errno.ENOEXEC, errno.EACCES):  # a binary built for another platform
+            pytest.skip(f"SeaweedFS's weed cannot run on this platform: {e}")
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One SeaweedFS S3 server for the session (``npydask.testing.seaweed.SeaweedServer``).
+
+    Shared: write under a key prefix of the test's own, and never stop or pause it
+    (use ``s3_server_disposable`` for that).
+    """
+    server = _seaweed_or_skip()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_server_disposable():
+    """A SeaweedFS S3 server of this test's own, to stop, kill, pause or restart (about 4 s to start)."""
+    server = _seaweed_or_skip()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def http_server():
+    """Factory: ``http_server(root, **options)`` starts a ``RangeHTTPServer`` over ``root``.
+
+    Options are ``RangeHTTPServer``'s (``honour_if_match``, ``ranges``, ``send_etag``);
+    every server started is stopped after the test.
+    """
+    from npydask.testing.http_range import RangeHTTPServer
+
+    servers = []
+
+    def _start(root, **options):
+        server = RangeHTTPServer(root, **options).start()
+        servers.append(server)
+        return server
+
+    yield _start
+    for server in servers:
+        server.stop()
