@@ -611,3 +611,32 @@ def test_server_stopped_mid_compute_fails_fast_and_clearly(s3_server_disposable:
     assert isinstance(info.value, ConnectionError | TimeoutError), info.value
     assert time.perf_counter() - t0 < 60
     assert "endpoint" in str(info.value)
+
+
+def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kvikio has no conditional reads: objects go through the pinned host buffer even where kvikio is there."""
+    import sys
+
+    from npydask import gpu
+    from test_gpu import FakeKvikio, _cupy_like, same
+
+    xp = _cupy_like()
+    fake = FakeKvikio()
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setitem(sys.modules, "kvikio", fake)
+    a = np.asfortranarray(np.arange(9 * 10 * 11, dtype=">f4").reshape(9, 10, 11))
+    url = bucket.put("g.npy", a)
+    x = npydask.from_npy(url, chunks=(4, 5, 11), device="gpu", storage_options=bucket.options)
+    same(x.compute(), a)
+    for i in range(3):
+        bucket.put(f"gs/{i}.npy", a + i)
+    ds = npydask.open_dataset(bucket.url("gs"), roi_start=[1, 2, 3], roi_shape=[4, 5, 6], device="gpu",
+                              storage_options=bucket.options)
+    same(ds.stack().compute(), np.stack([(a + i)[1:5, 2:7, 3:9] for i in range(3)]))
+    assert fake.opened == 0 and not fake.reads, "kvikio must not read objects"
+    bucket.put("g.npy", a + 1)
+    with pytest.raises(FileChangedError, match="g.npy"):
+        x.compute()
