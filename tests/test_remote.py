@@ -640,3 +640,38 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     bucket.put("g.npy", a + 1)
     with pytest.raises(FileChangedError, match="g.npy"):
         x.compute()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_dataset_of_npz_members(bucket: Bucket, compressed: bool) -> None:
+    arrays = [np.arange(i, i + 30, dtype="<i8").reshape(5, 6) for i in range(4)]
+    for i, a in enumerate(arrays):
+        buffer = io.BytesIO()
+        (np.savez_compressed if compressed else np.savez)(buffer, x=a, y=a * 2)
+        bucket.put_bytes(f"z/{i}.npz", buffer.getvalue())
+    ds = npydask.open_dataset(bucket.url("z"), file_filter="*.npz", key="y", storage_options=bucket.options)
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays) * 2)
+    roi = npydask.open_dataset(bucket.url("z"), file_filter="*.npz", key="x", roi_start=[1, 2], roi_shape=[3, 3],
+                               storage_options=bucket.options)
+    np.testing.assert_array_equal(roi.stack().compute(), np.stack([a[1:4, 2:5] for a in arrays]))
+
+
+def test_a_server_that_stops_answering_times_out_by_the_settings(s3_server_disposable: Any) -> None:
+    """A paused server (SIGSTOP): TimeoutError after the request timeout and its retries, never a hang."""
+    import time
+
+    server = s3_server_disposable
+    server.boto3_client().put_object(Bucket=server.bucket, Key="p.npy", Body=npy_bytes(np.arange(100.0)))
+    with npydask.config.set(remote_timeout=2, remote_connect_timeout=2, remote_retries=1, remote_retry_timeout=3):
+        x = npydask.from_npy(server.url("p.npy"), chunks=10, storage_options=server.storage_options())
+    server.pause()
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(TimeoutError, match="p.npy.*did not answer|did not answer.*") as info:
+            x.compute()
+        elapsed = time.perf_counter() - t0
+    finally:
+        server.resume()
+    assert elapsed < 20, elapsed
+    assert "remote_timeout" in str(info.value)
+    np.testing.assert_array_equal(x.compute(), np.arange(100.0))  # (and reads again once it answers)

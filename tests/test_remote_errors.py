@@ -59,6 +59,10 @@ def test_connection_refused_and_timeouts() -> None:
     assert isinstance(refused, ConnectionError) and "endpoint" in str(refused)
     slow = translate(_obstore_error("GenericError", "... retry_timeout: 45s - HTTP error: operation timed out"), URL, "reading")
     assert isinstance(slow, TimeoutError) and slow.errno == errno.ETIMEDOUT
+    reqwest = translate(_obstore_error("GenericError", "... retry_timeout: 3s - HTTP error: error sending request\n"
+                                       "inner: Http(HttpError { kind: Timeout, source: reqwest::Error { source: TimedOut } })"),
+                        URL, "reading")
+    assert isinstance(reqwest, TimeoutError)
     builder = translate(_obstore_error("GenericError", "... retry_timeout: 180s - HTTP error: builder error"), URL, "listing")
     assert type(builder) is OSError and "allow_http" in str(builder)
 

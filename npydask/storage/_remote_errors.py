@@ -21,7 +21,7 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _REGION = re.compile(r"<Region>([A-Za-z0-9-]{1,64})</Region>")
 _CONNECT = ("error sending request", "connection refused", "tcp connect", "dns error", "connection reset")
-_TIMEOUT = ("timed out", "deadline has elapsed")  # (not "timeout": every retry error says "retry_timeout")
+_TIMEOUT = ("timed out", "timedout", "kind: timeout", "deadline has elapsed")  # (not "timeout": retry errors say "retry_timeout")
 
 
 def _first(text: str) -> str:
