@@ -20,7 +20,9 @@ code depends on it):
 - connection refused and timeouts: ``GenericError``; its text says
   ``kind: Connect`` (refused) or ``kind: Timeout``;
 - against a plain HTTP server that ignores ``If-Match``, ``if_match`` with a
-  wrong ETag returns the bytes: the caller must compare the response's ETag.
+  wrong ETag returns the bytes: the caller must compare the response's ETag;
+- multipart uploads, ``ListMultipartUploads`` and aborts work; a non-last part
+  under 5 MiB fails the completion with ``EntityTooSmall``.
 """
 
 from __future__ import annotations
@@ -199,6 +201,23 @@ def test_multipart_upload_list_and_abort(s3_server, request):
         s3.head_object(Bucket=bucket, Key=prefix + "dropped")
 
 
+def test_multipart_parts_below_5_mib_are_refused(s3_server, request):
+    """SeaweedFS, like S3, refuses to complete an upload whose non-last part is under 5 MiB."""
+    s3 = s3_server.boto3_client()
+    bucket, key = s3_server.bucket, _prefix(request) + "small"
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    parts = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body)["ETag"]}
+        for n, body in ((1, b"a" * ((5 << 20) - 1)), (2, b"b" * 10))
+    ]
+    with pytest.raises(ClientError) as caught:
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    assert caught.value.response["Error"]["Code"] == "EntityTooSmall"
+    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+
+
 def test_readonly_identity(s3_server, request):
     """Read and List on its one bucket; writes there and anything on another bucket are denied."""
     prefix = _prefix(request)
@@ -284,7 +303,9 @@ def test_listing_of_2500_keys_paginates(s3_server, request):
     assert [o["Key"] for p in pages for o in p["Contents"]] == keys
 
 
-@pytest.mark.parametrize("name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"])
+@pytest.mark.parametrize(
+    "name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"]
+)
 def test_keys_with_spaces_and_non_ascii(s3_server, request, name):
     prefix = _prefix(request)
     array = np.arange(7, dtype="f8")
@@ -334,7 +355,8 @@ def test_workers_find_the_server_through_their_environment(s3_server, request):
         import boto3, obstore, sys
         from obstore.store import S3Store
         got = bytes(obstore.get(S3Store({s3_server.bucket!r}), {prefix + 'e.npy'!r}).bytes())
-        body = boto3.client("s3").get_object(Bucket={s3_server.bucket!r}, Key={prefix + 'e.npy'!r})["Body"].read()
+        s3 = boto3.client("s3")
+        body = s3.get_object(Bucket={s3_server.bucket!r}, Key={prefix + 'e.npy'!r})["Body"].read()
         sys.stdout.write(repr((got == body, got.hex())))
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
