@@ -454,6 +454,38 @@ def _pgid(pid: str) -> int | None:
         return None
 
 
+@pytest.mark.parametrize("flag", ["s3.port", "master.port.grpc"])
+def test_start_retries_when_another_process_took_a_port(monkeypatch, flag):
+    """free_ports() chooses, another process binds one first: weed exits, start() retries."""
+    import npydask.testing.seaweed as seaweed
+
+    try:
+        seaweed.find_weed()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    blocker = socket.create_server(("127.0.0.1", 0))
+    taken = blocker.getsockname()[1]
+    chosen: list[list[int]] = []
+
+    def racing_free_ports(count: int) -> list[int]:
+        ports = free_ports(count)
+        if not chosen:
+            ports[seaweed._PORT_FLAGS.index(flag)] = taken
+        chosen.append(ports)
+        return ports
+
+    monkeypatch.setattr(seaweed, "free_ports", racing_free_ports)
+    try:
+        with SeaweedServer() as server:
+            assert len(chosen) == 2 and taken not in server.ports.values()
+            assert server.ports[flag] == chosen[1][seaweed._PORT_FLAGS.index(flag)]
+            store = _store(server)
+            obstore.put(store, "k", b"v")
+            assert bytes(obstore.get(store, "k").bytes()) == b"v"
+    finally:
+        blocker.close()
+
+
 def test_missing_binary_is_a_clear_error(tmp_path):
     server = SeaweedServer(binary=str(tmp_path / "no-weed"))
     with pytest.raises(FileNotFoundError, match="no-weed"):
