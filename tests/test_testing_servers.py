@@ -33,6 +33,7 @@ import http.client
 import io
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -52,7 +53,7 @@ from obstore.exceptions import (  # noqa: E402
     PermissionDeniedError,
     PreconditionError,
 )
-from obstore.store import HTTPStore, S3Store  # noqa: E402
+from obstore.store import HTTPStore  # noqa: E402
 
 from npydask.testing.counting_proxy import CountingProxy  # noqa: E402
 from npydask.testing.http_range import RangeHTTPServer  # noqa: E402
@@ -74,7 +75,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _store(server: SeaweedServer, identity: str = "admin", bucket: str | None = None, **extra):
-    return S3Store(bucket or server.bucket, **server.storage_options(identity), **extra)
+    return server.obstore_store(identity, bucket, **extra)
 
 
 def _prefix(request) -> str:
@@ -253,8 +254,7 @@ def test_wrong_credentials_are_denied(s3_server, request):
     obstore.put(_store(s3_server), prefix + "k", b"data")
     options = s3_server.storage_options()
     for key_id, secret in [(options["access_key_id"], "wrong"), ("nobody", "wrong")]:
-        store = S3Store(s3_server.bucket, **{
-            **options, "access_key_id": key_id, "secret_access_key": secret})
+        store = s3_server.obstore_store(access_key_id=key_id, secret_access_key=secret)
         with pytest.raises(PermissionDeniedError):
             obstore.get(store, prefix + "k")
 
@@ -346,6 +346,27 @@ def test_seaweed_key_rewriting(s3_server, request):
         assert caught.value.response["Error"]["Code"] == "InvalidRequest"
 
 
+def test_obstore_store_pickles_and_reads_in_another_process(s3_server, request):
+    """What tasks carry: obstore_store() (allow_http as a client option) pickles and reads."""
+    prefix = _prefix(request)
+    data = _npy_bytes(np.arange(40, dtype="<f2"))
+    store = _store(s3_server, "readonly")
+    obstore.put(_store(s3_server), prefix + "t.npy", data)
+    code = f"""if True:
+        import pickle, sys, obstore
+        store = pickle.loads(bytes.fromhex(sys.stdin.read()))
+        got = obstore.get(store, {prefix + 't.npy'!r}, options={{"range": (0, {len(data)})}})
+        sys.stdout.write(bytes(got.bytes()).hex())
+    """
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(store).hex(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(np.load(io.BytesIO(bytes.fromhex(out.stdout))),
+                                  np.arange(40, dtype="<f2"))
+    assert store.client_options == {"allow_http": "true"}
+    assert store.config["endpoint"] == s3_server.endpoint
+
+
 def test_workers_find_the_server_through_their_environment(s3_server, request):
     """server.env(): obstore's S3Store(bucket) and boto3.client("s3") need nothing else."""
     prefix = _prefix(request)
@@ -418,7 +439,7 @@ def test_stop_kill_pause_restart(s3_server_disposable, tmp_path):
     once = {"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=2)}
 
     server.pause()  # hung: the kernel accepts, nobody answers
-    hung = S3Store(server.bucket, **server.storage_options(), client_options=fast, retry_config=once)
+    hung = server.obstore_store(client_options=fast, retry_config=once)
     start = time.monotonic()
     with pytest.raises(GenericError, match="kind: Timeout"):
         obstore.get(hung, "keep.npy")
@@ -684,7 +705,7 @@ def test_proxy_counts_s3_range_reads(s3_server, request):
     data = os.urandom(1 << 20)
     obstore.put(_store(s3_server), prefix + "big", data)
     with CountingProxy(s3_server.endpoint) as proxy:
-        store = S3Store(s3_server.bucket, **{**s3_server.storage_options(), "endpoint": proxy.endpoint})
+        store = s3_server.obstore_store(endpoint=proxy.endpoint)
         got = obstore.get(store, prefix + "big", options={"range": (4096, 4096 + 32768)})
         assert bytes(got.bytes()) == data[4096:4096 + 32768]
         counts = proxy.counts

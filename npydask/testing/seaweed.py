@@ -35,7 +35,8 @@ Example (not run as a doctest: it starts a server)::
     with SeaweedServer() as server:
         s3 = server.boto3_client()
         s3.put_object(Bucket=server.bucket, Key="a.npy", Body=b"...")
-        store = obstore.store.S3Store(server.bucket, **server.storage_options())
+        store = server.obstore_store()
+        obstore.get(store, "a.npy", options={"range": (0, 3)})
 """
 
 from __future__ import annotations
@@ -402,18 +403,22 @@ class SeaweedServer:
             ) from None
 
     def storage_options(self, identity: str = "admin") -> dict[str, Any]:
-        """Flat obstore options for this server as ``identity``.
+        """Flat obstore options for this server as ``identity`` (npydask's ``storage_options``).
 
-        ``obstore.store.S3Store(bucket, **options)`` takes the dict as it is
-        (obstore 0.12 accepts client keys such as ``allow_http`` among its
-        keyword arguments). The anonymous identity gets ``skip_signature=True``
-        and no keys.
+        The dict mixes S3 config keys with one client key, ``allow_http``, as
+        npydask's ``storage_options`` does. Split it before building a store
+        (:meth:`obstore_store` does): obstore 0.12's ``S3Store(bucket, **options)``
+        accepts client keys among its keyword arguments and its requests work,
+        but reading the store's ``.config`` or pickling it then panics
+        (``pyo3_runtime.PanicException``, a ``BaseException``: "Expected config
+        prefix to start with aws_").
 
         Returns
         -------
         dict
             ``endpoint``, ``region``, ``allow_http`` and either
-            ``access_key_id``/``secret_access_key`` or ``skip_signature``.
+            ``access_key_id``/``secret_access_key`` or, for ``"anonymous"``,
+            ``skip_signature=True``.
         """
         ident = self.credentials(identity)
         options: dict[str, Any] = {"endpoint": self.endpoint, "region": REGION, "allow_http": True}
@@ -423,6 +428,30 @@ class SeaweedServer:
             options["access_key_id"] = ident.access_key_id
             options["secret_access_key"] = ident.secret_access_key
         return options
+
+    def obstore_store(
+        self,
+        identity: str = "admin",
+        bucket: str | None = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        retry_config: Mapping[str, Any] | None = None,
+        **config: Any,
+    ) -> Any:
+        """An ``obstore.store.S3Store`` of ``bucket`` (default :attr:`bucket`) as ``identity``.
+
+        Built from :meth:`storage_options` with ``allow_http`` moved to
+        ``client_options``, so the store pickles. Extra ``client_options``
+        (``timeout``, ``connect_timeout``, ...), a ``retry_config`` and S3 config
+        keys (``**config``, e.g. ``endpoint`` to go through a proxy) are passed on.
+        """
+        from obstore.store import S3Store
+
+        options = {**self.storage_options(identity), **config}
+        client = {"allow_http": options.pop("allow_http"), **(client_options or {})}
+        return S3Store(
+            bucket or self.bucket, **options, client_options=client, retry_config=retry_config
+        )
 
     def env(self, identity: str = "admin") -> dict[str, str]:
         """The ``AWS_*`` environment variables that point obstore and boto3 at this server.
