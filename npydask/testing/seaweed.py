@@ -300,12 +300,13 @@ class SeaweedServer:
                 except _PortTaken:
                     self.kill()
                     if attempt == 2:
-                        raise RuntimeError(self._failure("kept losing its ports to other processes"))
+                        message = self._failure("kept losing its ports to other processes")
+                        raise RuntimeError(message) from None
+            for name in (self.bucket, self.private_bucket, self.public_bucket):
+                self.make_bucket(name)
         except BaseException:
             self.stop()
             raise
-        for name in (self.bucket, self.private_bucket, self.public_bucket):
-            self.make_bucket(name)
         return self
 
     def stop(self) -> None:
