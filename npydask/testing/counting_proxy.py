@@ -3,19 +3,20 @@
 Point a client at :attr:`CountingProxy.endpoint` instead of the server's: every
 byte of every connection is forwarded unchanged and counted, requests headers
 included. Bytes are counted just before they are forwarded, so the counts are
-complete as soon as a client has its response. S3 signatures survive, since the client signs the ``Host`` it sends
-and the proxy does not touch it. The remote benchmark uses it to count the
-bytes a read transferred.
+complete as soon as a client has its response. S3 signatures survive, since the
+client signs the ``Host`` it sends and the proxy does not touch it. The remote
+benchmark uses it to count the bytes a read transferred.
 
 Examples
 --------
 >>> import pathlib, tempfile, urllib.request
 >>> from npydask.testing.http_range import RangeHTTPServer
->>> root = pathlib.Path(tempfile.mkdtemp())
->>> _ = (root / "a.bin").write_bytes(b"x" * 1000)
->>> with RangeHTTPServer(root) as server, CountingProxy(server.endpoint) as proxy:
+>>> folder = tempfile.TemporaryDirectory()
+>>> _ = (pathlib.Path(folder.name) / "a.bin").write_bytes(b"x" * 1000)
+>>> with RangeHTTPServer(folder.name) as server, CountingProxy(server.endpoint) as proxy:
 ...     with urllib.request.urlopen(proxy.endpoint + "/a.bin") as response:
 ...         body = response.read()
+>>> folder.cleanup()
 >>> len(body), proxy.counts.connections, proxy.counts.downstream > 1000 > proxy.counts.upstream
 (1000, 1, True)
 """

@@ -21,12 +21,13 @@ has its response.
 Examples
 --------
 >>> import tempfile, pathlib, urllib.request
->>> root = pathlib.Path(tempfile.mkdtemp())
->>> _ = (root / "a.bin").write_bytes(bytes(range(100)))
->>> with RangeHTTPServer(root) as server:
+>>> folder = tempfile.TemporaryDirectory()
+>>> _ = (pathlib.Path(folder.name) / "a.bin").write_bytes(bytes(range(100)))
+>>> with RangeHTTPServer(folder.name) as server:
 ...     request = urllib.request.Request(server.url("a.bin"), headers={"Range": "bytes=10-13"})
 ...     with urllib.request.urlopen(request) as response:
 ...         status, body = response.status, response.read()
+>>> folder.cleanup()
 >>> status, body, server.stats.requests, server.stats.bytes_sent
 (206, b'\\n\\x0b\\x0c\\r', 1, 4)
 """
