@@ -26,7 +26,7 @@ import numpy as np
 from npydask.errors import RoiError
 from npydask.header import NpyHeader
 
-__all__ = ["Box", "ByteRun", "Coalesced", "ReadPlan", "normalize_box", "plan_read", "raw", "raw_copy"]
+__all__ = ["Box", "ByteRun", "Coalesced", "ReadPlan", "exact_empty", "normalize_box", "plan_read", "raw", "raw_copy"]
 
 
 @dataclass(frozen=True)
@@ -353,3 +353,20 @@ def raw(a: np.ndarray) -> np.ndarray:
 def raw_copy(a: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``a`` with every byte, structured padding included."""
     return np.asarray(raw(a), order="C").view(a.dtype)  # (np.ascontiguousarray makes 0-d arrays 1-d)
+
+
+def exact_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``numpy.empty(shape, dtype)`` with exactly ``dtype``.
+
+    numpy makes a datetime or timedelta of generic units (``">m8"``)
+    native-endian when it allocates, which would relabel a big-endian
+    file's bytes as little-endian values: the array is viewed back as the
+    dtype asked for.
+
+    Examples
+    --------
+    >>> exact_empty((2,), np.dtype(">m8")).dtype.str
+    '>m8'
+    """
+    out = np.empty(shape, dtype)
+    return out if out.dtype.str == dtype.str else out.view(dtype)

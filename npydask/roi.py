@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from npydask.errors import RoiError
-from npydask.region import Box, raw
+from npydask.region import Box, exact_empty, raw
 
 __all__ = ["OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "fill_like", "resolve_roi"]
 
@@ -335,7 +335,7 @@ def apply_pad(block: np.ndarray, roi: FileRoi) -> np.ndarray:
         raise ValueError(f"block of shape {block.shape} does not match the ROI box of shape {roi.box.shape}")
     if not roi.padded:
         return np.asarray(block, order="C")  # (np.ascontiguousarray makes 0-d arrays 1-d)
-    out = fill_like(np.empty(roi.shape, dtype=block.dtype), roi)
+    out = fill_like(exact_empty(roi.shape, block.dtype), roi)
     raw(out)[tuple(slice(b, b + n) for b, n in zip(roi.pad_before, block.shape))] = raw(block)  # padding too
     return out
 

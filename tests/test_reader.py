@@ -285,3 +285,20 @@ def test_public_names() -> None:
     assert npydask.read_region is read_region and npydask.read_header is read_header
     assert issubclass(npydask.RoiError, ValueError)
     assert issubclass(npydask.FileChangedError, OSError)
+
+
+@pytest.mark.parametrize("dtype", [">m8", ">M8", "<m8", ">m8[s]"])
+def test_generic_unit_datetimes_keep_their_byte_order(tmp_path, dtype):
+    """numpy allocates generic-unit datetimes native-endian: a big-endian file's bytes must not be relabelled."""
+    values = np.frombuffer(np.arange(6, dtype=">i8" if dtype[0] == ">" else "<i8").tobytes(), dtype)
+    p = str(tmp_path / "t.npy")
+    np.save(p, values)
+    expected = np.load(p)
+    for got, want in ((npydask.read_region(p), expected), (npydask.read_region(p, (1,), (5,)), expected[1:5])):
+        assert got.dtype.str == want.dtype.str
+        assert got.tobytes() == want.tobytes()
+    # (several chunks are joined by numpy's concatenate, which gives native order, converting the values)
+    ints = expected.astype(np.int64)  # (numpy compares generic units of two byte orders as unequal)
+    np.testing.assert_array_equal(npydask.from_npy(p, chunks=2).compute().astype(np.int64), ints)
+    block = npydask.from_npy(p, chunks=2).blocks[1].compute()
+    assert block.dtype.str == expected.dtype.str and block.tobytes() == expected[2:4].tobytes()

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from npydask import config
+from npydask.region import exact_empty
 
 __all__ = ["MIN_BYTES", "BufferPool", "PooledBuffer", "empty", "pieces", "pool", "pooled", "scratch", "scratch_pieces"]
 
@@ -179,12 +180,9 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < MIN_BYTES:
-        return np.empty(shape, dtype)
-    limit = config.get("pool_bytes")
-    if limit == 0:
-        return np.empty(shape, dtype)
-    return _POOL.take(nbytes, limit=limit).view(dtype).reshape(shape)
+    if nbytes < MIN_BYTES or config.get("pool_bytes") == 0:
+        return exact_empty(shape, dtype)
+    return _POOL.take(nbytes, limit=config.get("pool_bytes")).view(dtype).reshape(shape)
 
 
 _local = threading.local()
