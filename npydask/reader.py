@@ -301,7 +301,7 @@ class FileRef(NamedTuple):
         check_backend_for(backend, source, path)
         _check_key(key)
         f = source.open(path, key=key)
-        check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again")
+        check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again", True)
         options = options or read_options(gap_bytes=source.gap_bytes)
         return cls(path, f.identity, f.header, options, backend, key, f.deflated, check, source)
 

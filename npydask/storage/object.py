@@ -119,13 +119,16 @@ class ObjectSource(Source):
     ) -> RemoteFile:
         """The object as a :class:`RemoteFile`.
 
-        A plain ``.npy`` object whose identity and header bytes are known
-        (every task's case) costs no request: each later read is conditional
-        on the ETag, so the header bytes cannot differ from ``check``'s
-        without the read failing. Otherwise its header is read (and an
-        ``.npz`` member located) and kept in a small per-process cache.
+        A plain ``.npy`` object whose identity is known and whose header
+        bytes were read from it at that identity (``check.read_there``:
+        every task of a dataset opened without an index) costs no request:
+        each later read is conditional on the ETag, so the header bytes cannot
+        differ from ``check``'s without the read failing. Otherwise its header
+        is read (and an ``.npz`` member located), kept in a small per-process
+        cache, and compared with ``check`` (a header from an index).
         """
-        if expected is not None and check is not None and key is None and expected.etag is not None:
+        if (expected is not None and check is not None and check.read_there and key is None
+                and expected.etag is not None):
             header = parse_header(check.raw, source=redact(path))
             return RemoteFile(self, path, expected, header, check.raw, None)
         cache_key = (path, expected, key)
@@ -151,8 +154,15 @@ class ObjectSource(Source):
         options: ReadOptions,
         check: HeaderCheck | None = None,
     ) -> None:
-        """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``."""
+        """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``.
+
+        A ``check`` not read from this object (an index's header) is
+        compared first (see :meth:`open`).
+        """
         from npydask.backends.pread import read_plan
+
+        if check is not None and not check.read_there:
+            self.open(path, identity, check=check)
 
         read_plan(RangeReader(self, path, identity), plan, options, dest)
 
