@@ -44,7 +44,7 @@ from npydask.region import ReadPlan
 from npydask.storage._headers import member_header, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import translate
-from npydask.storage._stores import StoreSpec, run_all, run_each, store_for
+from npydask.storage._stores import StoreSpec, check_not_forked, run_all, run_each, store_for
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
 
@@ -179,6 +179,10 @@ class ObjectSource(Source):
                 out[i * nbytes : (i + 1) * nbytes] = np.frombuffer(data, np.uint8, nbytes, offset)
 
         run_all(one, range(len(items)), self.spec.settings.concurrency)
+
+    def check_process(self, path: str) -> None:
+        """Raise :class:`RuntimeError` in a child forked from a process that used obstore (see :func:`check_not_forked`)."""
+        check_not_forked(path)
 
     # -- helpers --------------------------------------------------------------------------------
 
