@@ -180,6 +180,15 @@ class ObjectSource(Source):
 
         run_all(one, range(len(items)), self.spec.settings.concurrency)
 
+    def range_read(self, path: str) -> tuple[_Blocks, int]:
+        """A :data:`npydask.npz.Read` over the object as it is now (one HEAD), and its size.
+
+        Reads are conditional on the ETag the HEAD found, in 64 KiB blocks
+        (a zip directory's reads), larger pieces in one request each.
+        """
+        identity = self.identity(path)
+        return _Blocks(self, path, identity, b""), identity.size
+
     def check_process(self, path: str) -> None:
         """Raise :class:`RuntimeError` in a child forked from a process that used obstore (see :func:`check_not_forked`)."""
         check_not_forked(path)
