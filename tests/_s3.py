@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -174,12 +175,14 @@ class Requests:
 
         self.counts: Counter[str] = Counter()
         self.listed_pages = 0
+        self._lock = threading.Lock()  # (calls come from npydask's request threads)
         for name in self.NAMES:
             monkeypatch.setattr(obstore, name, self._counting(name, getattr(obstore, name)))
 
     def _counting(self, name: str, real: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            self.counts[name] += 1
+            with self._lock:
+                self.counts[name] += 1
             result = real(*args, **kwargs)
             if name == "list":
                 return self._pages(result)
@@ -189,7 +192,8 @@ class Requests:
 
     def _pages(self, stream: Any) -> Any:
         for page in stream:
-            self.listed_pages += 1
+            with self._lock:
+                self.listed_pages += 1
             yield page
 
     def clear(self) -> None:

@@ -356,7 +356,8 @@ def test_reusing_an_index_over_a_prefix_costs_the_list_pages_and_no_header_reque
     requests.clear()
     ds = npydask.open_dataset(root, index=idx, recursive=recursive, storage_options=s3.options)
     listing = requests.counts["list"] + requests.counts["list_with_delimiter"]
-    assert listing == (1 if recursive else 3)  # one page, or the prefix and its two folders
+    assert listing == (1 if recursive else 3)  # one paged LIST, or the prefix and its two folders
+    assert requests.listed_pages == (1 if recursive else 0)  # (300 keys: one page of up to 1,000)
     assert requests.counts["get"] == int(remote_index) and requests.counts["head"] == 0 and requests.counts["put"] == 0
     assert ds.files == first.files and ds.headers == first.headers
     want = np.stack([arrays[u[len(f"s3://{space}/") :]] for u in ds.files])
