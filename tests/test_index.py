@@ -447,3 +447,24 @@ def test_a_local_index_is_refused_for_objects(s3, listed, folder, tmp_path):
     with pytest.raises(ValueError, match="local files.*objects"):
         npydask.open_dataset(f"s3://{space}/data", index=idx, storage_options=s3.options)
     assert idx.read_bytes() == before
+
+
+def test_what_reading_through_an_index_costs(s3, tmp_path, monkeypatch):
+    space, arrays = _objects(s3, n_top=8, n_sub=(), shape=(16, 8))
+    root = f"s3://{space}/data"
+    idx = tmp_path / "index.json"
+    plain = npydask.open_dataset(root, storage_options=s3.options)
+    npydask.open_dataset(root, index=idx, storage_options=s3.options)
+    ds = npydask.open_dataset(root, index=idx, storage_options=s3.options)
+    requests = Requests(monkeypatch)
+    np.testing.assert_array_equal(plain[3].compute(), arrays["data/003.npy"])
+    assert requests.counts["get"] == 1  # its header was read from it at open: the data GET only
+    requests.clear()
+    np.testing.assert_array_equal(ds[3].compute(), arrays["data/003.npy"])
+    assert requests.counts["get"] == 2  # the index's header is compared first: one header GET, then the data
+    requests.clear()
+    np.testing.assert_array_equal(ds[3].compute(), arrays["data/003.npy"])
+    assert requests.counts["get"] == 1  # compared once per object and process
+    requests.clear()
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack([arrays[f"data/{i:03d}.npy"] for i in range(8)]))
+    assert requests.counts["get"] == 8 and requests.counts["head"] == 0  # small objects: one whole GET each
