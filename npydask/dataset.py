@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from functools import partial
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import dask.array as da

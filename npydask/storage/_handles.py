@@ -113,8 +113,8 @@ class HeaderCheck(NamedTuple):
     holds their header bytes). An object whose header came from its own GET,
     at the ETag every later range read is conditional on, cannot hold other
     bytes, so its tasks skip the header request; a header from anywhere else
-    (an index, another file) costs one conditional range GET of the header
-    where the object is first read in a process.
+    (an index, another file) costs one range GET of the header, checked
+    against the ETag, where the object is first read in a process.
     """
 
 
