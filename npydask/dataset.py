@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import dask.array as da
@@ -28,7 +29,7 @@ from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, lister_for, resolve
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
-from npydask.discovery import select_files, shard_range
+from npydask.discovery import Selected, select_files, select_listed, shard_range
 from npydask.header import NpyHeader
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
@@ -105,8 +106,8 @@ def scan_headers(
 
 def _select(
     file_root: Any, file_filter: str, file_list: Any, files: Any, recursive: bool, storage_options: dict[str, Any] | None
-) -> tuple[list[str], Source]:
-    """The dataset's paths in read order, and the one source that reads them all."""
+) -> tuple[Selected, Source]:
+    """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source."""
     first = file_root
     if first is None and files is not None and not isinstance(files, str | bytes | os.PathLike):
         files = list(files)
@@ -123,19 +124,21 @@ def _select(
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
-        return absolute_all(paths), LOCAL  # tasks may run in another working directory (npydask.paths)
+        return Selected(absolute_all(paths)), LOCAL  # tasks may run in another working directory (npydask.paths)
     probe, source = resolve(probe, storage_options)
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
-    paths = select_files(root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister)
+    selected = select_listed(
+        root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister
+    )
     base = source.spec.base + "/"  # type: ignore[attr-defined]
-    for p in paths:
+    for p in selected.paths:
         if not p.startswith(base):
             raise ValueError(
                 f"a dataset reads objects of one store ({source.spec.public()}); found {redact(p)}: "  # type: ignore[attr-defined]
                 "open a dataset per store"
             )
-    return paths, source
+    return selected, source
 
 
 def _ignore(done: int) -> None:
@@ -518,9 +521,14 @@ def open_dataset(
         have no listing: only these two work there).
     key : str, optional
         Member name inside ``.npz`` archives.
-    index : path, optional
-        A persistent header index (JSON, never pickle), reused while files
-        keep their size and mtime and refreshed for the others.
+    index : path or URL, optional
+        A persistent header index (JSON, never pickle, see
+        :mod:`npydask.index`), reused while files keep their identity (a
+        local file's size, mtime and inode; an object's size and ETag) and
+        refreshed for the others. Over a listed prefix, reusing it costs the
+        LIST pages and no header request; over ``files``/``file_list`` URLs,
+        one HEAD per object. For objects the index may itself be a URL
+        (one GET to read, one PUT to write, with ``storage_options``).
     roi_start, rel_roi_start, roi_end, rel_roi_end, roi_shape, rel_roi_shape, roi_axes
         DALI's ROI arguments (see :mod:`npydask.roi`); a 2-D value gives one
         row per file of the whole list, before sharding.
@@ -567,7 +575,7 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    paths, source = _select(file_root, file_filter, file_list, files, recursive, storage_options)
+    (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options)
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
@@ -586,11 +594,19 @@ def open_dataset(
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
-        index_path = os.fspath(index)
-        scanned = scan_with_index(index_path, chosen, scan_headers)
-        origin = (f"the header index {index_path!r}",
-                  f"the index is stale or was edited: delete {index_path!r} and open the dataset again to rebuild it",
-                  False)
+        index_path = fspath(index)
+        shown = redact(index_path)
+        scanned = scan_with_index(
+            index_path,
+            chosen,
+            partial(scan_headers, source=source),
+            source=source,
+            identities=None if listed is None else [listed[i] for i in picked],
+            storage_options=storage_options,
+        )
+        origin = (f"the header index {shown!r}",
+                  f"the index is stale or was edited: delete {shown!r} and open the dataset again to rebuild it",
+                  False)  # (an entry's header is the index's: each object's is compared where it is read)
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)

@@ -78,14 +78,15 @@ import re
 import stat
 import sys
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from npydask.storage._handles import open_regular
-from npydask.storage.base import Lister
+from npydask.storage.base import Identity, Lister
 from npydask.storage.local import LocalLister
 from npydask.storage.urls import is_url, join_url, split_url
 from npydask.storage.local import fs_bytes as _fs_bytes
 
-__all__ = ["DEFAULT_FILE_FILTER", "dali_order", "select_files", "shard_range"]
+__all__ = ["DEFAULT_FILE_FILTER", "Selected", "dali_order", "select_files", "select_listed", "shard_range"]
 
 DEFAULT_FILE_FILTER = "*.npy"
 """DALI's default ``file_filter`` for ``fn.readers.numpy``."""
@@ -161,6 +162,46 @@ def select_files(
     >>> select_files(root, files=["s1/c.npy", "/abs/x.npy"])[1]
     '/abs/x.npy'
     """
+    return select_listed(
+        file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister
+    ).paths
+
+
+class Selected(NamedTuple):
+    """The paths a dataset reads, in read order, with the identities their listing gave (if any).
+
+    ``identities[i]`` belongs to ``paths[i]``; it is ``None`` (the whole
+    column) when the paths did not come from a listing that knows them:
+    ``files``, ``file_list``, or a local folder (whose header scan's
+    ``fstat`` gives them anyway). An object store's listing gives each
+    object's size and ETag, so a header index can be checked without a
+    request per object.
+    """
+
+    paths: list[str]
+    identities: list[Identity] | None = None
+
+
+def select_listed(
+    file_root: PathArg | None = None,
+    *,
+    file_filter: str = DEFAULT_FILE_FILTER,
+    file_list: PathArg | None = None,
+    files: Iterable[PathArg] | None = None,
+    recursive: bool = False,
+    lister: Lister | None = None,
+) -> Selected:
+    """:func:`select_files`, with the listing's identities kept beside the ordered paths.
+
+    Examples
+    --------
+    >>> from npydask.storage.base import Listing
+    >>> class Fake(Lister):
+    ...     def list(self, recursive=False, match=None):
+    ...         return Listing(["s/b.npy", "a.npy"], [2, 1], [(2, "e2"), (1, "e1")])
+    >>> select_listed("s3://b/p", lister=Fake())
+    Selected(paths=['s3://b/p/a.npy', 's3://b/p/s/b.npy'], identities=[(1, 'e1'), (2, 'e2')])
+    """
     root = None if file_root is None else _path_str(file_root, "file_root")
     if not isinstance(file_filter, str):
         raise TypeError(f"file_filter must be a str glob such as '*.npy', got {file_filter!r}")
@@ -181,17 +222,19 @@ def select_files(
     join = _join_url if remote else os.path.join
     if files is not None:
         entries = _entries_from_files(files)
-        return [join(root, e) if root is not None else e for e in entries]
+        return Selected([join(root, e) if root is not None else e for e in entries])
     if file_list is not None:
         list_path = _path_str(file_list, "file_list")
         entries = _entries_from_list(list_path)
         base = root if root is not None else os.path.dirname(list_path)
-        return [join(base, e) for e in entries]
+        return Selected([join(base, e) for e in entries])
 
     assert root is not None
     match = re.compile(fnmatch.translate(file_filter)).match
     listing = (lister or LocalLister(root)).list(recursive, match)
-    found = _sorted(listing.paths) if recursive else dali_order(listing.paths)
+    # (before ordering: sorting a recursive listing sorts its paths in place)
+    of = None if listing.identities is None else dict(zip(listing.paths, listing.identities))
+    found = _sorted(listing.paths) if recursive else dali_order(listing.paths, "/" if remote else os.sep)
     if not found:
         where = "at any depth under" if recursive else "directly in or one folder below"
         hint = "" if recursive else "; pass recursive=True to search deeper folders"
@@ -202,7 +245,7 @@ def select_files(
     # Discovered names are relative and non-empty, so one prefix joins them all
     # exactly as os.path.join(root, rel) would, without 20,000 calls to it.
     prefix = root.rstrip("/") + "/" if remote else os.path.join(root, "")
-    return [prefix + rel for rel in found]
+    return Selected([prefix + rel for rel in found], None if of is None else [of[rel] for rel in found])
 
 
 def _join_url(base: str, entry: str) -> str:

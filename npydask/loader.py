@@ -33,7 +33,7 @@ from npydask.region import Box
 from npydask.sampling import EpochPlan, _check_int
 from npydask.stacking import FileGroup, joined_dtype
 
-__all__ = ["Loader", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
+__all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
 
 _STATE_KEYS = ("n", "batch_size", "shuffle", "seed", "shard_id", "num_shards", "pad_last_batch", "drop_last")
 _LATER_KEYS = {"stick_to_shard": True}  # added after the first states were saved: their value then
@@ -87,6 +87,18 @@ def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) 
         NpyDaskWarning,
         stacklevel=3,
     )
+
+
+def check_process(views: Sequence[NpyFileArray]) -> None:
+    """Raise where this process cannot read the views (objects, in a child forked after obstore was used).
+
+    The error names ``multiprocessing_context="spawn"`` and ``"forkserver"``:
+    a request there would hang instead (obstore is not fork-safe). Local
+    files are always readable. See :meth:`npydask.storage.base.Source.check_process`.
+    """
+    if views:
+        ref = views[0].ref  # (a dataset reads one store)
+        ref.source.check_process(ref.path)
 
 
 def read_batch(views: Sequence[NpyFileArray], device: str = "cpu") -> Any:
@@ -311,6 +323,8 @@ class Loader:
             self.epoch, self._done = epoch, 0
         batches = self.plan.batches(epoch)[start:]
         views = self.dataset.views
+        if self.client is None:
+            check_process(views)  # (before a thread starts: in a forked child, a clear error, not a hang)
         fetch = _ClusterFetch(self.client, self.device) if self.client is not None else _LocalFetch(self.prefetch, self.device)
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()

@@ -21,9 +21,13 @@ Tensors are made without extra copies: samples are read in small groups by
 npydask's stacked reader into fresh, writable, native-order arrays and
 handed over with ``torch.from_numpy`` (CuPy arrays through DLPack).
 
-Forked DataLoader workers are safe: reading uses plain system calls in the
-worker process; no dask scheduler, thread pool or client is created before
-or after the fork. (``multiprocessing_context="spawn"`` works too.)
+Forked DataLoader workers are safe for local files: reading uses plain
+system calls in the worker process; no dask scheduler, thread pool or
+client is created before or after the fork. (``multiprocessing_context="spawn"``
+works too.) Over object-store URLs they are not: obstore, which reads them,
+hangs in a child forked from a process that used it (opening the dataset
+did), so a forked worker raises a ``RuntimeError`` before its first read,
+naming ``multiprocessing_context="spawn"`` and ``"forkserver"``, which work.
 
 Like ``DistributedSampler``, call :meth:`NpyIterableDataset.set_epoch`
 before each epoch to get a new shuffle. The epoch lives in shared memory
@@ -51,7 +55,7 @@ import torch
 import torch.utils.data
 
 from npydask.dataset import file_index
-from npydask.loader import read_batch, warn_if_resharded
+from npydask.loader import check_process, read_batch, warn_if_resharded
 from npydask.sampling import _check_int, epoch_order
 from npydask.stacking import joined_dtype
 
@@ -289,6 +293,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         views = self.dataset.views
+        check_process(views)  # (a forked DataLoader worker over URLs: a clear error, not a hang)
         mine = self.indices().tolist()
         for at in range(0, len(mine), self.read_size):
             part = mine[at : at + self.read_size]
@@ -305,7 +310,8 @@ class NpyMapDataset(torch.utils.data.Dataset):
     indices to :meth:`__getitems__`, which reads them with one call (the
     loader's tight per-file loop), in the main process or a worker. As with
     :class:`NpyIterableDataset`, reading uses plain system calls, so forked
-    workers are safe.
+    workers are safe for local files (over URLs use ``"spawn"`` or
+    ``"forkserver"`` workers, as for :class:`NpyIterableDataset`).
 
     Parameters
     ----------
@@ -351,6 +357,7 @@ class NpyMapDataset(torch.utils.data.Dataset):
         """The samples at ``indices``, read by one call (DataLoader calls this once per batch)."""
         picks = [self._index(i) for i in indices]
         views = self.dataset.views
+        check_process(views)
         tensors = [_tensor(a) for a in _arrays([views[i] for i in picks], self.device)] if picks else []
         return list(zip(tensors, picks)) if self.with_index else tensors
 

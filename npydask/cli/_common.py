@@ -32,10 +32,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from npydask.storage._batch import Scanned
 from npydask.cli._progress import progress_line
+from npydask.cli._remote import add_storage_option, is_prefix, npz_members_at, source_of, url_or_none
 from npydask.dataset import _human, scan_headers
 from npydask.discovery import select_files
+from npydask.storage._batch import Scanned
+from npydask.storage.base import Source
+from npydask.storage.local import LOCAL
+from npydask.storage.urls import redact
+from npydask.storage.where import lister_for
 
 __all__ = [
     "SCAN_COUNT_FROM",
@@ -171,16 +176,24 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, right: Se
 
 @dataclass(frozen=True)
 class Selection:
-    """The files a command reads: ``root`` is the folder given (``None`` for files given one by one)."""
+    """The files a command reads: ``root`` is the folder (or prefix URL) given, ``None`` for files given one by one.
+
+    ``storage_options`` are those the objects were read with (``None`` for local files).
+    """
 
     root: str | None
     paths: list[str]
     good: list[tuple[str, Scanned]]
     bad: list[tuple[str, str]]
+    storage_options: dict[str, Any] | None = None
 
     def name(self, path: str) -> str:
-        """``path`` as shown: relative to the folder given, else as given."""
-        return os.path.relpath(path, self.root) if self.root is not None else path
+        """``path`` as shown: relative to the folder or prefix given, else as given (URLs without query strings)."""
+        if self.root is None:
+            return redact(path)
+        if url_or_none(self.root) is not None:
+            return path[len(self.root.rstrip("/")) + 1 :]
+        return os.path.relpath(path, self.root)
 
 
 _MAGIC = re.compile(r"[*?[]")
@@ -195,7 +208,7 @@ def expand_globs(patterns: Sequence[str]) -> list[str]:
     """
     out: list[str] = []
     for p in patterns:
-        if os.path.lexists(p) or not _MAGIC.search(p):
+        if url_or_none(p) is not None or os.path.lexists(p) or not _MAGIC.search(p):  # (URLs: keys may hold '*')
             out.append(p)
             continue
         found = sorted(glob.glob(p, recursive=True))
@@ -213,12 +226,15 @@ def select(
     key: str | None = None,
     quiet: bool = False,
     lenient: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> Selection:
-    """The files under ``path`` (a file or a folder) with their headers; unreadable ones listed apart.
+    """The files under ``path`` (a file or a folder, an object or a prefix URL) with their headers; unreadable ones apart.
 
     Scanning more than ``SCAN_COUNT_FROM`` files shows a running count on
     stderr (unless ``quiet``). With ``lenient``, a single file that cannot
     be read is listed in ``bad`` like a folder's files instead of raising.
+    ``storage_options`` reach the store of a URL (and are refused for a
+    local path).
 
     Raises
     ------
@@ -226,40 +242,51 @@ def select(
         ``path`` does not exist, holds no matching file, or is a single file
         that cannot be read as ``.npy`` (or as the ``.npz`` member ``key``).
     """
-    if not os.path.exists(path):
+    source: Source = LOCAL
+    shown = redact(path)
+    if url_or_none(path) is not None:
+        source = source_of(path, storage_options)
+        root = path if is_prefix(path, file_filter, storage_options) else None
+    elif storage_options:
+        raise UsageError(f"{path}: --storage-option applies to object-store URLs (s3://, gs://, az://, http(s)://)")
+    elif not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
-    root = path if os.path.isdir(path) else None
+    else:
+        root = path if os.path.isdir(path) else None
     if root is None:
         paths = [path]
     else:
+        lister = None if source is LOCAL else lister_for(root, source)
         try:
-            paths = select_files(root, file_filter=file_filter, recursive=recursive)
+            paths = select_files(root, file_filter=file_filter, recursive=recursive, lister=lister)
         except ValueError as e:
             where = "at any depth" if recursive else "directly in it or one folder below (--recursive looks deeper)"
-            raise UsageError(f"{root}: no file matching --filter {file_filter!r} {where}") from e
+            raise UsageError(f"{shown}: no file matching --filter {file_filter!r} {where}") from e
         except OSError as e:
             raise UsageError(str(e)) from e
     good: list[tuple[str, Scanned]] = []
     bad: list[tuple[str, str]] = []
-    for p, result in zip(paths, _scan(paths, key, quiet)):
+    for p, result in zip(paths, _scan(paths, key, quiet, source)):
         if isinstance(result, BaseException):
             reason = result.args[0] if isinstance(result, KeyError) and result.args else result
-            bad.append((p, _reason(p, reason)))
+            bad.append((p, _reason(redact(p), reason)))
         else:
             good.append((p, result))
     if root is None and bad and not lenient:
         raise UsageError(bad[0][1] + _npz_hint(path, key))
-    return Selection(root, paths, good, bad)
+    return Selection(root, paths, good, bad, storage_options if source is not LOCAL else None)
 
 
-def _scan(paths: list[str], key: str | None, quiet: bool) -> list[Scanned | BaseException]:
+def _scan(paths: list[str], key: str | None, quiet: bool, source: Source = LOCAL) -> list[Scanned | BaseException]:
     if len(paths) <= SCAN_COUNT_FROM:
-        return scan_headers(paths, key=key)
+        return scan_headers(paths, key=key, source=source)
     with progress_line(quiet) as line:
         if line is None:
-            return scan_headers(paths, key=key)
+            return scan_headers(paths, key=key, source=source)
         total = number(len(paths))
-        return scan_headers(paths, key=key, progress=lambda n: line.update(f"scanned {number(n)} / {total} files"))
+        return scan_headers(
+            paths, key=key, source=source, progress=lambda n: line.update(f"scanned {number(n)} / {total} files")
+        )
 
 
 def _reason(path: str, error: object) -> str:
@@ -273,14 +300,16 @@ def _npz_hint(path: str, key: str | None) -> str:
     return ""
 
 
-def npz_members(path: str) -> list[str]:
-    """The member names of the ``.npz`` archive ``path`` (``"x"`` for ``x.npy``), in archive order.
+def npz_members(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The member names of the ``.npz`` archive ``path`` (a file or an object URL; ``"x"`` for ``x.npy``), in archive order.
 
     Raises
     ------
     UsageError
         ``path`` is not a readable zip archive, or holds no member.
     """
+    if url_or_none(path) is not None:
+        return npz_members_at(path, storage_options)
     try:
         with zipfile.ZipFile(path) as zf:
             names = [n[: -len(".npy")] if n.endswith(".npy") else n for n in zf.namelist()]
@@ -427,10 +456,14 @@ def add_selection_options(parser: Any, *, several: bool = False) -> None:
     """``PATH`` (``PATH...`` when ``several``), ``--filter``, ``--recursive`` and ``--key``."""
     if several:
         parser.add_argument("paths", metavar="PATH", nargs="+",
-                            help=".npy or .npz files or folders of them; shell patterns such as 'scans/*.npy' too")
+                            help=".npy or .npz files or folders of them, or object URLs (s3://bucket/prefix/, "
+                                 "https://host/a.npy); shell patterns such as 'scans/*.npy' too")
     else:
-        parser.add_argument("path", metavar="PATH", help="a .npy file, or a folder of them")
+        parser.add_argument("path", metavar="PATH",
+                            help="a .npy file, or a folder of them; or an object URL (s3://bucket/a.npy) or prefix "
+                                 "(s3://bucket/scans/)")
     parser.add_argument("--filter", default="*.npy", help="glob on file names in a folder (default '*.npy')")
     parser.add_argument("--recursive", action="store_true", help="look in every subfolder, not only the first level")
     parser.add_argument("--key", help="member of .npz archives to read (e.g. 'x')")
+    add_storage_option(parser)
     add_quiet_option(parser)

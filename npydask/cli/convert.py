@@ -56,6 +56,8 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
+from npydask.storage.urls import redact
 from npydask.writer import check_names
 from npydask.cli._common import (
     UsageError,
@@ -81,6 +83,8 @@ examples:
   npydask convert scans/ scans.zarr --recursive            one stacked array, names in attrs["files"]
   npydask convert scans/ scans.zarr --layout per-file      one zarr array per file
   npydask convert pairs/ x/ --key x            member x of every .npz in pairs/ to x/<name>.npy
+  npydask convert s3://bucket/scans/ scans.zarr --storage-option region=eu-west-1   from object storage
+  npydask convert scans/ s3://bucket/out/ --storage-option endpoint=http://127.0.0.1:8333   to object storage
 """
 
 GROUP_FILES = 256
@@ -112,6 +116,7 @@ def add_parser(sub: Any) -> None:
         "or one zarr array per file",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing DEST")
+    add_storage_option(p)
     add_cluster_options(p)
     add_quiet_option(p)
     p.set_defaults(func=run)
@@ -181,12 +186,18 @@ def plan_batches(sizes: Sequence[int], *, small: int = SMALL_BYTES, max_files: i
 # Task bodies: one task converts a group of small files.
 
 
-def write_npy_group(items: Sequence[tuple[str, str]], folder: str, key: str | None) -> int:
-    """Read each ``(path, name)`` and write it to ``folder/name`` (``.npy`` appended); return the count."""
+def write_npy_group(
+    items: Sequence[tuple[str, str]], folder: str, key: str | None, options: dict[str, Any] | None = None,
+    dest_options: dict[str, Any] | None = None,
+) -> int:
+    """Read each ``(path, name)`` and write it to ``folder/name`` (``.npy`` appended); return the count.
+
+    ``options`` are the sources' ``storage_options`` (URLs), ``dest_options`` the destination's.
+    """
     import dask
 
-    arrays = [npydask.read_region(path, key=key) for path, _ in items]
-    writes = npydask.to_npy_files(arrays, folder, [name for _, name in items], compute=False)
+    arrays = [npydask.read_region(path, key=key, **_so(path, options)) for path, _ in items]
+    writes = npydask.to_npy_files(arrays, folder, [name for _, name in items], compute=False, **_so(folder, dest_options))
     # local threads, never the cluster's client: each file waits on its fsync, so waits overlap
     dask.compute(writes, scheduler="threads", num_workers=_TASK_THREADS)
     return len(items)
@@ -203,7 +214,17 @@ class ZarrItem:
     chunks: tuple[int, ...]
 
 
-def write_zarr_group(items: Sequence[ZarrItem], store: str, key: str | None) -> int:
+def _so(path: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"storage_options": options}`` for an object URL, nothing for a local path (the writers' keyword)."""
+    return {"storage_options": options} if url_or_none(path) is not None else {}
+
+
+def _abs(path: str) -> str:
+    """A local path made absolute; a URL as it is."""
+    return path if url_or_none(path) is not None else os.path.abspath(path)
+
+
+def write_zarr_group(items: Sequence[ZarrItem], store: str, key: str | None, options: dict[str, Any] | None = None) -> int:
     """Create each item's zarr array and write its file into it, several at once; return the count.
 
     The first array of each layout (shape, dtype, chunks) is created with
@@ -212,10 +233,10 @@ def write_zarr_group(items: Sequence[ZarrItem], store: str, key: str | None) -> 
     layout have the same document), which costs one store write instead of
     zarr's checks and encoding per array (measured 1.4x faster per file).
     """
-    return asyncio.run(_write_zarr_items(items, store, key))
+    return asyncio.run(_write_zarr_items(items, store, key, options))
 
 
-async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | None) -> int:
+async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | None, options: dict[str, Any] | None) -> int:
     import zarr
     import zarr.api.asynchronous as za
     from zarr.core.buffer import default_buffer_prototype
@@ -234,12 +255,12 @@ async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | No
         if document is None:
             raise RuntimeError(f"{store}: zarr wrote no {item.name}/zarr.json for a new array; please report this")
         templates[layout] = (z.metadata, document)
-        await z.setitem(Ellipsis, npydask.read_region(item.path, key=key))
+        await z.setitem(Ellipsis, npydask.read_region(item.path, key=key, **_so(item.path, options)))
 
     async def one(item: ZarrItem) -> None:
         metadata, document = templates[item.shape, item.dtype, item.chunks]
         async with gate:  # (read inside the gate: at most _ZARR_CONCURRENCY files held at once)
-            data = npydask.read_region(item.path, key=key)
+            data = npydask.read_region(item.path, key=key, **_so(item.path, options))
             await local.set(f"{item.name}/zarr.json", document)
             z = zarr.AsyncArray(metadata=metadata, store_path=StorePath(local, item.name))
             await z.setitem(Ellipsis, data)
@@ -282,57 +303,91 @@ def _stem(name: str) -> str:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    """The conversion, with every input checked (no cluster yet)."""
+    """The conversion, with every input checked (no cluster yet).
+
+    SRC and DEST may be object URLs (``s3://bucket/scans/``): SRC is read
+    with ``--storage-option`` and the environment's credentials, DEST is
+    written through the same public writers with the same options.
+    """
     src, dest = args.src, args.dest
     kind = destination_kind(dest)
-    if not os.path.exists(src):
+    options = storage_options(args)
+    src_url, dest_url = url_or_none(src), url_or_none(dest)
+    if options and src_url is None and dest_url is None:
+        raise UsageError("--storage-option applies to object-store URLs (s3://, gs://, az://, http(s)://); "
+                         "SRC and DEST are local")
+    if src_url is None and not os.path.exists(src):
         raise UsageError(f"{src}: no such file or folder")
-    if os.path.lexists(dest) and not args.overwrite:
+    if dest_url is None and os.path.lexists(dest) and not args.overwrite:
         raise UsageError(f"{dest} exists; pass --overwrite to replace it")
-    src_abs, dest_abs = os.path.abspath(src), os.path.abspath(dest)
+    src_abs, dest_abs = _abs(src), _abs(dest)
+    src_options = options if src_url is not None else None
+    run = _Run(src_options, options if dest_url is not None else None)
     if kind == "zarr":
         _need_zarr()
-    elif kind == "npy" and not os.path.isdir(os.path.dirname(dest_abs)):
+    elif kind == "npy" and dest_url is None and not os.path.isdir(os.path.dirname(dest_abs)):
         raise UsageError(f"{dest}: its folder does not exist; create it first")
-    if os.path.isdir(src):
-        return _plan_folder(args, kind, src_abs, dest_abs)
+    file_filter = args.filter or ("*.npz" if args.key else "*.npy")
+    if os.path.isdir(src) if src_url is None else is_prefix(src, file_filter, src_options):
+        return _plan_folder(args, kind, src_abs, dest_abs, run)
     if args.layout is not None:
-        raise UsageError(f"--layout applies to a folder SRC; {src} is a file")
+        raise UsageError(f"--layout applies to a folder SRC; {redact(src)} is a file")
     if src.endswith(".npz") and args.key is None:
-        return _plan_npz(src, dest, kind, src_abs, dest_abs, args.overwrite)
-    select(src_abs, key=args.key)  # one line naming the problem (not .npy, missing --key member)
-    x = npydask.from_npy(src_abs, key=args.key)
+        return _plan_npz(redact(src), dest, kind, src_abs, dest_abs, args.overwrite, run)
+    select(src_abs, key=args.key, storage_options=src_options)  # one line naming the problem (not .npy, no member)
+    x = npydask.from_npy(src_abs, key=args.key, **_so(src_abs, src_options))
+    shown = redact(src)
     if kind == "zarr":
-        _check_zarr_dtypes([x.dtype], src)
-        return Plan(f"{src} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite), _nbytes(x))
+        _check_zarr_dtypes([x.dtype], shown)
+        return Plan(f"{shown} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite, run), _nbytes(x))
     if kind == "folder":
-        name = args.key or _stem(os.path.basename(src_abs))
-        return Plan(f"{src} to {dest}/{name}.npy (C order)",
-                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False)], _nbytes(x))
-    return Plan(f"{src} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False)], _nbytes(x))
+        name = args.key or _stem(redact(src_abs).rpartition("/")[2] if src_url else os.path.basename(src_abs))
+        return Plan(f"{shown} to {dest}/{name}.npy (C order)",
+                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False, **run.dest)], _nbytes(x))
+    return Plan(f"{shown} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False, **run.dest)],
+                _nbytes(x))
 
 
-def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overwrite: bool) -> Plan:
-    members = npz_members(src)
+@dataclass(frozen=True)
+class _Run:
+    """The ``storage_options`` of the source (``None`` when local) and of the destination (``None`` when local)."""
+
+    src: dict[str, Any] | None
+    dest_options: dict[str, Any] | None
+
+    @property
+    def dest(self) -> dict[str, Any]:
+        """The writers' keyword for the destination: ``{"storage_options": ...}`` for a URL, else nothing."""
+        return {} if self.dest_options is None else {"storage_options": self.dest_options}
+
+    def source(self, path: str) -> dict[str, Any]:
+        """The readers' keyword for a source path."""
+        return _so(path, self.src)
+
+
+def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overwrite: bool, run: _Run) -> Plan:
+    members = npz_members(src_abs, run.src)
     if kind == "npy":
         raise UsageError(
             f"{src} holds {len(members)} arrays ({', '.join(members[:5])}); pass --key MEMBER for one .npy "
             f"file, or give a folder or a .zarr store for all of them"
         )
-    arrays = [npydask.from_npy(src_abs, key=m) for m in members]
+    arrays = [npydask.from_npy(src_abs, key=m, **run.source(src_abs)) for m in members]
     nbytes = sum(_nbytes(a) for a in arrays)
     if kind == "zarr":
         _check_zarr_dtypes([a.dtype for a in arrays], src)
         return Plan(f"{len(members)} members of {src} to {dest}",
-                    lambda: _zarr_writes(arrays, members, dest_abs, overwrite), nbytes, len(members))
+                    lambda: _zarr_writes(arrays, members, dest_abs, overwrite, run), nbytes, len(members))
     return Plan(f"{len(members)} members of {src} to {dest}/",
-                lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False)], nbytes, len(members))
+                lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False, **run.dest)], nbytes,
+                len(members))
 
 
-def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str) -> Plan:
-    src, key = args.src, args.key
+def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str, run: _Run) -> Plan:
+    src, key = redact(args.src), args.key
     file_filter = args.filter or ("*.npz" if key else "*.npy")
-    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, key=key, quiet=args.quiet)
+    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, key=key, quiet=args.quiet,
+                       storage_options=run.src)
     if report_bad(selection):
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]
@@ -351,15 +406,18 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
             raise UsageError(f"{src}: {e}") from e
         items = list(zip(paths, stems))
         sizes = [h.nbytes for h in headers]
-        return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)", lambda: _npy_folder_writes(items, sizes, dest_abs, key),
-                    total, len(paths))
+        return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)",
+                    lambda: _npy_folder_writes(items, sizes, dest_abs, key, run), total, len(paths))
     if layout == "per-file":
         if kind == "npy":
             raise UsageError(f"{args.dest}: --layout per-file writes one array per file: give a .zarr store or a folder")
         _check_zarr_dtypes([h.dtype for h in headers], src)
+        if run.dest_options is not None:
+            raise UsageError(f"{args.dest}: --layout per-file writes zarr to local disk only; write it locally and "
+                             "upload it, or use the stacked layout (the default) for a zarr URL")
         stems = _zarr_names(names)
         return Plan(f"{count} to zarr {args.dest}, one array per file",
-                    lambda: _zarr_per_file_writes(paths, headers, stems, names, dest_abs, key, args.overwrite),
+                    lambda: _zarr_per_file_writes(paths, headers, stems, names, dest_abs, key, args.overwrite, run.src),
                     total, len(paths))
     _check_uniform(paths, headers)
     if kind == "zarr":
@@ -369,10 +427,11 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
     shape = (len(paths), *headers[0].shape)
 
     def build() -> list[Any]:
-        x = npydask.open_dataset(files=paths, key=key).stack()
+        x = npydask.open_dataset(files=paths, key=key, storage_options=run.src).stack()
         if kind == "zarr":
-            return [npydask.to_zarr(x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names})]
-        return [npydask.to_npy(x, dest_abs, compute=False)]
+            return [npydask.to_zarr(x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names},
+                                    **run.dest)]
+        return [npydask.to_npy(x, dest_abs, compute=False, **run.dest)]
 
     return Plan(f"{count} to {args.dest} as one array of shape {shape}", build, total, len(paths))
 
@@ -429,28 +488,29 @@ def _check_zarr_dtypes(dtypes: Sequence[np.dtype], src: str) -> None:
 # Building the lazy writes (the cluster is up: stack() groups files for it).
 
 
-def _zarr_writes(arrays: list[Any], names: list[str] | None, dest: str, overwrite: bool) -> list[Any]:
+def _zarr_writes(arrays: list[Any], names: list[str] | None, dest: str, overwrite: bool, run: _Run) -> list[Any]:
     if names is None:
-        return [npydask.to_zarr(arrays[0], dest, compute=False, overwrite=overwrite)]
-    return [npydask.to_zarr(x, dest, name=n, compute=False, overwrite=overwrite) for x, n in zip(arrays, names)]
+        return [npydask.to_zarr(arrays[0], dest, compute=False, overwrite=overwrite, **run.dest)]
+    return [npydask.to_zarr(x, dest, name=n, compute=False, overwrite=overwrite, **run.dest)
+            for x, n in zip(arrays, names)]
 
 
-def _npy_folder_writes(items: list[tuple[str, str]], sizes: list[int], dest: str, key: str | None) -> list[Any]:
+def _npy_folder_writes(items: list[tuple[str, str]], sizes: list[int], dest: str, key: str | None, run: _Run) -> list[Any]:
     import dask
 
     groups, large = plan_batches(sizes, small=SMALL_BYTES)
     task = dask.delayed(write_npy_group, pure=False)
-    writes: list[Any] = [task([items[i] for i in g], dest, key) for g in groups]
+    writes: list[Any] = [task([items[i] for i in g], dest, key, run.src, run.dest_options) for g in groups]
     done = dask.delayed(_all_done, pure=False)(writes, sum(map(len, groups)), dest)
     if not large:
         return [done]
-    arrays = [npydask.from_npy(items[i][0], key=key) for i in large]
-    return [done, npydask.to_npy_files(arrays, dest, [items[i][1] for i in large], compute=False)]
+    arrays = [npydask.from_npy(items[i][0], key=key, **run.source(items[i][0])) for i in large]
+    return [done, npydask.to_npy_files(arrays, dest, [items[i][1] for i in large], compute=False, **run.dest)]
 
 
 def _zarr_per_file_writes(
     paths: list[str], headers: list[Any], stems: list[str], names: list[str], dest: str, key: str | None,
-    overwrite: bool,
+    overwrite: bool, options: dict[str, Any] | None = None,
 ) -> list[Any]:
     import dask
     import zarr
@@ -468,11 +528,12 @@ def _zarr_per_file_writes(
         return ZarrItem(paths[i], stems[i], h.shape, h.dtype, chunks)
 
     task = dask.delayed(write_zarr_group, pure=False)
-    writes: list[Any] = [task([item(i) for i in g], dest, key) for g in groups]
+    writes: list[Any] = [task([item(i) for i in g], dest, key, options) for g in groups]
     out = [dask.delayed(_all_done, pure=False)(writes, sum(map(len, groups)), dest)]
 
     def big(i: int) -> Any:  # to_zarr creates the array's metadata now: concurrently
-        return npydask.to_zarr(npydask.from_npy(paths[i], key=key), dest, name=stems[i], compute=False)
+        x = npydask.from_npy(paths[i], key=key, **_so(paths[i], options))
+        return npydask.to_zarr(x, dest, name=stems[i], compute=False)
 
     with ThreadPoolExecutor(8, thread_name_prefix="npydask-zarr-meta") as pool:
         out += list(pool.map(big, large))

@@ -27,7 +27,10 @@ from npydask.cli._common import (
     size,
     table,
 )
+from npydask.cli._remote import source_of, storage_options, url_or_none
 from npydask.dataset import scan_headers
+from npydask.storage.local import LOCAL
+from npydask.storage.urls import redact
 
 __all__ = ["add_parser", "run"]
 
@@ -40,6 +43,8 @@ examples:
   npydask info archive.npz --key x
   npydask info huge_folder/ --summary --json    totals and the count of unreadable files
   npydask info archive.npz --verify              check every member's CRC-32 (exit 1 if one is bad)
+  npydask info s3://bucket/scans/ --storage-option region=eu-west-1     a prefix (credentials: environment)
+  npydask info s3://bucket/pairs.npz --storage-option endpoint=http://127.0.0.1:8333
 """
 
 
@@ -87,23 +92,24 @@ def _dtype_name(scanned: Any) -> str:
 Found = tuple[list[dict[str, Any]], list[str], list[tuple[str, str]]]
 
 
-def _members(path: str, name: str) -> Found:
+def _members(path: str, name: str, options: dict[str, Any] | None) -> Found:
     """Records and dtype names of every member of the archive ``path`` (shown as ``name``), failures apart."""
     found: Found = ([], [], [])
-    for member in npz_members(path):
-        (result,) = scan_headers([path], key=member)
+    source = LOCAL if url_or_none(path) is None else source_of(path, options)
+    for member in npz_members(path, options):
+        (result,) = scan_headers([path], key=member, source=source)
         if isinstance(result, BaseException):
-            found[2].append((f"{name}:{member}", f"{path}: member {member!r}: {result}"))
+            found[2].append((f"{name}:{member}", f"{redact(path)}: member {member!r}: {result}"))
         else:
             found[0].append(_record(name, result, member))
             found[1].append(_dtype_name(result))
     return found
 
 
-def _archive(path: str, name: str, *, lenient: bool) -> Found:
+def _archive(path: str, name: str, options: dict[str, Any] | None, *, lenient: bool) -> Found:
     """:func:`_members`; with ``lenient``, an unreadable archive is one failure instead of an error."""
     try:
-        return _members(path, name)
+        return _members(path, name, options)
     except UsageError as e:
         if not lenient:
             raise
@@ -113,20 +119,21 @@ def _archive(path: str, name: str, *, lenient: bool) -> Found:
 def _collect(args: argparse.Namespace) -> tuple[Found, int]:
     """Records, dtype names and failures (shown name, reason) of every file or member; how many files."""
     paths = expand_globs(args.paths)
+    options = storage_options(args)
     lenient = len(paths) > 1
     found: Found = ([], [], [])
     seen = 0
     for path in paths:
         if args.key is None and path.endswith(".npz") and not os.path.isdir(path):
-            parts = [_archive(path, path, lenient=lenient)]
+            parts = [_archive(path, redact(path), options, lenient=lenient)]
             seen += 1
         else:
             selection = select(path, file_filter=args.filter, recursive=args.recursive, key=args.key,
-                               quiet=args.quiet, lenient=lenient)
+                               quiet=args.quiet, lenient=lenient, storage_options=options)
             seen += len(selection.paths)
             parts = [_from_selection(selection, args.key)]
             # an archive in a folder, read without --key: list its members
-            parts += [_archive(p, selection.name(p), lenient=True)
+            parts += [_archive(p, selection.name(p), options, lenient=True)
                       for p, _ in selection.bad if args.key is None and p.endswith(".npz")]
         for part in parts:
             for mine, theirs in zip(found, part):
@@ -151,6 +158,8 @@ def _verify(path: str, recursive: bool) -> int:
     from npydask.discovery import select_files
     from npydask.npz import verify
 
+    if url_or_none(path) is not None:
+        raise UsageError(f"{redact(path)}: --verify reads archives on local disk; download the object first")
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
     try:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask.cli._remote import storage_options
 from npydask.cli._common import (
     UsageError,
     add_cluster_options,
@@ -43,6 +44,7 @@ examples:
   npydask stats scans/ --per-file
   npydask stats scans/ --roi-start 1,2 --roi-end 8,9 --roi-axes 0,1 --oob pad --json
   npydask stats scans/ --scheduler tcp://10.0.0.5:8786
+  npydask stats s3://bucket/scans/ --storage-option region=eu-west-1      credentials from the environment
 """
 
 FIELDS = ("count", "min", "max", "mean", "std")
@@ -137,7 +139,8 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key, quiet=args.quiet)
+    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key, quiet=args.quiet,
+                       storage_options=storage_options(args))
     status = report_bad(selection)
     if not selection.good:
         raise UsageError(f"{args.path}: no readable file")
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     for members in kinds.values():
         try:
             ds = npydask.open_dataset(files=[paths[i] for i in members], key=args.key, device=args.device,
-                                      **_roi_kwargs(args))
+                                      storage_options=selection.storage_options, **_roi_kwargs(args))
         except (ValueError, TypeError) as e:
             raise UsageError(str(e)) from e
         _check_dtype(ds.dtype)

@@ -106,10 +106,16 @@ class HeaderCheck(NamedTuple):
     """Where they came from, for the error (``"the header index '/data/index.json'"``)."""
     remedy: str
     """What to do when they differ (``"delete '/data/index.json' and open the dataset again"``)."""
-    pinned: bool = False
-    """Whether ``raw`` was read from the file itself at the identity the task carries. An object
-    store's conditional reads (``If-Match`` on the ETag) then guarantee the header bytes without
-    reading them again; local read sites compare them regardless (they cost nothing there)."""
+    read_there: bool = False
+    """Whether ``raw`` was read from this very file at the identity the task carries.
+
+    Local files are compared wherever they are read anyway (the handle cache
+    holds their header bytes). An object whose header came from its own GET,
+    at the ETag every later range read is conditional on, cannot hold other
+    bytes, so its tasks skip the header request; a header from anywhere else
+    (an index, another file) costs one range GET of the header, checked
+    against the ETag, where the object is first read in a process.
+    """
 
 
 def header_mismatch(path: str, check: HeaderCheck, found: bytes) -> NpyFormatError:

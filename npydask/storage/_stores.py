@@ -152,7 +152,7 @@ class StoreSpec(NamedTuple):
 
 _lock = threading.Lock()
 _stores: dict[StoreSpec, Any] = {}
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _owner_pid: int | None = None
 """The process that first used obstore (a forked child inherits it and must not use obstore)."""
 
@@ -262,12 +262,14 @@ def _first_line(e: BaseException) -> str:
 
 
 def _pool(concurrency: int) -> ThreadPoolExecutor:
-    pool = _pools.get(concurrency)
+    """This process's request pool (a forked child gets its own: its parent's threads do not exist in it)."""
+    key = (os.getpid(), concurrency)
+    pool = _pools.get(key)
     if pool is None:
         with _lock:
-            pool = _pools.get(concurrency)
+            pool = _pools.get(key)
             if pool is None:
-                pool = _pools[concurrency] = ThreadPoolExecutor(concurrency, thread_name_prefix="npydask-remote")
+                pool = _pools[key] = ThreadPoolExecutor(concurrency, thread_name_prefix="npydask-remote")
     return pool
 
 

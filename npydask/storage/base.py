@@ -145,6 +145,16 @@ class Source(abc.ABC):
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """Fill ``dest`` with ``nbytes`` from each ``(path, identity, offset, check)`` in turn (a small-file group)."""
 
+    def check_process(self, path: str) -> None:
+        """Raise where this process cannot read ``path`` (nothing to check for local files).
+
+        An object store's client is not fork-safe: in a child forked from a
+        process that used it, this raises :class:`RuntimeError` naming the
+        ``spawn`` and ``forkserver`` start methods (a request would hang).
+        Readers that run in worker processes (the Loader, the PyTorch
+        adapters) call it before their first read.
+        """
+
     def header(self, path: str, key: str | None = None) -> NpyHeader:
         """The checked header of one file (the first of :meth:`scan`'s results, raised if it failed)."""
         found = self.scan([path], key)[0]

@@ -119,16 +119,16 @@ class ObjectSource(Source):
     ) -> RemoteFile:
         """The object as a :class:`RemoteFile`.
 
-        A plain ``.npy`` object whose identity and header bytes are known
-        and were read from the object itself (a ``check`` that is
-        :attr:`~npydask.storage._handles.HeaderCheck.pinned`: every task of
-        ``from_npy`` and of a dataset opened without an index) costs no
-        request: each later read is conditional on the ETag, so the header
-        bytes cannot differ from ``check``'s without the read failing.
-        Otherwise its header is read (and an ``.npz`` member located),
-        compared with ``check`` and kept in a small per-process cache.
+        A plain ``.npy`` object whose identity is known and whose header
+        bytes were read from it at that identity (``check.read_there``:
+        every task of a dataset opened without an index) costs no request:
+        each later read is conditional on the ETag, so the header bytes cannot
+        differ from ``check``'s without the read failing. Otherwise its header
+        is read (and an ``.npz`` member located), kept in a small per-process
+        cache, and compared with ``check`` (a header from an index).
         """
-        if expected is not None and check is not None and check.pinned and key is None and expected.etag is not None:
+        if (expected is not None and check is not None and check.read_there and key is None
+                and expected.etag is not None):
             header = parse_header(check.raw, source=redact(path))
             return RemoteFile(self, path, expected, header, check.raw, None)
         cache_key = (path, expected, key)
@@ -154,11 +154,16 @@ class ObjectSource(Source):
         options: ReadOptions,
         check: HeaderCheck | None = None,
     ) -> None:
-        """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``."""
+        """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``.
+
+        A ``check`` not read from this object (an index's header) is
+        compared first (see :meth:`open`).
+        """
         from npydask.backends.pread import read_plan
 
-        if check is not None and not check.pinned:
-            self.open(path, identity, check=check)  # (header bytes from elsewhere: compared, once per process)
+        if check is not None and not check.read_there:
+            self.open(path, identity, check=check)
+
         read_plan(RangeReader(self, path, identity), plan, options, dest)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
@@ -178,6 +183,19 @@ class ObjectSource(Source):
                 out[i * nbytes : (i + 1) * nbytes] = np.frombuffer(data, np.uint8, nbytes, offset)
 
         run_all(one, range(len(items)), self.spec.settings.concurrency)
+
+    def range_read(self, path: str) -> tuple[_Blocks, int]:
+        """A :data:`npydask.npz.Read` over the object as it is now (one HEAD), and its size.
+
+        Reads are conditional on the ETag the HEAD found, in 64 KiB blocks
+        (a zip directory's reads), larger pieces in one request each.
+        """
+        identity = self.identity(path)
+        return _Blocks(self, path, identity, b""), identity.size
+
+    def check_process(self, path: str) -> None:
+        """Raise :class:`RuntimeError` in a child forked from a process that used obstore (see :func:`check_not_forked`)."""
+        check_not_forked(path)
 
     # -- helpers --------------------------------------------------------------------------------
 
