@@ -9,6 +9,7 @@ the admin's ``storage_options`` and environment.
 from __future__ import annotations
 
 import io
+import threading
 import uuid
 from collections import Counter
 from typing import Any
@@ -51,7 +52,7 @@ class S3:
         return self.server.env()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def s3(s3_server: Any) -> S3:
     """The session's S3 server, as these modules use it."""
     return S3(s3_server)
