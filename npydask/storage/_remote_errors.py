@@ -14,7 +14,7 @@ import re
 from npydask.errors import FileChangedError
 from npydask.storage.urls import redact
 
-__all__ = ["translate"]
+__all__ = ["error_for", "translate"]
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
@@ -23,12 +23,11 @@ _CONNECT = ("error sending request", "connection refused", "tcp connect", "dns e
 _TIMEOUT = ("timed out", "timeout", "deadline")
 
 
-def _facts(text: str) -> tuple[int | None, str | None, str]:
+def _facts(text: str) -> tuple[int | None, str | None]:
+    """The HTTP status and the store's error code in an obstore message, where it has them."""
     status = _STATUS.search(text)
     code = _CODE.search(text)
-    n = int(status.group(1)) if status else None
-    shown = " ".join(x for x in (f"HTTP {n}" if n else None, code.group(1) if code else None) if x)
-    return n, code.group(1) if code else None, shown
+    return (int(status.group(1)) if status else None), (code.group(1) if code else None)
 
 
 def translate(e: BaseException, url: str, what: str) -> BaseException:
@@ -49,7 +48,26 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
         return e  # (obstore raises the builtin FileNotFoundError for a missing object, with its request dump)
     name = "NotFoundError" if isinstance(e, FileNotFoundError) else type(e).__name__
     text = str(e)
-    status, code, shown = _facts(text)
+    status, code = _facts(text)
+    return error_for(url, what, name=name, status=status, code=code, text=text)
+
+
+def error_for(
+    url: str, what: str, *, name: str = "", status: int | None = None, code: str | None = None, text: str = ""
+) -> OSError:
+    """The builtin exception for a failed request: the client's error ``name``, HTTP ``status`` and store ``code``.
+
+    ``text`` (the client's message, never shown) only helps tell timeouts,
+    refused connections and region redirects apart. Shared by obstore's
+    errors (:func:`translate`) and boto3's (:mod:`npydask.storage._s3_upload`).
+
+    Examples
+    --------
+    >>> err = error_for("s3://b/k.npy", "uploading part 2", status=403, code="AccessDenied")
+    >>> type(err).__name__, err.strerror.split(":")[0]
+    ('PermissionError', 'access denied while uploading part 2 (HTTP 403 AccessDenied)')
+    """
+    shown = " ".join(x for x in (f"HTTP {status}" if status else None, code) if x)
     shown = f" ({shown})" if shown else ""
     where = redact(url)
     lower = text.lower()
@@ -63,6 +81,8 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
             "403 for a missing key when the caller may not list the bucket (s3:ListBucket)",
             where,
         )
+    if name == "AlreadyExistsError":
+        return FileExistsError(errno.EEXIST, f"the object exists while {what}{shown}: pass overwrite=True", where)
     if name == "PreconditionError" or status == 412:
         return FileChangedError(
             errno.ESTALE,
@@ -70,8 +90,6 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
             "open it again to read its new contents",
             where,
         )
-    if name == "AlreadyExistsError":
-        return FileExistsError(errno.EEXIST, f"the object exists while {what}{shown}: pass overwrite=True", where)
     if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
         region = _REGION.search(text)
         hint = f" ('{region.group(1)}')" if region else ""
