@@ -421,9 +421,9 @@ def _finish(written: np.ndarray, expected: int) -> None:
 
 
 def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs: dict[str, Any]) -> Any:
-    """The store to give zarr: an absolute local path, npydask's store for an object URL, or ``store`` as it is.
+    """The store to give zarr: an absolute local path, npydask's store rooted at an object URL, or ``store``.
 
-    For an object URL, its key becomes (the start of) ``zarr_kwargs["name"]``.
+    ``storage_options`` for other URLs go to zarr in ``zarr_kwargs``.
     """
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
@@ -450,10 +450,8 @@ def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs:
 
     import_obstore()
     url = split_url(store)
-    name = "/".join(p for p in (url.key.strip("/"), str(zarr_kwargs.get("name") or "").strip("/")) if p)
-    if name:
-        zarr_kwargs["name"] = name
-    return SpecObjectStore(StoreSpec.of(url.base, storage_options))
+    root = url.base + ("/" + url.key.strip("/") if url.key.strip("/") else "")
+    return SpecObjectStore(StoreSpec.of(root, storage_options))  # (rooted at the URL: zarr writes nothing above it)
 
 
 def to_zarr(

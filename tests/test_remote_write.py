@@ -555,7 +555,27 @@ def test_to_zarr_to_a_url_with_the_same_storage_options(place):
     store = SpecObjectStore(StoreSpec.of(f"s3://{p.bucket}", so), read_only=True)
     np.testing.assert_array_equal(zarr.open_array(store, path=p.prefix + "z/a.zarr", mode="r")[:], a)
     np.testing.assert_array_equal(zarr.open_array(store, path=p.prefix + "z/b.zarr", mode="r")[:], a)
-    assert "z/a.zarr/zarr.json" in p.keys()
+    assert {"z/a.zarr/zarr.json", "z/b.zarr/zarr.json"} <= p.keys()
+    # rooted at the URL, as zarr roots an fsspec URL: nothing above it (name= makes its parent a group)
+    assert {k for k in p.keys() if not k.startswith(("z/a.zarr/", "z/b.zarr/"))} == {"z/zarr.json"}
+    assert "Contents" not in p.client.list_objects_v2(Bucket=p.bucket, Prefix="zarr.json")
+
+
+def test_to_zarr_without_write_permission(s3):
+    pytest.importorskip("zarr")
+    endpoint, _ = s3
+    with pytest.raises(PermissionError) as info:
+        npydask.to_zarr(np.arange(10), "s3://readonly/z.zarr", storage_options=options(endpoint, READER))
+    assert info.value.filename == "s3://readonly/z.zarr/zarr.json"
+    assert READER[1] not in str(info.value) and "Error performing" not in str(info.value)
+
+
+def test_local_paths_refuse_storage_options(tmp_path):
+    with pytest.raises(ValueError, match="storage_options"):
+        npydask.to_npy(np.arange(3), str(tmp_path / "a.npy"), storage_options={"region": "x"})
+    with pytest.raises(ValueError, match="storage_options"):
+        npydask.to_npy_files([np.arange(3)], str(tmp_path / "out"), storage_options={"region": "x"})
+    assert not os.listdir(tmp_path)
 
 
 def test_to_zarr_local_path_refuses_storage_options(tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from typing import Any
 
 from npydask.errors import FileChangedError
@@ -252,10 +253,19 @@ def complete_upload(spec: StoreSpec, url: str, upload_id: str, etags: list[str],
         ) from None
 
 
-def abort_upload(spec: StoreSpec, url: str, upload_id: str) -> None:
-    """Abort the upload (its parts are deleted); an upload already gone is fine."""
-    try:
-        _call(spec, url, "aborting the multipart upload", "abort_multipart_upload", UploadId=upload_id)
-    except OSError as e:
-        if "NoSuchUpload" not in str(e):
+def abort_upload(spec: StoreSpec, url: str, upload_id: str, attempts: int = 3) -> None:
+    """Abort the upload (its parts are deleted); an upload already gone is fine.
+
+    A part still in flight when the abort lands may be stored after it (AWS
+    documents this), so the abort is repeated, up to ``attempts`` times, while
+    ``ListParts`` still finds the upload.
+    """
+    for attempt in range(attempts):
+        try:
+            _call(spec, url, "aborting the multipart upload", "abort_multipart_upload", UploadId=upload_id)
+            _call(spec, url, "checking the aborted upload", "list_parts", UploadId=upload_id)
+        except OSError as e:
+            if "NoSuchUpload" in str(e):
+                return  # gone, parts and all
             raise
+        time.sleep(0.2 * (attempt + 1))
