@@ -465,6 +465,31 @@ def test_to_npy_on_processes(place):
     assert_same(p.load(f"p.npy"), a)
 
 
+def test_on_a_cluster_with_credentials_only_in_the_workers_environment(place, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    p = place
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    plain = {"endpoint": p.so["endpoint"], "region": REGION}  # no credentials here
+    env = {"AWS_ACCESS_KEY_ID": ADMIN[0], "AWS_SECRET_ACCESS_KEY": ADMIN[1]}
+    a = np.random.default_rng(5).random((3 << 17, 4)).astype("<f4")  # 6 MiB
+    p.put("t.npy", b"previous contents")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  silence_logs=50, env=env) as lc, distributed.Client(lc):
+        npydask.to_npy(da.from_array(a, chunks=(1 << 16, 4)), p.url("c.npy"), storage_options=plain)
+        npydask.to_npy_files([a[:10], a[10:30]], p.url("files"), ["a", "b"], storage_options=plain)
+        x = da.from_array(a, chunks=(5 << 16, 4)).map_blocks(_failing(1), dtype=a.dtype)
+        with pytest.raises(RuntimeError, match="on purpose"):
+            npydask.to_npy(x, p.url("t.npy"), storage_options=plain)
+    assert_same(p.load("c.npy"), a)
+    assert p.parts("c.npy") == 2
+    assert_same(p.load("files/a.npy"), a[:10])
+    assert_same(p.load("files/b.npy"), a[10:30])
+    assert p.raw("t.npy") == b"previous contents" and p.uploads() == []
+
+
 # --------------------------------------------------------------------------
 # to_npy_files: one PUT per array
 
