@@ -164,7 +164,7 @@ def _part(block: Any, upload_id: str, upload: Upload, number: int, start: int, s
         shape = upload.header.shape
         box = Box((start, *(0,) * (len(shape) - 1)), (stop, *shape[1:])) if shape else Box((), ())
         data = as_bytes(as_block(block, upload.header, box, redact(upload.url)))
-        body = upload.preamble + data.tobytes() if number == 1 else data.tobytes()
+        body = b"".join((upload.preamble, data)) if number == 1 else data.tobytes()  # (one copy)
         etag = _s3_upload.upload_part(upload.spec, upload.url, upload_id, number, body)
     except BaseException:
         with contextlib.suppress(Exception):
@@ -259,8 +259,9 @@ def to_npy_url(
     try:
         dask.compute(Delayed(key, dsk))
     except BaseException:
+        abort = "npy-upload-abort-" + token
         with contextlib.suppress(Exception):
-            dask.compute(Delayed("npy-upload-abort-" + token, {"npy-upload-abort-" + token: (_abort, upload_id, upload)}))
+            dask.compute(Delayed(abort, {abort: (_abort, upload_id, upload)}))
         raise
     return None
 
