@@ -520,6 +520,29 @@ def test_to_npy_files_default_names_and_prefix_without_slash(place):
         assert_same(p.load(f"p/{i:05d}.npy"), a)
 
 
+def test_object_target_sends_one_whole_object_or_nothing(place):
+    from npydask.storage._object_write import ObjectTarget
+    from npydask.storage.where import resolve
+
+    p = place
+    url, source = resolve(p.url("t.bin"), p.so)
+    with ObjectTarget(source, url, 6) as t:
+        t.write_block(3, b"def")
+        with pytest.raises(ValueError, match="does not fit"):
+            t.write_block(4, b"xyz")
+        t.write_block(0, b"abc")
+        t.finish()
+    assert p.raw("t.bin") == b"abcdef"
+    t = ObjectTarget(source, url, 6)
+    t.write_block(0, b"zzz")
+    with pytest.raises(OSError, match="blocks are missing"):
+        t.finish()
+    with pytest.raises(RuntimeError), ObjectTarget(source, p.url("u.bin"), 3) as t:
+        t.write_block(0, b"abc")
+        raise RuntimeError("the block failed")
+    assert p.raw("t.bin") == b"abcdef" and p.keys() == {"t.bin"}
+
+
 def test_to_npy_files_checks_names_as_local(place):
     p, so = place, place.so
     for bad in (["../a"], ["/abs"], ["a/"], ["a", "a.npy"]):
