@@ -39,8 +39,9 @@ from dask.utils import ensure_dict, parse_bytes
 
 from npydask.backends.base import as_bytes, raw_copy
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
-from npydask.paths import absolute
 from npydask.reader import _fspath
+from npydask.storage.local import LOCAL
+from npydask.storage.where import resolve
 from npydask.backends._write import (
     WRITTEN,
     ChunkTarget,
@@ -55,7 +56,7 @@ from npydask.backends._write import (
     write_file,
 )
 
-__all__ = ["ChunkTarget", "FileTarget", "check_names", "plan_target", "to_npy", "to_npy_files"]
+__all__ = ["ChunkTarget", "FileTarget", "check_names", "plan_header", "plan_target", "to_npy", "to_npy_files"]
 
 NUMPY_MAX_HEADER = 10_000
 """The longest header text ``numpy.load`` reads by default (its ``max_header_size``)."""
@@ -83,6 +84,25 @@ def plan_target(
     >>> t.tmp, t.chunk.header.data_offset, t.size
     ('/data/.a.npy.0123abcd.npydask-tmp', 128, 176)
     """
+    preamble, header = plan_header(path, dtype, shape, align)
+    tmp = temporary_name(path, run)
+    return FileTarget(preamble, ChunkTarget(path, tmp, header, make_dirs, root), overwrite, sync_folder)
+
+
+def plan_header(path: str, dtype: np.dtype, shape: tuple[int, ...], align: int = 64) -> tuple[bytes, NpyHeader]:
+    """The first bytes of the file (magic, version, length, header text) and its :class:`NpyHeader`.
+
+    Raises
+    ------
+    ValueError
+        When ``align`` would make a header ``numpy.load`` refuses by default.
+
+    Examples
+    --------
+    >>> preamble, header = plan_header("s3://b/a.npy", np.dtype("<f4"), (3, 4))
+    >>> preamble[:6], header.data_offset, header.nbytes
+    (b'\\x93NUMPY', 128, 48)
+    """
     preamble = _header_bytes(dtype, tuple(shape), align)
     if len(preamble) > MAX_HEADER_BYTES:
         raise ValueError(
@@ -95,9 +115,7 @@ def plan_target(
             f"{NUMPY_MAX_HEADER:,} bytes numpy.load reads by default (max_header_size); use a smaller align"
         )
     nbytes = math.prod(shape) * dtype.itemsize
-    header = NpyHeader((preamble[6], preamble[7]), tuple(shape), dtype, False, len(preamble), nbytes)
-    tmp = temporary_name(path, run)
-    return FileTarget(preamble, ChunkTarget(path, tmp, header, make_dirs, root), overwrite, sync_folder)
+    return preamble, NpyHeader((preamble[6], preamble[7]), tuple(shape), dtype, False, len(preamble), nbytes)
 
 
 def _text_bytes(preamble: bytes) -> int:
@@ -252,7 +270,13 @@ def _file_graph(src: _Source, target: FileTarget, key: str) -> dict:
 
 
 def to_npy(
-    x: Any, path: str | os.PathLike[str], *, compute: bool = True, overwrite: bool = True, align: int = 64
+    x: Any,
+    path: str | os.PathLike[str],
+    *,
+    compute: bool = True,
+    overwrite: bool = True,
+    align: int = 64,
+    storage_options: dict[str, Any] | None = None,
 ) -> Delayed | None:
     """Write a dask (or numpy) array to one ``.npy`` file, chunk by chunk, without gathering it.
 
@@ -284,12 +308,38 @@ def to_npy(
         for example 4096 for page-aligned reads. A multiple of 64, at most
         :data:`MAX_ALIGN` (9984) so that ``numpy.load`` reads the header with
         its default ``max_header_size``.
+    storage_options : dict, optional
+        For an ``s3://`` URL: the store's options, as for reading
+        (``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``,
+        ``session_token``, ``skip_signature``, ``request_payer``, ...; without
+        credentials boto3's own chain, e.g. the workers' environment).
 
     Returns
     -------
     dask.delayed.Delayed or None
         With ``compute=False``, a lazy value that does the whole write when
         computed (several may be computed together); otherwise ``None``.
+
+    Notes
+    -----
+    To ``s3://bucket/key.npy`` (and S3-compatible endpoints) the write is a
+    parallel multipart upload with boto3 (``pip install 'npydask[remote]'``):
+    a first task creates the upload (with ``overwrite=False``, after a HEAD
+    finds no object), each chunk task uploads its part (part 1 carries the
+    header), a last task completes it, and S3 publishes the object only then:
+    an existing object stays byte-identical until it is replaced whole. The
+    chunks must be slabs of whole rows of at least 5 MiB (but the last), at
+    most 5 GiB and 10,000 of them; other chunks are **rechunked** to equal
+    row slabs of at least 5 MiB (as large as the largest chunk). A failed
+    part or complete aborts the upload; with ``compute=True`` any failure
+    (a chunk that fails to compute, an interrupt) aborts it too. With
+    ``compute=False`` a chunk that fails *before* its upload leaves the
+    upload incomplete (invisible, but stored): set the bucket lifecycle rule
+    ``AbortIncompleteMultipartUpload`` (it also covers killed clients).
+    ``overwrite=False`` sends ``If-None-Match: *`` on complete, so a store
+    with conditional writes (AWS S3, SeaweedFS) never replaces an object that
+    appeared meanwhile. Other schemes (``gs://``, ``az://``, ``http(s)://``)
+    raise ``ValueError`` naming :func:`to_npy_files` and :func:`to_zarr`.
 
     Raises
     ------
@@ -315,9 +365,13 @@ def to_npy(
            [ 4,  5,  6,  7],
            [ 8,  9, 10, 11]])
     """
+    path, source = resolve(path, storage_options)
+    if source is not LOCAL:
+        from npydask.remote_writer import to_npy_url
+
+        return to_npy_url(x, path, source, compute=compute, overwrite=overwrite, align=align)  # type: ignore[arg-type]
     src = _source(x, "to_npy")
     align = _check_align(align)
-    path = absolute(_fspath(path))
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
         if os.path.exists(folder):
@@ -342,6 +396,7 @@ def to_npy_files(
     compute: bool = True,
     overwrite: bool = True,
     align: int = 64,
+    storage_options: dict[str, Any] | None = None,
 ) -> Delayed | None:
     """Write one ``.npy`` file per array into ``folder`` (subfolders allowed), each as :func:`to_npy` does.
 
@@ -360,6 +415,15 @@ def to_npy_files(
     compute, overwrite, align
         As in :func:`to_npy`; with ``overwrite=False`` every target is
         checked before any work.
+    storage_options : dict, optional
+        For a URL prefix (``s3://bucket/prefix/``, ``gs://``, ``az://``): the
+        store's options, as for reading. Each array is then one object under
+        the prefix (names joined with ``/``), written by one task that takes
+        the array's chunks and sends header and payload in one PUT;
+        ``overwrite=False`` checks every object (HEAD) before any work and
+        PUTs create-only (``If-None-Match``), so an object that appears
+        meanwhile is not replaced (``FileExistsError``); a store without
+        create-only PUTs raises ``OSError`` (``EOPNOTSUPP``) saying so.
 
     Returns
     -------
@@ -396,8 +460,14 @@ def to_npy_files(
             "use to_npy for one file, or list(x) for one file per row"
         )
     arrays = list(arrays)
+    root, source = resolve(folder, storage_options)
+    if source is not LOCAL:
+        from npydask.remote_writer import to_npy_files_url
+
+        return to_npy_files_url(
+            arrays, root, names, source, compute=compute, overwrite=overwrite, align=align  # type: ignore[arg-type]
+        )
     align = _check_align(align)
-    root = absolute(_fspath(folder))
     if os.path.exists(root) and not os.path.isdir(root):
         raise NotADirectoryError(errno.ENOTDIR, "the output folder is a file", root)
     if names is None:

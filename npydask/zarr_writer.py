@@ -61,6 +61,7 @@ import dask.array as da
 import numpy as np
 
 from npydask.paths import absolute
+from npydask.storage.urls import is_url, split_url, to_local
 
 __all__ = ["INSTALL_HINT", "ZarrLayout", "check_zarr_dtype", "covers_whole_units", "plan_zarr_layout", "to_zarr"]
 
@@ -419,7 +420,43 @@ def _finish(written: np.ndarray, expected: int) -> None:
         raise RuntimeError(f"to_zarr: expected {expected} blocks to be written, {count} reported back")
 
 
-def to_zarr(x: Any, store: Any, *, compute: bool = True, **zarr_kwargs: Any) -> Any:
+def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs: dict[str, Any]) -> Any:
+    """The store to give zarr: an absolute local path, npydask's store rooted at an object URL, or ``store``.
+
+    ``storage_options`` for other URLs go to zarr in ``zarr_kwargs``.
+    """
+    if isinstance(store, os.PathLike):
+        store = os.fspath(store)
+    if not isinstance(store, str):
+        return store
+    store = to_local(store)
+    if "://" not in store:
+        if storage_options:
+            raise ValueError(
+                f"{store}: storage_options apply to URLs (s3://, gs://, az://, ...); this is a local path: "
+                "drop storage_options"
+            )
+        return absolute(store)  # a local folder: the write tasks may run in another working directory
+    try:
+        remote = is_url(store)
+    except ValueError:  # a scheme npydask does not read (memory://, ...): fsspec's, through zarr
+        remote = False
+    if not remote:
+        if storage_options is not None:
+            zarr_kwargs["storage_options"] = storage_options
+        return store
+    from npydask.storage._stores import StoreSpec, import_obstore
+    from npydask.storage._zarr_store import SpecObjectStore
+
+    import_obstore()
+    url = split_url(store)
+    root = url.base + ("/" + url.key.strip("/") if url.key.strip("/") else "")
+    return SpecObjectStore(StoreSpec.of(root, storage_options))  # (rooted at the URL: zarr writes nothing above it)
+
+
+def to_zarr(
+    x: Any, store: Any, *, compute: bool = True, storage_options: dict[str, Any] | None = None, **zarr_kwargs: Any
+) -> Any:
     """Write ``x`` to a zarr v3 array, each task writing whole shards.
 
     Parameters
@@ -430,8 +467,16 @@ def to_zarr(x: Any, store: Any, *, compute: bool = True, **zarr_kwargs: Any) -> 
         What ``zarr.create_array`` takes: a path, a ``zarr.storage.LocalStore``,
         a ``MemoryStore`` or ``ZipStore`` (in-process schedulers only), an fsspec URL, ...
         A relative local path is made absolute now, so every worker writes there.
+        An object-store URL (``s3://bucket/path/a.zarr``, ``gs://``, ``az://``)
+        is written through npydask's own obstore store (wrapped in
+        ``zarr.storage.ObjectStore``) with ``storage_options``; other URLs
+        (``memory://``, ...) go to zarr as they are.
     compute : bool
         Write now (``True``) or return a lazy ``dask.delayed.Delayed``.
+    storage_options : dict, optional
+        For an object-store URL, the same options as for reading it
+        (``endpoint``, ``region``, credentials, ...); for other URLs, passed
+        to zarr (fsspec's options).
     **zarr_kwargs
         Passed to ``zarr.create_array``: ``chunks``, ``shards``, ``compressors``,
         ``fill_value``, ``overwrite``, ``name``, ``attributes``, ... ``shape``,
@@ -493,10 +538,7 @@ def to_zarr(x: Any, store: Any, *, compute: bool = True, **zarr_kwargs: Any) -> 
     shards_arg: Any = layout.shards
     if isinstance(shards, dict) and layout.shards is not None:
         shards_arg = {**shards, "shape": layout.shards}
-    if isinstance(store, os.PathLike):
-        store = os.fspath(store)
-    if isinstance(store, str) and "://" not in store:
-        store = absolute(store)  # a local folder: the write tasks may run in another working directory
+    store = _zarr_store(store, storage_options, zarr_kwargs)
     z = zarr.create_array(
         store, shape=x.shape, dtype=dtype, chunks=layout.chunks, shards=shards_arg, zarr_format=3, **zarr_kwargs
     )

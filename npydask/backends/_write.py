@@ -27,7 +27,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -47,6 +47,8 @@ __all__ = [
     "FileTarget",
     "Written",
     "all_written",
+    "as_block",
+    "block_runs",
     "check_inside",
     "exists_error",
     "finish_file",
@@ -191,7 +193,7 @@ def write_chunk(block: Any, target: ChunkTarget, box: Box) -> Written:
     written at its offset. Returns the byte count and the file's stamp
     (zeros when there was nothing to write).
     """
-    data = _as_block(block, target.header, box, target.path)
+    data = as_block(block, target.header, box, target.path)
     if data.nbytes == 0:
         return Written(0)
     fd, stamp = _open_shared(target)
@@ -252,7 +254,7 @@ def finish_file(written: Sequence[Any], target: FileTarget) -> None:
 
 def write_file(block: Any, target: FileTarget) -> None:
     """Write a whole array (one chunk) in one task: its own file, payload, header, ``fsync``, rename."""
-    data = _as_block(block, target.chunk.header, Box.whole(target.chunk.header.shape), target.path)
+    data = as_block(block, target.chunk.header, Box.whole(target.chunk.header.shape), target.path)
     fd, mine = _create_own(target.chunk)
     try:
         try:
@@ -273,7 +275,8 @@ def all_written(results: Sequence[Any], folders: Sequence[str]) -> None:
         _fsync_folder(folder)
 
 
-def _as_block(block: Any, header: NpyHeader, box: Box, path: str) -> np.ndarray:
+def as_block(block: Any, header: NpyHeader, box: Box, path: str) -> np.ndarray:
+    """``block``, the region ``box`` of the output, as a C-contiguous array of the output's dtype (checked)."""
     if not isinstance(block, np.ndarray):
         get = getattr(block, "get", None)  # CuPy arrays copy to the host with .get()
         block = get() if callable(get) and type(block).__module__.startswith("cupy") else np.asarray(block)
@@ -298,12 +301,18 @@ def _as_block(block: Any, header: NpyHeader, box: Box, path: str) -> np.ndarray:
     return raw_copy(block)
 
 
-def _write_runs(fd: int, data: np.ndarray, target: ChunkTarget, box: Box, name: str) -> None:
-    """``pwrite`` the C-contiguous ``data``, the region ``box`` of the output, at its byte runs in ``name``."""
-    plan = plan_read(target.header, box)
+def block_runs(data: np.ndarray, header: NpyHeader, box: Box) -> Iterator[tuple[int, memoryview]]:
+    """``(file offset, bytes)`` of each byte run of the C-contiguous ``data``, the region ``box`` of the output."""
+    plan = plan_read(header, box)
     view, run = memoryview(as_bytes(data)), plan.run_nbytes
     for k, piece in enumerate(plan.runs()):
-        _pwrite_all(fd, view[k * run : (k + 1) * run], piece.offset, name)
+        yield piece.offset, view[k * run : (k + 1) * run]
+
+
+def _write_runs(fd: int, data: np.ndarray, target: ChunkTarget, box: Box, name: str) -> None:
+    """``pwrite`` the C-contiguous ``data``, the region ``box`` of the output, at its byte runs in ``name``."""
+    for offset, piece in block_runs(data, target.header, box):
+        _pwrite_all(fd, piece, offset, name)
 
 
 def _write_header(fd: int, target: FileTarget, name: str) -> None:

@@ -14,7 +14,7 @@ import re
 from npydask.errors import FileChangedError
 from npydask.storage.urls import redact
 
-__all__ = ["translate"]
+__all__ = ["error_for", "translate"]
 
 _REFUSED = re.compile(r'Path "([^"]*)"')
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -29,12 +29,11 @@ def _first(text: str) -> str:
     return line[:300]
 
 
-def _facts(text: str) -> tuple[int | None, str | None, str]:
+def _facts(text: str) -> tuple[int | None, str | None]:
+    """The HTTP status and the store's error code in an obstore message, where it has them."""
     status = _STATUS.search(text)
     code = _CODE.search(text)
-    n = int(status.group(1)) if status else None
-    shown = " ".join(x for x in (f"HTTP {n}" if n else None, code.group(1) if code else None) if x)
-    return n, code.group(1) if code else None, shown
+    return (int(status.group(1)) if status else None), (code.group(1) if code else None)
 
 
 def translate(e: BaseException, url: str, what: str) -> BaseException:
@@ -63,7 +62,26 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
         return e  # (obstore raises the builtin FileNotFoundError for a missing object, with its request dump)
     name = "NotFoundError" if isinstance(e, FileNotFoundError) else type(e).__name__
     text = str(e)
-    status, code, shown = _facts(text)
+    status, code = _facts(text)
+    return error_for(url, what, name=name, status=status, code=code, text=text)
+
+
+def error_for(
+    url: str, what: str, *, name: str = "", status: int | None = None, code: str | None = None, text: str = ""
+) -> OSError:
+    """The builtin exception for a failed request: the client's error ``name``, HTTP ``status`` and store ``code``.
+
+    ``text`` (the client's message, never shown) only helps tell timeouts,
+    refused connections and region redirects apart. Shared by obstore's
+    errors (:func:`translate`) and boto3's (:mod:`npydask.storage._s3_upload`).
+
+    Examples
+    --------
+    >>> err = error_for("s3://b/k.npy", "uploading part 2", status=403, code="AccessDenied")
+    >>> type(err).__name__, err.strerror.split(":")[0]
+    ('PermissionError', 'access denied while uploading part 2 (HTTP 403 AccessDenied)')
+    """
+    shown = " ".join(x for x in (f"HTTP {status}" if status else None, code) if x)
     shown = f" ({shown})" if shown else ""
     where = redact(url)
     lower = text.lower()
