@@ -1,7 +1,7 @@
 """The storage seam: where a dataset's bytes come from, and where written files go.
 
 Three small interfaces, one implementation each per kind of storage (local
-files in :mod:`npydask.storage.local`; object stores later), all planned by
+files in :mod:`npydask.storage.local`, objects in :mod:`npydask.storage.object`), all planned by
 the same pure modules (:mod:`npydask.header`, :mod:`npydask.region`,
 :mod:`npydask.roi`, the ordering rules of :mod:`npydask.discovery`):
 
