@@ -11,7 +11,7 @@ import npydask
 def test_import_pulls_in_no_extras():
     code = (
         "import sys, npydask\n"
-        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed') if m in sys.modules]\n"
+        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -42,3 +42,23 @@ def test_help_opens_with_what_npydask_does_and_its_entry_points():
     assert listed == {"from_npy", "read_region", "read_header", "open_dataset", "Loader", "to_npy", "to_npy_files",
                       "to_zarr"}, listed
     assert listed <= set(npydask.__all__)
+
+
+def test_urls_without_the_remote_extra_name_the_install_command(tmp_path):
+    """Without obstore, a URL fails at the call with the install command (local paths are unaffected)."""
+    code = (
+        "import sys; sys.modules['obstore'] = None\n"
+        "import numpy as np, npydask\n"
+        f"np.save({str(tmp_path / 'a.npy')!r}, np.arange(3))\n"
+        f"assert npydask.from_npy({str(tmp_path / 'a.npy')!r}).sum().compute() == 3\n"
+        "for call in (lambda: npydask.read_header('s3://b/k.npy'), lambda: npydask.open_dataset('gs://b/p/'),\n"
+        "             lambda: npydask.from_npy('https://h/x.npy')):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except ImportError as e:\n"
+        "        print('ImportError:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert all("pip install 'npydask[remote]'" in line for line in lines), lines
