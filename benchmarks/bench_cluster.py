@@ -74,6 +74,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import Result  # noqa: E402
 import bench_dataset  # noqa: E402  (its data layout and generator)
+from _datasets import make_set  # noqa: E402
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -92,8 +93,8 @@ def make_volumes(folder: str, size_name: str) -> list[str]:
     size = bench_dataset.SIZES[size_name]
     vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
     rng = np.random.default_rng(20260802)  # bench_dataset's seed; the volumes are its first set
-    files, made = bench_dataset._make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes,
-                                          size.volume_shape, rng)
+    files, made = make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng,
+                           bench_dataset.DTYPE)
     if made:
         os.sync()
     return files

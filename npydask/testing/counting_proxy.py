@@ -4,8 +4,17 @@ Point a client at :attr:`CountingProxy.endpoint` instead of the server's: every
 byte of every connection is forwarded unchanged and counted, requests headers
 included. Bytes are counted just before they are forwarded, so the counts are
 complete as soon as a client has its response. S3 signatures survive, since the
-client signs the ``Host`` it sends and the proxy does not touch it. The remote
-benchmark uses it to count the bytes a read transferred.
+client signs the ``Host`` it sends and the proxy does not touch it. The remote benchmark uses it to count the
+bytes a read transferred and the requests it made.
+
+Requests are counted from the client's byte stream by a small HTTP/1.1 framer
+(:class:`RequestCounter`): each request line is classified, then its headers
+and its ``Content-Length`` body are skipped, so a body that happens to hold
+``GET /`` is not a request. A ``GET`` of a bucket rather than an object (a
+path with at most one segment, or a query with ``list-type=``: S3's
+``ListObjects``) counts as a ``LIST``. A connection whose request body is
+framed otherwise (``Transfer-Encoding: chunked``) stops being counted there
+and is reported in :attr:`ProxyCounts.unframed`.
 
 Examples
 --------
@@ -26,11 +35,14 @@ from __future__ import annotations
 import socket
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
-__all__ = ["CountingProxy", "ProxyCounts"]
+__all__ = ["CountingProxy", "ProxyCounts", "RequestCounter", "request_kind"]
 
 _BUFFER = 1 << 18
+_MAX_HEAD = 1 << 16
+"""Request line plus headers longer than this end the counting of a connection (as unframed)."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +57,99 @@ class ProxyCounts:
         Bytes from the server to clients (responses, headers included).
     connections
         Client connections accepted.
+    requests
+        Requests forwarded, by kind: ``"GET"`` (of an object), ``"LIST"`` (a
+        ``GET`` of a bucket: see the module docs), ``"HEAD"``, ``"PUT"``, ...
+        (the method). Kinds never seen are absent.
+    unframed
+        Connections whose requests stopped being counted (a chunked or
+        oversized request); 0 when ``requests`` is complete.
     """
 
     upstream: int = 0
     downstream: int = 0
     connections: int = 0
+    requests: dict[str, int] = field(default_factory=dict)
+    unframed: int = 0
+
+    def count(self, kind: str) -> int:
+        """Requests of ``kind`` (``"GET"``, ``"LIST"``, ``"HEAD"``, ...), 0 if none."""
+        return self.requests.get(kind, 0)
+
+
+def request_kind(method: str, target: str) -> str:
+    """The kind a request counts as: its method, or ``"LIST"`` for a ``GET`` of a bucket.
+
+    Examples
+    --------
+    >>> request_kind("GET", "/bucket/a/b.npy"), request_kind("GET", "/bucket?list-type=2&prefix=a%2F")
+    ('GET', 'LIST')
+    >>> request_kind("GET", "/bucket/"), request_kind("HEAD", "/bucket/k")
+    ('LIST', 'HEAD')
+    """
+    path, _, query = target.partition("?")
+    if method == "GET" and ("list-type=" in query or path.strip("/").count("/") == 0):
+        return "LIST"
+    return method
+
+
+class RequestCounter:
+    r"""Count the HTTP/1.1 requests in one connection's client-to-server byte stream.
+
+    Feed it the bytes in any pieces; :attr:`kinds` counts request kinds
+    (:func:`request_kind`). Bodies are skipped by ``Content-Length``; a
+    chunked body (or a head over 64 KiB) ends the counting (:attr:`lost`).
+
+    Examples
+    --------
+    >>> c = RequestCounter()
+    >>> stream = b"GET /b/k HTTP/1.1\r\nHost: x\r\n\r\nPUT /b/k HTTP/1.1\r\nContent-Length: 9\r\n\r\nGET /b/k "
+    >>> for i in range(len(stream)):
+    ...     c.feed(stream[i : i + 1])
+    >>> dict(c.kinds), c.lost
+    ({'GET': 1, 'PUT': 1}, False)
+    """
+
+    def __init__(self) -> None:
+        self.kinds: Counter[str] = Counter()
+        self.lost = False
+        self._head = bytearray()
+        self._body = 0  # body bytes of the current request still to skip
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of the stream."""
+        view = memoryview(data)
+        while view and not self.lost:
+            if self._body:
+                skip = min(self._body, len(view))
+                self._body -= skip
+                view = view[skip:]
+                continue
+            start = max(0, len(self._head) - 3)  # (the blank line may straddle two pieces)
+            self._head += view
+            end = self._head.find(b"\r\n\r\n", start)
+            if end < 0:
+                self.lost = len(self._head) > _MAX_HEAD
+                return
+            rest = len(self._head) - (end + 4)
+            view = view[len(view) - rest :]
+            self._request(bytes(self._head[:end]))
+            self._head.clear()
+
+    def _request(self, head: bytes) -> None:
+        line, *headers = head.decode("latin-1").split("\r\n")
+        method, _, target = line.partition(" ")
+        self.kinds[request_kind(method, target.rpartition(" ")[0] or target)] += 1
+        for h in headers:
+            name, _, value = h.partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                try:
+                    self._body = int(value.strip())
+                except ValueError:  # (not HTTP the framer understands: stop counting here)
+                    self.lost = True
+            elif name == "transfer-encoding" and value.strip().lower() != "identity":
+                self.lost = True
 
 
 class CountingProxy:
@@ -72,7 +172,8 @@ class CountingProxy:
             raise ValueError(f"CountingProxy: expected a target 'http://host:port', got {target!r}")
         self.target = (parsed.hostname, parsed.port)
         self._lock = threading.Lock()
-        self._up = self._down = self._connections = 0
+        self._up = self._down = self._connections = self._unframed = 0
+        self._requests: Counter[str] = Counter()
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._acceptor: threading.Thread | None = None
@@ -124,14 +225,18 @@ class CountingProxy:
     def counts(self) -> ProxyCounts:
         """The counts so far."""
         with self._lock:
-            return ProxyCounts(self._up, self._down, self._connections)
+            return self._counts()
 
     def reset(self) -> ProxyCounts:
         """Return the counts so far and start again from zero (open connections keep counting)."""
         with self._lock:
-            counts = ProxyCounts(self._up, self._down, self._connections)
-            self._up = self._down = self._connections = 0
+            counts = self._counts()
+            self._up = self._down = self._connections = self._unframed = 0
+            self._requests = Counter()
         return counts
+
+    def _counts(self) -> ProxyCounts:
+        return ProxyCounts(self._up, self._down, self._connections, dict(self._requests), self._unframed)
 
     def __enter__(self) -> CountingProxy:
         return self.start()
@@ -167,16 +272,22 @@ class CountingProxy:
                 self._threads.append(thread)
 
     def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool, pair: _Pair) -> None:
+        framer = RequestCounter() if upstream else None
         try:
             while True:
                 data = source.recv(_BUFFER)
                 if not data:
                     break
                 with self._lock:  # counted before sent: complete once the peer has them
-                    if upstream:
-                        self._up += len(data)
-                    else:
+                    if framer is None:
                         self._down += len(data)
+                    else:
+                        self._up += len(data)
+                        if not framer.lost:
+                            framer.kinds.clear()
+                            framer.feed(data)
+                            self._requests.update(framer.kinds)
+                            self._unframed += framer.lost
                 sink.sendall(data)
         except OSError:
             pass

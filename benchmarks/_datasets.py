@@ -1,0 +1,109 @@
+"""Data sets of ``.npy`` files for the benchmark scripts, written once and reused, and npydask's caches.
+
+Kept apart from :mod:`_common` (standard library only) because it needs numpy
+and npydask.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DatasetSize:
+    """The volumes (with a ROI) and the small files of one ``--size``."""
+
+    n_volumes: int
+    volume_shape: tuple[int, ...]
+    roi_start: tuple[int, ...]
+    roi_shape: tuple[int, ...]
+    n_small: int
+    small_shape: tuple[int, ...]
+
+
+DATASET_SIZES = {
+    "tiny": DatasetSize(4, (16, 64, 64), (0, 20, 20), (16, 16, 16), 200, (32, 32)),
+    "small": DatasetSize(16, (32, 256, 256), (0, 100, 100), (32, 32, 32), 5_000, (32, 32)),
+    "full": DatasetSize(64, (64, 256, 256), (16, 100, 100), (32, 32, 32), 20_000, (32, 32)),
+}
+
+
+def npy_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of an ``np.save`` file of ``shape`` and ``dtype`` (a version 1.0 header)."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return len(buf.getvalue()) + int(np.prod(shape)) * dtype.itemsize
+
+
+def make_set(
+    folder: str, prefix: str, n: int, shape: tuple[int, ...], rng: np.random.Generator, dtype: np.dtype
+) -> tuple[list[str], int]:
+    """``n`` random float files of ``shape`` in ``folder``; only missing or wrong-sized ones are written.
+
+    Returns the paths (named ``PREFIX-NUMBER.npy``, in order) and how many
+    were written. Raises ``SystemExit`` if ``folder`` holds other ``.npy``
+    files (a dataset opened on the folder would read them too).
+    """
+    os.makedirs(folder, exist_ok=True)
+    width = len(str(n - 1))
+    files = [os.path.join(folder, f"{prefix}-{i:0{width}d}.npy") for i in range(n)]
+    expected = npy_size(shape, dtype)
+    made = 0
+    for p in files:
+        try:
+            if os.stat(p).st_size == expected:
+                continue
+        except FileNotFoundError:
+            pass
+        np.save(p, rng.random(shape, dtype=dtype))
+        made += 1
+    names = {e.name for e in os.scandir(folder) if e.name.endswith(".npy")}
+    strays = sorted(names - {os.path.basename(p) for p in files})
+    if strays:
+        raise SystemExit(f"{folder} holds {len(strays)} .npy files this benchmark did not write "
+                         f"(e.g. {strays[0]}); open_dataset would read them too: remove them")
+    return files, made
+
+
+def make_data(
+    folder: str, size: DatasetSize, dtype: np.dtype = np.dtype("<f4")
+) -> tuple[list[str], list[str]]:
+    """The volumes and the small files of ``size`` under ``folder``, written only where missing.
+
+    Each set lives in a folder of its own named after its size (e.g.
+    ``volumes-64x64x256x256``), so scripts sharing a ``--data`` folder share
+    the files.
+    """
+    rng = np.random.default_rng(20260802)
+    vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
+    sshape = "x".join(map(str, (size.n_small, *size.small_shape)))
+    volumes, a = make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng,
+                          dtype)
+    small, b = make_set(os.path.join(folder, f"small-{sshape}"), "s", size.n_small, size.small_shape, rng, dtype)
+    if a or b:
+        os.sync()
+    return volumes, small
+
+
+def clear_npydask_caches() -> None:
+    """Forget npydask's per-process caches (as a fresh process would): open files, header memo, object sources.
+
+    Object stores (their connection pools) are kept, as every peer keeps its client.
+    """
+    from npydask import header
+    from npydask.storage import _handles
+
+    _handles.clear_cache()
+    for name, value in vars(header).items():
+        if "MEMO" in name.upper() and isinstance(value, dict):
+            value.clear()
+    try:
+        from npydask.storage import object as remote
+    except ImportError:  # (npydask without object storage)
+        return
+    remote._SOURCES.clear()
