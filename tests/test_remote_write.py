@@ -385,12 +385,13 @@ def test_to_npy_killed_mid_upload_leaves_the_target_untouched(place, tmp_path):
 def test_to_npy_without_write_permission(s3):
     server, client = s3
     name = server.bucket
+    key = f"ro{uuid.uuid4().hex[:12]}/a.npy"  # (the session's bucket is shared: look at this key only)
     with pytest.raises(PermissionError) as info:
-        npydask.to_npy(np.arange(10), f"s3://{name}/a.npy", storage_options=options(server, "readonly"))
-    assert info.value.filename == f"s3://{name}/a.npy"
+        npydask.to_npy(np.arange(10), f"s3://{name}/{key}", storage_options=options(server, "readonly"))
+    assert info.value.filename == f"s3://{name}/{key}"
     assert READER[1] not in str(info.value)
-    assert client.list_objects_v2(Bucket=name).get("KeyCount", 0) == 0
-    assert client.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+    assert client.list_objects_v2(Bucket=name, Prefix=key).get("KeyCount", 0) == 0
+    assert client.list_multipart_uploads(Bucket=name, Prefix=key).get("Uploads", []) == []
 
 
 def test_to_npy_credentials_from_the_environment(place, monkeypatch):

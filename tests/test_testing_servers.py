@@ -745,7 +745,7 @@ def test_proxy_counts_s3_requests_by_kind(s3_server, request):
     for i in range(5):
         obstore.put(admin, f"{prefix}k{i}", b"x" * (100 + i))
     with CountingProxy(s3_server.endpoint) as proxy:
-        store = S3Store(s3_server.bucket, **{**s3_server.storage_options(), "endpoint": proxy.endpoint})
+        store = _store(s3_server, endpoint=proxy.endpoint)
         pages = list(obstore.list(store, prefix, chunk_size=2))
         assert sum(len(p) for p in pages) == 5
         listed = proxy.counts
