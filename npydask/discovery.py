@@ -428,23 +428,30 @@ def _sorted(names: list[str], sort: str = "bytes") -> list[str]:
     return names
 
 
-_DIGIT_RUNS = re.compile(rb"([0-9]+)")
-_BEFORE_DIGITS = b"0"  # (what a run of digits weighs against the byte it meets: any digit's place)
-
-NaturalKey = tuple[tuple[bytes | tuple[int, bytes], ...], bytes]
+_DIGIT_RUNS = re.compile(rb"[0-9]+")
 
 
-def natural_key(name: str) -> NaturalKey:
+def _run_weight(run: re.Match[bytes]) -> bytes:
+    """A digit run as ``"0"``, its length without leading zeros (4 bytes, big-endian), then those digits."""
+    digits = run.group().lstrip(b"0") or b"0"
+    return b"0" + len(digits).to_bytes(4, "big") + digits
+
+
+def natural_key(name: str) -> tuple[bytes, bytes]:
     """A sort key ordering runs of ASCII digits by value, all else byte-wise: ``"a2" < "a10"``.
 
     Names compare byte by byte (of ``os.fsencode(name)``, as byte-wise order
     does) until both reach a run of the digits ``0``-``9``; two runs compare
-    by their value (leading zeros aside, so without converting them: any
-    length works), and a run meets any other byte as a digit would
-    (``"a.npy" < "a0.npy" < "a_1.npy"``, since ``.`` < ``0`` < ``_``). Names
-    equal but for leading zeros (``"a01"``, ``"a1"``) fall back to byte-wise
-    order, so the order is total and the same on every machine. Pure: no
-    locale, no file system.
+    by their value (without converting them: any length works), and a run
+    meets any other byte as a digit would (``"a.npy" < "a0.npy" < "a_1.npy"``,
+    since ``.`` < ``0`` < ``_``). Names equal but for leading zeros
+    (``"a01"``, ``"a1"``) fall back to byte-wise order, so the order is total
+    and the same on every machine. Pure: no locale, no file system.
+
+    The key is the name with each run replaced by ``"0"``, the run's length
+    (leading zeros stripped, 4 bytes big-endian) and its digits: a ``"0"``
+    only ever starts a run there, so two keys reach runs at the same offset,
+    and a longer number is a larger one. The name's bytes break ties.
 
     Examples
     --------
@@ -456,15 +463,7 @@ def natural_key(name: str) -> NaturalKey:
     ['a0', 'a001', 'a01', 'a1']
     """
     raw = _fs_bytes(name)
-    parts = _DIGIT_RUNS.split(raw)  # text, digits, text, ..., text (text parts may be empty)
-    key: list[bytes | tuple[int, bytes]] = []
-    for i in range(0, len(parts) - 1, 2):
-        # A text part followed by digits ends in the weight of a digit, so "a.npy" (text "a.npy")
-        # meets "a0.npy" (text "a" + digits) at "." against "0", as byte-wise order has it.
-        digits = parts[i + 1].lstrip(b"0") or b"0"
-        key += (parts[i] + _BEFORE_DIGITS, (len(digits), digits))
-    key.append(parts[-1])
-    return tuple(key), raw
+    return _DIGIT_RUNS.sub(_run_weight, raw), raw
 
 
 def check_sort(sort: object) -> None:

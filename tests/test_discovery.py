@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npydask.discovery import DEFAULT_FILE_FILTER, SORTS, dali_order, natural_key, select_files, shard_range
 
@@ -144,6 +146,19 @@ def _natural(names: list[str]) -> list[str]:
 def test_natural_key_table(names, expected):
     assert _natural(names) == expected
     assert _natural(names[::-1]) == expected  # (not a stable sort's leftover)
+
+
+def _reference_key(name: str) -> tuple[tuple[tuple[int, int], ...], bytes]:
+    """An independent natural order: one token per byte, (0x30, value) per digit run, then the bytes."""
+    raw = os.fsencode(name)
+    tokens = [(ord("0"), int(run)) if run[:1].isdigit() else (run[0], -1)
+              for run in re.findall(rb"[0-9]+|[^0-9]", raw)]  # fmt: skip
+    return tuple(tokens), raw
+
+
+@given(st.lists(st.text(alphabet="aZ_.-/0129\u00e9", max_size=12), min_size=2, max_size=30))
+def test_natural_key_agrees_with_a_token_by_token_reference(names):
+    assert sorted(names, key=natural_key) == sorted(names, key=_reference_key)
 
 
 def test_natural_key_undecodable_names_sort_by_their_bytes():
