@@ -22,6 +22,7 @@ file, so a folder from elsewhere can run code when it is opened (dask#12578).
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import warnings
@@ -181,6 +182,8 @@ def from_npy_stack(
         cannot be told without ``axis=``.
     NpyFormatError
         A file that is not a valid ``.npy`` file.
+    TypeError
+        ``axis`` is not an integer.
     OSError
         The folder does not exist or cannot be listed (the builtin subclass, naming it).
 
@@ -200,8 +203,10 @@ def from_npy_stack(
     >>> y.chunks, bool((y.compute() == np.arange(24).reshape(4, 6)).all())
     (((1, 1, 1, 1), (6,)), True)
     """
-    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
-        raise TypeError(f"axis must be an int or None, found {axis!r}")
+    if axis is not None:
+        if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+            raise TypeError(f"axis must be an int or None, found {axis!r}")
+        axis = operator.index(axis)
     root, source = resolve(dirname, storage_options)
     shown = redact(root)
     ordered = stack_files(_list_npy(root, source, shown), shown)

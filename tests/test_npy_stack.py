@@ -110,7 +110,7 @@ def test_ten_and_more_files_are_read_in_numeric_order(tmp_path):
 def test_negative_and_explicit_axis_agree_with_info(tmp_path):
     array = _values((4, 9, 5), "<f8")
     _write(tmp_path / "s", array, (4, 2, 5), 1)
-    for axis in (1, -2, None):
+    for axis in (1, -2, None, np.int64(1)):
         _check_equal(npydask.from_npy_stack(tmp_path / "s", axis=axis), tmp_path / "s", array)
 
 
