@@ -8,6 +8,7 @@ arrays are refused, never unpickled.
 Main entry points (``help(npydask.<name>)`` for each)::
 
     from_npy(path, chunks="auto")      one file, or an .npz member (key=), as a lazy dask array
+    from_npy_stack(dirname)            a dask.array.to_npy_stack folder, its pickled info never run
     read_region(path, start, stop)     a box of a file as a numpy array, reading only its bytes
     read_header(path)                  shape, dtype, order, payload offset: an NpyHeader
     open_dataset(file_root, ...)       many files, NVIDIA DALI fn.readers.numpy style (filter,
@@ -47,6 +48,7 @@ from npydask.dataset import NpyDataset, open_dataset
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.header import NpyHeader, parse_header
 from npydask.loader import Loader
+from npydask.npy_stack import from_npy_stack
 from npydask.reader import read_header, read_region
 from npydask.writer import to_npy, to_npy_files
 from npydask.zarr_writer import to_zarr
@@ -65,6 +67,7 @@ __all__ = [
     "__version__",
     "config",
     "from_npy",
+    "from_npy_stack",
     "open_dataset",
     "parse_header",
     "read_header",

@@ -105,7 +105,13 @@ def scan_headers(
 
 
 def _select(
-    file_root: Any, file_filter: str, file_list: Any, files: Any, recursive: bool, storage_options: dict[str, Any] | None
+    file_root: Any,
+    file_filter: str,
+    file_list: Any,
+    files: Any,
+    recursive: bool,
+    storage_options: dict[str, Any] | None,
+    sort: str = "bytes",
 ) -> tuple[Selected, Source]:
     """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source."""
     first = file_root
@@ -120,7 +126,9 @@ def _select(
                 f"the dataset's files are local ({probe!r}): drop storage_options"
             )
         root = None if file_root is None else fspath(file_root)
-        paths = select_files(root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive)
+        paths = select_files(
+            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort
+        )
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
@@ -129,7 +137,7 @@ def _select(
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
     selected = select_listed(
-        root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister
+        root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister, sort=sort
     )
     base = source.spec.base + "/"  # type: ignore[attr-defined]
     for p in selected.paths:
@@ -504,6 +512,7 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    sort: str = "bytes",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
 ) -> NpyDataset:
@@ -540,6 +549,12 @@ def open_dataset(
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
         Object URLs take ``"auto"`` or ``"pread"`` (range requests).
+    sort : {"bytes", "natural"}, default ``"bytes"``
+        Order of discovered files (every discovery mode: flat, ``recursive``,
+        object-store prefixes): DALI's byte-wise order (``slice_10`` before
+        ``slice_2``), or ``"natural"``, runs of digits by value (``slice_2``
+        before ``slice_10``; :func:`npydask.discovery.natural_key`).
+        ``files`` and ``file_list`` keep their order either way.
     storage_options : dict, optional
         For an object-store ``file_root`` or URLs in ``files``/``file_list``:
         obstore's store and client options (see :func:`npydask.from_npy`).
@@ -554,7 +569,7 @@ def open_dataset(
     TypeError
         A DALI reader argument npydask has elsewhere, or an unknown keyword.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``.
     NpyFormatError
         A file that is not a valid ``.npy`` file.
     OSError
@@ -575,7 +590,7 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options)
+    (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options, sort)
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,

@@ -42,7 +42,11 @@ What counts during discovery:
 
 * Byte-wise order is the order of ``os.fsencode(name)``, never the locale
   (``"B" < "a"``, ``"a10" < "a2"``, non-ASCII after ASCII), as DALI's
-  ``std::sort`` of ``std::string``.
+  ``std::sort`` of ``std::string``. ``sort="natural"`` (an npydask
+  extension) compares runs of ASCII digits by their value instead
+  (``"a2" < "a10"``, :func:`natural_key`), everywhere byte-wise order is used
+  (file names, subfolder names, whole relative paths with ``recursive``);
+  ``files`` and ``file_list`` keep their order whatever ``sort`` says.
 * Hidden names are not special: ``*.npy`` matches ``.x.npy`` and a ``.cache/``
   subdirectory is listed like any other (DALI uses no ``FNM_PERIOD`` and skips
   only ``.`` and ``..``).
@@ -86,10 +90,23 @@ from npydask.storage.local import LocalLister
 from npydask.storage.urls import is_url, join_url, split_url
 from npydask.storage.local import fs_bytes as _fs_bytes
 
-__all__ = ["DEFAULT_FILE_FILTER", "Selected", "dali_order", "select_files", "select_listed", "shard_range"]
+__all__ = [
+    "DEFAULT_FILE_FILTER",
+    "SORTS",
+    "Selected",
+    "check_sort",
+    "dali_order",
+    "natural_key",
+    "select_files",
+    "select_listed",
+    "shard_range",
+]
 
 DEFAULT_FILE_FILTER = "*.npy"
 """DALI's default ``file_filter`` for ``fn.readers.numpy``."""
+
+SORTS = ("bytes", "natural")
+"""Orders of discovered files: DALI's byte-wise order, or digit runs by value (:func:`natural_key`)."""
 
 PathArg = str | os.PathLike[str]
 
@@ -105,6 +122,7 @@ def select_files(
     files: Iterable[PathArg] | None = None,
     recursive: bool = False,
     lister: Lister | None = None,
+    sort: str = "bytes",
 ) -> list[str]:
     """The paths a dataset reads, in read order, as DALI's numpy reader selects them.
 
@@ -130,6 +148,10 @@ def select_files(
         :class:`~npydask.storage.object.ObjectLister`); a local folder's by
         default. Its listing is ordered by the same rules, and entries join
         ``file_root`` with ``/``.
+    sort : {"bytes", "natural"}, default ``"bytes"``
+        Order of discovered files: DALI's byte-wise order, or ``"natural"``
+        (runs of digits by value: ``slice_2`` before ``slice_10``, see
+        :func:`natural_key`). ``files`` and ``file_list`` keep their order.
 
     Returns
     -------
@@ -141,7 +163,7 @@ def select_files(
     ValueError
         Neither ``file_root``, ``files`` nor ``file_list`` given; ``files`` and
         ``file_list`` both given; an empty ``files`` or ``file_list``; an empty
-        path; no file found by discovery.
+        path; no file found by discovery; an unknown ``sort``.
     TypeError
         A path given as ``bytes`` or as something that is not a path, or
         ``files`` given as a single path instead of a list.
@@ -161,10 +183,14 @@ def select_files(
     ['a.npy', 'b.npy', 's0/d.npy', 's0/deep/e.npy', 's1/c.npy']
     >>> select_files(root, files=["s1/c.npy", "/abs/x.npy"])[1]
     '/abs/x.npy'
+    >>> for i in (1, 2, 10): open(os.path.join(root, f"slice_{i}.npy"), "wb").close()
+    >>> [os.path.basename(p) for p in select_files(root, file_filter="slice_*")]
+    ['slice_1.npy', 'slice_10.npy', 'slice_2.npy']
+    >>> [os.path.basename(p) for p in select_files(root, file_filter="slice_*", sort="natural")]
+    ['slice_1.npy', 'slice_2.npy', 'slice_10.npy']
     """
-    return select_listed(
-        file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, lister=lister
-    ).paths
+    chosen = dict(file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort)
+    return select_listed(file_root, lister=lister, **chosen).paths
 
 
 class Selected(NamedTuple):
@@ -190,6 +216,7 @@ def select_listed(
     files: Iterable[PathArg] | None = None,
     recursive: bool = False,
     lister: Lister | None = None,
+    sort: str = "bytes",
 ) -> Selected:
     """:func:`select_files`, with the listing's identities kept beside the ordered paths.
 
@@ -205,6 +232,7 @@ def select_listed(
     root = None if file_root is None else _path_str(file_root, "file_root")
     if not isinstance(file_filter, str):
         raise TypeError(f"file_filter must be a str glob such as '*.npy', got {file_filter!r}")
+    check_sort(sort)
     if files is not None and file_list is not None:
         raise ValueError(
             "files and file_list were both given; pass the paths through one of them "
@@ -234,7 +262,7 @@ def select_listed(
     listing = (lister or LocalLister(root)).list(recursive, match)
     # (before ordering: sorting a recursive listing sorts its paths in place)
     of = None if listing.identities is None else dict(zip(listing.paths, listing.identities))
-    found = _sorted(listing.paths) if recursive else dali_order(listing.paths, "/" if remote else os.sep)
+    found = _sorted(listing.paths, sort) if recursive else dali_order(listing.paths, "/" if remote else os.sep, sort)
     if not found:
         where = "at any depth under" if recursive else "directly in or one folder below"
         hint = "" if recursive else "; pass recursive=True to search deeper folders"
@@ -379,12 +407,15 @@ def _entries_from_list(list_path: str) -> list[str]:
 # -- discovery ---------------------------------------------------------------------------------
 
 
-def _sorted(names: list[str]) -> list[str]:
-    """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts.
+def _sorted(names: list[str], sort: str = "bytes") -> list[str]:
+    """Byte-wise order of file-system names (undecodable bytes included), as DALI sorts; or natural order.
 
     UTF-8 keeps code point order, so names that are all valid UTF-8 sort as
     strings (in C); only names holding undecodable bytes need their bytes as keys.
     """
+    if sort == "natural":
+        names.sort(key=natural_key)
+        return names
     if _FS_ENCODING == "utf-8":
         try:
             "".join(names).encode("utf-8")  # fails on the surrogates that stand for undecodable bytes
@@ -397,20 +428,70 @@ def _sorted(names: list[str]) -> list[str]:
     return names
 
 
-def dali_order(paths: list[str], sep: str = os.sep) -> list[str]:
+_DIGIT_RUNS = re.compile(rb"[0-9]+")
+
+
+def _run_weight(run: re.Match[bytes]) -> bytes:
+    """A digit run as ``"0"``, its length without leading zeros (4 bytes, big-endian), then those digits."""
+    digits = run.group().lstrip(b"0") or b"0"
+    return b"0" + len(digits).to_bytes(4, "big") + digits
+
+
+def natural_key(name: str) -> tuple[bytes, bytes]:
+    """A sort key ordering runs of ASCII digits by value, all else byte-wise: ``"a2" < "a10"``.
+
+    Names compare byte by byte (of ``os.fsencode(name)``, as byte-wise order
+    does) until both reach a run of the digits ``0``-``9``; two runs compare
+    by their value (without converting them: any length works), and a run
+    meets any other byte as a digit would (``"a.npy" < "a0.npy" < "a_1.npy"``,
+    since ``.`` < ``0`` < ``_``). Names equal but for leading zeros
+    (``"a01"``, ``"a1"``) fall back to byte-wise order, so the order is total
+    and the same on every machine. Pure: no locale, no file system.
+
+    The key is the name with each run replaced by ``"0"``, the run's length
+    (leading zeros stripped, 4 bytes big-endian) and its digits: a ``"0"``
+    only ever starts a run there, so two keys reach runs at the same offset,
+    and a longer number is a larger one. The name's bytes break ties.
+
+    Examples
+    --------
+    >>> sorted(["slice_10.npy", "slice_2.npy", "slice_1.npy", "a.npy"], key=natural_key)
+    ['a.npy', 'slice_1.npy', 'slice_2.npy', 'slice_10.npy']
+    >>> sorted(["s10/x.npy", "s9/x.npy", "s9/x10.npy", "s9/x9.npy"], key=natural_key)
+    ['s9/x.npy', 's9/x9.npy', 's9/x10.npy', 's10/x.npy']
+    >>> sorted(["a1", "a01", "a001", "a0"], key=natural_key)
+    ['a0', 'a001', 'a01', 'a1']
+    """
+    raw = _fs_bytes(name)
+    return _DIGIT_RUNS.sub(_run_weight, raw), raw
+
+
+def check_sort(sort: object) -> None:
+    """Refuse a ``sort`` that is not one of :data:`SORTS`, naming them."""
+    if not isinstance(sort, str) or sort not in SORTS:
+        raise ValueError(
+            f"sort must be one of {SORTS}: 'bytes' (DALI's byte-wise order, 'a10' before 'a2') or 'natural' "
+            f"(runs of digits by value, 'a2' before 'a10'); found {sort!r}"
+        )
+
+
+def dali_order(paths: list[str], sep: str = os.sep, sort: str = "bytes") -> list[str]:
     """DALI's non-recursive order of a listing (relative paths at most one folder deep), pure.
 
     The files directly in the root first, byte-wise; then each immediate
     subfolder in byte-wise order, with its own files byte-wise (``traverse_directories``).
+    ``sort="natural"`` orders names and subfolders by :func:`natural_key` instead.
 
     Examples
     --------
     >>> dali_order(["s1/c.npy", "b.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy"], sep="/")
     ['a.npy', 'b.npy', 'a/x.npy', 'a-b/x.npy', 's0/d.npy', 's1/c.npy']
+    >>> dali_order(["s10/1.npy", "s2/10.npy", "s2/9.npy", "10.npy", "9.npy"], sep="/", sort="natural")
+    ['9.npy', '10.npy', 's2/9.npy', 's2/10.npy', 's10/1.npy']
     """
     top = [p for p in paths if sep not in p]
     if len(top) == len(paths):
-        return _sorted(top)
+        return _sorted(top, sort)
     subs: dict[str, list[str]] = {}
     for p in [p for p in paths if sep in p]:
         folder = p.partition(sep)[0]
@@ -418,7 +499,7 @@ def dali_order(paths: list[str], sep: str = os.sep) -> list[str]:
         if names is None:
             names = subs[folder] = []
         names.append(p)
-    ordered = _sorted(top)
-    for sub in _sorted(list(subs)):
-        ordered += _sorted(subs[sub])  # (paths sharing the prefix "sub/" sort as their names do)
+    ordered = _sorted(top, sort)
+    for sub in _sorted(list(subs), sort):
+        ordered += _sorted(subs[sub], sort)  # (paths sharing the prefix "sub/" sort as their names do)
     return ordered

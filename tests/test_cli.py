@@ -63,6 +63,23 @@ def test_info_table_and_totals(folder):
     assert "7 files" in lines[-1] and "float32 (6)" in lines[-1]
 
 
+def test_info_and_stats_sort_natural(tmp_path):
+    for i in (1, 2, 10, 11):
+        np.save(tmp_path / f"s{i}.npy", np.full((2,), i, "<f4"))
+    natural = ["s1.npy", "s2.npy", "s10.npy", "s11.npy"]
+    out = run("info", str(tmp_path), "--json", "--sort", "natural")
+    assert out.returncode == 0, out.stderr
+    assert [f["path"] for f in json.loads(out.stdout)["files"]] == natural
+    out = run("info", str(tmp_path), "--json")
+    assert [f["path"] for f in json.loads(out.stdout)["files"]] == ["s1.npy", "s10.npy", "s11.npy", "s2.npy"]
+    out = run("stats", str(tmp_path), "--per-file", "--json", "--sort", "natural")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["files"]
+    assert [r["path"] for r in rows] == natural and [r["mean"] for r in rows] == [1, 2, 10, 11]
+    out = run("info", str(tmp_path), "--sort", "numeric")
+    assert out.returncode == 2 and "invalid choice: 'numeric'" in out.stderr and "'natural'" in out.stderr
+
+
 def test_info_json_goes_to_stdout_alone(folder):
     out = run("info", str(folder), "--json", "--filter", "s*.npy")
     assert out.returncode == 0

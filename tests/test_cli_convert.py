@@ -137,6 +137,20 @@ def test_folder_to_stacked_zarr_recursive_keeps_relative_names_in_order(tmp_path
     np.testing.assert_array_equal(z[...], np.stack(loaded(root, names)))
 
 
+@pytest.mark.parametrize("recursive", [False, True])
+def test_folder_of_slices_in_natural_order(tmp_path, recursive):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(12):
+        np.save(root / f"slice_{i}.npy", np.full((2, 3), i, "<i2"))
+    extra = ["--recursive"] if recursive else []
+    convert_here(root, tmp_path / "nat.npy", "--sort", "natural", *extra)
+    np.testing.assert_array_equal(np.load(tmp_path / "nat.npy"), np.stack([np.full((2, 3), i, "<i2") for i in range(12)]))
+    convert_here(root, tmp_path / "bytes.npy", *extra)  # the default stays DALI's byte-wise order
+    dali = sorted(range(12), key=lambda i: f"slice_{i}.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "bytes.npy")[:, 0, 0], dali)
+
+
 def test_folder_to_one_stacked_npy_file(tmp_path):
     names = uniform(tmp_path / "src", 40, (6,), "<f8", fortran_every=3)
     convert_here(tmp_path / "src", tmp_path / "all.npy")

@@ -521,6 +521,36 @@ def test_discovery_order_through_open_dataset(tree):
         npydask.open_dataset(root / "missing")
 
 
+@pytest.mark.parametrize("dtype", ["<f4", ">i2", "u1"])
+@pytest.mark.parametrize("n", [3, 12, 105])
+def test_natural_sort_concatenates_slices_in_numeric_order(tmp_path, dtype, n):
+    # slice_0 .. slice_{n-1}, of different lengths: byte-wise order would put slice_10 before slice_2
+    slices = [np.full((1 + i % 3, 4), i, dtype) for i in range(n)]
+    for i, a in enumerate(slices):
+        np.save(tmp_path / f"slice_{i}.npy", a)
+    ds = npydask.open_dataset(tmp_path, file_filter="slice_*.npy", sort="natural")
+    assert ds.files == [str(tmp_path / f"slice_{i}.npy") for i in range(n)]
+    np.testing.assert_array_equal(ds.concatenate(axis=0).compute(), np.concatenate(slices))
+    dali = npydask.open_dataset(tmp_path, file_filter="slice_*.npy")  # the default stays DALI's
+    assert dali.files == sorted(ds.files)
+    if n > 10:
+        assert dali.files != ds.files
+    natural_shard = npydask.open_dataset(tmp_path, sort="natural", shard_id=1, num_shards=3)
+    assert natural_shard.files == ds.files[n // 3 : 2 * n // 3]  # shards cut the sorted list, as DALI
+
+
+def test_natural_sort_recursive_and_listed_files(tmp_path):
+    for rel in ["v2/t10.npy", "v2/t9.npy", "v10/t1.npy", "v2/deep/t3.npy"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp_path / rel, np.array([len(rel)]))
+    deep = npydask.open_dataset(tmp_path, recursive=True, sort="natural")
+    assert [os.path.relpath(f, tmp_path) for f in deep.files] == ["v2/deep/t3.npy", "v2/t9.npy", "v2/t10.npy", "v10/t1.npy"]
+    listed = npydask.open_dataset(tmp_path, files=["v2/t10.npy", "v2/t9.npy"], sort="natural")
+    assert [os.path.relpath(f, tmp_path) for f in listed.files] == ["v2/t10.npy", "v2/t9.npy"]  # order kept
+    with pytest.raises(ValueError, match=r"sort must be one of \('bytes', 'natural'\).*found 'numeric'"):
+        npydask.open_dataset(tmp_path, sort="numeric")
+
+
 def test_file_list_and_files_keep_their_order(tree):
     root, value_of = tree
     order = ["sub1/deep/q.npy", "b.npy", "sub1/z.npy", "a.npy", "b.npy"]

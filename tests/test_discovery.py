@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from npydask.discovery import DEFAULT_FILE_FILTER, select_files, shard_range
+from npydask.discovery import DEFAULT_FILE_FILTER, SORTS, dali_order, natural_key, select_files, shard_range
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="POSIX symlinks")
 
@@ -108,6 +111,111 @@ def test_undecodable_names_sort_by_their_bytes(tmp_path):
         pytest.skip("file system refuses non-UTF-8 names")
     got = rel(select_files(tmp_path), tmp_path)
     assert [os.fsencode(g) for g in got] == [b"a.npy", b"\x80.npy", "é.npy".encode()]
+
+
+# -- natural order -----------------------------------------------------------------------------
+
+
+def _natural(names: list[str]) -> list[str]:
+    return sorted(names, key=natural_key)
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        # digit runs by value, wherever they sit
+        (["slice_10.npy", "slice_2.npy", "slice_1.npy"], ["slice_1.npy", "slice_2.npy", "slice_10.npy"]),
+        (["10.npy", "9.npy", "100.npy", "0.npy"], ["0.npy", "9.npy", "10.npy", "100.npy"]),
+        (["v1_t10.npy", "v1_t9.npy", "v10_t1.npy", "v2_t1.npy"], ["v1_t9.npy", "v1_t10.npy", "v2_t1.npy", "v10_t1.npy"]),
+        # a run meets other bytes as a digit does: '.' < digits < '_' < letters
+        (["a_1.npy", "a0.npy", "a.npy", "ab.npy"], ["a.npy", "a0.npy", "a_1.npy", "ab.npy"]),
+        (["a", "a5", "a5b", "a50"], ["a", "a5", "a5b", "a50"]),
+        # text compares byte-wise, never by locale: upper case first, non-ASCII last
+        (["b2", "B10", "a10", "é1", "A2"], ["A2", "B10", "a10", "b2", "é1"]),
+        # leading zeros: equal values fall back to byte-wise order, so the order is total
+        (["a1", "a01", "a001", "a0", "a00"], ["a0", "a00", "a001", "a01", "a1"]),
+        # runs longer than any int conversion allows, compared without converting
+        (["x" + "9" * 5000, "x1" + "0" * 5000, "x" + "9" * 4999], ["x" + "9" * 4999, "x" + "9" * 5000, "x1" + "0" * 5000]),
+        # non-ASCII digits are text, not numbers
+        (["a\u0661\u0660", "a\u0662", "a3"], ["a3", "a\u0661\u0660", "a\u0662"]),
+        # folders and names of a relative path
+        (["s10/a.npy", "s2/b10.npy", "s2/b9.npy", "s2.npy"], ["s2.npy", "s2/b9.npy", "s2/b10.npy", "s10/a.npy"]),
+        (["a.npy", "a/b.npy", "a0.npy"], ["a.npy", "a/b.npy", "a0.npy"]),  # as byte-wise order has them
+    ],
+)
+def test_natural_key_table(names, expected):
+    assert _natural(names) == expected
+    assert _natural(names[::-1]) == expected  # (not a stable sort's leftover)
+
+
+def _reference_key(name: str) -> tuple[tuple[tuple[int, int], ...], bytes]:
+    """An independent natural order: one token per byte, (0x30, value) per digit run, then the bytes."""
+    raw = os.fsencode(name)
+    tokens = [(ord("0"), int(run)) if run[:1].isdigit() else (run[0], -1)
+              for run in re.findall(rb"[0-9]+|[^0-9]", raw)]  # fmt: skip
+    return tuple(tokens), raw
+
+
+@given(st.lists(st.text(alphabet="aZ_.-/0129\u00e9", max_size=12), min_size=2, max_size=30))
+def test_natural_key_agrees_with_a_token_by_token_reference(names):
+    assert sorted(names, key=natural_key) == sorted(names, key=_reference_key)
+
+
+def test_natural_key_undecodable_names_sort_by_their_bytes():
+    odd = os.fsdecode(b"x\xff2")  # (a surrogate-escaped byte, as os.listdir gives it)
+    assert _natural([odd, "x\u00e92", "x10", "x2"]) == ["x2", "x10", "x\u00e92", odd]
+
+
+def test_natural_key_agrees_with_byte_order_without_digits():
+    names = ["b.npy", "B.npy", "a-b.npy", "a.npy", "a/b.npy", ".x.npy", "\u00e9.npy", "a b.npy"]
+    assert _natural(names) == sorted(names, key=os.fsencode)
+
+
+def test_natural_order_every_discovery_mode(tmp_path):
+    touch(
+        tmp_path,
+        "slice_10.npy", "slice_2.npy", "slice_1.npy",
+        "s10/b.npy", "s2/x10.npy", "s2/x9.npy", "s2/deep3/z.npy", "s2/deep10/z.npy",
+    )  # fmt: skip
+    assert rel(select_files(tmp_path, sort="natural"), tmp_path) == [
+        "slice_1.npy", "slice_2.npy", "slice_10.npy", "s2/x9.npy", "s2/x10.npy", "s10/b.npy",
+    ]  # fmt: skip
+    assert rel(select_files(tmp_path), tmp_path) == [
+        "slice_1.npy", "slice_10.npy", "slice_2.npy", "s10/b.npy", "s2/x10.npy", "s2/x9.npy",
+    ]  # fmt: skip
+    assert rel(select_files(tmp_path, recursive=True, sort="natural"), tmp_path) == [
+        "s2/deep3/z.npy", "s2/deep10/z.npy", "s2/x9.npy", "s2/x10.npy", "s10/b.npy",
+        "slice_1.npy", "slice_2.npy", "slice_10.npy",
+    ]  # fmt: skip
+    assert rel(select_files(tmp_path, recursive=True, sort="bytes"), tmp_path) == [
+        "s10/b.npy", "s2/deep10/z.npy", "s2/deep3/z.npy", "s2/x10.npy", "s2/x9.npy",
+        "slice_1.npy", "slice_10.npy", "slice_2.npy",
+    ]  # fmt: skip
+
+
+def test_dali_order_natural_is_pure_and_independent_of_listing_order():
+    listed = ["s10/1.npy", "s2/10.npy", "s2/9.npy", "10.npy", "9.npy", "s2.npy"]
+    expected = ["9.npy", "10.npy", "s2.npy", "s2/9.npy", "s2/10.npy", "s10/1.npy"]
+    assert dali_order(list(listed), sep="/", sort="natural") == expected
+    assert dali_order(listed[::-1], sep="/", sort="natural") == expected
+    assert dali_order(["a\\2.npy", "a\\10.npy"], sep="\\", sort="natural") == ["a\\2.npy", "a\\10.npy"]
+
+
+def test_listed_files_keep_their_order_whatever_sort(tmp_path):
+    (tmp_path / "l.txt").write_text("x10.npy\nx2.npy\nx1.npy\n")
+    for sort in SORTS:
+        assert rel(select_files(tmp_path, files=["x10.npy", "x2.npy"], sort=sort), tmp_path) == ["x10.npy", "x2.npy"]
+        assert rel(select_files(tmp_path, file_list=tmp_path / "l.txt", sort=sort), tmp_path) == [
+            "x10.npy", "x2.npy", "x1.npy",
+        ]  # fmt: skip
+
+
+@pytest.mark.parametrize("sort", ["Natural", "numeric", "", None, 1, ("natural",)])
+def test_unknown_sort_lists_the_choices(tmp_path, sort):
+    touch(tmp_path, "a.npy")
+    for kwargs in ({}, {"files": ["a.npy"]}):
+        with pytest.raises(ValueError, match=r"sort must be one of \('bytes', 'natural'\).*found " + re.escape(repr(sort))):
+            select_files(tmp_path, sort=sort, **kwargs)
 
 
 # -- the filter --------------------------------------------------------------------------------

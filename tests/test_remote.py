@@ -246,6 +246,23 @@ def test_open_dataset_lists_in_dali_order(bucket: Bucket, slash: str) -> None:
     np.testing.assert_array_equal(deep.concatenate().compute(), np.concatenate([arrays[r] for r in deep_rel(deep, bucket)]))
 
 
+def test_open_dataset_natural_sort_over_a_prefix(bucket: Bucket) -> None:
+    names = ["s_10.npy", "s_2.npy", "s_1.npy", "d2/t_10.npy", "d2/t_9.npy", "d10/t_1.npy"]
+    arrays = {name: np.full((2, 3), i, "<i4") for i, name in enumerate(names)}
+    for name, a in arrays.items():
+        bucket.put(name, a)
+    root = bucket.url()
+    flat = npydask.open_dataset(root, sort="natural", storage_options=bucket.options)
+    want = ["s_1.npy", "s_2.npy", "s_10.npy", "d2/t_9.npy", "d2/t_10.npy", "d10/t_1.npy"]
+    assert deep_rel(flat, bucket) == want
+    np.testing.assert_array_equal(flat.concatenate().compute(), np.concatenate([arrays[r] for r in want]))
+    deep = npydask.open_dataset(root, recursive=True, sort="natural", storage_options=bucket.options)
+    assert deep_rel(deep, bucket) == ["d2/t_9.npy", "d2/t_10.npy", "d10/t_1.npy", "s_1.npy", "s_2.npy", "s_10.npy"]
+    assert deep_rel(npydask.open_dataset(root, storage_options=bucket.options), bucket) == [
+        "s_1.npy", "s_10.npy", "s_2.npy", "d10/t_1.npy", "d2/t_10.npy", "d2/t_9.npy",
+    ]  # fmt: skip
+
+
 def deep_rel(ds: Any, bucket: Bucket) -> list[str]:
     return [f[len(bucket.url()) :] for f in ds.files]
 

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import add_storage_option, is_prefix, npz_members_at, source_of, url_or_none
 from npydask.dataset import _human, scan_headers
-from npydask.discovery import select_files
+from npydask.discovery import SORTS, select_files
 from npydask.storage._batch import Scanned
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
@@ -227,6 +227,7 @@ def select(
     quiet: bool = False,
     lenient: bool = False,
     storage_options: dict[str, Any] | None = None,
+    sort: str = "bytes",
 ) -> Selection:
     """The files under ``path`` (a file or a folder, an object or a prefix URL) with their headers; unreadable ones apart.
 
@@ -234,7 +235,8 @@ def select(
     stderr (unless ``quiet``). With ``lenient``, a single file that cannot
     be read is listed in ``bad`` like a folder's files instead of raising.
     ``storage_options`` reach the store of a URL (and are refused for a
-    local path).
+    local path). ``sort`` orders a folder's files (``"bytes"``, DALI's; or
+    ``"natural"``).
 
     Raises
     ------
@@ -258,7 +260,7 @@ def select(
     else:
         lister = None if source is LOCAL else lister_for(root, source)
         try:
-            paths = select_files(root, file_filter=file_filter, recursive=recursive, lister=lister)
+            paths = select_files(root, file_filter=file_filter, recursive=recursive, lister=lister, sort=sort)
         except ValueError as e:
             where = "at any depth" if recursive else "directly in it or one folder below (--recursive looks deeper)"
             raise UsageError(f"{shown}: no file matching --filter {file_filter!r} {where}") from e
@@ -452,8 +454,15 @@ def add_quiet_option(parser: Any) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress or messages on stderr (errors still)")
 
 
+def add_sort_option(parser: Any) -> None:
+    """``--sort {bytes,natural}``: the order of a folder's files."""
+    parser.add_argument("--sort", choices=SORTS, default="bytes",
+                        help="order of a folder's files: 'bytes' (DALI's byte-wise order, the default: slice_10 "
+                             "before slice_2) or 'natural' (runs of digits by value: slice_2 before slice_10)")
+
+
 def add_selection_options(parser: Any, *, several: bool = False) -> None:
-    """``PATH`` (``PATH...`` when ``several``), ``--filter``, ``--recursive`` and ``--key``."""
+    """``PATH`` (``PATH...`` when ``several``), ``--filter``, ``--recursive``, ``--sort`` and ``--key``."""
     if several:
         parser.add_argument("paths", metavar="PATH", nargs="+",
                             help=".npy or .npz files or folders of them, or object URLs (s3://bucket/prefix/, "
@@ -464,6 +473,7 @@ def add_selection_options(parser: Any, *, several: bool = False) -> None:
                                  "(s3://bucket/scans/)")
     parser.add_argument("--filter", default="*.npy", help="glob on file names in a folder (default '*.npy')")
     parser.add_argument("--recursive", action="store_true", help="look in every subfolder, not only the first level")
+    add_sort_option(parser)
     parser.add_argument("--key", help="member of .npz archives to read (e.g. 'x')")
     add_storage_option(parser)
     add_quiet_option(parser)

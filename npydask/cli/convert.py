@@ -63,6 +63,7 @@ from npydask.cli._common import (
     UsageError,
     add_cluster_options,
     add_quiet_option,
+    add_sort_option,
     client,
     cluster_compute,
     compute,
@@ -81,6 +82,7 @@ examples:
   npydask convert fortran.npy c_order.npy      a C-ordered copy
   npydask convert volume.npy volume.zarr       zarr v3 (pip install 'npydask[zarr]')
   npydask convert scans/ scans.zarr --recursive            one stacked array, names in attrs["files"]
+  npydask convert slices/ volume.npy --sort natural        slices stacked as slice_1, slice_2, ..., slice_10
   npydask convert scans/ scans.zarr --layout per-file      one zarr array per file
   npydask convert pairs/ x/ --key x            member x of every .npz in pairs/ to x/<name>.npy
   npydask convert s3://bucket/scans/ scans.zarr --storage-option region=eu-west-1   from object storage
@@ -108,6 +110,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("dest", metavar="DEST", help="a .npy file, a .zarr store, or a folder (no extension, or ending in /)")
     p.add_argument("--filter", help="glob on file names when SRC is a folder (default '*.npy', '*.npz' with --key)")
     p.add_argument("--recursive", action="store_true", help="look in every subfolder of SRC")
+    add_sort_option(p)
     p.add_argument("--key", help="the .npz member to convert (of SRC, or of every archive in the folder SRC)")
     p.add_argument(
         "--layout",
@@ -386,8 +389,8 @@ def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overw
 def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str, run: _Run) -> Plan:
     src, key = redact(args.src), args.key
     file_filter = args.filter or ("*.npz" if key else "*.npy")
-    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, key=key, quiet=args.quiet,
-                       storage_options=run.src)
+    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, sort=args.sort, key=key,
+                       quiet=args.quiet, storage_options=run.src)
     if report_bad(selection):
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]

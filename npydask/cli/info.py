@@ -38,6 +38,7 @@ HELP = """\
 examples:
   npydask info scan.npy
   npydask info scans/ --recursive
+  npydask info slices/ --sort natural             slice_2 before slice_10 (default: DALI's byte-wise order)
   npydask info 'scans/*.npy' extra.npy          several paths; patterns expanded if the shell did not
   npydask info archive.npz                      every member: shape, dtype
   npydask info archive.npz --key x
@@ -128,7 +129,7 @@ def _collect(args: argparse.Namespace) -> tuple[Found, int]:
             parts = [_archive(path, redact(path), options, lenient=lenient)]
             seen += 1
         else:
-            selection = select(path, file_filter=args.filter, recursive=args.recursive, key=args.key,
+            selection = select(path, file_filter=args.filter, recursive=args.recursive, sort=args.sort, key=args.key,
                                quiet=args.quiet, lenient=lenient, storage_options=options)
             seen += len(selection.paths)
             parts = [_from_selection(selection, args.key)]
@@ -153,7 +154,7 @@ def _shape(shape: list[int]) -> str:
     return "x".join(map(str, shape)) or "()"
 
 
-def _verify(path: str, recursive: bool) -> int:
+def _verify(path: str, recursive: bool, sort: str = "bytes") -> int:
     """``--verify``: each archive's members against their CRC-32; 1 if any archive fails."""
     from npydask.discovery import select_files
     from npydask.npz import verify
@@ -163,7 +164,7 @@ def _verify(path: str, recursive: bool) -> int:
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
     try:
-        archives = select_files(path, file_filter="*.npz", recursive=recursive) if os.path.isdir(path) else [path]
+        archives = select_files(path, file_filter="*.npz", recursive=recursive, sort=sort) if os.path.isdir(path) else [path]
     except ValueError as e:  # no archive in the folder
         raise UsageError(f"{path}: {e}") from e
     failed = 0
@@ -182,7 +183,7 @@ def _verify(path: str, recursive: bool) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.verify:
-        return max([_verify(p, args.recursive) for p in expand_globs(args.paths)], default=0)
+        return max([_verify(p, args.recursive, args.sort) for p in expand_globs(args.paths)], default=0)
     (records, names, bad), seen = _collect(args)
     dtypes = Counter(names)
     shapes = Counter(tuple(r["shape"]) for r in records)

@@ -139,8 +139,8 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, key=args.key, quiet=args.quiet,
-                       storage_options=storage_options(args))
+    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, sort=args.sort, key=args.key,
+                       quiet=args.quiet, storage_options=storage_options(args))
     status = report_bad(selection)
     if not selection.good:
         raise UsageError(f"{args.path}: no readable file")
