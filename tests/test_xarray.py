@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import sys
 import threading
 import tomllib
 from pathlib import Path
@@ -544,3 +545,24 @@ def test_object_store_file_archive_and_prefix(s3, tmp_path):  # noqa: F811
     np.save(local, a)
     with pytest.raises(ValueError, match="storage_options apply to object-store URLs.*local.npy"):
         open_npy(local, storage_options=so)
+
+
+@pytest.mark.slow
+def test_datasets_compute_on_a_cluster_of_processes(tmp_path):
+    """The lazy arrays travel to worker processes as paths and facts and are read there."""
+    from distributed import Client, LocalCluster
+
+    a = np.arange(40 * 16 * 8, dtype=">f8").reshape(40, 16, 8)
+    np.save(tmp_path / "v.npy", np.asfortranarray(a))
+    arrays = make_folder(tmp_path / "f", [(6, 5)] * 30)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client, dask.config.set({"array.chunk-size": "8KiB"}):
+        one = open_npy(tmp_path / "v.npy", chunks={})["data"]
+        assert math.prod(one.data.numblocks) > 4
+        np.testing.assert_array_equal(one.isel(dim_2=slice(1, 7, 2)).compute().values, a[:, :, 1:7:2])
+        folder = open_npy(tmp_path / "f", chunks={}, roi_start=[1, 1])["data"]
+        np.testing.assert_array_equal(folder.compute().values, np.stack(list(arrays.values()))[:, 1:, 1:])
+        lazy = open_npy(tmp_path / "v.npy", chunks=None)["data"]  # no dask: xarray's lazy array, pickled to a worker
+        got = client.submit(lambda v: v.isel(dim_0=3).values, lazy).result()
+        np.testing.assert_array_equal(got, a[3])
+        assert client.run(lambda: "npydask.xarray" in sys.modules) == {w: True for w in client.scheduler_info()["workers"]}
