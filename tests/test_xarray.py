@@ -233,6 +233,45 @@ def test_selections_isel_sel_outer_and_vectorized_equal_numpy(save):
             np.testing.assert_array_equal(np.asarray(got.values), want)
 
 
+def test_index_lists_read_runs_of_the_picked_indices_only(save, reads):
+    a = np.arange(200 * 30 * 4, dtype="<i2").reshape(200, 30, 4)
+    p = save(a)
+    var = open_npy(p, chunks=None)["data"]
+    np.testing.assert_array_equal(var.isel(dim_0=[150, 3, 4, 5, 3]).values, a[[150, 3, 4, 5, 3]])
+    assert sorted(r[1].start[0] for r in reads) == [3, 150]  # two runs, not the 148 rows between
+    assert sorted(r[1].shape[0] for r in reads) == [1, 3]
+    reads.clear()
+    np.testing.assert_array_equal(var.isel(dim_0=7, dim_1=[0, 29], dim_2=slice(1, 3)).values, a[7, [0, 29], 1:3])
+    assert [r[1].shape for r in reads] == [(1, 1, 2), (1, 1, 2)]
+
+
+def test_random_outer_and_vectorized_selections_equal_numpy(save):
+    rng = np.random.default_rng(7)
+    a = rng.integers(-1000, 1000, (13, 11, 9)).astype(">i4")
+    p = save(a, order="F")
+    var = open_npy(p, chunks=None)["data"]
+    for _ in range(60):
+        key, want = {}, a
+        for axis, n in enumerate(a.shape):
+            kind = rng.integers(4)
+            if kind == 0:
+                pick = rng.integers(-n, n, rng.integers(0, 5)).tolist()
+            elif kind == 1:
+                start, stop = sorted(rng.integers(-n, n + 1, 2).tolist())
+                step = int(rng.choice([1, 2, -1, -3]))
+                pick = slice(start, stop, step) if step > 0 else slice(stop, start, step)
+                if step < 0 and not len(range(n)[pick]):  # (xarray 2026.9's own _decompose_slice raises
+                    pick = slice(None, None, step)         # IndexError on an empty slice of negative step)
+            else:
+                continue
+            key[f"dim_{axis}"] = pick
+            want = want[(slice(None),) * axis + (pick,)]
+        np.testing.assert_array_equal(var.isel(key).values, want)
+    points = [rng.integers(0, n, 6) for n in a.shape]
+    got = var.isel({f"dim_{d}": xr.DataArray(points[d], dims="p") for d in range(3)}).values
+    np.testing.assert_array_equal(got, a[tuple(points)])
+
+
 def test_dims_are_given_names_and_are_checked(save):
     p = save(np.zeros((2, 3)))
     assert open_npy(p, dims=["y", "x"])["data"].dims == ("y", "x")
@@ -361,6 +400,18 @@ def test_folder_of_many_small_files_reads_them_in_batches(tmp_path, reads):
     assert math.prod(ds["data"].data.numblocks) < 10  # grouped as npydask groups them
     np.testing.assert_array_equal(ds["data"].values, np.stack(list(arrays.values())))
     assert not [r for r in reads if r[0] == "box"] and sum(n for kind, n in reads if kind == "many") == 300
+
+
+def test_picking_files_of_a_folder_reads_only_those_files(tmp_path, reads):
+    arrays = make_folder(tmp_path, [(8, 8)] * 300, names=[f"{i:03d}.npy" for i in range(300)])
+    var = open_npy(tmp_path, chunks=None)["data"]
+    picked = ["250.npy", "002.npy", "003.npy"]
+    np.testing.assert_array_equal(var.sel(file=picked).values, np.stack([arrays[n] for n in picked]))
+    assert reads == [("many", 3)]  # one tight loop over the three files, not the 249 between
+    reads.clear()
+    np.testing.assert_array_equal(var.isel(file=[299, 0], dim_1=slice(2, 5)).values,
+                                  np.stack([arrays["299.npy"][:, 2:5], arrays["000.npy"][:, 2:5]]))
+    assert len(reads) == 2 and all(kind == "box" for kind, _ in reads)  # (each a strided box of one file)
 
 
 def test_folder_discovery_keywords_recursive_filter_and_files(tmp_path):

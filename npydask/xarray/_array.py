@@ -4,10 +4,12 @@
 own array-likes: an :class:`~npydask.array.NpyFileArray` (one file or
 ``.npz`` member, after its ROI) or a stacked
 :class:`~npydask.stacking.FileGroup` (a folder). Indexing goes through
-``explicit_indexing_adapter`` with basic indexing (integers and slices,
-which npydask turns into one box read: :func:`~npydask.array.split_index`);
-outer and vectorized indexing read the box that covers them and finish in
-memory. It holds no open file and no data: it pickles as the paths, the
+``explicit_indexing_adapter`` with xarray's ``OUTER_1VECTOR`` support:
+integers and slices become one box read (:func:`~npydask.array.split_index`),
+and the one list of indices xarray passes (on the axis where it saves
+most) is read run by run of consecutive indices, or for a folder's file axis
+as a group of just the picked files; other lists, and vectorized indexing,
+read the box that covers them and finish in memory. It holds no open file and no data: it pickles as the paths, the
 identities and the header facts, and reads (thread-safely, through the
 per-process handle cache) wherever it is unpickled.
 """
@@ -29,7 +31,7 @@ from npydask.paths import absolute
 from npydask.stacking import FileGroup
 from npydask.storage.urls import is_url
 
-__all__ = ["NpyBackendArray", "axis_names", "file_names", "npy_attrs", "same_shapes"]
+__all__ = ["NpyBackendArray", "axis_names", "file_names", "npy_attrs", "runs", "same_shapes"]
 
 FILE_DIM = "file"
 """The dimension of a folder's files, and the name of its coordinate of relative paths."""
@@ -46,16 +48,43 @@ class NpyBackendArray(BackendArray):
         self.dtype = np.dtype(source.dtype)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
-        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self._read)
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER_1VECTOR, self._read)
 
     def _read(self, key: tuple[Any, ...]) -> np.ndarray:
-        return np.asarray(self.source[key])  # (an integer index of every axis gives a numpy scalar)
+        """``source[key]`` for integers, slices and at most one array of sorted, distinct indices."""
+        at = next((axis for axis, k in enumerate(key) if isinstance(k, np.ndarray)), None)
+        if at is None:
+            return np.asarray(self.source[key])  # (an integer index of every axis gives a numpy scalar)
+        picks = key[at].tolist()
+        if at == 0 and isinstance(self.source, FileGroup):  # the files picked, read as one group
+            group = FileGroup([self.source.views[i] for i in picks], 0, stacked=True)
+            return np.asarray(group[(slice(None), *key[1:])])
+        out_axis = sum(1 for k in key[:at] if isinstance(k, slice))  # (integers drop their axes)
+        parts = [np.asarray(self.source[(*key[:at], run, *key[at + 1 :])]) for run in runs(picks)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=out_axis)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NpyBackendArray, (self.source,))
 
     def __repr__(self) -> str:
         return f"NpyBackendArray({self.source!r})"
+
+
+def runs(indices: Sequence[int]) -> list[slice]:
+    """Sorted, distinct ``indices`` as slices of consecutive ones.
+
+    Examples
+    --------
+    >>> runs([2, 3, 4, 9, 11, 12])
+    [slice(2, 5, None), slice(9, 10, None), slice(11, 13, None)]
+    """
+    out: list[slice] = []
+    for i in indices:
+        if out and out[-1].stop == i:
+            out[-1] = slice(out[-1].start, i + 1)
+        else:
+            out.append(slice(i, i + 1))
+    return out
 
 
 def axis_names(dims: Any, default: Sequence[str], what: str) -> tuple[Hashable, ...]:
