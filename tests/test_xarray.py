@@ -574,7 +574,7 @@ def test_object_store_file_archive_and_prefix(s3, tmp_path):  # noqa: F811
     a = np.arange(60, dtype=">f4").reshape(6, 10)
     s3.put_npy(f"{space}/one.npy", a)
     for i in range(3):
-        s3.put_npy(f"{space}/dir/{i}.npy", a + i)
+        s3.put_npy(f"{space}/dir/{i}.npy", (a + i).astype(a.dtype))
     import io
 
     buf = io.BytesIO()
@@ -591,6 +591,9 @@ def test_object_store_file_archive_and_prefix(s3, tmp_path):  # noqa: F811
         folder = open_npy(prefix, storage_options=so, roi_start=[1, 0], roi_shape=[2, 10])
         assert folder["file"].values.tolist() == ["0.npy", "1.npy", "2.npy"]
         np.testing.assert_array_equal(folder["data"].values, np.stack([a[1:3] + i for i in range(3)]))
+    joined = npydask.open_dataset(f"s3://{space}/", recursive=True, storage_options=so).to_xarray()
+    assert joined["file"].values.tolist() == ["dir/0.npy", "dir/1.npy", "dir/2.npy", "one.npy"]
+    np.testing.assert_array_equal(joined.sel(file="one.npy").values, a)
 
     local = tmp_path / "local.npy"
     np.save(local, a)
