@@ -157,6 +157,18 @@ def test_file_values_dims_attrs_and_encoding_equal_numpy(tmp_path, order, dtype)
     np.testing.assert_array_equal(var.isel(dim_0=2, dim_2=slice(1, None, 2)).values, np.load(p)[2, :, 1::2])
 
 
+def test_strings_bytes_structured_and_longdouble_files(save):
+    for a in [np.array(["ab", "cde", "f"]), np.array([b"x", b"yz"]), np.asfortranarray(np.ones((2, 3), np.longdouble)),
+              np.array([(1, (2.5, 3.5)), (4, (5.5, 6.5))], [("a", "<i4"), ("b", ">f8", (2,))])]:
+        p = save(a)
+        for chunks in (None, {}):
+            ds = open_npy(p, chunks=chunks)
+            got = ds["data"].values
+            assert got.dtype == a.dtype and got.shape == a.shape
+            np.testing.assert_array_equal(got, a)
+            assert "data" in repr(ds)
+
+
 def test_chunks_none_is_lazy_without_dask_and_reads_only_the_selection(save, reads):
     a = np.arange(40 * 30 * 20, dtype="f8").reshape(40, 30, 20)
     p = save(a)
