@@ -7,11 +7,12 @@ own array-likes: an :class:`~npydask.array.NpyFileArray` (one file or
 ``explicit_indexing_adapter`` with xarray's ``OUTER_1VECTOR`` support:
 integers and slices become one box read (:func:`~npydask.array.split_index`),
 and the one list of indices xarray passes (on the axis where it saves
-most) is read run by run of consecutive indices, or for a folder's file axis
-as a group of just the picked files; other lists, and vectorized indexing,
-read the box that covers them and finish in memory. It holds no open file and no data: it pickles as the paths, the
-identities and the header facts, and reads (thread-safely, through the
-per-process handle cache) wherever it is unpickled.
+most) is read run by run of consecutive indices, or for a folder's file
+axis as a group of just the picked files; other lists, and vectorized
+indexing, read the box that covers them and finish in memory. It holds no
+open file and no data: it pickles as the paths, the identities and the
+header facts, and reads (thread-safely, through the per-process handle
+cache) wherever it is unpickled.
 """
 
 from __future__ import annotations
