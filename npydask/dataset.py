@@ -346,6 +346,35 @@ class NpyDataset:
                 )
         return self._join(chunks, layout, axis=axis, stacked=False)
 
+    def to_xarray(self, dims: Any = None, name: Any = "data") -> Any:
+        """:meth:`stack` as an ``xarray.DataArray``, over npydask's own dask graph (grouping and chunks as is).
+
+        Dims are ``("file", dim_0, ...)``: ``dims`` names each file's axes, or
+        all axes with the file axis first. The file axis has a coordinate of
+        the files' paths relative to the deepest folder holding them all;
+        attrs carry ``npy_version`` and ``order``. Files of different output
+        shapes raise ``ValueError`` suggesting a ``"pad"`` ROI. Needs
+        ``pip install 'npydask[xarray]'``.
+
+        Examples
+        --------
+        >>> import numpy as np, npydask, tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.full((2, 4), i, "i2"))
+        >>> da = npydask.open_dataset(root).to_xarray(dims=["y", "x"])
+        >>> da.dims, da["file"].values.tolist(), int(da.sel(file="2.npy").sum())
+        (('file', 'y', 'x'), ['0.npy', '1.npy', '2.npy'], 16)
+        """
+        try:
+            import xarray  # noqa: F401  (npydask imports it only here)
+        except ImportError as e:
+            raise ImportError(
+                "NpyDataset.to_xarray needs xarray, which is not installed: pip install 'npydask[xarray]'"
+            ) from e
+        from npydask.xarray import dataset_to_xarray
+
+        return dataset_to_xarray(self, dims=dims, name=name)
+
     def _need_files(self, what: str) -> None:
         if not self._views:
             raise ValueError(f"cannot {what} an empty dataset")

@@ -38,7 +38,18 @@ import numpy as np
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
 from npydask.region import raw_copy
 
-__all__ = ["Member", "Read", "RangeFile", "check_stored", "inflate", "inflate_into", "locate", "verify", "without_key"]
+__all__ = [
+    "Member",
+    "Read",
+    "RangeFile",
+    "arrays_in",
+    "check_stored",
+    "inflate",
+    "inflate_into",
+    "locate",
+    "verify",
+    "without_key",
+]
 
 Read = Callable[[int, int], bytes]
 """``read(offset, n)``: up to ``n`` bytes of the archive from ``offset`` (fewer only at its end).
@@ -114,6 +125,40 @@ class RangeFile(io.RawIOBase):
 
 def _members(zf: zipfile.ZipFile) -> list[str]:
     return sorted(n[:-4] if n.endswith(".npy") else n for n in zf.namelist())
+
+
+def arrays_in(read: Read, size: int, path: str) -> list[str]:
+    """The keys of the archive's ``.npy`` members (``"x"`` for ``x.npy``), in archive order.
+
+    These are the arrays ``numpy.load(path).files`` names; other members
+    (which ``numpy.load`` would return as raw bytes) are left out.
+
+    Raises
+    ------
+    NpyFormatError
+        The bytes are not a zip archive, or it holds no ``.npy`` member.
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "pair.npz"); np.savez(p, y=np.zeros(2), x=np.ones(3))
+    >>> data = open(p, "rb").read()
+    >>> arrays_in(lambda offset, n: data[offset : offset + n], len(data), p)
+    ['y', 'x']
+    """
+    try:
+        with zipfile.ZipFile(RangeFile(read, size)) as zf:  # the central directory only
+            names = zf.namelist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+        raise NpyFormatError(f"{path}: expected an .npz (zip) archive of .npy files, found something else ({e})") from e
+    arrays = [n[:-4] for n in names if n.endswith(".npy")]
+    if not arrays:
+        shown = names[:_SHOWN_MEMBERS]
+        raise NpyFormatError(
+            f"{path}: expected an .npz archive of .npy members (numpy.savez), found {len(names)} members "
+            f"{shown}{' ...' if len(names) > _SHOWN_MEMBERS else ''} and no .npy among them"
+        )
+    return arrays
 
 
 def locate(read: Read, size: int, path: str, key: str) -> Member:

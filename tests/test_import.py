@@ -11,7 +11,8 @@ import npydask
 def test_import_pulls_in_no_extras():
     code = (
         "import sys, npydask\n"
-        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore') if m in sys.modules]\n"
+        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore',\n"
+        "                     'npydask.xarray') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -62,3 +63,20 @@ def test_urls_without_the_remote_extra_name_the_install_command(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 3, out.stdout + out.stderr
     assert all("pip install 'npydask[remote]'" in line for line in lines), lines
+
+
+def test_without_xarray_npydask_works_and_to_xarray_names_the_install_command(tmp_path):
+    """npydask needs no xarray (dask.array imports it when present, npydask never does); to_xarray says what to install."""
+    code = (
+        "import sys; sys.modules['xarray'] = None\n"
+        "import numpy as np, npydask\n"
+        f"np.save({str(tmp_path / 'a.npy')!r}, np.arange(3))\n"
+        f"ds = npydask.open_dataset({str(tmp_path)!r})\n"
+        "assert int(ds.stack().sum().compute()) == 3\n"
+        "try:\n"
+        "    ds.to_xarray()\n"
+        "except ImportError as e:\n"
+        "    print('ImportError:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "ImportError:" in out.stdout and "pip install 'npydask[xarray]'" in out.stdout, out.stdout + out.stderr
