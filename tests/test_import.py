@@ -11,7 +11,7 @@ import npydask
 def test_import_pulls_in_no_extras():
     code = (
         "import sys, npydask\n"
-        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore') if m in sys.modules]\n"
+        "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore', 'ray') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
