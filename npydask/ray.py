@@ -144,7 +144,10 @@ def dataset_to_ray(ds: NpyDataset, options: dict[str, Any]) -> ray.data.Dataset:
     named, rest = _split_remote_args(remote, ray_data.read_datasource)
     if rest:
         named["ray_remote_args"] = rest
-    return ray_data.read_datasource(source, override_num_blocks=options["override_num_blocks"], **named)
+    # Without override_num_blocks, Ray would split each task's block into pieces until it reaches the
+    # parallelism it guesses (1 MiB blocks, hundreds of them); the plan's tasks are the blocks instead.
+    blocks = options["override_num_blocks"] or len(source._plan.ranges) or None
+    return ray_data.read_datasource(source, override_num_blocks=blocks, **named)
 
 
 def _cluster_cpus() -> int | None:

@@ -394,3 +394,20 @@ def test_schema_from_headers_is_the_blocks_schema(ray_session, tmp_path, shapes,
     else:
         for g, a in zip(got, arrays):
             np.testing.assert_array_equal(g, a)
+
+
+def test_blocks_are_the_plans_tasks_not_split_further_by_ray(ray_session, tmp_path):
+    """Without override_num_blocks Ray would cut each task's block to reach its guessed parallelism."""
+    import npydask.ray
+
+    a = np.arange(4096 * 1024, dtype="<f4").reshape(4096, 1024)  # 16 MiB: Ray would aim at 1 MiB blocks
+    np.save(tmp_path / "a.npy", a)
+    ds = npydask.ray.read_npy(tmp_path, concatenate=True, block_size="8MiB")
+    done = ds.materialize()
+    tasks = npydask.ray.NpyDatasource(npydask.open_dataset(tmp_path), column="data", index_column="index",
+                                      path_column=None, concatenate=True, axis=0, block_size="8MiB",
+                                      override_num_blocks=None).get_read_tasks(1)
+    assert 2 <= len(tasks) <= 4 and done.num_blocks() == len(tasks)
+    ids, got, _ = _rows(done)
+    np.testing.assert_array_equal(np.stack(got), a)
+    assert npydask.ray.read_npy(tmp_path, concatenate=True, override_num_blocks=7).materialize().num_blocks() == 7
