@@ -168,6 +168,20 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"group": group, "variant": variant, "median_s": t, "per_s": n / t, "ratio": ratio})
             return ratio
 
+        def samples(group: str, peers: dict[str, tuple[Callable[[], Any], int]], want: list[float]) -> float:
+            """Check then time each variant's samples/s through iter_batches; the last one's ratio."""
+            nonlocal ok
+            ref, r = None, float("nan")
+            for variant, (make, rows_per_sample) in peers.items():
+                if not check(make(), rows_per_sample, want):
+                    print(f"MISMATCH: {group} / {variant} gives other samples than numpy", file=sys.stderr)
+                    ok = False
+                    continue
+                t, n = timed(lambda: count_rows(make(), rows_per_sample), volumes, args.repeat)
+                r = record(group, variant, t, n, ref, "samples/s")
+                ref = ref or t
+            return r
+
         # -- volumes: samples/s through iter_batches(batch_size=8) -------------------------------------
         # read_numpy makes a row of each element of a file's first axis: its batches hold as many rows as
         # 8 volumes have (the same bytes a batch), and its samples/s count volumes' worth of rows.
@@ -177,15 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray.data.read_numpy(files)": (lambda: ray.data.read_numpy(volumes), planes),
             "npydask.ray.read_npy(root)": (lambda: npydask.ray.read_npy(vdir), 1),
         }
-        ref = None
-        for variant, (make, rows_per_sample) in peers.items():
-            if not check(make(), rows_per_sample, want):
-                print(f"MISMATCH: volumes / {variant} gives other samples than numpy", file=sys.stderr)
-                ok = False
-                continue
-            t, n = timed(lambda: count_rows(make(), rows_per_sample), volumes, args.repeat)
-            r = record("volumes", variant, t, n, ref, "samples/s")
-            ref = ref or t
+        r = samples("volumes", peers, want)
         goals.append(["volumes: read_npy samples/s over read_numpy's", f"{r:.2f}x", f">= {GOAL:.1f}x",
                       "PASS" if r >= GOAL else "FAIL"])
 
@@ -239,15 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             "read_npy(root, roi_start, roi_shape)": (
                 lambda: npydask.ray.read_npy(vdir, roi_start=list(start), roi_shape=list(shape)), 1),
         }
-        ref = None
-        for variant, (make, rows_per_sample) in peers.items():
-            if not check(make(), rows_per_sample, want):
-                print(f"MISMATCH: roi / {variant} gives other samples than numpy", file=sys.stderr)
-                ok = False
-                continue
-            t, n = timed(lambda: count_rows(make(), rows_per_sample), volumes, args.repeat)
-            r = record("roi", variant, t, n, ref, "samples/s")
-            ref = ref or t
+        samples("roi", peers, want)
         roi_ds = npydask.open_dataset(vdir, roi_start=list(start), roi_shape=list(shape))
         one = npydask.ray.NpyDatasource(roi_ds[:1], column="data", index_column="index", path_column=None,
                                         concatenate=False, axis=0, block_size="128MiB",
