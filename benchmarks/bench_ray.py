@@ -21,7 +21,9 @@ reference, ``ray.data.read_numpy``):
   >= 2x faster. Shown too: the read tasks and the bytes each reads (from the
   plan), and the bytes this process read (``/proc/self/io`` ``rchar``, every
   descriptor, Ray's sockets included) while planning and counting: the
-  headers, not the payload.
+  headers, not the payload. Also shown: the time of the same read tasks
+  called in this process, and Ray's floor for as many tasks of one row
+  (``range_tensor``): with few cores, Ray's per-task cost sets the time.
 * ``roi``: the same ROI of every volume. npydask reads the ROI's rows only
   (rows closer than the coalescing gap are read as one run, so per plane
   the span from its first to its last ROI byte); read_numpy reads each file
@@ -211,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         per_task = [(t.read_fn.box.stop[0] - t.read_fn.box.start[0]) * row for t in tasks]
         facts["big: read tasks"] = len(tasks)
         facts["big: payload bytes each task reads"] = sorted(set(per_task))
+        # what the tasks cost apart from Ray: all of them called in this process; and Ray's own floor for
+        # as many tasks doing nothing (on a machine with few cores, it sets the time of the split read)
+        t, _ = timed(lambda: [list(task()) for task in tasks], [big], args.repeat)
+        facts[f"big: the {BLOCKS} read tasks called in this process, median ms"] = round(t * 1e3, 1)
+        t, _ = timed(lambda: ray.data.range_tensor(BLOCKS, shape=(1,), override_num_blocks=BLOCKS).materialize(),
+                     [], args.repeat)
+        facts[f"big: Ray's floor, {BLOCKS} tasks of one row materialized, median ms"] = round(t * 1e3, 1)
         peers = {
             "ray.data.read_numpy([file])": lambda: ray.data.read_numpy([big], override_num_blocks=BLOCKS),
             f"read_npy(concatenate=True, override_num_blocks={BLOCKS})":
