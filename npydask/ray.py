@@ -502,6 +502,7 @@ def _make_class() -> type:
             return _read_tasks(self._plan, per_task_row_limit)
 
     NpyDatasource.__module__ = __name__
+    NpyDatasource.__qualname__ = "NpyDatasource"  # (pickled by reference: this module's __getattr__ finds it)
     return NpyDatasource
 
 

@@ -225,13 +225,20 @@ def test_concatenate_joins_files_of_different_lengths(ray_session, tmp_path, axi
         assert sources == ["f00.npy"] * 3 + ["f02.npy"] * 5 + ["f03.npy"] * 2
 
 
-def test_iter_torch_batches_and_streaming_split_deliver_every_sample_once(ray_session, tmp_path):
-    torch = pytest.importorskip("torch")
+def _numbered(root):
+    """23 small files, each telling its number; and their dataset through Ray, a file a task."""
     import npydask.ray
 
     arrays = [np.full((2, 3), i, "<f4") + np.arange(6, dtype="<f4").reshape(2, 3) for i in range(23)]
-    _save_all(tmp_path, arrays)
-    ds = npydask.ray.read_npy(tmp_path, block_size=100)
+    _save_all(root, arrays)
+    return arrays, npydask.ray.read_npy(root, block_size=100)
+
+
+def test_iter_torch_batches_delivers_every_sample_once(ray_session, tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("pydantic", reason="Ray's iter_torch_batches imports ray.train, which needs pydantic "
+                                           "(in npydask's test extra)")
+    arrays, ds = _numbered(tmp_path)
     seen = []
     for batch in ds.iter_torch_batches(batch_size=4):
         assert isinstance(batch["data"], torch.Tensor) and batch["data"].dtype == torch.float32
@@ -240,6 +247,9 @@ def test_iter_torch_batches_and_streaming_split_deliver_every_sample_once(ray_se
             seen.append(i)
     assert sorted(seen) == list(range(23))
 
+
+def test_streaming_split_delivers_every_sample_once(ray_session, tmp_path):
+    arrays, ds = _numbered(tmp_path)
     splits = ds.streaming_split(2, equal=False)
     taken: list[list[int]] = [[], []]
 
