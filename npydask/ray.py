@@ -10,7 +10,9 @@ it into a ``ray.data.Dataset`` whose read tasks wrap npydask's own plan:
   joined folder, and a large file is split across read tasks by byte range
   (Ray's own ``read_numpy`` reads each file whole, in one task).
 - ``override_num_blocks`` wins over ``block_size``: the rows are cut into that
-  many contiguous ranges (at most one per row).
+  many contiguous ranges (at most one per row). Either way the read tasks are
+  the blocks: their count is passed to Ray as ``override_num_blocks``, so Ray
+  does not cut them toward a parallelism of its own guessing.
 - A read task carries only its own files' :class:`~npydask.array.NpyFileArray`
   views (path or URL, identity, header facts, ROI) and a box; it reads with
   :class:`~npydask.stacking.FileGroup`, as ``ds.stack()`` and
