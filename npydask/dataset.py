@@ -375,6 +375,31 @@ class NpyDataset:
 
         return dataset_to_xarray(self, dims=dims, name=name)
 
+    def to_ray(
+        self,
+        *,
+        column: str = "data",
+        index_column: str | None = "index",
+        path_column: str | None = None,
+        concatenate: bool = False,
+        axis: int = 0,
+        block_size: int | str = "128MiB",
+        override_num_blocks: int | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+    ) -> Any:
+        """This dataset as a ``ray.data.Dataset`` (extra ``ray``); see :func:`npydask.ray.read_npy`.
+
+        Rows are files (after ROI), or with ``concatenate=True`` elements
+        along ``axis`` of the joined files; read tasks follow npydask's
+        grouping with ``block_size`` as the limit, and planning reads no payload.
+        """
+        from npydask.ray import dataset_to_ray
+
+        options = dict(column=column, index_column=index_column, path_column=path_column, concatenate=concatenate,
+                       axis=axis, block_size=block_size, override_num_blocks=override_num_blocks,
+                       ray_remote_args=ray_remote_args)
+        return dataset_to_ray(self, options)
+
     def _need_files(self, what: str) -> None:
         if not self._views:
             raise ValueError(f"cannot {what} an empty dataset")

