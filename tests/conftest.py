@@ -105,3 +105,17 @@ def http_server():
     yield _start
     for server in servers:
         server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under dask's array query planning, skip the xarray doctests: xarray 2026.9 cannot compute those arrays.
+
+    (``xr.DataArray(da.ones(2)).values`` is an object array of dask arrays there, with or without
+    npydask; tests/test_xarray.py skips itself for the same reason.)
+    """
+    if os.environ.get("DASK_ARRAY__QUERY_PLANNING", "").lower() not in ("1", "true", "yes", "on"):
+        return
+    skip = pytest.mark.skip(reason="xarray 2026.9 cannot compute dask's query-planning arrays")
+    for item in items:
+        if isinstance(item, pytest.DoctestItem) and ("xarray" in item.name or "npydask/xarray" in str(item.fspath)):
+            item.add_marker(skip)
