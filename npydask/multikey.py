@@ -180,6 +180,11 @@ class MultiKeyDataset:
         """
         return {k: d.stack(chunks) for k, d in self._members.items()}
 
+    to_ray = NpyDataset.to_ray
+    """This dataset as a ``ray.data.Dataset`` with one tensor column per member, named after it (see
+    :func:`npydask.ray.read_npy`): rows are files, each read task reads every member of its files, and
+    ``column`` or ``concatenate=True`` raise ``ValueError``."""
+
     def arrays(self) -> list[dict[str, da.Array]]:
         """Every sample as a dict of lazy arrays, in order."""
         return list(self)

@@ -309,3 +309,4 @@ def test_object_store_prefix(s3):
     for batch, idx in npydask.Loader(ds, 2, shuffle=True, with_index=True):
         for k in ("x", "m"):
             np.testing.assert_array_equal(batch[k], np.stack([arrays[i][k] for i in idx.tolist()]))
+
