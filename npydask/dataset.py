@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -35,6 +35,9 @@ from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
 from npydask.roi import RoiArgs, resolve_roi
 from npydask.stacking import join, plan_groups
+
+if TYPE_CHECKING:
+    from npydask.multikey import MultiKeyDataset
 
 __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 
@@ -577,7 +580,7 @@ def open_dataset(
     sort: str = "bytes",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
-) -> Any:
+) -> NpyDataset | MultiKeyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
 
     Returns an :class:`NpyDataset`, or a :class:`~npydask.multikey.MultiKeyDataset`

@@ -44,6 +44,8 @@ __all__ = [
     "RangeFile",
     "arrays_in",
     "check_stored",
+    "directory",
+    "find",
     "inflate",
     "inflate_into",
     "locate",
@@ -198,17 +200,34 @@ def locate_all(read: Read, size: int, path: str, keys: Sequence[str]) -> list[Me
 
 
 def _locate(read: Read, size: int, path: str, keys: Sequence[str], shown: str) -> list[Member]:
+    zf = directory(read, size, path, shown)
+    return [find(read, path, zf, key) for key in keys]
+
+
+def directory(read: Read, size: int, path: str, shown: str) -> zipfile.ZipFile:
+    """The archive's central directory (read once; ``shown`` is the ``key=`` named in the error).
+
+    Raises
+    ------
+    NpyFormatError
+        The bytes are not a zip archive.
+    """
     try:
-        zf = zipfile.ZipFile(RangeFile(read, size))  # reads the central directory only
+        return zipfile.ZipFile(RangeFile(read, size))  # reads the central directory only
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
         raise NpyFormatError(
             f"{path}: key={shown} was given, so a .npz (zip) archive was expected, found something else ({e})"
         ) from e
-    return [_find(read, path, zf, key) for key in keys]
 
 
-def _find(read: Read, path: str, zf: zipfile.ZipFile, key: str) -> Member:
-    """Member ``key`` of the open archive ``zf`` (``"x"`` or ``"x.npy"``), or ``KeyError`` listing its members."""
+def find(read: Read, path: str, zf: zipfile.ZipFile, key: str) -> Member:
+    """Member ``key`` of the archive whose :func:`directory` is ``zf`` (``"x"`` or ``"x.npy"``).
+
+    Raises
+    ------
+    KeyError
+        The archive has no such member (the message lists the members).
+    """
     names = zf.namelist()
     name = key if key in names else f"{key}.npy" if f"{key}.npy" in names else None
     if name is None:

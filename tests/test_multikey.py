@@ -310,3 +310,51 @@ def test_object_store_prefix(s3):
         for k in ("x", "m"):
             np.testing.assert_array_equal(batch[k], np.stack([arrays[i][k] for i in idx.tolist()]))
 
+
+
+@pytest.mark.timeout(300)
+def test_threads_reading_members_while_archives_are_replaced_never_get_other_data(tmp_path):
+    """Members share a descriptor only at one identity: a replaced archive fails the read, never mixes versions."""
+    import threading
+
+    n, rounds = 6, 60
+    paths = [str(tmp_path / f"{i}.npz") for i in range(n)]
+
+    def write(i: int, version: int) -> None:
+        tmp = str(tmp_path / f"tmp{i}.npz")
+        np.savez(tmp, x=np.full((64,), version * 100 + i, "i8"), y=np.full((3, 3), version * 100 + i, "f8"))
+        os.replace(tmp, paths[i])
+
+    for i in range(n):
+        write(i, 0)
+    ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "y"])
+    bad: list[str] = []
+    failures = [0]
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            i = int(np.random.default_rng().integers(n))
+            try:
+                batch = npydask.loader.read_batch({k: [d.views[i]] for k, d in ds.members.items()})
+            except npydask.FileChangedError:
+                failures[0] += 1
+                continue
+            for k in ("x", "y"):
+                if not (batch[k] == i).all():  # the dataset was opened at version 0: only its data may come back
+                    bad.append(f"{k} of {i}: {np.unique(batch[k])}")
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for version in range(1, rounds + 1):
+            if version % 7 == 0:
+                _handles.clear_cache()  # (readers then open afresh, at whatever identity the path has)
+            write(version % n, version)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad, bad[:5]
+    assert failures[0] > 0  # the replacements were seen

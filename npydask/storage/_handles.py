@@ -47,8 +47,9 @@ from typing import Any, NamedTuple
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
 from npydask.header import NpyHeader, parse_header
-from npydask.npz import Member, Read
+from npydask.npz import Member, Read, directory
 from npydask.storage._headers import member_header as _member_header
+from npydask.storage._headers import member_header_in as _member_header_in
 from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
 
@@ -336,6 +337,8 @@ class OpenFile:
     """Guards the lazily made O_DIRECT handle and mapping."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
+    archive: Any = field(default=None, repr=False)
+    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared with its other members."""
 
     @property
     def deflated(self) -> bool:
@@ -448,10 +451,10 @@ def acquire(
         sibling = _archives.get(path) if key is not None else None
     if sibling is not None and sibling.identity == ident:
         # Another member of this archive, at this identity: its descriptor serves (one open per archive).
-        header, raw, member = member_header(sibling.file, ident.size, path, key)  # type: ignore[arg-type]
+        header, raw, member = _member_header_in(reader(sibling.fd), sibling.archive, path, key)  # type: ignore[arg-type]
         if check is not None and raw != check.raw:
             raise header_mismatch(path, check, raw)
-        opened = OpenFile(path, sibling.file, ident, header, sibling.local, member, raw=raw)
+        opened = OpenFile(path, sibling.file, ident, header, sibling.local, member, raw=raw, archive=sibling.archive)
     else:
         opened = _open_new(path, expected, key, check)
     with _cache_lock:
@@ -473,9 +476,11 @@ def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: 
         if key is None:
             header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
-        else:
-            header, raw, member = member_header(f, fst.st_size, path, key)
-            opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw)
+        else:  # (the archive's directory is kept: its other members are found without reading it again)
+            read = reader(f.fileno())
+            archive = directory(read, fst.st_size, path, repr(key))
+            header, raw, member = _member_header_in(read, archive, path, key)
+            opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw, archive=archive)
         if check is not None and raw != check.raw:
             raise header_mismatch(path, check, raw)
     except BaseException:
