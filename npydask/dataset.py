@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -35,6 +35,9 @@ from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
 from npydask.roi import RoiArgs, resolve_roi
 from npydask.stacking import join, plan_groups
+
+if TYPE_CHECKING:
+    from npydask.multikey import MultiKeyDataset
 
 __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 
@@ -147,6 +150,14 @@ def _select(
                 "open a dataset per store"
             )
     return selected, source
+
+
+def _member_path(key: str | None, path: str) -> str:
+    return f"{path} (member {key!r})"
+
+
+def _same(path: str) -> str:
+    return path
 
 
 def _ignore(done: int) -> None:
@@ -551,7 +562,7 @@ def open_dataset(
     file_list: str | os.PathLike[str] | None = None,
     files: Sequence[str | os.PathLike[str]] | None = None,
     recursive: bool = False,
-    key: str | None = None,
+    key: str | Sequence[str] | None = None,
     index: str | os.PathLike[str] | None = None,
     roi_start: Any = None,
     rel_roi_start: Any = None,
@@ -569,8 +580,11 @@ def open_dataset(
     sort: str = "bytes",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
-) -> NpyDataset:
+) -> NpyDataset | MultiKeyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
+
+    Returns an :class:`NpyDataset`, or a :class:`~npydask.multikey.MultiKeyDataset`
+    when ``key`` is a list of ``.npz`` members.
 
     Parameters
     ----------
@@ -582,8 +596,12 @@ def open_dataset(
         with or without the trailing ``/``), listed once; ``files`` and
         ``file_list`` may hold URLs of one store (``http(s)://`` servers
         have no listing: only these two work there).
-    key : str, optional
-        Member name inside ``.npz`` archives.
+    key : str or list of str, optional
+        Member name inside ``.npz`` archives. A list of names makes each
+        sample a dict of those members (a
+        :class:`~npydask.multikey.MultiKeyDataset`): members may differ in
+        dtype and shape, ROI arguments apply to each, and each archive's
+        zip directory is read once for all of them (``index`` is not used).
     index : path or URL, optional
         A persistent header index (JSON, never pickle, see
         :mod:`npydask.index`), reused while files keep their identity (a
@@ -621,9 +639,12 @@ def open_dataset(
     Raises
     ------
     TypeError
-        A DALI reader argument npydask has elsewhere, or an unknown keyword.
+        A DALI reader argument npydask has elsewhere, an unknown keyword, a ``key`` that is not a str or list of str.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``, an empty
+        ``key`` list or one naming a member twice.
+    KeyError
+        An archive without a ``key`` member (the message lists its members).
     NpyFormatError
         A file that is not a valid ``.npy`` file.
     OSError
@@ -644,6 +665,11 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
+    keys = None
+    if key is not None and not isinstance(key, str):
+        from npydask.multikey import member_keys
+
+        keys, key = member_keys(key), None
     (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options, sort)
     _check_key(key)
     roi_args = RoiArgs.from_user(
@@ -660,6 +686,21 @@ def open_dataset(
     )
     picked = shard_range(len(paths), shard_id, num_shards)
     chosen = [paths[i] for i in picked]
+    sharding = (shard_id, num_shards) if num_shards > 1 else None
+    if keys is not None:  # several members: each archive's zip directory read once for all of them
+        from npydask.multikey import MultiKeyDataset
+
+        columns = scan_members_of(chosen, keys, source)
+        origin = ("the header read when the dataset was opened", "open the dataset again", True)
+        members = {
+            k: NpyDataset(
+                _views(picked, chosen, column, origin, roi_args, (backend, k, source), member=True),
+                device=device,
+                sharding=sharding,
+            )
+            for k, column in zip(keys, columns)
+        }
+        return MultiKeyDataset(members)
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
@@ -679,11 +720,43 @@ def open_dataset(
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
+    views = _views(picked, chosen, scanned, origin, roi_args, (backend, key, source))
+    if device == "gpu" and views:
+        from npydask.gpu import check_gpu_dtype
+
+        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
+    return NpyDataset(views, device=device, sharding=sharding)
+
+
+def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:
+    """Per key, each path's scan of that ``.npz`` member (:meth:`Source.scan_members`); the first failure raised."""
+    columns: list[list[Scanned]] = [[] for _ in keys]
+    for result in source.scan_members(paths, keys):
+        if isinstance(result, BaseException):
+            raise result
+        for column, scanned in zip(columns, result):
+            column.append(scanned)
+    return columns
+
+
+def _views(
+    picked: range,
+    chosen: Sequence[str],
+    scanned: Sequence[Scanned | BaseException],
+    origin: tuple[str, str, bool],
+    roi_args: RoiArgs,
+    reading: tuple[str, str | None, Source],
+    *,
+    member: bool = False,
+) -> list[NpyFileArray]:
+    """One view per scanned file: one dtype and ndim checked, ROIs resolved (``member``: errors name the member)."""
+    backend, key, source = reading
     checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
     options = read_options(gap_bytes=source.gap_bytes)  # (the source's default coalescing gap)
     views: list[NpyFileArray] = []
     first: tuple[str, np.dtype, int] | None = None
     checked: NpyHeader | None = None  # headers are memoised objects: equal files share one
+    shown_as = partial(_member_path, key) if member else _same
     with_roi = roi_args.has_roi or roi_args.out_of_bounds_policy != "error"
     rois: dict[tuple[tuple[int, ...], np.dtype], Any] = {}
     shared_roi = with_roi and not roi_args.per_file
@@ -697,16 +770,16 @@ def open_dataset(
         if header is checked:
             pass
         elif first is None:
-            first = (path, header.dtype, header.ndim)
+            first = (shown_as(path), header.dtype, header.ndim)
         elif header.dtype != first[1] or header.dtype.str != first[1].str:
             raise ValueError(
                 f"all files of a dataset must share one dtype: {first[0]} holds {_dtype_name(first[1])} "
-                f"but {path} holds {_dtype_name(header.dtype)}"
+                f"but {shown_as(path)} holds {_dtype_name(header.dtype)}"
             )
         elif header.ndim != first[2]:
             raise ValueError(
                 f"all files of a dataset must share one ndim: {first[0]} has {first[2]} dimensions "
-                f"but {path} has {header.ndim} (shape {header.shape})"
+                f"but {shown_as(path)} has {header.ndim} (shape {header.shape})"
             )
         checked = header
         roi = None
@@ -715,15 +788,11 @@ def open_dataset(
             if shared_roi and memo_key in rois:
                 roi = rois[memo_key]  # the same arguments on the same shape resolve the same
             else:
-                roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=path)
+                roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
                 if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
                     roi = None
                 if shared_roi:
                     rois[memo_key] = roi
         views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))
-    if device == "gpu" and views:
-        from npydask.gpu import check_gpu_dtype
-
-        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device, sharding=(shard_id, num_shards) if num_shards > 1 else None)
+    return views
 

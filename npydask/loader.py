@@ -29,6 +29,7 @@ import numpy as np
 
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
+from npydask.multikey import MultiKeyDataset, pick
 from npydask.region import Box
 from npydask.sampling import EpochPlan, _check_int
 from npydask.stacking import FileGroup, joined_dtype
@@ -62,7 +63,10 @@ def dataset_fingerprint(dataset: Any) -> dict[str, str]:
     prefix = os.path.commonprefix(files) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
     cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
     names = "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
-    layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
+    if isinstance(dataset, MultiKeyDataset):  # (every member's dtype and shapes, in key order)
+        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in dataset.members.items()).encode()
+    else:
+        layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
     return {
         "files": hashlib.blake2b(names, digest_size=16).hexdigest(),
         "layout": hashlib.blake2b(layout, digest_size=16).hexdigest(),
@@ -89,24 +93,32 @@ def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) 
     )
 
 
-def check_process(views: Sequence[NpyFileArray]) -> None:
+def check_process(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]) -> None:
     """Raise where this process cannot read the views (objects, in a child forked after obstore was used).
+
+    ``views`` may be a dict of them per ``.npz`` member (:func:`npydask.multikey.pick`).
 
     The error names ``multiprocessing_context="spawn"`` and ``"forkserver"``:
     a request there would hang instead (obstore is not fork-safe). Local
     files are always readable. See :meth:`npydask.storage.base.Source.check_process`.
     """
+    if isinstance(views, dict):
+        views = next(iter(views.values()))  # (the members share their files)
     if views:
         ref = views[0].ref  # (a dataset reads one store)
         ref.source.check_process(ref.path)
 
 
-def read_batch(views: Sequence[NpyFileArray], device: str = "cpu") -> Any:
+def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]], device: str = "cpu") -> Any:
     """Read every view in full: one stacked array when shapes agree, else a list.
 
     Stacked batches are in native byte order (as ``numpy.stack`` makes them)
-    and writable; ``device="gpu"`` gives CuPy arrays.
+    and writable; ``device="gpu"`` gives CuPy arrays. A dict of views per
+    ``.npz`` member gives a dict of batches (the members of a file share its
+    descriptor: one open per file).
     """
+    if isinstance(views, dict):
+        return {k: read_batch(v, device) for k, v in views.items()}
     shapes = {v.shape for v in views}
     if device == "gpu":
         from npydask.gpu import on_device
@@ -137,8 +149,10 @@ class Loader:
 
     Parameters
     ----------
-    dataset : NpyDataset
-        The files (after ROI); their order is the unshuffled order.
+    dataset : NpyDataset or MultiKeyDataset
+        The files (after ROI); their order is the unshuffled order. A
+        :class:`~npydask.multikey.MultiKeyDataset` (``key=["x", "y"]``)
+        gives dict batches, one batch per member.
     batch_size : int
         Samples per batch.
     shuffle : bool
@@ -203,7 +217,7 @@ class Loader:
     ) -> None:
         from npydask.dataset import NpyDataset
 
-        if not isinstance(dataset, NpyDataset):
+        if not isinstance(dataset, (NpyDataset, MultiKeyDataset)):
             raise TypeError(f"Loader reads an NpyDataset (from npydask.open_dataset), found {type(dataset).__name__}")
         if len(dataset) == 0:
             raise ValueError("Loader: the dataset holds no files")
@@ -322,9 +336,9 @@ class Loader:
             epoch, start = epoch + 1, 0
             self.epoch, self._done = epoch, 0
         batches = self.plan.batches(epoch)[start:]
-        views = self.dataset.views
+        dataset = self.dataset
         if self.client is None:
-            check_process(views)  # (before a thread starts: in a forked child, a clear error, not a hang)
+            check_process(pick(dataset, [0]))  # (before a thread starts: in a forked child, a clear error, not a hang)
         fetch = _ClusterFetch(self.client, self.device) if self.client is not None else _LocalFetch(self.prefetch, self.device)
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
@@ -333,7 +347,7 @@ class Loader:
             while position < len(batches) or pending:
                 while position < len(batches) and len(pending) < ahead:
                     indices = batches[position]
-                    pending.append((indices, fetch.submit([views[i] for i in indices.tolist()])))
+                    pending.append((indices, fetch.submit(pick(dataset, indices.tolist()))))
                     position += 1
                 indices, future = pending.popleft()
                 batch = fetch.result(future)

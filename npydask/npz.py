@@ -30,7 +30,7 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,9 +44,12 @@ __all__ = [
     "RangeFile",
     "arrays_in",
     "check_stored",
+    "directory",
+    "find",
     "inflate",
     "inflate_into",
     "locate",
+    "locate_all",
     "verify",
     "without_key",
 ]
@@ -172,12 +175,59 @@ def locate(read: Read, size: int, path: str, key: str) -> Member:
         ``f`` is not a zip archive, or the member is encrypted or compressed
         other than stored/deflated.
     """
+    return _locate(read, size, path, [key], repr(key))[0]
+
+
+def locate_all(read: Read, size: int, path: str, keys: Sequence[str]) -> list[Member]:
+    """:func:`locate` of each of ``keys``, reading the central directory once.
+
+    Raises
+    ------
+    KeyError
+        For the first key the archive lacks (the message lists the members).
+    NpyFormatError
+        As :func:`locate`.
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "pair.npz"); np.savez(p, x=np.zeros(2), y=np.ones(3))
+    >>> data = open(p, "rb").read()
+    >>> [m.name for m in locate_all(lambda offset, n: data[offset : offset + n], len(data), p, ["y", "x"])]
+    ['y.npy', 'x.npy']
+    """
+    return _locate(read, size, path, keys, repr(list(keys)))
+
+
+def _locate(read: Read, size: int, path: str, keys: Sequence[str], shown: str) -> list[Member]:
+    zf = directory(read, size, path, shown)
+    return [find(read, path, zf, key) for key in keys]
+
+
+def directory(read: Read, size: int, path: str, shown: str) -> zipfile.ZipFile:
+    """The archive's central directory (read once; ``shown`` is the ``key=`` named in the error).
+
+    Raises
+    ------
+    NpyFormatError
+        The bytes are not a zip archive.
+    """
     try:
-        zf = zipfile.ZipFile(RangeFile(read, size))  # reads the central directory only
+        return zipfile.ZipFile(RangeFile(read, size))  # reads the central directory only
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
         raise NpyFormatError(
-            f"{path}: key={key!r} was given, so a .npz (zip) archive was expected, found something else ({e})"
+            f"{path}: key={shown} was given, so a .npz (zip) archive was expected, found something else ({e})"
         ) from e
+
+
+def find(read: Read, path: str, zf: zipfile.ZipFile, key: str) -> Member:
+    """Member ``key`` of the archive whose :func:`directory` is ``zf`` (``"x"`` or ``"x.npy"``).
+
+    Raises
+    ------
+    KeyError
+        The archive has no such member (the message lists the members).
+    """
     names = zf.namelist()
     name = key if key in names else f"{key}.npy" if f"{key}.npy" in names else None
     if name is None:

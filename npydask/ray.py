@@ -43,6 +43,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from npydask.dataset import NpyDataset, _dtype_name, _layout, open_dataset
+from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
 from npydask.stacking import FileGroup, joined_dtype, plan_groups
 
@@ -134,7 +135,7 @@ def read_npy(
     )
 
 
-def dataset_to_ray(ds: NpyDataset, options: dict[str, Any]) -> ray.data.Dataset:
+def dataset_to_ray(ds: NpyDataset | MultiKeyDataset, options: dict[str, Any]) -> ray.data.Dataset:
     """``ds`` as a ``ray.data.Dataset``: what :meth:`NpyDataset.to_ray` calls with its keywords.
 
     ``options`` are :func:`read_npy`'s keywords other than ``open_dataset``'s.
@@ -401,6 +402,11 @@ class Read:
     paths: tuple[Any, ...] | None
     ragged: bool
 
+    @property
+    def input_files(self) -> tuple[str, ...]:
+        """The files this task reads."""
+        return tuple(v.ref.path for v in self.group.views)
+
     def __call__(self) -> list[pa.Table]:
         import pyarrow as pa
 
@@ -427,6 +433,77 @@ class Read:
                 paths = [p for p, count in self.paths for _ in range(count)]
             columns.append(pa.array(paths, pa.string()))
             names.append(self.path_column)
+        return [pa.Table.from_arrays(columns, names=names)]
+
+
+class _MembersPlan:
+    """A :class:`_Plan` per ``.npz`` member over the same row ranges: one tensor column per member.
+
+    Rows are files (``concatenate=True`` is refused); the ranges follow the
+    members' bytes together, so one task reads every member of its files
+    (and opens each file once: the members share its descriptor).
+    """
+
+    def __init__(self, ds: MultiKeyDataset, *, column: str, index_column: str | None, path_column: str | None,
+                 concatenate: bool, axis: int, block_size: int | str, override_num_blocks: int | None) -> None:
+        if concatenate:
+            raise ValueError(
+                f"concatenate=True joins the files of one array; the dataset's samples are dicts of members "
+                f"{list(ds.keys)}: read them as rows (concatenate=False), or open one member (key='x') to join it"
+            )
+        if column != "data":
+            raise ValueError(
+                f"with key={list(ds.keys)!r} the tensor columns are named after the members; column={column!r} "
+                "does not apply: leave it out"
+            )
+        names = [*ds.keys, *(c for c in (index_column, path_column) if c is not None)]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"the member columns {list(ds.keys)!r}, index_column and path_column must differ, found {names!r}: "
+                "rename index_column= or path_column="
+            )
+        self.plans = [  # (the first member's plan carries the index and path columns)
+            _Plan(d, column=k, index_column=index_column if j == 0 else None,
+                  path_column=path_column if j == 0 else None, concatenate=False, axis=0, block_size=block_size,
+                  override_num_blocks=override_num_blocks)
+            for j, (k, d) in enumerate(ds.members.items())
+        ]
+        first = self.plans[0]
+        sizes = [sum(v) for v in zip(*(_layout(p.views)[1] for p in self.plans))]
+        shapes, _, fortran = _layout(first.views)
+        limit = int(parse_bytes(block_size)) if isinstance(block_size, str) else block_size
+        self.ranges = plan_row_ranges([1] * len(sizes), sizes, shapes, first.dtype, fortran, axis=0, stacked=True,
+                                      limit=limit, num_blocks=override_num_blocks, threads=_cluster_cpus())
+        self.total = first.total
+        self.row_bytes = sum(p.row_bytes for p in self.plans)
+
+    def schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        schemas = [p.schema() for p in self.plans]
+        return pa.schema([s.field(0) for s in schemas] + list(schemas[0])[1:])
+
+    def task(self, rows: RowRange) -> MembersRead:
+        """Each member's read of ``rows`` (the files' members share their descriptors in the task)."""
+        return MembersRead(tuple(p.task(rows) for p in self.plans))
+
+
+@dataclass(frozen=True)
+class MembersRead:
+    """One read task over several members: their tensor columns side by side, then the index and path columns."""
+
+    reads: tuple[Read, ...]
+
+    @property
+    def input_files(self) -> tuple[str, ...]:
+        return self.reads[0].input_files
+
+    def __call__(self) -> list[pa.Table]:
+        import pyarrow as pa
+
+        tables = [read()[0] for read in self.reads]
+        columns = [t.column(0) for t in tables] + tables[0].columns[1:]
+        names = [t.column_names[0] for t in tables] + tables[0].column_names[1:]
         return [pa.Table.from_arrays(columns, names=names)]
 
 
@@ -471,7 +548,7 @@ def _read_tasks(plan: _Plan, per_task_row_limit: int | None) -> list[Any]:
         read = plan.task(rows)
         n = rows.stop - rows.start
         meta = BlockMetadata(num_rows=n, size_bytes=int(n * plan.row_bytes),
-                             input_files=tuple(v.ref.path for v in read.group.views), exec_stats=None)
+                             input_files=read.input_files, exec_stats=None)
         tasks.append(ReadTask(read, meta, schema=schema, per_task_row_limit=per_task_row_limit))
     return tasks
 
@@ -487,9 +564,9 @@ def _make_class() -> type:
         plans once, at construction, from the headers.
         """
 
-        def __init__(self, ds: NpyDataset, **options: Any) -> None:
+        def __init__(self, ds: NpyDataset | MultiKeyDataset, **options: Any) -> None:
             super().__init__()
-            self._plan = _Plan(ds, **options)
+            self._plan = _MembersPlan(ds, **options) if isinstance(ds, MultiKeyDataset) else _Plan(ds, **options)
 
         def get_name(self) -> str:
             return "NpyDask"

@@ -56,6 +56,7 @@ import torch.utils.data
 
 from npydask.dataset import file_index
 from npydask.loader import check_process, read_batch, warn_if_resharded
+from npydask.multikey import MultiKeyDataset, pick
 from npydask.sampling import _check_int, epoch_order
 from npydask.stacking import joined_dtype
 
@@ -159,6 +160,15 @@ def _shared_epoch(value: Any) -> _SharedEpoch:
     return shared
 
 
+def _samples(picked: Any, device: str) -> list[Any]:
+    """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member (:func:`npydask.multikey.pick`)."""
+    if isinstance(picked, dict):
+        columns = {k: _arrays(views, device) for k, views in picked.items()}
+        n = len(next(iter(columns.values())))
+        return [{k: _tensor(c[j]) for k, c in columns.items()} for j in range(n)]
+    return [_tensor(a) for a in _arrays(picked, device)]
+
+
 def _arrays(views: Sequence[Any], device: str) -> list[Any]:
     """Each view read in full by one call: native-order, writable arrays (0-d ones included)."""
     batch = read_batch(views, device)
@@ -177,6 +187,11 @@ def _check_dataset(dataset: Any, adapter: str, device: str) -> None:
     from npydask.array import check_device
     from npydask.dataset import NpyDataset
 
+    if isinstance(dataset, MultiKeyDataset):
+        check_device(device)
+        for member in dataset.members.values():
+            check_torch_dtype(member)
+        return
     if not isinstance(dataset, NpyDataset):
         raise TypeError(f"{adapter} reads an NpyDataset (npydask.open_dataset), found {type(dataset).__name__}")
     check_device(device)
@@ -188,8 +203,9 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
 
     Parameters
     ----------
-    dataset : NpyDataset
-        The files (after ROI).
+    dataset : NpyDataset or MultiKeyDataset
+        The files (after ROI); with ``key=[...]`` members, each sample is a
+        dict of tensors (DataLoader's default collate batches it to a dict).
     shuffle : bool
         Permute the whole list each epoch with a generator seeded only by
         ``(seed, epoch)``.
@@ -292,14 +308,13 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         return len(split_for(len(self.dataset), rank, world, 0, 1))
 
     def __iter__(self) -> Iterator[Any]:
-        views = self.dataset.views
-        check_process(views)  # (a forked DataLoader worker over URLs: a clear error, not a hang)
+        dataset = self.dataset
+        check_process(pick(dataset, [0]))  # (a forked DataLoader worker over URLs: a clear error, not a hang)
         mine = self.indices().tolist()
         for at in range(0, len(mine), self.read_size):
             part = mine[at : at + self.read_size]
-            for i, item in zip(part, _arrays([views[i] for i in part], self.device)):
-                tensor = _tensor(item)
-                yield (tensor, i) if self.with_index else tensor
+            for i, sample in zip(part, _samples(pick(dataset, part), self.device)):
+                yield (sample, i) if self.with_index else sample
 
 
 class NpyMapDataset(torch.utils.data.Dataset):
@@ -315,8 +330,9 @@ class NpyMapDataset(torch.utils.data.Dataset):
 
     Parameters
     ----------
-    dataset : NpyDataset
-        The files (after ROI).
+    dataset : NpyDataset or MultiKeyDataset
+        The files (after ROI); with ``key=[...]`` members, each sample is a
+        dict of tensors.
     device : {"cpu", "gpu"}
         CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu]``).
     with_index : bool
@@ -356,9 +372,8 @@ class NpyMapDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, read by one call (DataLoader calls this once per batch)."""
         picks = [self._index(i) for i in indices]
-        views = self.dataset.views
-        check_process(views)
-        tensors = [_tensor(a) for a in _arrays([views[i] for i in picks], self.device)] if picks else []
+        check_process(pick(self.dataset, picks[:1]))
+        tensors = _samples(pick(self.dataset, picks), self.device) if picks else []
         return list(zip(tensors, picks)) if self.with_index else tensors
 
     def _index(self, i: Any) -> int:

@@ -7,7 +7,10 @@ returns a ``FileIO`` that closes its descriptor when the last reference goes.
 
 :func:`acquire` is the cache every task uses: one ``stat`` per call, and the
 cached :class:`OpenFile` (descriptor, parsed header and its raw bytes) is
-reused while the file's identity (size, mtime, inode) is unchanged. A task
+reused while the file's identity (size, mtime, inode) is unchanged. The
+members of one ``.npz`` archive share one descriptor: a member first read
+while another of its archive is cached (at the same identity) reuses it,
+so a task reading every member of its files opens each file once. A task
 that was built for one identity and finds another raises
 :class:`~npydask.errors.FileChangedError`; a task that relies on a header
 (a :class:`HeaderCheck`: the raw header bytes, and where they came from)
@@ -35,15 +38,19 @@ import os
 import stat
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
 from npydask.header import NpyHeader, parse_header
-from npydask.npz import Member, Read
+from npydask.npz import Member, Read, directory
 from npydask.storage._headers import member_header as _member_header
+from npydask.storage._headers import member_header_in as _member_header_in
+from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
 
 __all__ = [
@@ -59,6 +66,7 @@ __all__ = [
     "pread_exact",
     "read_header_from",
     "retry_open",
+    "scan_members",
 ]
 
 _KINDS = {
@@ -244,6 +252,15 @@ def member_header(f: io.FileIO, size: int, path: str, key: str) -> tuple[NpyHead
     return _member_header(reader(f.fileno()), size, path, key)
 
 
+def scan_members(path: str, keys: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader, bytes, bool]]:
+    """:func:`scan_file` of each ``.npz`` member ``keys`` of ``path``: one open, one fstat, the zip directory read once."""
+    f, st = open_regular(path)
+    with f:
+        found = _member_headers(reader(f.fileno()), st.st_size, path, keys)
+    identity = FileIdentity.of(st)
+    return [(identity, header, raw, not member.stored) for header, raw, member in found]
+
+
 def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeader, bytes, bool]:
     """Identity, checked header, raw header bytes and whether it is deflated: one open, fstat, pread, close.
 
@@ -320,6 +337,8 @@ class OpenFile:
     """Guards the lazily made O_DIRECT handle and mapping."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
+    archive: Any = field(default=None, repr=False)
+    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared with its other members."""
 
     @property
     def deflated(self) -> bool:
@@ -386,6 +405,8 @@ class OpenFile:
 
 _cache: OrderedDict[tuple[str, str | None], OpenFile] = OrderedDict()
 _cache_lock = threading.Lock()
+_archives: weakref.WeakValueDictionary[str, OpenFile] = weakref.WeakValueDictionary()
+"""Per archive path, a cached member's open file: the other members of that archive reuse its descriptor."""
 
 
 def acquire(
@@ -427,6 +448,26 @@ def acquire(
             if check is not None and hit.raw != check.raw:
                 raise header_mismatch(path, check, hit.raw)
             return hit
+        sibling = _archives.get(path) if key is not None else None
+    if sibling is not None and sibling.identity == ident:
+        # Another member of this archive, at this identity: its descriptor serves (one open per archive).
+        header, raw, member = _member_header_in(reader(sibling.fd), sibling.archive, path, key)  # type: ignore[arg-type]
+        if check is not None and raw != check.raw:
+            raise header_mismatch(path, check, raw)
+        opened = OpenFile(path, sibling.file, ident, header, sibling.local, member, raw=raw, archive=sibling.archive)
+    else:
+        opened = _open_new(path, expected, key, check)
+    with _cache_lock:
+        if key is not None:
+            _archives[path] = opened
+        _cache[cache_key] = opened
+        _cache.move_to_end(cache_key)
+        _trim(cache_limit())
+    return opened
+
+
+def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: HeaderCheck | None) -> OpenFile:
+    """Open ``path`` (or its member ``key``), parse and check its header: the cache's miss."""
     f, fst = open_regular(path)
     try:
         ident = FileIdentity.of(fst)
@@ -435,18 +476,16 @@ def acquire(
         if key is None:
             header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
-        else:
-            header, raw, member = member_header(f, fst.st_size, path, key)
-            opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw)
+        else:  # (the archive's directory is kept: its other members are found without reading it again)
+            read = reader(f.fileno())
+            archive = directory(read, fst.st_size, path, repr(key))
+            header, raw, member = _member_header_in(read, archive, path, key)
+            opened = OpenFile(path, f, ident, header, is_local(fst), member, raw=raw, archive=archive)
         if check is not None and raw != check.raw:
             raise header_mismatch(path, check, raw)
     except BaseException:
         f.close()
         raise
-    with _cache_lock:
-        _cache[cache_key] = opened
-        _cache.move_to_end(cache_key)
-        _trim(cache_limit())
     return opened
 
 
@@ -526,6 +565,7 @@ def clear_cache() -> None:
     """Forget every cached open file (descriptors close once no reader holds them)."""
     with _cache_lock:
         _cache.clear()
+        _archives.clear()
 
 
 # --------------------------------------------------------------------------

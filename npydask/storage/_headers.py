@@ -13,12 +13,14 @@ and object stores (one range request per call) share it.
 from __future__ import annotations
 
 import dataclasses
+import zipfile
+from collections.abc import Sequence
 
 from npydask.errors import NpyFormatError
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
-from npydask.npz import Member, Read, inflate, locate, without_key
+from npydask.npz import Member, Read, find, inflate, locate, locate_all, without_key
 
-__all__ = ["FIRST_READ", "member_header", "npy_header", "read_upto"]
+__all__ = ["FIRST_READ", "member_header", "member_header_in", "member_headers", "npy_header", "read_upto"]
 
 FIRST_READ = 4096
 """Bytes read first for a header (numpy's own headers are at most a few hundred bytes)."""
@@ -82,7 +84,20 @@ def member_header(read: Read, size: int, path: str, key: str) -> tuple[NpyHeader
     ``data_offset`` is absolute in the zip file when the member is stored,
     relative to the inflated member when deflated.
     """
-    member = locate(read, size, path, key)
+    return _header_of(read, path, locate(read, size, path, key))
+
+
+def member_headers(read: Read, size: int, path: str, keys: Sequence[str]) -> list[tuple[NpyHeader, bytes, Member]]:
+    """:func:`member_header` of each of ``keys``, the archive's central directory read once for all."""
+    return [_header_of(read, path, member) for member in locate_all(read, size, path, keys)]
+
+
+def member_header_in(read: Read, zf: zipfile.ZipFile, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
+    """:func:`member_header` of an archive whose central directory ``zf`` was read already (:func:`npydask.npz.directory`)."""
+    return _header_of(read, path, find(read, path, zf, key))
+
+
+def _header_of(read: Read, path: str, member: Member) -> tuple[NpyHeader, bytes, Member]:
     header, raw = npy_header(read, member.file_size, path, member)
     member = dataclasses.replace(member, header_bytes=raw)  # (where a whole read's CRC-32 starts)
     if member.stored:

@@ -132,6 +132,14 @@ class Source(abc.ABC):
         or after the read, ``NpyFormatError`` if its header is not ``check``'s.
         """
 
+    @abc.abstractmethod
+    def scan_members(self, paths: Sequence[str], keys: Sequence[str]) -> list[list[Scanned] | BaseException]:
+        """:meth:`scan` of several ``.npz`` members: per path, one result per key, the zip directory read once.
+
+        A failure (a missing member, an unreadable file) comes back in place
+        of the path's list, as in :meth:`scan`.
+        """
+
     def read_runs_many(self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]) -> None:
         """:meth:`read_runs` of each ``(path, identity, plan, dest, options, check)`` (the ROIs of a group).
 

@@ -26,7 +26,7 @@ from npydask.config import ReadOptions
 from npydask.header import NpyHeader
 from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file
+from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file, scan_members
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
@@ -63,6 +63,16 @@ class LocalSource(Source):
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """:func:`~npydask.storage._batch.scan_files`: one open, fstat, pread and close per file."""
         return scan_files(paths, key)
+
+    def scan_members(self, paths: Sequence[str], keys: Sequence[str]) -> list[list[Scanned] | BaseException]:
+        """:func:`~npydask.storage._handles.scan_members` of each path: one open, fstat and directory read per file."""
+        out: list[list[Scanned] | BaseException] = []
+        for p in paths:
+            try:
+                out.append(scan_members(p, keys))
+            except (OSError, ValueError, KeyError) as e:
+                out.append(e)
+        return out
 
     def header(self, path: str, key: str | None = None) -> NpyHeader:
         """:func:`~npydask.storage._handles.scan_file`'s header: one open, fstat, pread and close."""

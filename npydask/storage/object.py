@@ -41,7 +41,7 @@ from npydask.errors import FileChangedError
 from npydask.header import NpyHeader, parse_header
 from npydask.npz import Member
 from npydask.region import ReadPlan
-from npydask.storage._headers import member_header, npy_header
+from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import translate
 from npydask.storage._stores import StoreSpec, check_not_forked, run_all, run_each, run_files, store_for
@@ -113,6 +113,16 @@ class ObjectSource(Source):
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """Identity, header, raw header bytes and whether deflated, ``remote_concurrency`` objects at once."""
         return run_each(lambda p: self._scan(p, key), paths, self.spec.settings.concurrency)
+
+    def scan_members(self, paths: Sequence[str], keys: Sequence[str]) -> list[list[Scanned] | BaseException]:
+        """Per object: one GET of its head, the zip directory read once, every member's header; several at once."""
+
+        def one(path: str) -> list[Scanned]:
+            identity, read = self._head(path)
+            found = member_headers(read, identity.size, redact(path), keys)
+            return [(identity, header, raw, not member.stored) for header, raw, member in found]
+
+        return run_each(one, paths, self.spec.settings.concurrency)
 
     def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
@@ -249,6 +259,16 @@ class ObjectSource(Source):
 
     def _read_header(self, path: str, key: str | None) -> tuple[ObjectIdentity, NpyHeader, bytes, Member | None]:
         """One GET of the first ``remote_header_bytes`` (more only when needed): identity, header, raw, member."""
+        identity, read = self._head(path)
+        shown = redact(path)
+        if key is None:
+            header, raw = npy_header(read, identity.size, shown)
+            return identity, header, raw, None
+        header, raw, member = member_header(read, identity.size, shown, key)
+        return identity, header, raw, member
+
+    def _head(self, path: str) -> tuple[ObjectIdentity, _Blocks]:
+        """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them."""
         first = self.spec.settings.header_bytes
         obstore = _obstore()
         try:
@@ -261,13 +281,7 @@ class ObjectSource(Source):
                 raise err from None
             identity = self.identity(path)  # (an empty object: no range of it exists)
             data = b""
-        read = _Blocks(self, path, identity, data)
-        shown = redact(path)
-        if key is None:
-            header, raw = npy_header(read, identity.size, shown)
-            return identity, header, raw, None
-        header, raw, member = member_header(read, identity.size, shown, key)
-        return identity, header, raw, member
+        return identity, _Blocks(self, path, identity, data)
 
     def _scan(self, path: str, key: str | None) -> Scanned:
         identity, header, raw, member = self._read_header(path, key)
