@@ -184,14 +184,20 @@ class NpyDataset:
     ``npydask.torch.NpyMapDataset`` and ``NpyIterableDataset``.
     """
 
-    __slots__ = ("_device", "_sharding", "_views")
+    __slots__ = ("_device", "_sharding", "_start", "_views")
 
     def __init__(
-        self, views: Sequence[NpyFileArray], *, device: str = "cpu", sharding: tuple[int, int] | None = None
+        self,
+        views: Sequence[NpyFileArray],
+        *,
+        device: str = "cpu",
+        sharding: tuple[int, int] | None = None,
+        start: int | None = 0,
     ) -> None:
         object.__setattr__(self, "_views", tuple(views))
         object.__setattr__(self, "_device", device)
         object.__setattr__(self, "_sharding", sharding)
+        object.__setattr__(self, "_start", start)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"NpyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
@@ -200,7 +206,7 @@ class NpyDataset:
         raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._views, self._device, self._sharding))
+        return (_rebuild, (self._views, self._device, self._sharding, self._start))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -251,6 +257,17 @@ class NpyDataset:
         return self._sharding
 
     @property
+    def start_index(self) -> int | None:
+        """Where this dataset's first file stands in the list ``open_dataset`` selected before sharding.
+
+        0 for a whole dataset, the shard's first position for a shard (of
+        ``open_dataset`` or :meth:`shard`), moved by contiguous slices;
+        ``None`` after a selection by list. Global sample ids (``npydask.ray``'s
+        index column) start here.
+        """
+        return self._start
+
+    @property
     def views(self) -> tuple[NpyFileArray, ...]:
         """The per-file array-likes the lazy arrays are built on."""
         return self._views
@@ -270,7 +287,9 @@ class NpyDataset:
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return NpyDataset(self._views[index], device=self._device, sharding=self._sharding)
+            lo, _, step = index.indices(len(self._views))
+            start = self._start + lo if self._start is not None and step == 1 else None
+            return NpyDataset(self._views[index], device=self._device, sharding=self._sharding, start=start)
         if isinstance(index, tuple):
             raise TypeError(
                 f"ds[{index!r}]: a dataset is indexed by file only; use a list for several files "
@@ -278,7 +297,7 @@ class NpyDataset:
             )
         if isinstance(index, (list, np.ndarray)):
             picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
-            return NpyDataset([self._views[i] for i in picks], device=self._device, sharding=self._sharding)
+            return NpyDataset([self._views[i] for i in picks], device=self._device, sharding=self._sharding, start=None)
         return self.array(self._index(index))
 
     def __getitems__(self, indices: Any) -> Any:
@@ -302,7 +321,8 @@ class NpyDataset:
         """Shard ``shard_id`` of ``num_shards``: DALI's contiguous ``[floor(N*k/S), floor(N*(k+1)/S))``."""
         r = shard_range(len(self), shard_id, num_shards)
         sharding = (shard_id, num_shards) if num_shards > 1 else self._sharding
-        return NpyDataset(self._views[r.start : r.stop], device=self._device, sharding=sharding)
+        start = self._start + r.start if self._start is not None else None
+        return NpyDataset(self._views[r.start : r.stop], device=self._device, sharding=sharding, start=start)
 
     # -- lazy arrays ---------------------------------------------------------
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
@@ -543,8 +563,10 @@ def file_index(i: Any, n: int, kinds: str) -> int:
     return k % n
 
 
-def _rebuild(views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None) -> NpyDataset:
-    return NpyDataset(views, device=device, sharding=sharding)
+def _rebuild(
+    views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None, start: int | None = 0
+) -> NpyDataset:
+    return NpyDataset(views, device=device, sharding=sharding, start=start)
 
 
 def _human(n: int) -> str:
@@ -697,6 +719,7 @@ def open_dataset(
                 _views(picked, chosen, column, origin, roi_args, (backend, k, source), member=True),
                 device=device,
                 sharding=sharding,
+                start=picked.start,
             )
             for k, column in zip(keys, columns)
         }
@@ -725,7 +748,7 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device, sharding=sharding)
+    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
 
 
 def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:

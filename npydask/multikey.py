@@ -128,6 +128,11 @@ class MultiKeyDataset:
         return self._first().files
 
     @property
+    def start_index(self) -> int | None:
+        """As :attr:`NpyDataset.start_index`."""
+        return self._first().start_index
+
+    @property
     def sharding(self) -> tuple[int, int] | None:
         """As :attr:`NpyDataset.sharding`."""
         return self._first().sharding

@@ -84,8 +84,11 @@ def read_npy(
     column : str
         Name of the tensor column.
     index_column : str or None
-        Name of the int64 column of each row's position in the dataset
-        (``None``: no such column).
+        Name of the int64 column of each row's global sample id (``None``: no
+        such column): its file's position in the list ``open_dataset``
+        selected before sharding (:attr:`NpyDataset.start_index` onwards), so
+        the shards of one folder never share an id; with ``concatenate=True``,
+        the row's position in the joined array of this dataset.
     path_column : str or None
         Name of a string column of each row's file (``None``: none).
     concatenate : bool
@@ -336,6 +339,9 @@ class _Plan:
         self.column, self.index_column, self.path_column = column, index_column, path_column
         self.stacked = not concatenate
         self.axis = axis
+        # Global sample ids: a shard's rows (files) count from its place in the whole list; rows of a
+        # joined array count from 0 (the shard does not know the element counts before it).
+        self.first_id = (ds.start_index or 0) if self.stacked else 0
         self.offsets = np.cumsum([0, *lengths]).tolist()
         self.row_shape = row_shape  # None: files of different shapes (variable-shaped tensors)
         self.row_ndim = len(shapes[0]) - (1 if concatenate else 0) if views else 0
@@ -382,7 +388,7 @@ class _Plan:
                 counts = [max(0, min(hi, self.offsets[k + 1] - self.offsets[a]) - max(lo, self.offsets[k] - self.offsets[a]))
                           for k in range(a, b)]
                 paths = tuple(zip(per_file, counts))
-        return Read(group, Box(tuple(start), tuple(stop)), rows.start, self.column, self.index_column,
+        return Read(group, Box(tuple(start), tuple(stop)), self.first_id + rows.start, self.column, self.index_column,
                     self.path_column, paths, self.row_shape is None)
 
 

@@ -275,7 +275,7 @@ def test_roi_shards_and_npz_key(ray_session, tmp_path):
     _save_all(tmp_path, arrays)
     ds = npydask.ray.read_npy(tmp_path, roi_start=[1, 2], roi_shape=[3, 4], shard_id=1, num_shards=3)
     ids, got, _ = _rows(ds)
-    assert ids == [0, 1, 2]
+    assert ids == [3, 4, 5]  # (global ids: the shard's files are files 3..5 of the folder)
     for g, a in zip(got, arrays[3:6]):
         np.testing.assert_array_equal(g, a[1:4, 2:6])
     # a "pad" ROI reaching outside the files, with a fill value
@@ -451,3 +451,27 @@ def test_ray_gives_one_column_per_member(ray_session, tmp_path):
         ds.to_ray(concatenate=True)
     with pytest.raises(ValueError, match="must differ"):
         ds.to_ray(index_column="x")
+
+
+def test_index_column_holds_global_ids_across_shards(ray_session, tmp_path):
+    """Rows of every shard of one folder carry the file's position in the whole list: ids never collide."""
+    import npydask.ray
+
+    arrays = [np.full((2, 3), i, "<f4") for i in range(7)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", a)
+    seen = {}
+    for shard in range(3):
+        rows = npydask.ray.read_npy(str(tmp_path), shard_id=shard, num_shards=3).take_all()
+        for row in rows:
+            assert int(row["index"]) not in seen
+            seen[int(row["index"])] = row["data"]
+    assert sorted(seen) == list(range(7))
+    for i, data in seen.items():
+        np.testing.assert_array_equal(data, arrays[i])
+    ds = npydask.open_dataset(str(tmp_path))
+    assert ds.start_index == 0 and ds.shard(1, 3).start_index == 2 and ds[3:5].start_index == 3
+    assert ds[[4, 1]].start_index is None and ds.shard(2, 3)[1:].start_index == 5
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ds.shard(1, 3))).start_index == 2
