@@ -280,7 +280,9 @@ def _join_url(base: str, entry: str) -> str:
     """A listed entry under an object-store root: URLs and ``/``-rooted keys are kept (as ``os.path.join`` keeps absolute paths)."""
     if is_url(entry):
         return entry
-    return join_url(base, entry.lstrip("/")) if not entry.startswith("/") else join_url(split_url(base).base, entry[1:])
+    if entry.startswith("/"):
+        return join_url(split_url(base).base, entry[1:])
+    return join_url(base, entry)
 
 
 def shard_range(n: int, shard_id: int, num_shards: int) -> range:

@@ -41,10 +41,6 @@ __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"
 BACKENDS = ("auto", "mmap", "pread")
 
 
-def _fspath(path: str | os.PathLike[str]) -> str:
-    return fspath(path)
-
-
 def _check_key(key: str | None) -> None:
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be the name of an .npz member (a str), found {key!r}")
@@ -296,7 +292,7 @@ class FileRef(NamedTuple):
         the tasks that carry this reference may run in another working directory.
         """
         if source is LOCAL:
-            path = absolute(_fspath(path))
+            path = absolute(fspath(path))
         _check_backend(backend)
         check_backend_for(backend, source, path)
         _check_key(key)

@@ -39,9 +39,8 @@ from dask.utils import ensure_dict, parse_bytes
 
 from npydask.backends.base import as_bytes, raw_copy
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
-from npydask.reader import _fspath
 from npydask.storage.local import LOCAL
-from npydask.storage.where import resolve
+from npydask.storage.where import fspath, resolve
 from npydask.backends._write import (
     WRITTEN,
     ChunkTarget,
@@ -519,7 +518,7 @@ def check_names(names: Sequence[str | os.PathLike[str]]) -> list[str]:
     out: list[str] = []
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
-        text = _fspath(name)
+        text = fspath(name)
         parts = [p for p in text.replace(os.sep, "/").split("/") if p not in ("", ".")]
         if os.path.isabs(text) or text.startswith("/"):
             raise ValueError(f"names[{i}] = {text!r} must be a relative path inside the output folder")

@@ -152,7 +152,7 @@ class StoreSpec(NamedTuple):
 
 _lock = threading.Lock()
 _stores: dict[StoreSpec, Any] = {}
-_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_pools: dict[tuple[int, str, int], ThreadPoolExecutor] = {}
 _owner_pid: int | None = None
 """The process that first used obstore (a forked child inherits it and must not use obstore)."""
 
@@ -261,23 +261,23 @@ def _first_line(e: BaseException) -> str:
     return text[0][:300] if text else ""
 
 
-def _pool(concurrency: int) -> ThreadPoolExecutor:
-    """This process's request pool (a forked child gets its own: its parent's threads do not exist in it)."""
-    key = (os.getpid(), concurrency)
+def _pool(concurrency: int, name: str = "npydask-remote") -> ThreadPoolExecutor:
+    """This process's pool ``name`` of ``concurrency`` threads (a forked child gets its own: its parent's threads do not exist in it)."""
+    key = (os.getpid(), name, concurrency)
     pool = _pools.get(key)
     if pool is None:
         with _lock:
             pool = _pools.get(key)
             if pool is None:
-                pool = _pools[key] = ThreadPoolExecutor(concurrency, thread_name_prefix="npydask-remote")
+                pool = _pools[key] = ThreadPoolExecutor(concurrency, thread_name_prefix=name)
     return pool
 
 
 def run_all(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], concurrency: int) -> list[R]:
     """``[fn(item) for item in items]`` with up to ``concurrency`` calls in flight; the first error is raised.
 
-    One call runs in the caller's thread; more go to the process's request
-    pool. On an error the calls not yet started are cancelled and the ones
+    A single item runs in the caller's thread; more go to the process's
+    request pool. On an error the calls not yet started are cancelled and the ones
     running are waited for (they write into buffers the caller owns).
     """
     items = list(items)
@@ -301,7 +301,6 @@ def _run_on(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Sequence[T]) 
 
 
 _FILES_AT_ONCE = 16
-_files_pool: ThreadPoolExecutor | None = None
 
 
 def run_files(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
@@ -311,14 +310,9 @@ def run_files(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     (a ROI: a request per plane): a separate pool, so a file's thread
     waiting for its requests never holds a request thread.
     """
-    global _files_pool
     if len(items) <= 1:
         return [fn(item) for item in items]
-    if _files_pool is None:
-        with _lock:
-            if _files_pool is None:
-                _files_pool = ThreadPoolExecutor(_FILES_AT_ONCE, thread_name_prefix="npydask-remote-files")
-    return _run_on(_files_pool, fn, items)
+    return _run_on(_pool(_FILES_AT_ONCE, "npydask-remote-files"), fn, items)
 
 
 def run_each(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R | BaseException]:

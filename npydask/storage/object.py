@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from npydask import config
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.header import NpyHeader, parse_header
@@ -97,8 +98,6 @@ class ObjectSource(Source):
     @property
     def gap_bytes(self) -> int:
         """The ``remote_gap_bytes`` setting (64 KiB by default)."""
-        from npydask import config
-
         return config.get("remote_gap_bytes")
 
     def identity(self, path: str) -> ObjectIdentity:
@@ -276,9 +275,8 @@ class ObjectSource(Source):
             data = bytes(result.bytes())
             identity = ObjectIdentity.of(result.meta)
         except Exception as e:
-            err = translate(e, path, "reading its header")
             if not _unsatisfiable(e):
-                raise err from None
+                raise translate(e, path, "reading its header") from None
             identity = self.identity(path)  # (an empty object: no range of it exists)
             data = b""
         return identity, _Blocks(self, path, identity, data)
