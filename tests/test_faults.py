@@ -884,3 +884,37 @@ def test_reading_300_files_under_a_low_open_file_limit(tmp_path, how, cache):
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["total"] == pytest.approx(want) and out["fds"] < 64, out
+
+
+_EXHAUSTED_CHILD = """
+    import errno, json, os, resource, sys, time
+    path = sys.argv[1]
+    import numpy as np, npydask
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    while True:  # every descriptor taken, none of them npydask's
+        try:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    start = time.monotonic()
+    try:
+        npydask.read_region(path, (0, 0), (2, 2))
+    except OSError as e:
+        took = time.monotonic() - start
+        for fd in held:
+            os.close(fd)
+        print(json.dumps({"errno": e.errno, "message": str(e), "took": took}))
+"""
+
+
+def test_a_process_out_of_descriptors_gets_a_clear_error_soon(tmp_path):
+    """With every descriptor held elsewhere the open's retries give up within a second and name the limit."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((4, 4)))
+    done = child(_EXHAUSTED_CHILD, str(path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["errno"] == errno.EMFILE, out
+    assert "RLIMIT_NOFILE" in out["message"] and "soft 64" in out["message"] and str(path) in out["message"], out
+    assert 0.4 <= out["took"] < 5, out

@@ -37,6 +37,7 @@ import io
 import os
 import stat
 import threading
+import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -214,28 +215,39 @@ def _open_fd(path: str, flags: int, what: str = "a regular .npy file") -> tuple[
 
 
 _TOO_MANY = (errno.EMFILE, errno.ENFILE)
+_RETRY_SECONDS = 0.5  # how long an open past the descriptor limit waits for other threads' descriptors
 
 
 def retry_open(path: str, flags: int, error: OSError) -> int:
-    """``os.open`` again after ``error``: once, after emptying the cache, if it was ``EMFILE``/``ENFILE``.
+    """``os.open`` again after ``error``, if it was ``EMFILE``/``ENFILE``: after emptying the cache, for a while.
 
+    Other threads may refill the cache between our emptying it and our
+    ``open``, and descriptors they hold mid-read come back within
+    milliseconds, so the cache is emptied and the open retried with a short
+    back-off for up to :data:`_RETRY_SECONDS` before the limit is reported.
     Call it from the ``except`` of a failed ``os.open`` (the tight loops keep
     only the ``os.open`` in their common path).
     """
     if error.errno not in _TOO_MANY:
         raise error
-    clear_cache()
-    try:
-        return os.open(path, flags)
-    except OSError as again:
-        if again.errno in _TOO_MANY:
-            raise OSError(
-                again.errno,
-                f"{again.strerror} even after closing npydask's cached files: the process's open-file "
-                f"limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used up elsewhere; raise it",
-                path,
-            ) from error
-        raise
+    deadline = time.monotonic() + _RETRY_SECONDS
+    pause = 0.0005
+    while True:
+        clear_cache()
+        try:
+            return os.open(path, flags)
+        except OSError as again:
+            if again.errno not in _TOO_MANY:
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(
+                    again.errno,
+                    f"{again.strerror} even after closing npydask's cached files: the process's open-file "
+                    f"limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used up elsewhere; raise it",
+                    path,
+                ) from error
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
 
 
 def reader(fd: int) -> Read:
