@@ -28,7 +28,13 @@ Four groups (``ratio``: to the group's reference):
   S3 port (untimed: a Python proxy would slow the timed runs) and compared
   with the per-plane spans (from the first to the last ROI byte within each
   plane of the outermost axis; computed from the geometry). Goals: bytes
-  <= 1.5x the spans; time <= 0.25x the reference.
+  <= 1.5x the spans; time <= 0.25x the reference. On loopback the server's
+  CPU per request, not the bytes, sets this time (a raw loop of the same
+  per-plane range GETs is printed beside it as the floor), so both ways run
+  again over an emulated link of ``--link-mbit`` (default 1,000 Mbit/s, a
+  cloud VM's link; ``0`` skips it): the kernel's shaper on the S3 port's
+  responses where root and ``tc`` allow (:mod:`_link`), else a pacing proxy;
+  no latency added. Printed as an info ratio.
 * ``R2 sum``: the volumes stacked and summed,
   ``open_dataset(prefix).stack().sum().compute()``. Reference (the floor):
   a raw concurrent range-GET loop with obstore over the same objects, 8 MiB
@@ -60,11 +66,13 @@ writes ``{"skipped": reason}`` to ``--json`` and exits 0.
 Usage::
 
     python benchmarks/bench_remote.py [--size tiny|small|full] [--repeat N] [--json out.json]
-                                      [--data DIR] [--slow-budget S]
+                                      [--data DIR] [--only roi,sum,small] [--link-mbit MBIT] [--link-via auto|tc|proxy]
+                                      [--slow-budget S]
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import inspect
 import io
@@ -83,6 +91,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import _link  # noqa: E402
 import _peers  # noqa: E402
 from _datasets import DATASET_SIZES, DatasetSize as Size, clear_npydask_caches, make_data  # noqa: E402
 
@@ -213,6 +222,13 @@ def process_cpu(pid: int | None) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
     ap.add_argument("--data", metavar="DIR", help="keep the .npy files here and reuse them (default: a temp folder)")
+    ap.add_argument("--link-mbit", type=float, default=1000.0, metavar="MBIT",
+                    help="also time R1 over an emulated link of this many Mbit/s (a pacing proxy), 0 to skip "
+                         "(default 1000)")
+    ap.add_argument("--only", default="roi,sum,small", metavar="GROUPS",
+                    help="comma-separated groups to run: roi (R1), sum (R2), small (R3 and R4); default all")
+    ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto",
+                    help="how the link is emulated: the kernel's shaper where it can (auto), only it, or the pacing proxy")
     ap.add_argument("--slow-budget", type=float, default=30.0, metavar="S",
                     help="run a sequential peer loop once only when its first run takes over S seconds (default 30)")
     args = ap.parse_args(argv)
@@ -368,9 +384,10 @@ class Bench:
         for store in (self.store, self.proxied_store):
             self.get_all([key_of(p) for p in self.volumes[:2]], store)
         self.boto3_load(self.volumes[0])
-        self.roi()
-        self.throughput()
-        self.many_small()
+        only = set(self.args.only.split(","))
+        for name, run in (("roi", self.roi), ("sum", self.throughput), ("small", self.many_small)):
+            if name in only:
+                run()
         if _peers.has("ray"):
             self.notes.append("Ray installed, but its read_numpy over s3:// is not wired in here yet")
         else:
@@ -420,6 +437,41 @@ class Bench:
         self.time("roi", "boto3 get_object + np.load + slice, sequential",
                   lambda: np.stack([np.array(self.boto3_load(p)[roi]) for p in self.volumes]), nbytes,
                   check=np.asarray, budget=self.args.slow_budget)
+        if self.args.link_mbit > 0:
+            self.roi_over_link(peers_way, npydask_roi, nbytes)
+
+    def roi_over_link(self, peers_way: Callable[[Any], np.ndarray],
+                      npydask_roi: Callable[[dict[str, Any]], np.ndarray], nbytes: int) -> None:
+        """R1's two ways again over an emulated link of ``--link-mbit`` (:mod:`_link`; no latency added).
+
+        On loopback the server's CPU per request sets R1's time; over a link
+        of a cloud VM's bandwidth the bytes do. The kernel's shaper paces the
+        S3 port's responses where it can (root, ``tc``); elsewhere a pacing
+        proxy does, whose own CPU per request makes npydask's many small
+        reads look slower than they are.
+        """
+        mbit = self.args.link_mbit
+        port = int(self.server.endpoint.rsplit(":", 1)[1])
+        why = "--link-via proxy" if self.args.link_via == "proxy" else _link.cannot_shape()
+        if why and self.args.link_via == "tc":
+            raise SystemExit(f"--link-via tc: cannot shape loopback here: {why}")
+        with contextlib.ExitStack() as stack:
+            if why is None:
+                how = stack.enter_context(_link.shaped_port(port, mbit))
+                options = self.direct
+                store = self.store
+            else:
+                proxy = stack.enter_context(CountingProxy(self.server.endpoint, rate=mbit * 1e6 / 8))
+                how = f"{mbit:g} Mbit/s by a pacing proxy (tc shaping unavailable: {why})"
+                options = {**self.direct, "endpoint": proxy.endpoint}
+                store = _obstore_store(self.server.bucket, options)
+                self.get_all([key_of(self.volumes[0])], store)  # (connections and stores built, as elsewhere)
+                npydask.open_dataset(self.vprefix, storage_options=options)
+            self.facts["R1 link"] = how
+            self.time("roi", f"link {mbit:g} Mbit/s: peers' way (whole GETs, np.load, slice)",
+                      lambda: peers_way(store), nbytes, check=np.asarray, note="the whole-object way over the link")
+            self.time("roi", f"link {mbit:g} Mbit/s: npydask open_dataset(roi).stack().compute()",
+                      lambda: npydask_roi(options), nbytes, check=np.asarray)
 
     def throughput(self) -> None:
         nbytes = sum(int(np.prod(self.size.volume_shape)) * DTYPE.itemsize for _ in self.volumes)
@@ -610,6 +662,9 @@ class Bench:
             ("(info) R1 roi: npydask / raw range GETs of the per-plane spans",
              ratio(roi, self.find("roi", "raw: obstore range GETs"))),
             ("(info) R1 roi: boto3 loop / npydask (speed-up)", ratio(self.find("roi", "boto3"), roi)),
+            (f"(info) R1 roi over an emulated {self.args.link_mbit:g} Mbit/s link: npydask / whole-object way",
+             ratio(self.find("roi", f"link {self.args.link_mbit:g} Mbit/s: npydask"),
+                   self.find("roi", f"link {self.args.link_mbit:g} Mbit/s: peers' way"))),
             ("(info) R2 sum: boto3 loop / npydask", ratio(self.find("sum", "boto3"), s)),
         ):
             if value is not None:

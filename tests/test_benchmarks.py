@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,12 @@ def test_benchmark_runs_at_tiny_size(tmp_path, script):
     assert data
 
 
-def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int) -> tuple[str, dict]:
+def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int, *extra: str) -> tuple[str, dict]:
     """Run ``script`` at tiny size; its stdout and JSON (skipping the test where the script skipped)."""
     out_json = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / script), "--size", "tiny", "--repeat", str(repeat), "--json", str(out_json)],
+        [sys.executable, str(BENCH / script), "--size", "tiny", "--repeat", str(repeat), "--json", str(out_json),
+         *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -39,14 +42,49 @@ def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int) -> tuple[s
 @pytest.mark.timeout(240)
 def test_remote_benchmark_runs_at_tiny_size(tmp_path):
     """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only where weed cannot run."""
-    stdout, data = _run_tiny("bench_remote.py", tmp_path, 2, 200)
+    stdout, data = _run_tiny("bench_remote.py", tmp_path, 2, 200, "--link-via", "proxy", "--link-mbit", "200")
     assert "goal" in stdout and data["results_agree"] is True
     groups = {r["group"] for r in data["results"]}
     assert groups == {"roi", "sum", "small", "open"}
+    assert "pacing proxy" in data["facts"]["R1 link"]
+    over_link = [r for r in data["results"] if r["variant"].startswith("link 200 Mbit/s")]
+    assert len(over_link) == 2, [r["variant"] for r in data["results"]]
     roi = next(r for r in data["results"] if r["variant"].startswith("npydask: open_dataset(roi)"))
     # the ROI read through the counting proxy: one LIST, the header GETs and the range GETs, some bytes
     assert roi["traffic"]["requests"]["LIST"] == 1 and roi["traffic"]["downstream"] > data["facts"]["roi spans bytes (all volumes)"]
     assert all(g["verdict"] in ("PASS", "FAIL", "n/a", "info") for g in data["goals"])
+
+
+def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server):
+    """``_link.shaped_port`` paces one server port's responses with tc and leaves loopback as it found it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _link
+    finally:
+        sys.path.remove(str(BENCH))
+    why = _link.cannot_shape()
+    if why:
+        pytest.skip(f"cannot shape loopback here: {why}")
+    data = bytes(range(256)) * 16384  # 4 MiB
+    (tmp_path / "a.bin").write_bytes(data)
+    server = http_server(tmp_path)
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    before = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+
+    def download() -> tuple[bytes, float]:
+        start = time.monotonic()
+        with urllib.request.urlopen(server.endpoint + "/a.bin", timeout=60) as response:
+            body = response.read()
+        return body, time.monotonic() - start
+
+    with _link.shaped_port(port, 80) as how:  # 4 MiB less a 256 KiB burst at 10 MB/s: about 0.39 s
+        assert "80 Mbit/s" in how and str(port) in how
+        body, took = download()
+        assert _link.cannot_shape() is not None  # (its own qdisc is there: a second one is refused)
+    assert body == data and 0.3 <= took < 20, took
+    assert subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout == before
+    body, took = download()
+    assert body == data and took < 0.3, took  # unshaped again
 
 
 def test_remote_benchmark_skips_cleanly_without_weed(tmp_path, monkeypatch, capsys):

@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -711,6 +712,32 @@ def test_proxy_counts_s3_range_reads(s3_server, request):
         counts = proxy.counts
     assert 32768 < counts.downstream < 32768 + 2048, counts
     assert counts.upstream < 4096
+
+
+def test_proxy_paces_downstream_bytes_at_its_rate(tmp_path, http_server):
+    """``rate`` is one link shared by every connection: two 1 MB downloads at 8 MB/s take about 0.25 s together."""
+    data = os.urandom(1_000_000)
+    (tmp_path / "a.bin").write_bytes(data)
+    server = http_server(tmp_path)
+    with CountingProxy(server.endpoint, rate=8e6) as proxy:
+
+        def download() -> bytes:
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            conn.request("GET", "/a.bin")
+            body = conn.getresponse().read()
+            conn.close()
+            return body
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            bodies = list(pool.map(lambda _: download(), range(2)))
+        took = time.monotonic() - start
+        counts = proxy.counts
+    assert bodies == [data, data]
+    assert counts.downstream > 2_000_000
+    assert 0.24 <= took < 5, took  # 2 MB at 8 MB/s, whatever the loopback's speed
+    with pytest.raises(ValueError, match="rate"):
+        CountingProxy(server.endpoint, rate=0)
 
 
 def test_proxy_stop_closes_connections_and_port(tmp_path, http_server):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
@@ -159,6 +160,11 @@ class CountingProxy:
     ----------
     target
         ``"http://host:port"`` (or ``"host:port"``) of the server to forward to.
+    rate
+        Bytes per second from the server to the clients, shared by all
+        connections (a link's bandwidth, as a token bucket paced per
+        forwarded block of up to 256 KiB); ``None`` forwards as fast as the
+        sockets go. No latency is added.
 
     Attributes
     ----------
@@ -166,7 +172,11 @@ class CountingProxy:
         ``"http://127.0.0.1:PORT"`` to give clients, once started.
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, rate: float | None = None) -> None:
+        if rate is not None and not rate > 0:
+            raise ValueError(f"CountingProxy: rate must be a positive number of bytes per second or None, got {rate!r}")
+        self.rate = rate
+        self._link_free_at = 0.0  # (monotonic) when the emulated link has sent what it was given
         parsed = urllib.parse.urlsplit(target if "//" in target else f"//{target}")
         if parsed.hostname is None or parsed.port is None:
             raise ValueError(f"CountingProxy: expected a target 'http://host:port', got {target!r}")
@@ -235,6 +245,15 @@ class CountingProxy:
             self._requests = Counter()
         return counts
 
+    def _pace(self, n: int) -> None:
+        """Wait until the shared link has carried ``n`` more bytes at :attr:`rate`."""
+        with self._lock:
+            now = time.monotonic()
+            done = max(now, self._link_free_at) + n / self.rate  # type: ignore[operator]
+            self._link_free_at = done
+        if done > now:
+            time.sleep(done - now)
+
     def _counts(self) -> ProxyCounts:
         return ProxyCounts(self._up, self._down, self._connections, dict(self._requests), self._unframed)
 
@@ -288,6 +307,8 @@ class CountingProxy:
                             framer.feed(data)
                             self._requests.update(framer.kinds)
                             self._unframed += framer.lost
+                if self.rate is not None and framer is None:
+                    self._pace(len(data))
                 sink.sendall(data)
         except OSError:
             pass
