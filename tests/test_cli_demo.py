@@ -222,3 +222,23 @@ def test_versus_says_which_way_as_measured():
     assert _figures.versus(0.0123, 0.0123) == "1x faster"
     assert _figures.versus(0.0001, 0.4873) == "4,873x faster" and _figures.versus(12.0, 0.01) == "1,200x slower"
     assert math.isclose(float(_figures.versus(0.003, 0.007).split("x")[0]), 2.33)
+
+
+def test_figures_without_proc_print_na_and_still_check_numpy(tmp_path, monkeypatch, capsys):
+    # Where /proc lacks the counters (macOS, Windows) the figures print n/a, never a made-up number.
+    from npydask.cli import _measure
+
+    monkeypatch.setattr(_measure, "_proc_field", lambda path, name, scale: None)
+    monkeypatch.setattr(_figures, "VOLUME_SHAPE", (8, 32, 48))  # small: this checks the output, not sizes
+    monkeypatch.setattr(_figures, "BIG_SHAPE", (64, 32, 48))
+    monkeypatch.setattr(_figures, "ROI_START", (2, 4, 8))
+    monkeypatch.setattr(_figures, "ROI_SHAPE", (4, 8, 8))
+    monkeypatch.setattr(_figures, "CHUNK_BUDGET", "48KiB")
+    assert _figures.write_and_show(str(tmp_path)) is True
+    out = capsys.readouterr().out
+    for heading in ("-- bytes read for a 4x8x8 ROI", "-- opening the folder of 8 volumes",
+                    "-- a 4x8x8 ROI from each of the 8 volumes", "-- memory of a float64 sum"):
+        _, rows, _ = figure(out, heading)
+        assert rows and all("n/a" in row for row in rows), (heading, rows)
+    assert "in 8 chunks of 48.0 KiB" in out
+    assert out.count("True") == 4 and "False" not in out
