@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -34,22 +33,6 @@ def one_line(out):
     assert len(lines) == 1, out.stderr
     assert "Traceback" not in out.stderr
     return lines[0]
-
-
-@pytest.mark.timeout(240)
-def test_demo_end_to_end(tmp_path):
-    out = run("demo", "--out", str(tmp_path), timeout=220)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "all results match numpy: True" in out.stdout
-    assert "equal to numpy: True" in out.stdout
-    assert out.stdout.count(" yes") == 6  # per-volume stats, each checked against numpy
-    assert "starting an embedded local cluster" in out.stderr
-    assert len(list((tmp_path / "slices").glob("*.npy"))) == 64
-    assert len(list((tmp_path / "volumes").glob("*.npy"))) == 6
-    if importlib.util.find_spec("matplotlib") is not None:  # the PNG of a few slices
-        assert (tmp_path / "slices.png").read_bytes().startswith(b"\x89PNG")
-    else:
-        assert "matplotlib is not installed" in out.stderr
 
 
 def test_info_table_and_totals(folder):
