@@ -27,6 +27,7 @@ from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
 from npydask.header import NpyHeader
+from npydask.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts
 from npydask.region import Box, ReadPlan, plan_read
 from npydask.storage.base import Item
@@ -164,7 +165,7 @@ class FileGroup:
             at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
             if view.roi is not None and ref.key is None and ref.backend != "mmap" and ref.source is source:
-                memo = (id(ref.header), id(view.roi))
+                memo = (id(ref.header), id(view.roi), id(ref.options), ref.backend)
                 plan = strided.get(memo, False)
                 if plan is False:
                     plan = strided[memo] = _strided_plan(view, inner, self.dtype)
@@ -205,17 +206,27 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
 
 
 def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:
-    """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file and reads as ``dtype`` in C order.
+    """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file, reads as ``dtype`` in C order
+    and is read with ``pread`` (spans or runs: :func:`npydask.backends.pread.pread_strategy`).
 
-    Anything else (padding, a byte swap, a Fortran layout) takes the general path.
+    Anything else (padding, a byte swap, a Fortran layout, a ROI the cost
+    model maps) takes the general path.
     """
-    if view.roi is None or not _same_dtype(view.ref.header.dtype, dtype):
+    ref = view.ref
+    if view.roi is None or not _same_dtype(ref.header.dtype, dtype):
         return None
     wanted, inside = view.file_box(inner)
     if inside != wanted:
         return None
-    plan = plan_read(view.ref.header, wanted)
-    return plan if plan.n_runs and same_layout(plan) else None
+    plan = plan_read(ref.header, wanted)
+    if not (plan.n_runs and same_layout(plan)):
+        return None
+    options = ref.options
+    if plan.n_runs > 1 and ref.backend == "auto" and ref.source.mappable and not options.direct_io:
+        choice = choose(plan, options.gap_bytes, options.max_span_bytes, STRATEGIES, options.roi_strategy)
+        if choice.strategy == "mapped":
+            return None  # (the general path maps it, on a local file system)
+    return plan
 
 
 def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
