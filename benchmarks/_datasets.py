@@ -113,6 +113,14 @@ def make_roi_volumes(folder: str, size: DatasetSize, dtype: np.dtype = np.dtype(
     return files
 
 
+def sum_one_by_one(arrays: list[np.ndarray]) -> np.float32:
+    """``np.sum`` of each array in turn, added up in float32: the in-memory floor of a dataset's sum."""
+    total = np.float32(0)
+    for a in arrays:
+        total += np.sum(a)
+    return total
+
+
 def clear_npydask_caches() -> None:
     """Forget npydask's per-process caches (as a fresh process would): open files, header memo, object sources.
 

@@ -134,7 +134,7 @@ class FileGroup:
         lo, hi = box.start[0], box.stop[0]
         if hi - lo == 1:  # one file: let its backend choose (a zero-copy mapping under "auto")
             block = self.views[lo].read(inner)
-            if block.dtype.str != self.dtype.str:
+            if not _same_dtype(block.dtype, self.dtype):  # (a structured dtype's fields too, which .str hides)
                 block = block.astype(self.dtype)
             return block[np.newaxis]
         out = self._buffer(box.shape, lo, hi)
@@ -172,8 +172,8 @@ class FileGroup:
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
                     rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
                     continue
-            if view.dtype.str != self.dtype.str:
-                slab[...] = view.read(inner)  # to native byte order
+            if not _same_dtype(view.dtype, self.dtype):
+                slab[...] = view.read(inner)  # to native byte order (fields of a structured dtype too)
             else:
                 view.read(inner, out=slab)
         if batch and row:
