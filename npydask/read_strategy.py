@@ -62,7 +62,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -180,7 +182,8 @@ class Choice:
     """The strategy chosen for a region, and every estimate it was chosen from (nanoseconds)."""
 
     strategy: str
-    estimates_ns: dict[str, float]
+    estimates_ns: Mapping[str, float]
+    """Per strategy, read-only (a choice is memoised and shared)."""
     shape: Shape
     forced: bool = False
 
@@ -277,7 +280,7 @@ def _choose(
     plan: ReadPlan, gap_bytes: int, max_span_bytes: int, allowed: tuple[str, ...], forced: str, costs: Costs
 ) -> Choice:
     shape = measure_shape(plan, gap_bytes, max_span_bytes, costs.window_bytes)
-    estimates = estimate(shape, costs)
+    estimates = MappingProxyType(estimate(shape, costs))
     if forced != "auto":
         if forced not in allowed:
             raise ValueError(
