@@ -99,6 +99,8 @@ class FileGroup:
         out = self._buffer(box.shape, 0, len(self.views))
         axis = 0 if self.stacked else self.axis
         lo, hi = box.start[axis], box.stop[axis]
+        source = self.views[0].ref.source
+        rois: list[tuple[Any, ...]] = []  # ROIs inside their files, each into its slice of `out`: run at the end
         for k, view in enumerate(self.views):
             a, b = max(lo, self.offsets[k]), min(hi, self.offsets[k + 1])
             if a >= b:
@@ -111,9 +113,17 @@ class FileGroup:
             start[axis], stop[axis] = a - self.offsets[k], b - self.offsets[k]
             part = Box(tuple(start), tuple(stop))
             if axis == 0 and in_place:
-                view.read(part, out=out[a - lo : b - lo])
+                slab = out[a - lo : b - lo]  # (C-contiguous: a slice along axis 0)
+                plan = _fast_roi(view, part, self.dtype, source)
+                if plan is None:
+                    view.read(part, out=slab)
+                else:
+                    ref = view.ref
+                    rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
             else:
                 out[tuple(dest)] = view.read(part)
+        if rois:
+            source.read_runs_many(rois)
         return out[post] if post else out
 
     def _buffer(self, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
@@ -164,11 +174,11 @@ class FileGroup:
                 batch = []
             at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
-            if view.roi is not None and ref.key is None and ref.backend != "mmap" and ref.source is source:
-                memo = (id(ref.header), id(view.roi), id(ref.options), ref.backend)
+            if view.roi is not None:
+                memo = (id(ref.header), id(view.roi), id(ref.options), ref.backend, ref.key, id(ref.source))
                 plan = strided.get(memo, False)
                 if plan is False:
-                    plan = strided[memo] = _strided_plan(view, inner, self.dtype)
+                    plan = strided[memo] = _fast_roi(view, inner, self.dtype, source)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
                     rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
                     continue
@@ -203,6 +213,18 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
         rows.append((r.path, n) + r.identity)  # a plain tuple: its repr stays in C
     text = "\n".join(heads) + repr(rows)  # (one repr in C for all the rows)
     return hashlib.blake2b(text.encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+def _fast_roi(view: NpyFileArray, inner: Box, dtype: np.dtype, source: Any) -> ReadPlan | None:
+    """The plan of ``inner`` of ``view`` when a group reads it with ``source.read_runs`` (the short way), else ``None``.
+
+    That is a ROI of a plain file (no ``.npz`` key) of the group's source,
+    not forced onto the mmap backend, that :func:`_strided_plan` accepts.
+    """
+    ref = view.ref
+    if view.roi is None or ref.key is not None or ref.backend == "mmap" or ref.source is not source:
+        return None
+    return _strided_plan(view, inner, dtype)
 
 
 def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:

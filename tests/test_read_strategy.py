@@ -220,6 +220,10 @@ def test_dataset_rois_each_strategy(tmp_path, strategy, dtype, order) -> None:
             assert got.shape == want.shape and got.dtype == x.dtype == want.dtype  # (fields' byte order included)
             assert_same_array(got, want)
             assert_same_array(single, np.array(want[3], dtype=np.dtype(dtype)))
+            for axis in (0, 1):  # the joined files: along axis 0 straight into place, along 1 by a copy
+                joined = ds.concatenate(axis)
+                assert_same_array(joined.compute(), np.concatenate(list(want), axis=axis))
+                assert_same_array(joined[2:9].compute(), np.concatenate(list(want), axis=axis)[2:9])
             _handles.clear_cache()
 
 
