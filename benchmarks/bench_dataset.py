@@ -9,17 +9,30 @@ size     volumes (float32)                        small files (float32)
 =======  =======================================  ===========================
 tiny     4 of 16x64x64 (1 MiB)                    200 of 32x32 (4 KiB each)
 small    16 of 32x256x256 (128 MiB)               5,000 of 32x32
-full     64 of 64x256x256 (1 GiB)                 20,000 of 32x32
+full     64 of 64x256x256 (1 GiB); the ROI group  20,000 of 32x32
+         reads 256 of them (4 GiB, own folder)
 =======  =======================================  ===========================
 
 Three groups, each against its own reference (``ratio`` column):
 
 * ``roi`` (P3): a 32^3 box (16^3 at ``tiny``) at the same corner of every
-  volume. Reference: ``[np.array(np.load(f, mmap_mode="r")[roi]) for f in
-  files]``. npydask: ``open_dataset(root, roi_start=..., roi_shape=...)
-  .stack().compute()`` with the opening (backend auto, and pread), then with
-  the dataset opened beforehand, and the opening alone. The stacks must
-  equal the reference exactly. Goal: npydask incl. opening <= 0.5x.
+  volume; at ``full`` 256 distinct volumes (a set of its own, written once),
+  so one run takes tens of milliseconds and its ratios hold to about 10%
+  (64 volumes took 15-35 ms and their ratio moved 2x between runs).
+  Reference: ``[np.array(np.load(f, mmap_mode="r")[roi]) for f in files]``.
+  npydask: ``open_dataset(root, roi_start=..., roi_shape=...)
+  .stack().compute()`` with the opening (backend auto, and pread; and with
+  each ROI strategy forced by the ``roi_strategy`` setting), then with the
+  dataset opened beforehand, and the opening alone. Peer: DALI's
+  ``fn.readers.numpy`` on the CPU (2 threads, pipeline built before) where
+  installed. The stacks must equal the reference exactly. Goals: npydask
+  incl. opening <= 0.5x the numpy loop and <= 0.8x DALI. The variants run
+  interleaved (each once per round, ``--repeat`` rounds after an untimed
+  one), so load on a shared machine hits them alike, each run after
+  npydask's caches are emptied (untimed). Printed after the
+  table: the strategy the cost model (:mod:`npydask.read_strategy`) picks for
+  the ROI, its estimate for each strategy beside the measured CPU time per
+  file of the forced runs (less the opening's).
 * ``many`` (P4): every small file summed. Reference (the floor): a loop of
   ``os.open`` + ``os.pread(fd, size, 0)`` + ``os.close`` (reading only, no
   parsing, no sum). npydask: ``open_dataset(root).stack().sum().compute()``
@@ -65,12 +78,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import Result  # noqa: E402
 import _peers  # noqa: E402
-from _datasets import DATASET_SIZES, DatasetSize as Size, clear_npydask_caches, make_data  # noqa: E402
+from _datasets import (  # noqa: E402
+    DATASET_SIZES,
+    DatasetSize as Size,
+    clear_npydask_caches,
+    make_data,
+    make_roi_volumes,
+    sum_one_by_one,
+)
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 
 import npydask  # noqa: E402
+from npydask.read_strategy import STRATEGIES, choose  # noqa: E402
+from npydask.region import Box, plan_read  # noqa: E402
 
 MiB = 1 << 20
 
@@ -79,6 +101,7 @@ SIZES = DATASET_SIZES
 DTYPE = np.dtype("<f4")
 RTOL = 1e-3
 GOAL_ROI = 0.5
+GOAL_ROI_DALI = 0.8
 GOAL_MANY = 3.0
 GOAL_MANY_INDEX = 1.5
 GOAL_SET = 1.25
@@ -94,11 +117,29 @@ def n_tasks(x: da.Array) -> int:
     return len(dict(x.__dask_graph__()))
 
 
+def roi_model(ds: npydask.NpyDataset) -> dict[str, Any]:
+    """The cost model's view of the dataset's ROI (the first file's): its choice and estimates per file, ns."""
+    view = ds._views[0]
+    options = view.ref.options
+    plan = plan_read(view.ref.header, view.roi.box)
+    c = choose(plan, options.gap_bytes, options.max_span_bytes)
+    sh = c.shape
+    return {
+        "strategy": c.strategy,
+        "files": len(ds),
+        "estimates_ns": {k: round(v) for k, v in c.estimates_ns.items()},
+        "runs": f"{sh.n_runs} runs of {plan.run_nbytes} B in {sh.n_spans} spans of {sh.read_bytes // sh.n_spans} B, "
+                f"{sh.pages} pages, {sh.windows} fault windows",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
     ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a temp folder, removed)")
     ap.add_argument("--only", default="", help="run only variants whose name contains this text, plus the "
                     "references (for profiling)")
+    ap.add_argument("--group", action="append", choices=sorted(GROUPS), default=None,
+                    help="run only this group (repeatable; default: all)")
     ap.add_argument("--skip-slow", action="store_true", help="skip dask's one-task-per-file variant")
     ap.add_argument("--slow-budget", type=float, default=10.0, metavar="S",
                     help="run a peer variant once only when its first run takes over S seconds (default 10)")
@@ -115,16 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         volumes, small = make_data(folder, size, DTYPE)
+        rvolumes = make_roi_volumes(folder, size, DTYPE)
         vbytes = size.n_volumes * int(np.prod(size.volume_shape)) * DTYPE.itemsize
         sbytes = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
         print(
             f"# size={args.size}: {len(volumes)} volumes of {size.volume_shape} ({vbytes / MiB:g} MiB), "
-            f"ROI {size.roi_shape} at {size.roi_start}; {len(small)} files of {size.small_shape} "
+            f"ROI {size.roi_shape} at {size.roi_start} of {len(rvolumes)} volumes; {len(small)} files of {size.small_shape} "
             f"({sbytes / MiB:g} MiB payload); data in {folder} ({time.perf_counter() - t0:.1f} s); "
             f"median of {args.repeat} runs",
             flush=True,
         )
-        results, facts = run_all(args, size, volumes, small, scratch)
+        results, facts = run_all(args, size, volumes, small, scratch, rvolumes)
         print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)", flush=True)
     finally:
@@ -137,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_all(
-    args: Any, size: Size, volumes: list[str], small: list[str], scratch: str
+    args: Any, size: Size, volumes: list[str], small: list[str], scratch: str, rvolumes: list[str] | None = None
 ) -> tuple[list[Result], dict[str, Any]]:
     repeat = args.repeat
     results: list[Result] = []
     facts: dict[str, Any] = {}
+
+    groups = set(args.group or GROUPS)
 
     def want(name: str) -> bool:
         # the references always run: every ratio needs them
@@ -169,6 +213,32 @@ def run_all(
               f"cpu {_common.fmt_seconds(r.cpu_median):>10s}", flush=True)
         return r
 
+    def run_rounds(group: str, variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]],
+                   paths: list[str], nbytes: int) -> None:
+        """Each variant once per round, ``repeat`` rounds after an untimed one: load that comes and goes
+        on a shared machine hits every variant alike, so ratios of medians hold (P3 at 64 volumes moved 2x)."""
+        chosen = [v for v in variants if want(v[0])]
+        _common.warm_page_cache(paths)
+        times: dict[str, list[float]] = {name: [] for name, *_ in chosen}
+        cpus: dict[str, list[float]] = {name: [] for name, *_ in chosen}
+        values: dict[str, Any] = {}
+        for k in range(repeat + 1):
+            for name, fn, _, _ in chosen:
+                # (untimed: npydask's caches emptied, so no variant pays for another's leftovers, such as
+                # the unmapping of the mapped strategy's files when the handle cache drops them)
+                t, value = _common.measure(fn, 1, cpu=cpus[name] if k else None, setup=clear_npydask_caches)
+                if k:
+                    times[name] += t
+                values[name] = value
+                del value
+        for name, _, note, check in chosen:
+            kept = check(values.pop(name)) if check is not None else None
+            r = Result(group, name, times[name], nbytes, kept, (note + "; " if note else "") + "interleaved",
+                       cpus[name])
+            results.append(r)
+            print(f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
+                  f"cpu {_common.fmt_seconds(r.cpu_median):>10s}", flush=True)
+
     def as_sum(v: Any) -> float:
         return float(v)
 
@@ -181,123 +251,150 @@ def run_all(
     sroot = os.path.dirname(small[0])
 
     # ---- P3: the same ROI of every volume ------------------------------------------------------
-    roi = tuple(slice(a, a + n) for a, n in zip(size.roi_start, size.roi_shape))
-    roi_kw = dict(roi_start=list(size.roi_start), roi_shape=list(size.roi_shape))
-    roi_bytes = len(volumes) * int(np.prod(size.roi_shape)) * DTYPE.itemsize
+    if "roi" in groups:
+        rvolumes = rvolumes or volumes
+        rroot = os.path.dirname(rvolumes[0])
+        roi = tuple(slice(a, a + n) for a, n in zip(size.roi_start, size.roi_shape))
+        roi_kw = dict(roi_start=list(size.roi_start), roi_shape=list(size.roi_shape))
+        roi_bytes = len(rvolumes) * int(np.prod(size.roi_shape)) * DTYPE.itemsize
 
-    def roi_loop() -> list[np.ndarray]:
-        return [np.array(np.load(f, mmap_mode="r")[roi]) for f in volumes]
+        def roi_loop() -> list[np.ndarray]:
+            return [np.array(np.load(f, mmap_mode="r")[roi]) for f in rvolumes]
 
-    run("roi", "numpy loop: np.array(np.load(mmap)[roi])", roi_loop, volumes, roi_bytes,
-        note="reference; 1 thread", check=as_array)
-    for backend in ("auto", "pread"):
-        run("roi", f"npydask {backend}: open+stack+compute",
-            lambda b=backend: npydask.open_dataset(vroot, backend=b, **roi_kw).stack().compute(),
-            volumes, roi_bytes, check=as_array)
-    if want("npydask auto: stack+compute (opened before)"):
-        ds = npydask.open_dataset(vroot, **roi_kw)
+        def forced(strategy: str) -> Callable[[], Any]:
+            def go() -> Any:
+                with npydask.config.set(roi_strategy=strategy):
+                    return npydask.open_dataset(rroot, **roi_kw).stack().compute()
+
+            return go
+
+        ds = npydask.open_dataset(rroot, **roi_kw)
         facts["roi tasks (stack)"] = n_tasks(ds.stack())
-        run("roi", "npydask auto: stack+compute (opened before)", lambda: ds.stack().compute(), volumes, roi_bytes,
-            check=as_array)
-        del ds
-    run("roi", "npydask: open_dataset alone", lambda: npydask.open_dataset(vroot, **roi_kw), volumes, roi_bytes)
-    dali = _peers.dali_reader(volumes, len(volumes), **roi_kw) if want("DALI") else None
-    if dali is not None:
-        run("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before", dali, volumes, roi_bytes,
-            note="2 threads", check=as_array)
+        facts["roi model"] = roi_model(ds)
+        variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]] = [
+            ("numpy loop: np.array(np.load(mmap)[roi])", roi_loop, "reference; 1 thread", as_array),
+            *((f"npydask {b}: open+stack+compute",
+               lambda b=b: npydask.open_dataset(rroot, backend=b, **roi_kw).stack().compute(), "", as_array)
+              for b in ("auto", "pread")),
+            *((f"npydask auto, roi_strategy={st}: open+stack+compute", forced(st), "forced", as_array)
+              for st in STRATEGIES),
+            ("npydask auto: stack+compute (opened before)", lambda: ds.stack().compute(), "", as_array),
+            ("npydask: open_dataset alone", lambda: npydask.open_dataset(rroot, **roi_kw), "", None),
+        ]
+        dali = _peers.dali_reader(rvolumes, len(rvolumes), **roi_kw) if want("DALI") else None
+        if dali is not None:
+            variants.append(("peer: DALI fn.readers.numpy (CPU), pipeline built before", dali, "2 threads", as_array))
+        elif want("DALI"):
+            print("  roi  peer: DALI is not installed here (pip install nvidia-dali-cuda120): no DALI figures", flush=True)
+        run_rounds("roi", variants, rvolumes, roi_bytes)
+        del ds, dali
 
     # ---- P4: many small files ------------------------------------------------------------------
-    sizes = [os.path.getsize(p) for p in small]
-    payload = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
+    if "many" in groups:
+        sizes = [os.path.getsize(p) for p in small]
+        payload = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
 
-    def raw_loop() -> int:
-        total = 0
-        for p, n in zip(small, sizes):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                total += len(os.pread(fd, n, 0))
-            finally:
-                os.close(fd)
-        return total
+        def raw_loop() -> int:
+            total = 0
+            for p, n in zip(small, sizes):
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    total += len(os.pread(fd, n, 0))
+                finally:
+                    os.close(fd)
+            return total
 
-    run("many", "floor: os.open+os.pread+os.close loop", raw_loop, small, payload, note="read only; 1 thread")
+        run("many", "floor: os.open+os.pread+os.close loop", raw_loop, small, payload, note="read only; 1 thread")
 
-    def np_load_sum() -> np.float32:
-        total = np.float32(0)
-        for p in small:
-            total += np.load(p).sum()
-        return total
+        def np_load_sum() -> np.float32:
+            total = np.float32(0)
+            for p in small:
+                total += np.load(p).sum()
+            return total
 
-    run("many", "numpy loop: np.load + sum", np_load_sum, small, payload, note="1 thread", check=as_sum)
-    run("many", "npydask: open+stack+sum", lambda: npydask.open_dataset(sroot).stack().sum().compute(),
-        small, payload, check=as_sum)
-    index = os.path.join(scratch, "index.json")
-    npydask.open_dataset(sroot, index=index)  # built once, untimed
-    run("many", "npydask: open(index)+stack+sum",
-        lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(), small, payload, check=as_sum)
-    run("many", "npydask: open_dataset alone", lambda: npydask.open_dataset(sroot), small, payload)
-    run("many", "npydask: open_dataset(index) alone", lambda: npydask.open_dataset(sroot, index=index), small, payload)
-    run("many", "npydask: open_dataset alone, cold caches", lambda: npydask.open_dataset(sroot), small, payload,
-        setup=clear_npydask_caches, note="handle cache + header memo cleared")
-    if want("npydask: stack+sum (opened before)"):
-        ds = npydask.open_dataset(sroot)
-        x = ds.stack()
-        facts["many tasks (stack)"] = n_tasks(x)
-        facts["many tasks (stack().sum())"] = n_tasks(x.sum())
-        facts["many chunks"] = x.numblocks
-        run("many", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), small, payload,
-            check=as_sum)
-        run("many", "npydask: stack alone (opened before)", lambda: ds.stack(), small, payload)
-        del ds, x
-    dali = _peers.dali_reader(small, 1024) if want("DALI") else None
-    if dali is not None:
-        run("many", "peer: DALI fn.readers.numpy (CPU) + sum, pipeline built before",
-            lambda: np.float32(sum(np.float32(a.sum()) for a in dali())), small, payload, note="2 threads",
-            check=as_sum)
-    if not args.skip_slow:
-        ray_many = _peers.ray_sum(small) if want("Ray") else None
-        if ray_many is not None:
-            run("many", "peer: Ray Data read_numpy + sum", ray_many, small, payload, budget=args.slow_budget,
-                note="Ray started before", check=as_sum)
-        run("many", "dask: stack of from_array(np.load(f)), sum",
-            lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(), small, payload,
-            note="one task per file", budget=args.slow_budget, check=as_sum)
+        run("many", "numpy loop: np.load + sum", np_load_sum, small, payload, note="1 thread", check=as_sum)
+        run("many", "npydask: open+stack+sum", lambda: npydask.open_dataset(sroot).stack().sum().compute(),
+            small, payload, check=as_sum)
+        index = os.path.join(scratch, "index.json")
+        npydask.open_dataset(sroot, index=index)  # built once, untimed
+        run("many", "npydask: open(index)+stack+sum",
+            lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(), small, payload, check=as_sum)
+        run("many", "npydask: open_dataset alone", lambda: npydask.open_dataset(sroot), small, payload)
+        run("many", "npydask: open_dataset(index) alone", lambda: npydask.open_dataset(sroot, index=index), small, payload)
+        run("many", "npydask: open_dataset alone, cold caches", lambda: npydask.open_dataset(sroot), small, payload,
+            setup=clear_npydask_caches, note="handle cache + header memo cleared")
+        if want("npydask: stack+sum (opened before)"):
+            ds = npydask.open_dataset(sroot)
+            x = ds.stack()
+            facts["many tasks (stack)"] = n_tasks(x)
+            facts["many tasks (stack().sum())"] = n_tasks(x.sum())
+            facts["many chunks"] = x.numblocks
+            run("many", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), small, payload,
+                check=as_sum)
+            run("many", "npydask: stack alone (opened before)", lambda: ds.stack(), small, payload)
+            del ds, x
+        dali = _peers.dali_reader(small, 1024) if want("DALI") else None
+        if dali is not None:
+            run("many", "peer: DALI fn.readers.numpy (CPU) + sum, pipeline built before",
+                lambda: np.float32(sum(np.float32(a.sum()) for a in dali())), small, payload, note="2 threads",
+                check=as_sum)
+        if not args.skip_slow:
+            ray_many = _peers.ray_sum(small) if want("Ray") else None
+            if ray_many is not None:
+                run("many", "peer: Ray Data read_numpy + sum", ray_many, small, payload, budget=args.slow_budget,
+                    note="Ray started before", check=as_sum)
+            run("many", "dask: stack of from_array(np.load(f)), sum",
+                lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(), small, payload,
+                note="one task per file", budget=args.slow_budget, check=as_sum)
 
     # ---- P1: every volume summed through a dataset ---------------------------------------------
-    vbytes = len(volumes) * int(np.prod(size.volume_shape)) * DTYPE.itemsize
-    arrays = [np.load(p) for p in volumes]
+    if "set" in groups:
+        vbytes = len(volumes) * int(np.prod(size.volume_shape)) * DTYPE.itemsize
+        arrays = [np.load(p) for p in volumes]
 
-    def floor() -> np.float32:
-        total = np.float32(0)
-        for a in arrays:
-            total += np.sum(a)
-        return total
+        run("set", "floor: np.sum of in-memory arrays", lambda: sum_one_by_one(arrays), volumes, vbytes, note="1 thread", check=as_sum)
+        name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
+        if want(name):
+            in_memory = da.stack([da.from_array(a, chunks=a.shape) for a in arrays])
+            run("set", name, lambda: in_memory.sum().compute(), volumes, vbytes, note="dask overhead only",
+                check=as_sum)
+            del in_memory
+        arrays.clear()
+        run("set", "npydask: open+stack+sum", lambda: npydask.open_dataset(vroot).stack().sum().compute(),
+            volumes, vbytes, check=as_sum)
+        if want("npydask: stack+sum (opened before)"):
+            ds = npydask.open_dataset(vroot)
+            facts["set tasks (stack)"] = n_tasks(ds.stack())
+            facts["set chunks"] = ds.stack().numblocks
+            run("set", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), volumes, vbytes,
+                check=as_sum)
+            del ds
+        run("set", "npydask pread: open+stack+sum",
+            lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(), volumes, vbytes, check=as_sum)
+        ray_set = _peers.ray_sum(volumes) if want("Ray") and not args.skip_slow else None
+        if ray_set is not None:
+            run("set", "peer: Ray Data read_numpy + sum", ray_set, volumes, vbytes, budget=args.slow_budget,
+                note="Ray started before", check=as_sum)
 
-    run("set", "floor: np.sum of in-memory arrays", floor, volumes, vbytes, note="1 thread", check=as_sum)
-    name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
-    if want(name):
-        in_memory = da.stack([da.from_array(a, chunks=a.shape) for a in arrays])
-        run("set", name, lambda: in_memory.sum().compute(), volumes, vbytes, note="dask overhead only",
-            check=as_sum)
-        del in_memory
-    arrays.clear()
-    run("set", "npydask: open+stack+sum", lambda: npydask.open_dataset(vroot).stack().sum().compute(),
-        volumes, vbytes, check=as_sum)
-    if want("npydask: stack+sum (opened before)"):
-        ds = npydask.open_dataset(vroot)
-        facts["set tasks (stack)"] = n_tasks(ds.stack())
-        facts["set chunks"] = ds.stack().numblocks
-        run("set", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), volumes, vbytes,
-            check=as_sum)
-        del ds
-    run("set", "npydask pread: open+stack+sum",
-        lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(), volumes, vbytes, check=as_sum)
-    ray_set = _peers.ray_sum(volumes) if want("Ray") and not args.skip_slow else None
-    if ray_set is not None:
-        run("set", "peer: Ray Data read_numpy + sum", ray_set, volumes, vbytes, budget=args.slow_budget,
-            note="Ray started before", check=as_sum)
     _peers.stop()
     return results, facts
+
+
+def print_roi_model(model: dict[str, Any], by_name: dict[tuple[str, str], Result]) -> None:
+    """The cost model's choice for the P3 ROI, its estimates beside the forced runs' CPU per file."""
+    opened = by_name.get(("roi", "npydask: open_dataset alone"))
+    print(f"# P3 ROI cost model (npydask.read_strategy): picks {model['strategy']!r} for {model['runs']}")
+    rows = []
+    for s in STRATEGIES:
+        r = by_name.get(("roi", f"npydask auto, roi_strategy={s}: open+stack+compute"))
+        measured = ""
+        if r is not None and r.cpu:
+            per = (r.cpu_median - (opened.cpu_median if opened and opened.cpu else 0.0)) / model["files"]
+            measured = f"{per * 1e6:.1f}"
+        rows.append([s, f"{model['estimates_ns'][s] / 1e3:.1f}", measured, "<- chosen" if s == model["strategy"] else ""])
+    _common.table(rows, ["strategy", "model us/file", "measured cpu us/file", ""])
+    print("# (measured: the forced run's process CPU per file less the opening's: read, stack and dask overhead "
+          "included, so above the model's read-only estimate; compare the differences between strategies)")
 
 
 def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
@@ -343,6 +440,10 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
 
     ratio_goal("P3 roi: npydask auto open+stack+compute / numpy loop", "roi", "npydask auto: open+stack+compute",
                GOAL_ROI)
+    r_np, r_dali = by_name.get(("roi", "npydask auto: open+stack+compute")), by_name.get(
+        ("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before"))
+    goals.append(("P3 roi: npydask auto open+stack+compute / DALI's CPU reader", r_np if r_dali else None,
+                  r_np.median / r_dali.median if r_np and r_dali else float("nan"), GOAL_ROI_DALI))
     ratio_goal("P4 many: npydask open+stack+sum / raw read loop", "many", "npydask: open+stack+sum", GOAL_MANY)
     ratio_goal("P4 many: npydask open(index)+stack+sum / raw read loop", "many", "npydask: open(index)+stack+sum",
                GOAL_MANY_INDEX)
@@ -355,8 +456,6 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
          ("set", "floor: np.sum of in-memory arrays"))
     info("P1 set: npydask open+stack+sum / dask over in-memory data", ("set", "npydask: open+stack+sum"),
          ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"))
-    info("P3 roi: npydask auto open+stack+compute / DALI's CPU reader", ("roi", "npydask auto: open+stack+compute"),
-         ("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before"))
     info("P4 many: npydask open+stack+sum / DALI's CPU reader + sum", ("many", "npydask: open+stack+sum"),
          ("many", "peer: DALI fn.readers.numpy (CPU) + sum, pipeline built before"))
     info("P4 many: npydask open+stack+sum / Ray Data", ("many", "npydask: open+stack+sum"),
@@ -385,8 +484,11 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
           f"GB/s: payload (or ROI) bytes / median, 1e9; size={args.size}")
     print("# cpu ms: median process CPU time (user + system, all threads) per run; less noisy than wall time")
     _common.table(rows, ["grp", "variant", "median ms", "GB/s", "ratio", "min-max ms", "cpu ms", "note"])
+    model = facts.pop("roi model", None)
     if facts:
         print("# graph: " + ", ".join(f"{k} = {v}" for k, v in facts.items()))
+    if model:
+        print_roi_model(model, by_name)
 
     print()
     grow = []

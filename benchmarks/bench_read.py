@@ -63,6 +63,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _common import Result  # noqa: E402
+from _datasets import sum_one_by_one  # noqa: E402
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -217,13 +218,7 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
     # ---- the file set ------------------------------------------------------------------------
     arrays = [np.load(p) for p in files]
 
-    def floor() -> np.float32:
-        total = np.float32(0)
-        for a in arrays:
-            total += np.sum(a)
-        return total
-
-    run("set", "floor: np.sum of in-memory arrays", floor, files, set_bytes, note="1 thread")
+    run("set", "floor: np.sum of in-memory arrays", lambda: sum_one_by_one(arrays), files, set_bytes, note="1 thread")
     # the best any dask-based reader can do: the same arrays already in memory, one chunk per file
     name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
     if want(name):

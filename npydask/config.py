@@ -6,6 +6,9 @@ setting                environment variable         default    meaning
 ``direct_io``          ``NPYDASK_DIRECT_IO``        ``False``  pread backend opens files with ``O_DIRECT``
 ``gap_bytes``          ``NPYDASK_GAP_BYTES``        4096       runs closer than this are read as one span
 ``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``   64 MiB     largest span read to cut runs from
+``roi_strategy``       ``NPYDASK_ROI_STRATEGY``     ``auto``   strided regions of local files: ``auto`` (the
+                                                               cost model), ``spans``, ``runs`` or ``mapped``
+                                                               (see :mod:`npydask.read_strategy`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``    64 KiB     GPU reads: runs closer than this are one read
 ``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   4 MiB      GPU reads: largest single kvikio ``pread``
@@ -37,7 +40,7 @@ once) and a server that stops answering within about a minute
 (``remote_timeout`` plus retries, bounded by ``remote_retry_timeout``).
 
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
-``max_span_bytes``) are captured as :class:`ReadOptions` when a lazy array is
+``max_span_bytes``, ``roi_strategy``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
 configuration. ``handle_cache_size`` and ``pool_bytes`` are per process and
 read where they run (see :mod:`npydask.backends._pool`).
@@ -58,7 +61,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ReadOptions", "get", "read_options", "set"]
+__all__ = ["ROI_STRATEGIES", "ReadOptions", "get", "read_options", "set"]
 
 
 def _parse_bool(text: str) -> bool:
@@ -79,6 +82,17 @@ def _parse_size(text: str) -> int:
     return int(value)
 
 
+ROI_STRATEGIES = ("auto", "spans", "runs", "mapped")
+"""Values of the ``roi_strategy`` setting."""
+
+
+def _parse_strategy(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ROI_STRATEGIES:
+        raise ValueError(f"expected one of {list(ROI_STRATEGIES)}, found {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class _Setting:
     env: str
@@ -90,6 +104,7 @@ _SETTINGS: dict[str, _Setting] = {
     "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
     "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _parse_size),
     "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
+    "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _parse_strategy),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
     "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
     "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 4 * 1024 * 1024, _parse_size),
@@ -130,7 +145,12 @@ def _check(name: str, value: Any) -> Any:
     if setting is None:
         raise KeyError(f"unknown npydask setting {name!r}; known: {sorted(_SETTINGS)}")
     if isinstance(value, str):
-        return setting.parse(value)
+        try:
+            return setting.parse(value)
+        except ValueError as e:
+            raise ValueError(f"setting {name!r}: {e}") from e
+    if type(setting.default) is str:
+        raise TypeError(f"setting {name!r} takes a string, found {value!r}")
     if type(setting.default) is bool:
         if not isinstance(value, bool):
             raise TypeError(f"setting {name!r} takes a bool, found {value!r}")
@@ -174,11 +194,12 @@ class ReadOptions:
     direct_io: bool = False
     gap_bytes: int = 4096
     max_span_bytes: int = 64 * 1024 * 1024
+    roi_strategy: str = "auto"
 
 
 def read_options(**overrides: Any) -> ReadOptions:
     """Snapshot the current read settings (with ``overrides`` applied)."""
-    values = {name: get(name) for name in ("direct_io", "gap_bytes", "max_span_bytes")}
+    values = {name: get(name) for name in ("direct_io", "gap_bytes", "max_span_bytes", "roi_strategy")}
     values.update({k: _check(k, v) for k, v in overrides.items() if v is not None})
     return ReadOptions(**values)
 

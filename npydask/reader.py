@@ -30,6 +30,7 @@ from npydask.config import ReadOptions, read_options
 from npydask.header import NpyHeader
 from npydask.npz import check_stored
 from npydask.paths import absolute
+from npydask.read_strategy import STRATEGIES, choose
 from npydask.region import Box, ReadPlan, normalize_box, plan_read
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
@@ -97,30 +98,41 @@ def _on_distributed_worker() -> bool:
 
 
 def choose_backend(
-    name: str, f: OpenFile, plan: ReadPlan, out: np.ndarray | None, source: Source = LOCAL
+    name: str,
+    f: OpenFile,
+    plan: ReadPlan,
+    out: np.ndarray | None,
+    source: Source = LOCAL,
+    options: ReadOptions | None = None,
 ) -> backends.Backend:
-    """Resolve ``"auto"``: a zero-copy mapping only for whole contiguous regions on local disks.
+    """Resolve ``"auto"``: a mapping for whole contiguous regions, and for strided ones the model prices lowest.
 
     Mapping needs a source that can map (:attr:`Source.mappable
     <npydask.storage.base.Source.mappable>`) and a file on a local file
-    system. Everything that is copied anyway (a strided region, a Fortran
-    region, a caller's ``out``), files on network file systems, and chunks
-    on a distributed worker (which counts and may spill what it holds) use
-    pread.
+    system. A whole contiguous region is a zero-copy view (except on a
+    distributed worker, which counts and may spill what it holds). A strided
+    region (several runs) is copied by the strategy
+    :func:`npydask.read_strategy.choose` prices lowest for it under
+    ``options`` (the current settings when ``None``): ``"mapped"`` is the
+    mmap backend's strided copy, ``"spans"`` and ``"runs"`` the pread
+    backend's. Anything else that is copied anyway (one contiguous run into
+    a caller's ``out`` or transposed from a Fortran file), files on network
+    file systems and ``O_DIRECT`` reads use pread.
     """
     if f.deflated:
         return backends.get("deflate")  # a compressed .npz member: nothing else can read it
     if name != "auto":
         return backends.get(name)
-    if (
-        out is None
-        and plan.is_contiguous
-        and same_layout(plan)
-        and source.mappable
-        and f.local
-        and not _on_distributed_worker()
-    ):
+    if not (source.mappable and f.local):
+        return backends.get("pread")
+    if out is None and plan.is_contiguous and same_layout(plan) and not _on_distributed_worker():
         return backends.get("mmap")
+    if plan.n_runs > 1:
+        options = options or read_options()
+        if not options.direct_io:
+            choice = choose(plan, options.gap_bytes, options.max_span_bytes, STRATEGIES, options.roi_strategy)
+            if choice.strategy == "mapped":
+                return backends.get("mmap")
     return backends.get("pread")
 
 
@@ -144,12 +156,12 @@ def _read(
     MemoryError
         If no buffer could be had for the region, naming the file and the bytes.
     """
-    backend = choose_backend(name, f, plan, out, source)
+    backend = choose_backend(name, f, plan, out, source, options)
     try:
         try:
             result = backend.read(f, plan, options, out)
         except MapError:
-            if name != "auto":
+            if name != "auto" or (options.roi_strategy == "mapped" and plan.n_runs > 1):
                 raise
             result = backends.get("pread").read(f, plan, options, out)
     except MemoryError as e:

@@ -26,7 +26,18 @@ import numpy as np
 from npydask.errors import RoiError
 from npydask.header import NpyHeader
 
-__all__ = ["Box", "ByteRun", "Coalesced", "ReadPlan", "exact_empty", "normalize_box", "plan_read", "raw", "raw_copy"]
+__all__ = [
+    "Box",
+    "ByteRun",
+    "Coalesced",
+    "ReadPlan",
+    "exact_empty",
+    "grid_offsets",
+    "normalize_box",
+    "plan_read",
+    "raw",
+    "raw_copy",
+]
 
 
 @dataclass(frozen=True)
@@ -160,10 +171,21 @@ class Coalesced:
 
 @functools.lru_cache(maxsize=1024)
 def _span_offsets(offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(grid_offsets(offset, shape, strides).tolist())
+
+
+def grid_offsets(offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """``offset + sum(i_d * strides[d])`` for every index of ``shape`` in C order, as a flat ``int64`` array.
+
+    Examples
+    --------
+    >>> grid_offsets(100, (2, 3), (10, 1)).tolist()
+    [100, 101, 102, 110, 111, 112]
+    """
     offsets = np.full((), offset, np.int64)
     for n, s in zip(shape, strides):
         offsets = offsets[..., None] + np.arange(n, dtype=np.int64) * s
-    return tuple(offsets.reshape(-1).tolist())
+    return offsets.reshape(-1)
 
 
 @dataclass(frozen=True)

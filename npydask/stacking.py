@@ -27,6 +27,7 @@ from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
 from npydask.header import NpyHeader
+from npydask.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts
 from npydask.region import Box, ReadPlan, plan_read
 from npydask.storage.base import Item
@@ -98,6 +99,8 @@ class FileGroup:
         out = self._buffer(box.shape, 0, len(self.views))
         axis = 0 if self.stacked else self.axis
         lo, hi = box.start[axis], box.stop[axis]
+        source = self.views[0].ref.source
+        rois: list[tuple[Any, ...]] = []  # ROIs inside their files, each into its slice of `out`: run at the end
         for k, view in enumerate(self.views):
             a, b = max(lo, self.offsets[k]), min(hi, self.offsets[k + 1])
             if a >= b:
@@ -110,9 +113,17 @@ class FileGroup:
             start[axis], stop[axis] = a - self.offsets[k], b - self.offsets[k]
             part = Box(tuple(start), tuple(stop))
             if axis == 0 and in_place:
-                view.read(part, out=out[a - lo : b - lo])
+                slab = out[a - lo : b - lo]  # (C-contiguous: a slice along axis 0)
+                plan = _fast_roi(view, part, self.dtype, source)
+                if plan is None:
+                    view.read(part, out=slab)
+                else:
+                    ref = view.ref
+                    rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
             else:
                 out[tuple(dest)] = view.read(part)
+        if rois:
+            source.read_runs_many(rois)
         return out[post] if post else out
 
     def _buffer(self, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
@@ -133,7 +144,7 @@ class FileGroup:
         lo, hi = box.start[0], box.stop[0]
         if hi - lo == 1:  # one file: let its backend choose (a zero-copy mapping under "auto")
             block = self.views[lo].read(inner)
-            if block.dtype.str != self.dtype.str:
+            if not _same_dtype(block.dtype, self.dtype):  # (a structured dtype's fields too, which .str hides)
                 block = block.astype(self.dtype)
             return block[np.newaxis]
         out = self._buffer(box.shape, lo, hi)
@@ -163,16 +174,16 @@ class FileGroup:
                 batch = []
             at = k + 1
             slab = out[k - lo, ...]  # a C-contiguous slab: read in place
-            if view.roi is not None and ref.key is None and ref.backend != "mmap" and ref.source is source:
-                memo = (id(ref.header), id(view.roi))
+            if view.roi is not None:
+                memo = (id(ref.header), id(view.roi), id(ref.options), ref.backend, ref.key, id(ref.source))
                 plan = strided.get(memo, False)
                 if plan is False:
-                    plan = strided[memo] = _strided_plan(view, inner, self.dtype)
+                    plan = strided[memo] = _fast_roi(view, inner, self.dtype, source)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
                     rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
                     continue
-            if view.dtype.str != self.dtype.str:
-                slab[...] = view.read(inner)  # to native byte order
+            if not _same_dtype(view.dtype, self.dtype):
+                slab[...] = view.read(inner)  # to native byte order (fields of a structured dtype too)
             else:
                 view.read(inner, out=slab)
         if batch and row:
@@ -204,18 +215,40 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
     return hashlib.blake2b(text.encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
 
 
-def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:
-    """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file and reads as ``dtype`` in C order.
+def _fast_roi(view: NpyFileArray, inner: Box, dtype: np.dtype, source: Any) -> ReadPlan | None:
+    """The plan of ``inner`` of ``view`` when a group reads it with ``source.read_runs`` (the short way), else ``None``.
 
-    Anything else (padding, a byte swap, a Fortran layout) takes the general path.
+    That is a ROI of a plain file (no ``.npz`` key) of the group's source,
+    not forced onto the mmap backend, that :func:`_strided_plan` accepts.
     """
-    if view.roi is None or not _same_dtype(view.ref.header.dtype, dtype):
+    ref = view.ref
+    if view.roi is None or ref.key is not None or ref.backend == "mmap" or ref.source is not source:
+        return None
+    return _strided_plan(view, inner, dtype)
+
+
+def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:
+    """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file, reads as ``dtype`` in C order
+    and is read with ``pread`` (spans or runs: :func:`npydask.backends.pread.pread_strategy`).
+
+    Anything else (padding, a byte swap, a Fortran layout, a ROI the cost
+    model maps) takes the general path.
+    """
+    ref = view.ref
+    if view.roi is None or not _same_dtype(ref.header.dtype, dtype):
         return None
     wanted, inside = view.file_box(inner)
     if inside != wanted:
         return None
-    plan = plan_read(view.ref.header, wanted)
-    return plan if plan.n_runs and same_layout(plan) else None
+    plan = plan_read(ref.header, wanted)
+    if not (plan.n_runs and same_layout(plan)):
+        return None
+    options = ref.options
+    if plan.n_runs > 1 and ref.backend == "auto" and ref.source.mappable and not options.direct_io:
+        choice = choose(plan, options.gap_bytes, options.max_span_bytes, STRATEGIES, options.roi_strategy)
+        if choice.strategy == "mapped":
+            return None  # (the general path maps it, on a local file system)
+    return plan
 
 
 def _same_dtype(a: np.dtype, b: np.dtype) -> bool:

@@ -112,3 +112,21 @@ def test_ray_benchmark_runs_at_tiny_size(tmp_path):
     # planning and counting read the header, not the 4 MiB payload
     assert 0 <= facts["big: bytes read by this process while planning and counting (rchar, all descriptors)"] < 1 << 20
     assert facts["roi: bytes one sample's read task read (rchar)"] < facts["roi: the file's bytes"] / 2
+
+
+@pytest.mark.timeout(240)
+def test_roi_calibration_runs_briefly(tmp_path):
+    """calibrate_roi.py prints every coefficient, a pasteable ``Costs``, and the model beside each forced strategy."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "calibrate_roi.py"), "--repeat", "3", "--files", "4", "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for coefficient in ("syscall", "kernel_byte", "iovec", "copy_byte", "mapped_byte", "map", "fault", "page"):
+        assert f"    {coefficient}=" in out
+    assert "MEASURED = Costs(" in out and "32^3 ROI of 64x256x256 f4 (P3)" in out
+    rows = [line for line in out.splitlines() if line.count(" / ") == 3]  # model / measured, per strategy
+    assert len(rows) == 5

@@ -33,6 +33,7 @@ from npydask.storage._handles import OpenFile, clear_cache
 from npydask.backends.base import Backend, copy_runs, same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
+from npydask.read_strategy import choose
 from npydask.region import ReadPlan
 
 __all__ = ["MapError", "MmapBackend"]
@@ -42,7 +43,8 @@ class MapError(OSError):
     """The file could not be mapped (the ``auto`` backend then reads it with pread)."""
 
 class MmapBackend(Backend):
-    """Map, then view (contiguous regions) or copy (everything else)."""
+    """Map, then view (contiguous regions) or copy (everything else: the ``mapped`` strategy of
+    :mod:`npydask.read_strategy`, which ``"auto"`` also picks where the cost model prices it lowest)."""
 
     name: ClassVar[str] = "mmap"
 
@@ -50,10 +52,15 @@ class MmapBackend(Backend):
         dtype = f.header.dtype
         if plan.n_runs == 0:
             return np.empty(plan.shape, dtype) if out is None else out
+        if plan.n_runs > 1 and options.roi_strategy != "auto":  # (raises for a forced spans or runs)
+            choose(plan, options.gap_bytes, options.max_span_bytes, _MAPPED, options.roi_strategy)
         base = _mapped(f, plan.end)[plan.offset : plan.end]
         if out is None and plan.is_contiguous and same_layout(plan):
             return base.view(dtype).reshape(plan.shape)
         return copy_runs(base, plan, dtype, out)
+
+
+_MAPPED = ("mapped",)
 
 
 def _map(fd: int, length: int) -> mmap.mmap:

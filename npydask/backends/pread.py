@@ -1,8 +1,11 @@
 """The ``pread`` backend: positional reads into a preallocated C-order buffer.
 
 Runs are read straight into the result when they are far apart; runs whose
-gaps are under the ``gap_bytes`` setting are read as one span into a scratch
-buffer and cut out with a strided copy. Reads never move a shared file
+gaps are under the ``gap_bytes`` setting are read as one span, either into a
+scratch buffer and cut out with a strided copy (the ``spans`` strategy) or
+scattered by one ``preadv`` straight into the result (``runs``), whichever
+the cost model of :mod:`npydask.read_strategy` prices lower for the region
+(or the ``roi_strategy`` setting forces). Reads never move a shared file
 position (``os.preadv`` only), so threads share descriptors safely.
 
 With the ``direct_io`` setting each read is rounded out to 4096 bytes and
@@ -22,12 +25,23 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
+from npydask.backends._iovec import read_iovecs
 from npydask.backends._pool import pieces, scratch_pieces
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
+from npydask.read_strategy import choose
 from npydask.region import Coalesced, ReadPlan, align_span
 
-__all__ = ["DIRECT_ALIGNMENT", "PreadBackend", "RangeReader", "aligned_empty", "read_grid", "read_plan"]
+__all__ = [
+    "DIRECT_ALIGNMENT",
+    "PreadBackend",
+    "RangeReader",
+    "aligned_empty",
+    "pread_strategy",
+    "read_grid",
+    "read_local",
+    "read_plan",
+]
 
 DIRECT_ALIGNMENT = 4096
 _DIRECT_PIECE = 16 * 1024 * 1024
@@ -58,10 +72,37 @@ class PreadBackend(Backend):
     def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
         result, buffer = destination(plan, f.header.dtype, out)
         if plan.n_runs:
-            # (an object store's file brings its own reader: range requests instead of preadv)
-            reader = _Reader(f, options.direct_io) if isinstance(f, OpenFile) else f.range_reader()
-            read_plan(reader, plan, options, as_bytes(buffer))
+            if isinstance(f, OpenFile):
+                read_local(f, plan, options, as_bytes(buffer))
+            else:  # an object store's file brings its own reader: range requests instead of preadv
+                read_plan(f.range_reader(), plan, options, as_bytes(buffer))
         return finish(result, buffer)
+
+
+_PREAD = ("spans", "runs")
+_DIRECT = ("spans",)
+
+
+def pread_strategy(plan: ReadPlan, options: ReadOptions) -> str:
+    """``"spans"`` or ``"runs"`` for ``plan`` (:func:`npydask.read_strategy.choose`; ``O_DIRECT`` reads spans).
+
+    Raises
+    ------
+    ValueError
+        If the ``roi_strategy`` setting forces one this backend cannot use (``"mapped"``; ``"runs"`` with ``direct_io``).
+    """
+    if plan.n_runs <= 1:
+        return "spans"
+    allowed = _DIRECT if options.direct_io else _PREAD
+    return choose(plan, options.gap_bytes, options.max_span_bytes, allowed, options.roi_strategy).strategy
+
+
+def read_local(f: OpenFile, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
+    """Fill ``raw`` (``plan``'s bytes in file order) from a local file by :func:`pread_strategy`'s choice."""
+    if pread_strategy(plan, options) == "runs":
+        read_iovecs(f.fd, f.path, plan, options.gap_bytes, options.max_span_bytes, raw)
+    else:
+        read_plan(_Reader(f, options.direct_io), plan, options, raw)
 
 
 class _Reader:
@@ -145,8 +186,9 @@ def read_grid(
 
     The short way for a group's strided reads (ROIs of many files): the
     cached descriptor is checked against ``identity`` (and its header
-    against ``check``), read through the page cache, or ``O_DIRECT`` with
-    the ``direct_io`` setting, and checked against ``identity`` again.
+    against ``check``), read through the page cache (spans or scattered
+    runs, see :func:`pread_strategy`), or ``O_DIRECT`` with the
+    ``direct_io`` setting, and checked against ``identity`` again.
 
     Raises
     ------
@@ -154,9 +196,11 @@ def read_grid(
         If the file is no longer the one ``identity`` describes, before or after the read.
     NpyFormatError
         If its header bytes are not ``check.raw``.
+    ValueError
+        If the ``roi_strategy`` setting forces ``"mapped"`` (this path never maps).
     """
     f = acquire(path, identity, check=check)
-    read_plan(_Reader(f, options.direct_io), plan, options, raw)
+    read_local(f, plan, options, raw)
     check_unchanged(f.fd, identity, path)
 
 
