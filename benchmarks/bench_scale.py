@@ -40,6 +40,9 @@ Every measurement runs in a fresh child process (imports and a one-file
   ``headers="all"``, and with ``headers="first"`` where the installed
   npydask accepts it (checked with ``inspect.signature``; ``n/a``
   otherwise). Median of ``--repeat`` children (one child at 1,000,000 files).
+  ``gc off``: ``"all"`` again with the cyclic garbage collector disabled
+  during the open: the difference is what collecting the dataset's per-file
+  objects costs (the collector walks every tracked tuple it has made so far).
 * ``RSS B/file``: the child's resident set after the open, the dataset held,
   minus before it (after ``gc.collect()``), over ``N``; ``peak B/file`` the
   same with the kernel's high-water mark (``VmHWM``, the transient scan lists
@@ -60,6 +63,9 @@ Every measurement runs in a fresh child process (imports and a one-file
 * ``floor``: a loop of ``os.open`` + ``os.pread(fd, 4224, 0)`` + ``os.close``
   over every file (this process; it also warms the page cache before the
   children run): what any reader of ``N`` files pays for the system calls.
+  Its cost per file grows with ``N`` where the page cache and the kernel's
+  inode and dentry caches no longer hold every file (1,000,000 files are
+  about 8.5 GiB of page cache).
 
 Three rows of every stacked array (first, middle, last file) are computed and
 compared with ``numpy.load``; the exit status is 1 only when they disagree.
@@ -285,8 +291,8 @@ def _short(filename: str) -> str:
     return os.sep.join(parts[-2:]) if "npydask" in parts else os.sep.join(parts[-3:])
 
 
-def probe_open(fs: FileSet, headers: str | None, trace: bool) -> dict[str, Any]:
-    """Open the dataset once; its time and the memory held while it is open."""
+def probe_open(fs: FileSet, headers: str | None, trace: bool, collect: bool = True) -> dict[str, Any]:
+    """Open the dataset once; its time and the memory held while it is open (``collect=False``: no cyclic GC)."""
     import tracemalloc
 
     import npydask
@@ -298,9 +304,12 @@ def probe_open(fs: FileSet, headers: str | None, trace: bool) -> dict[str, Any]:
     if trace:
         tracemalloc.start(SITE_FRAMES)
         traced0 = tracemalloc.get_traced_memory()[0]
+    if not collect:
+        gc.disable()
     t0 = time.perf_counter()
     ds = npydask.open_dataset(fs.root, **kw)
     took = time.perf_counter() - t0
+    gc.enable()
     gc.collect()
     out: dict[str, Any] = {"seconds": took, "files": len(ds)}
     if trace:
@@ -374,7 +383,7 @@ def sent_bytes(x: Any) -> int:
 def child_main(spec: dict[str, Any]) -> None:
     fs = FileSet(spec["root"], spec["n"])
     if spec["kind"] == "open":
-        out = probe_open(fs, spec["headers"], spec["trace"])
+        out = probe_open(fs, spec["headers"], spec["trace"], spec.get("gc", True))
     else:
         out = probe_stack(fs, spec["repeat"], spec["cluster"])
     print(RESULT + json.dumps(out), flush=True)
@@ -409,9 +418,9 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
     del paths
     opens = repeat if n < ONCE_FROM else 1
     row: dict[str, Any] = {"n": n, "root": fs.root, "floor_s": floor, "open_runs": opens}
-    modes = [("all", None)] + ([("first", "first")] if first_mode else [])
-    for name, headers in modes:
-        runs = [run_child({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False})
+    modes = [("all", None, True), ("nogc", None, False)] + ([("first", "first", True)] if first_mode else [])
+    for name, headers, collect in modes:
+        runs = [run_child({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect})
                 for _ in range(opens)]
         errors = [r["error"] for r in runs if "error" in r]
         if errors:
@@ -461,6 +470,7 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
             f"{r['floor_s']:.2f}", _per(r, "floor_s", 1e6, ".1f"),
             "n/a" if "open_all_s" not in r else f"{r['open_all_s']:.2f}", _per(r, "open_all_s", 1e6, ".1f"),
             "n/a" if "open_all_s" not in r else f"{(r['open_all_s'] - r['floor_s']) / r['n'] * 1e6:.1f}",
+            "n/a" if "open_nogc_s" not in r else f"{r['open_nogc_s']:.2f}",
             "n/a" if "open_first_s" not in r else f"{r['open_first_s']:.2f}", _per(r, "open_first_s", 1e6, ".1f"),
             _per(r, "rss_all", 1, ".0f"), _per(r, "peak_all", 1, ".0f"), _per(r, "traced", 1, ".0f"),
             "n/a" if "stack_local_s" not in r else f"{r['stack_local_s']:.3f}", _per(r, "stack_local_s", 1e6, ".2f"),
@@ -471,10 +481,11 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
     print()
     print("# per N: s = seconds (median), us/f = microseconds per file, B/f = bytes per file; floor = "
           "os.open+os.pread+os.close loop; -floor = open all minus the floor (npydask's own share); "
+          "gc off = open all with the cyclic garbage collector off (what collecting per-file objects costs); "
           "held = RSS after open - before, dataset held; peak = VmHWM - before; traced = tracemalloc; "
           "pickled = pickle of the local graph; sent = bytes Client.compute sends (cluster graph)")
-    _common.table(table, ["files", "floor s", "us/f", "open all s", "us/f", "-floor us/f", "open first s", "us/f",
-                          "held B/f", "peak B/f", "traced B/f", "stack s", "us/f", "stack(cl) s",
+    _common.table(table, ["files", "floor s", "us/f", "open all s", "us/f", "-floor us/f", "gc off s", "open first s",
+                          "us/f", "held B/f", "peak B/f", "traced B/f", "stack s", "us/f", "stack(cl) s",
                           "pickled B/f", "sent B/f", "tasks", "tasks(cl)"])
     if not first_mode:
         print("# open first: n/a (this npydask's open_dataset has no headers= argument)")
@@ -485,7 +496,7 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
         sites = [[site, f"{size / big['n']:.1f}", f"{count / big['n']:.2f}"] for site, size, count in big["sites"]]
         _common.table(sites, ["allocation site", "B/file", "blocks/file"])
 
-    sane = all(r.get(f"open_{m}_files", r["n"]) == r["n"] for r in rows for m in ("all", "first")) and all(
+    sane = all(r.get(f"open_{m}_files", r["n"]) == r["n"] for r in rows for m in ("all", "nogc", "first")) and all(
         not r.get(f"mismatched_{c}") for r in rows for c in ("local", "cluster")
     ) and not any(k.endswith("_error") for r in rows for k in r)
     n = big["n"]
