@@ -118,7 +118,6 @@ GOAL_GRAPH = 100  # bytes per file
 SITE_FRAMES = 3  # frames kept per traced allocation
 ONCE_FROM = 1_000_000  # file counts from which each open is measured once
 CHILD_TIMEOUT = 1800.0
-SAMPLES = 3  # rows of the stack compared with numpy.load
 GiB = 1 << 30
 RESULT = "SCALE-PROBE-RESULT "
 
@@ -369,7 +368,10 @@ def probe_stack(fs: FileSet, repeat: int, cluster: bool) -> dict[str, Any]:
 
 
 def sent_bytes(x: Any) -> int:
-    """The bytes ``Client.compute(x)`` sends the scheduler for ``x``'s graph (as ``Client._graph_to_futures``)."""
+    """The bytes ``Client.compute(x)`` sends the scheduler for ``x``'s graph (as ``Client._graph_to_futures``).
+
+    The frames exactly; the small header dict (sent as msgpack) counted by its pickle.
+    """
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
     from distributed.protocol import serialize, to_serialize
