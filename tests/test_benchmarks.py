@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -130,3 +131,66 @@ def test_roi_calibration_runs_briefly(tmp_path):
     assert "MEASURED = Costs(" in out and "32^3 ROI of 64x256x256 f4 (P3)" in out
     rows = [line for line in out.splitlines() if line.count(" / ") == 3]  # model / measured, per strategy
     assert len(rows) == 5
+
+
+@pytest.mark.timeout(600)
+def test_scale_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_scale.py at tiny size: its files read back as numpy writes them, and every probe gave a figure."""
+    stdout, data = _run_tiny("bench_scale.py", tmp_path, 1, 580)
+    assert "goal" in stdout and data["results_agree"] is True
+    rows = data["results"]
+    assert [r["n"] for r in rows] == [500, 2000]
+    for r in rows:
+        assert r["open_all_files"] == r["n"] and r["open_all_s"] > 0 and r["floor_s"] > 0
+        assert r["open_nogc_files"] == r["n"] and r["open_nogc_s"] > 0
+        # every file holds a few hundred bytes of Python objects today: a held size of 0 would mean a broken probe
+        assert r["traced"] > 0 and r["rss_all"] >= 0
+        for mode in ("local", "cluster"):
+            assert r[f"mismatched_{mode}"] == [] and r[f"stack_{mode}_tasks"] >= 1
+            assert r[f"sent_{mode}"] > 20 * r["n"]  # each file's path alone pickles to more than 20 bytes
+    headers_first = data["headers_first_accepted"]
+    assert ("open_first_s" in rows[0]) == headers_first
+    assert all(g["pass"] in (True, False, None) for g in data["goals"])
+
+
+def test_scale_benchmark_files_are_numpy_files(tmp_path, monkeypatch):
+    """The files bench_scale.py writes with os.write load with numpy.load, in DALI's order, and resume after a stop."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import numpy as np
+
+    import bench_scale
+    import npydask
+
+    fs = bench_scale.file_set(str(tmp_path), 2_345)
+    assert bench_scale.make_files(fs, 20.0)[0] == 2_345
+    paths = fs.paths()
+    for i in (0, 999, 1_000, 2_344):
+        a = np.load(paths[i])
+        assert a.shape == bench_scale.SHAPE and a.dtype == bench_scale.DTYPE and a[0, 0] == i
+        assert os.path.getsize(paths[i]) == bench_scale.file_bytes()
+    assert npydask.open_dataset(fs.root).files == paths  # one folder below the root: DALI's order is index order
+    # a stop in the middle of a folder: that folder is written again, the others are kept
+    os.remove(os.path.join(fs.root, ".complete"))
+    os.remove(os.path.join(fs.folder(1), ".done"))
+    os.remove(paths[1_500])
+    assert bench_scale.make_files(fs, 20.0)[0] == 1_000
+    assert np.load(paths[1_500])[0, 0] == 1_500
+    assert bench_scale.make_files(fs, 20.0)[0] == 0
+
+
+def test_scale_benchmark_refuses_to_fill_the_disk(tmp_path, monkeypatch):
+    """Writing stops before the first file when the disk would keep less than --min-free free, naming the folder."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import shutil as real_shutil
+
+    import bench_scale
+
+    usage = real_shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda where: usage._replace(free=30 << 30))
+    fs = bench_scale.file_set(str(tmp_path), 1_000_000)  # about 7.6 GiB: 22 GiB would stay free, not 25
+    with pytest.raises(SystemExit, match=r"scale-1000000-32x32-f4.*needs about 7\.6 GiB and 30\.0 GiB are free"):
+        bench_scale.make_files(fs, 25.0)
+    assert not any(os.scandir(fs.root))
+    small = bench_scale.file_set(str(tmp_path), 1_000)  # under 1 GiB: twice its size is enough
+    monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda where: usage._replace(free=20 << 20))
+    assert bench_scale.make_files(small, 25.0)[0] == 1_000
