@@ -13,23 +13,24 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.storage._handles import HeaderCheck
+from npydask.storage._handles import HeaderCheck, InodeIdentity, header_mismatch
 from npydask.storage.base import Scanned, Source
-from npydask.storage.local import LOCAL
+from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, lister_for, resolve
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
-from npydask.discovery import Selected, select_files, select_listed, shard_range
+from npydask.discovery import Selected, select_listed, shard_range
 from npydask.header import NpyHeader
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
@@ -115,8 +116,13 @@ def _select(
     recursive: bool,
     storage_options: dict[str, Any] | None,
     sort: str = "bytes",
+    inodes: bool = False,
 ) -> tuple[Selected, Source]:
-    """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source."""
+    """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
+
+    With ``inodes``, a local folder's listing keeps each file's
+    :class:`~npydask.storage._handles.InodeIdentity` (``headers="first"``).
+    """
     first = file_root
     if first is None and files is not None and not isinstance(files, str | bytes | os.PathLike):
         files = list(files)
@@ -129,13 +135,16 @@ def _select(
                 f"the dataset's files are local ({probe!r}): drop storage_options"
             )
         root = None if file_root is None else fspath(file_root)
-        paths = select_files(
-            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort
+        listed = inodes and root is not None and files is None and file_list is None
+        paths, identities = select_listed(
+            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
+            lister=LocalLister(root, inodes=True) if listed else None,
         )
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
-        return Selected(absolute_all(paths)), LOCAL  # tasks may run in another working directory (npydask.paths)
+        # (tasks may run in another working directory: npydask.paths)
+        return Selected(absolute_all(paths), identities), LOCAL
     probe, source = resolve(probe, storage_options)
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
@@ -599,6 +608,7 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    headers: str = "all",
     sort: str = "bytes",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
@@ -643,6 +653,24 @@ def open_dataset(
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
         Object URLs take ``"auto"`` or ``"pread"`` (range requests).
+    headers : {"all", "first"}, default ``"all"``
+        ``"all"`` reads and checks every file's header now (one ``open``,
+        ``fstat``, ``pread`` and ``close`` per local file; one GET per
+        object). ``"first"`` reads only the first file's (of the shard) and
+        gives every file that header: a folder is listed keeping each
+        file's inode (``os.scandir`` gives it without a ``stat``) or each
+        object's size and ETag (the LIST gives them), so opening costs the
+        listing and one header; ``files``/``file_list`` cost one ``stat``
+        per file (the whole identity) or one HEAD per object. Each task
+        then compares each file's header bytes where it reads them (no
+        extra read) and raises ``NpyFormatError`` naming the file, the
+        header expected and the one found when they differ; a replaced
+        file (another inode or ETag) raises ``FileChangedError``, a file
+        too short for the payload ``NpyFormatError``. A rewrite in place
+        that keeps a file's inode and header bytes is not seen in this
+        mode (size and mtime are unknown). Not with ``index`` (which
+        keeps per-file headers) nor ``key`` (``.npz`` members sit at a
+        different offset in each archive).
     sort : {"bytes", "natural"}, default ``"bytes"``
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
@@ -663,8 +691,9 @@ def open_dataset(
     TypeError
         A DALI reader argument npydask has elsewhere, an unknown keyword, a ``key`` that is not a str or list of str.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``, an empty
-        ``key`` list or one naming a member twice.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort`` or
+        ``headers``, ``headers="first"`` with ``index`` or ``key``, an empty ``key`` list or one
+        naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -687,12 +716,15 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
+    first = _check_headers(headers, index, key)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
 
         keys, key = member_keys(key), None
-    (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options, sort)
+    (paths, listed), source = _select(
+        file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
+    )
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
@@ -724,7 +756,10 @@ def open_dataset(
             for k, column in zip(keys, columns)
         }
         return MultiKeyDataset(members)
-    if index is not None and key is None:
+    if first:
+        identities = [listed[i] for i in picked] if listed is not None else source.identities(chosen)
+        views = _first_views(picked, chosen, identities, roi_args, (backend, source))
+    elif index is not None and key is None:
         from npydask.index import scan_with_index
 
         index_path = fspath(index)
@@ -743,12 +778,93 @@ def open_dataset(
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
-    views = _views(picked, chosen, scanned, origin, roi_args, (backend, key, source))
+    if not first:
+        views = _views(picked, chosen, scanned, origin, roi_args, (backend, key, source))
     if device == "gpu" and views:
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
     return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
+
+
+HEADERS = ("all", "first")
+"""The values of ``open_dataset``'s ``headers``: every file's header read at open, or the first file's only."""
+
+
+def _check_headers(headers: object, index: object, key: object) -> bool:
+    """Whether ``headers`` is ``"first"``; an unknown value, or ``"first"`` with ``index`` or ``key``, refused."""
+    if not isinstance(headers, str) or headers not in HEADERS:
+        raise ValueError(
+            f"headers must be 'all' (read and check every file's header when opening) or 'first' (read the "
+            f"first file's only and check each file's where a task reads it), found {headers!r}"
+        )
+    if headers == "all":
+        return False
+    if index is not None:
+        raise ValueError(
+            "headers='first' and index= together: an index keeps each file's own header (checked by its "
+            "size and mtime), headers='first' gives every file the first one's; pass one of them"
+        )
+    if key is not None:
+        raise ValueError(
+            f"headers='first' with key={key!r}: an .npz member's header sits at a different offset in each "
+            "archive, so one header cannot stand for all; open archives with headers='all'"
+        )
+    return True
+
+
+def _first_views(
+    picked: range,
+    chosen: Sequence[str],
+    identities: Sequence[Any],
+    roi_args: RoiArgs,
+    reading: tuple[str, Source],
+) -> list[NpyFileArray]:
+    """``headers="first"``: one view per file, every one with the first file's header and one shared check.
+
+    ``identities`` are the listing's (inodes, or objects' sizes and ETags)
+    or whole ones (``files``/``file_list``); where they hold sizes, a file
+    too small for the payload is refused now, with its own header's error.
+    """
+    backend, source = reading
+    found = source.scan([chosen[0]])[0]
+    if isinstance(found, BaseException):
+        raise found
+    header, raw = found[1], found[2]
+    shown = redact(chosen[0])
+    check = HeaderCheck(
+        raw,
+        f"the first file's header ({shown}; the dataset was opened with headers='first')",
+        "its files' headers differ: open the dataset with headers='all', or leave this file out",
+        False,  # (an object's header GET is then compared where it is read: this header is another file's)
+    )
+    if type(identities[0]) is not InodeIdentity:  # sizes known: a short file now, by its own header's error
+        need = header.data_offset + header.nbytes
+        k = next((k for k, ident in enumerate(identities) if ident[0] < need), None)
+        if k is not None:
+            bad = source.scan([chosen[k]])[0]
+            if isinstance(bad, BaseException):
+                raise bad
+            raise header_mismatch(redact(chosen[k]), check, bad[2])
+    options = read_options(gap_bytes=source.gap_bytes)
+    rois: Iterable[Any] = repeat(None)
+    if roi_args.has_roi or roi_args.out_of_bounds_policy != "error":
+        if roi_args.per_file:  # (each row resolved on the first file's shape)
+            rois = [_roi_of(roi_args, header, i, redact(p)) for i, p in zip(picked, chosen)]
+        else:
+            rois = repeat(_roi_of(roi_args, header, picked.start, shown))
+    return [
+        NpyFileArray(FileRef(path, ident, header, options, backend, None, False, check, source), roi)
+        for path, ident, roi in zip(chosen, identities, rois)
+    ]
+
+
+def _roi_of(roi_args: RoiArgs, header: NpyHeader, index: int, path: str) -> Any:
+    """The resolved ROI of file ``index`` with ``header``, or ``None`` where it is the whole file unpadded."""
+    roi = resolve_roi(roi_args, header.shape, header.dtype, index=index, source=path)
+    if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
+        return None
+    return roi
 
 
 def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:
@@ -811,9 +927,7 @@ def _views(
             if shared_roi and memo_key in rois:
                 roi = rois[memo_key]  # the same arguments on the same shape resolve the same
             else:
-                roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
-                if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
-                    roi = None
+                roi = _roi_of(roi_args, header, global_i, shown_as(path))
                 if shared_roi:
                     rois[memo_key] = roi
         views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))

@@ -101,6 +101,13 @@ class Source(abc.ABC):
     def identity(self, path: str) -> Identity:
         """The identity ``path`` has now (one metadata request: ``stat`` for a local file)."""
 
+    def identities(self, paths: Sequence[str]) -> list[Identity]:
+        """:meth:`identity` of each path (in turn here; an object store sends its requests at once).
+
+        Raises the first failure (a missing file: ``FileNotFoundError`` naming it).
+        """
+        return [self.identity(p) for p in paths]
+
     @abc.abstractmethod
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """Identity, checked header, raw header bytes and whether deflated, for each path.

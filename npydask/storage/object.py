@@ -109,6 +109,14 @@ class ObjectSource(Source):
         except Exception as e:
             raise translate(e, path, "asking for its size and ETag") from None
 
+    def identities(self, paths: Sequence[str]) -> list[ObjectIdentity]:
+        """One HEAD per object, ``remote_concurrency`` in flight; the first failure raised."""
+        found = run_each(self.identity, paths, self.spec.settings.concurrency)
+        for result in found:
+            if isinstance(result, BaseException):
+                raise result
+        return found  # type: ignore[return-value]
+
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """Identity, header, raw header bytes and whether deflated, ``remote_concurrency`` objects at once."""
         return run_each(lambda p: self._scan(p, key), paths, self.spec.settings.concurrency)
