@@ -1355,3 +1355,29 @@ def test_stack_of_empty_files_keeps_the_one_empty_chunk_of_its_empty_axis(tmp_pa
         np.testing.assert_array_equal(lazy[::-1].compute(), expected[::-1])
     single = npydask.from_npy(tmp_path / "0.npy")
     assert single.chunks == da.from_array(arrays[0]).chunks == ((0,), (5,))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
+    import gc
+
+    np.save(tmp_path / "a.npy", np.arange(3))
+    seen = []
+    real = npydask.dataset.scan_headers
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())  # (paused while the per-file objects are built)
+        return real(*args, **kwargs)
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(npydask.dataset, "scan_headers", spy)
+            npydask.open_dataset(tmp_path)
+            assert gc.isenabled() is enabled and seen == [False]
+            with pytest.raises(ValueError, match="no file found"):
+                npydask.open_dataset(tmp_path, file_filter="*.none")
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
