@@ -1381,3 +1381,25 @@ def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enab
             assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_group_token_follows_every_identity_local_or_object(tmp_path):
+    from npydask.array import NpyFileArray
+    from npydask.reader import FileRef
+    from npydask.stacking import group_token
+    from npydask.storage.object import ObjectIdentity
+
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.full(4, i, "<f4"))
+    views = list(npydask.open_dataset(tmp_path).views)
+    token = group_token(views)
+    assert token == group_token(list(npydask.open_dataset(tmp_path).views))
+    os.utime(tmp_path / "1.npy", ns=(1, 1))  # another mtime: another graph
+    assert group_token(list(npydask.open_dataset(tmp_path).views)) != token
+    assert group_token(list(npydask.open_dataset(tmp_path, headers="first").views)) != token
+
+    def as_object(etag):  # (identities holding text take the repr path)
+        return [NpyFileArray(v.ref._replace(identity=ObjectIdentity(100, etag))) for v in views]
+
+    assert group_token(as_object("e1")) == group_token(as_object("e1")) != group_token(as_object("e2"))
+    assert isinstance(views[0].ref, FileRef)
