@@ -237,7 +237,7 @@ class NpyDataset:
 
     @property
     def headers(self) -> list[NpyHeader]:
-        """Each file's header."""
+        """Each file's header (opened with ``headers="first"``: the first file's, relied on for every file and checked where each is read)."""
         return [v.ref.header for v in self._views]
 
     @property
