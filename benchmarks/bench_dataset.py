@@ -331,10 +331,11 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     scheduling, the groups' buffers and per-file bookkeeping). Uses npydask's
     private steps: a profile, not an API.
     """
-    from npydask.dataset import _first_views, _select, _views, scan_headers
+    from npydask.dataset import _select, _views, scan_headers
     from npydask.roi import RoiArgs
     from npydask.storage._batch import read_files
     from npydask.storage.local import LOCAL
+    from npydask.uniform import first_views
 
     def per_file(fn: Callable[[], Any], n: int) -> tuple[float, Any]:
         cpu: list[float] = []
@@ -356,7 +357,7 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
                                                         ("auto", None, LOCAL)), n)
         else:
             steps["header scan"], _ = per_file(lambda: LOCAL.scan(paths[:1]), n)
-            steps["views"], _ = per_file(lambda: _first_views(range(n), paths, selected.identities, no_roi,
+            steps["views"], _ = per_file(lambda: first_views(range(n), paths, selected.identities, no_roi,
                                                               ("auto", LOCAL)), n)
         ds = npydask.open_dataset(root, headers=mode)
         steps["graph (stack)"], x = per_file(ds.stack, n)

@@ -15,10 +15,9 @@ import gc
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +25,7 @@ import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
-from npydask.storage._handles import HeaderCheck, InodeIdentity, header_mismatch
+from npydask.storage._handles import HeaderCheck
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, redact
@@ -37,8 +36,9 @@ from npydask.discovery import Selected, select_listed, shard_range
 from npydask.header import NpyHeader
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
-from npydask.roi import RoiArgs, resolve_roi
+from npydask.roi import RoiArgs, cutting_roi
 from npydask.stacking import join, plan_groups
+from npydask.uniform import check_headers, first_views
 
 if TYPE_CHECKING:
     from npydask.multikey import MultiKeyDataset
@@ -748,7 +748,7 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
-    first = _check_headers(headers, index, key)
+    first = check_headers(headers, index, key)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
@@ -790,8 +790,31 @@ def open_dataset(
         return MultiKeyDataset(members)
     if first:
         identities = [listed[i] for i in picked] if listed is not None else source.identities(chosen)
-        views = _first_views(picked, chosen, identities, roi_args, (backend, source))
-    elif index is not None and key is None:
+        views = first_views(picked, chosen, identities, roi_args, (backend, source))
+    else:
+        views = _scanned_views(
+            picked, chosen, None if listed is None else [listed[i] for i in picked], roi_args,
+            (backend, key, source), index, storage_options,
+        )
+    if device == "gpu" and views:
+        from npydask.gpu import check_gpu_dtype
+
+        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
+    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
+
+
+def _scanned_views(
+    picked: range,
+    chosen: Sequence[str],
+    listed: Sequence[Any] | None,
+    roi_args: RoiArgs,
+    reading: tuple[str, str | None, Source],
+    index: Any,
+    storage_options: dict[str, Any] | None,
+) -> list[NpyFileArray]:
+    """``headers="all"``: every file's header, scanned or from the ``index`` (``listed``: the listing's identities)."""
+    key, source = reading[1], reading[2]
+    if index is not None and key is None:
         from npydask.index import scan_with_index
 
         index_path = fspath(index)
@@ -801,7 +824,7 @@ def open_dataset(
             chosen,
             partial(scan_headers, source=source),
             source=source,
-            identities=None if listed is None else [listed[i] for i in picked],
+            identities=listed,
             storage_options=storage_options,
         )
         origin = (f"the header index {shown!r}",
@@ -810,93 +833,7 @@ def open_dataset(
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
-    if not first:
-        views = _views(picked, chosen, scanned, origin, roi_args, (backend, key, source))
-    if device == "gpu" and views:
-        from npydask.gpu import check_gpu_dtype
-
-        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
-
-
-HEADERS = ("all", "first")
-"""The values of ``open_dataset``'s ``headers``: every file's header read at open, or the first file's only."""
-
-
-def _check_headers(headers: object, index: object, key: object) -> bool:
-    """Whether ``headers`` is ``"first"``; an unknown value, or ``"first"`` with ``index`` or ``key``, refused."""
-    if not isinstance(headers, str) or headers not in HEADERS:
-        raise ValueError(
-            f"headers must be 'all' (read and check every file's header when opening) or 'first' (read the "
-            f"first file's only and check each file's where a task reads it), found {headers!r}"
-        )
-    if headers == "all":
-        return False
-    if index is not None:
-        raise ValueError(
-            "headers='first' and index= together: an index keeps each file's own header (checked by its "
-            "size and mtime), headers='first' gives every file the first one's; pass one of them"
-        )
-    if key is not None:
-        raise ValueError(
-            f"headers='first' with key={key!r}: an .npz member's header sits at a different offset in each "
-            "archive, so one header cannot stand for all; open archives with headers='all'"
-        )
-    return True
-
-
-def _first_views(
-    picked: range,
-    chosen: Sequence[str],
-    identities: Sequence[Any],
-    roi_args: RoiArgs,
-    reading: tuple[str, Source],
-) -> list[NpyFileArray]:
-    """``headers="first"``: one view per file, every one with the first file's header and one shared check.
-
-    ``identities`` are the listing's (inodes, or objects' sizes and ETags)
-    or whole ones (``files``/``file_list``); where they hold sizes, a file
-    too small for the payload is refused now, with its own header's error.
-    """
-    backend, source = reading
-    found = source.scan([chosen[0]])[0]
-    if isinstance(found, BaseException):
-        raise found
-    header, raw = found[1], found[2]
-    shown = redact(chosen[0])
-    check = HeaderCheck(
-        raw,
-        f"the first file's header ({shown}; the dataset was opened with headers='first')",
-        "its files' headers differ: open the dataset with headers='all', or leave this file out",
-        False,  # (an object's header GET is then compared where it is read: this header is another file's)
-    )
-    if type(identities[0]) is not InodeIdentity:  # sizes known: a short file now, by its own header's error
-        need = header.data_offset + header.nbytes
-        k = next((k for k, ident in enumerate(identities) if ident[0] < need), None)
-        if k is not None:
-            bad = source.scan([chosen[k]])[0]
-            if isinstance(bad, BaseException):
-                raise bad
-            raise header_mismatch(redact(chosen[k]), check, bad[2])
-    options = read_options(gap_bytes=source.gap_bytes)
-    rois: Iterable[Any] = repeat(None)
-    if roi_args.has_roi or roi_args.out_of_bounds_policy != "error":
-        if roi_args.per_file:  # (each row resolved on the first file's shape)
-            rois = [_roi_of(roi_args, header, i, redact(p)) for i, p in zip(picked, chosen)]
-        else:
-            rois = repeat(_roi_of(roi_args, header, picked.start, shown))
-    return [
-        NpyFileArray(FileRef(path, ident, header, options, backend, None, False, check, source), roi)
-        for path, ident, roi in zip(chosen, identities, rois)
-    ]
-
-
-def _roi_of(roi_args: RoiArgs, header: NpyHeader, index: int, path: str) -> Any:
-    """The resolved ROI of file ``index`` with ``header``, or ``None`` where it is the whole file unpadded."""
-    roi = resolve_roi(roi_args, header.shape, header.dtype, index=index, source=path)
-    if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
-        return None
-    return roi
+    return _views(picked, chosen, scanned, origin, roi_args, reading)
 
 
 def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:
@@ -959,7 +896,7 @@ def _views(
             if shared_roi and memo_key in rois:
                 roi = rois[memo_key]  # the same arguments on the same shape resolve the same
             else:
-                roi = _roi_of(roi_args, header, global_i, shown_as(path))
+                roi = cutting_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
                 if shared_roi:
                     rois[memo_key] = roi
         views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))
