@@ -56,7 +56,9 @@ class Listing(NamedTuple):
     ``identities[i]`` belong to ``paths[i]``; both are ``None`` where the
     listing would need a request per file to know them (a local folder: the
     header scan's ``fstat`` gives them anyway), and come free with an object
-    store's listing.
+    store's listing. A local folder listed for ``headers="first"`` gives
+    each file's inode as its identity (the directory holds it), sizes still
+    ``None``.
 
     Examples
     --------
