@@ -133,6 +133,9 @@ def test_files_and_file_list_take_whole_identities(tmp_path):
     np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays[:5]))
     with pytest.raises(FileNotFoundError, match="missing.npy"):
         npydask.open_dataset(files=[paths[0], str(tmp_path / "missing.npy")], headers="first")
+    os.mkfifo(tmp_path / "pipe.npy")  # refused by its stat, never opened (so never blocking)
+    with pytest.raises(OSError, match="FIFO.*pipe.npy"):
+        npydask.open_dataset(files=[paths[0], str(tmp_path / "pipe.npy")], headers="first")
 
 
 def test_recursive_and_symlinked_files(tmp_path):
