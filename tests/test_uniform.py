@@ -398,3 +398,20 @@ def test_xarray_engine_passes_headers_through(tmp_path):
         with pytest.raises(NpyFormatError, match="003.npy"):
             opened["data"].values  # noqa: B018
 
+
+
+def test_on_a_distributed_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    arrays = _arrays((16, 16), "<f4", n=40)
+    paths = _write(tmp_path, arrays)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+    ) as cluster, distributed.Client(cluster, set_as_default=False) as client:
+        ds = npydask.open_dataset(tmp_path, headers="first", roi_start=[1, 2], roi_shape=[8, 8])
+        np.testing.assert_array_equal(client.compute(ds.stack()).result(), np.stack([a[1:9, 2:10] for a in arrays]))
+        ds = npydask.open_dataset(tmp_path, headers="first")
+        np.testing.assert_array_equal(client.compute(ds.stack()).result(), np.stack(arrays))
+        with open(paths[33], "r+b") as f:  # another header, in place: seen on the worker
+            np.lib.format.write_array(f, np.zeros((16, 16), "<i4"))
+        with pytest.raises(NpyFormatError, match=r"033\.npy.*first file's header"):
+            client.compute(ds.stack()).result()
