@@ -716,6 +716,11 @@ def test_headers_first_over_a_prefix_equals_numpy_and_checks_each_object(bucket:
     for read in (lambda: ds.stack().compute(), lambda: ds[5].compute(), lambda: ds.stack(chunks=(1, 5, 10)).compute()):
         with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
             read()
+    roi = npydask.open_dataset(bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4],
+                               storage_options=bucket.options)
+    for _ in range(2):  # the header GET beside the ROI's range GETs, then (this process read it) from the cache
+        with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
+            roi.stack().compute()
     # Replaced after opening (a new ETag): FileChangedError naming it.
     bucket.put("f/05.npy", arrays[5])
     ds = npydask.open_dataset(bucket.url("f"), headers="first", storage_options=bucket.options)
@@ -736,3 +741,28 @@ def test_headers_first_short_objects_are_refused_at_open(bucket: Bucket) -> None
     bucket.put("g/2.npy", np.zeros((4, 8), "<f4"))
     with pytest.raises(NpyFormatError, match=r"2\.npy.*but the file holds shape \(4, 8\)"):
         npydask.open_dataset(bucket.url("g"), headers="first", storage_options=bucket.options)
+
+
+def test_run_beside_waits_for_both_and_raises_the_side_error_first() -> None:
+    import threading
+    import time
+
+    from npydask.storage._stores import run_beside
+
+    done = []
+
+    def side() -> None:
+        time.sleep(0.05)
+        done.append(threading.current_thread().name)
+        raise NpyFormatError("the header differs")
+
+    def main() -> str:
+        raise FileChangedError(5, "the runs failed too")
+
+    with pytest.raises(NpyFormatError, match="differs") as e:
+        run_beside(side, main, 4)
+    assert done and done[0].startswith("npydask-remote") and isinstance(e.value.__context__, FileChangedError)
+    with pytest.raises(NpyFormatError):  # main succeeded: the side's error still raised, after it finished
+        run_beside(side, lambda: "ok", 4)
+    assert len(done) == 2
+    assert run_beside(lambda: None, lambda: "ok", 4) == "ok"
