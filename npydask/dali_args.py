@@ -41,8 +41,8 @@ DALI_ONLY: dict[str, str] = {
     "(or NPYDASK_DIRECT_IO=1)",
     "read_ahead": "not needed: Loader(..., prefetch=n) reads whole batches ahead, and the OS reads ahead "
     "within each file",
-    "lazy_init": "not needed: open_dataset reads only headers (give index= to reuse them across runs); "
-    "data is read when computed or batched",
+    "lazy_init": "not needed: open_dataset reads only headers (give index= to reuse them across runs, or "
+    "headers='first' to read the first file's only); data is read when computed or batched",
     "cache_header_information": "open_dataset(..., index=path): a persistent header index, re-validated on use",
     "skip_cached_images": "not needed: npydask keeps no decoded-sample cache",
     "bytes_per_sample_hint": "not needed: every batch is allocated at its exact size",

@@ -10,13 +10,16 @@ arrays are made only when asked for (``ds[i]``, ``ds.stack()``,
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dask.array as da
 import numpy as np
@@ -24,17 +27,18 @@ import numpy as np
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
 from npydask.storage._handles import HeaderCheck
 from npydask.storage.base import Scanned, Source
-from npydask.storage.local import LOCAL
+from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, lister_for, resolve
 from npydask.dali_args import refuse_dali_arguments
 from npydask.config import read_options
-from npydask.discovery import Selected, select_files, select_listed, shard_range
+from npydask.discovery import Selected, select_listed, shard_range
 from npydask.header import NpyHeader
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
-from npydask.roi import RoiArgs, resolve_roi
+from npydask.roi import RoiArgs, cutting_roi
 from npydask.stacking import join, plan_groups
+from npydask.uniform import check_headers, first_views
 
 if TYPE_CHECKING:
     from npydask.multikey import MultiKeyDataset
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["NpyDataset", "open_dataset", "scan_headers"]
 
 _BATCH = 256
+_T = TypeVar("_T")
 _SLOW_FILE = 200e-6
 
 
@@ -115,8 +120,13 @@ def _select(
     recursive: bool,
     storage_options: dict[str, Any] | None,
     sort: str = "bytes",
+    inodes: bool = False,
 ) -> tuple[Selected, Source]:
-    """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source."""
+    """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
+
+    With ``inodes``, a local folder's listing keeps each file's
+    :class:`~npydask.storage._handles.InodeIdentity` (``headers="first"``).
+    """
     first = file_root
     if first is None and files is not None and not isinstance(files, str | bytes | os.PathLike):
         files = list(files)
@@ -129,13 +139,16 @@ def _select(
                 f"the dataset's files are local ({probe!r}): drop storage_options"
             )
         root = None if file_root is None else fspath(file_root)
-        paths = select_files(
-            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort
+        listed = inodes and root is not None and files is None and file_list is None
+        paths, identities = select_listed(
+            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
+            lister=LocalLister(root, inodes=True) if listed else None,
         )
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
-        return Selected(absolute_all(paths)), LOCAL  # tasks may run in another working directory (npydask.paths)
+        # (tasks may run in another working directory: npydask.paths)
+        return Selected(absolute_all(paths), identities), LOCAL
     probe, source = resolve(probe, storage_options)
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
@@ -224,7 +237,7 @@ class NpyDataset:
 
     @property
     def headers(self) -> list[NpyHeader]:
-        """Each file's header."""
+        """Each file's header (opened with ``headers="first"``: the first file's, relied on for every file and checked where each is read)."""
         return [v.ref.header for v in self._views]
 
     @property
@@ -347,12 +360,12 @@ class NpyDataset:
         """
         self._need_files("stack")
         shapes, sizes, fortran = _layout(self._views)
-        for i, s in enumerate(shapes):
-            if s != shapes[0]:
-                raise ValueError(
-                    f"cannot stack files of different shapes: {self.files[0]} has {shapes[0]} but "
-                    f"{self.files[i]} has {s}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
-                )
+        if shapes.count(shapes[0]) != len(shapes):  # (compared in C: the usual case has one shape object)
+            i = next(i for i, s in enumerate(shapes) if s != shapes[0])
+            raise ValueError(
+                f"cannot stack files of different shapes: {self.files[0]} has {shapes[0]} but "
+                f"{self.files[i]} has {shapes[i]}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
+            )
         return self._join(chunks, (shapes, sizes, fortran), axis=0, stacked=True)
 
     def concatenate(self, axis: int = 0, chunks: Any = None) -> da.Array:
@@ -451,7 +464,7 @@ class NpyDataset:
             axis=axis,
             stacked=stacked,
             threads=cluster_threads,
-            strided=any(v.roi is not None for v in views),
+            strided=list(map(_ROI, views)).count(None) != len(views),
             copies=cluster_threads is not None,
         )
         return join(views, plan, axis=axis, stacked=stacked, device=self._device, shared=cluster_threads is None)
@@ -527,6 +540,9 @@ def _cluster_threads() -> int | None:
 _Layout = tuple[list[tuple[int, ...]], list[int], list[bool]]
 
 
+_ROI = attrgetter("roi")
+
+
 def _layout(views: Sequence[NpyFileArray]) -> _Layout:
     """Each view's output shape, output bytes and file order, in one pass (per-file cost counts here)."""
     shapes: list[tuple[int, ...]] = []
@@ -577,6 +593,31 @@ def _human(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _gc_paused(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """``fn`` with Python's cyclic garbage collector paused while it runs (turned on again only if it was on).
+
+    Opening a folder builds a few objects per file (paths, identities,
+    views), none in a cycle; every 700 new ones start a collection, which
+    walks the ones still young, and every tenth of those a larger one: on
+    20,000 files that was about 15% of ``open_dataset``'s time. Another
+    thread (or the caller) may have turned the collector off: it is then
+    left as found.
+    """
+
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> _T:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return paused
+
+
+@_gc_paused
 def open_dataset(
     file_root: str | os.PathLike[str] | None = None,
     *,
@@ -599,6 +640,7 @@ def open_dataset(
     num_shards: int = 1,
     device: str = "cpu",
     backend: str = "auto",
+    headers: str = "all",
     sort: str = "bytes",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
@@ -643,6 +685,24 @@ def open_dataset(
     device : {"cpu", "gpu"}
     backend : {"auto", "mmap", "pread"}
         Object URLs take ``"auto"`` or ``"pread"`` (range requests).
+    headers : {"all", "first"}, default ``"all"``
+        ``"all"`` reads and checks every file's header now (one ``open``,
+        ``fstat``, ``pread`` and ``close`` per local file; one GET per
+        object). ``"first"`` reads only the first file's (of the shard) and
+        gives every file that header: a folder is listed keeping each
+        file's inode (``os.scandir`` gives it without a ``stat``) or each
+        object's size and ETag (the LIST gives them), so opening costs the
+        listing and one header; ``files``/``file_list`` cost one ``stat``
+        per file (the whole identity) or one HEAD per object. Each task
+        then compares each file's header bytes where it reads them (no
+        extra read) and raises ``NpyFormatError`` naming the file, the
+        header expected and the one found when they differ; a replaced
+        file (another inode or ETag) raises ``FileChangedError``, a file
+        too short for the payload ``NpyFormatError``. A rewrite in place
+        that keeps a file's inode and header bytes is not seen in this
+        mode (size and mtime are unknown). Not with ``index`` (which
+        keeps per-file headers) nor ``key`` (``.npz`` members sit at a
+        different offset in each archive).
     sort : {"bytes", "natural"}, default ``"bytes"``
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
@@ -663,8 +723,9 @@ def open_dataset(
     TypeError
         A DALI reader argument npydask has elsewhere, an unknown keyword, a ``key`` that is not a str or list of str.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``, an empty
-        ``key`` list or one naming a member twice.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort`` or
+        ``headers``, ``headers="first"`` with ``index`` or ``key``, an empty ``key`` list or one
+        naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -687,12 +748,15 @@ def open_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
+    first = check_headers(headers, index, key)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
 
         keys, key = member_keys(key), None
-    (paths, listed), source = _select(file_root, file_filter, file_list, files, recursive, storage_options, sort)
+    (paths, listed), source = _select(
+        file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
+    )
     _check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
@@ -724,6 +788,32 @@ def open_dataset(
             for k, column in zip(keys, columns)
         }
         return MultiKeyDataset(members)
+    if first:
+        identities = [listed[i] for i in picked] if listed is not None else source.identities(chosen)
+        views = first_views(picked, chosen, identities, roi_args, (backend, source))
+    else:
+        views = _scanned_views(
+            picked, chosen, None if listed is None else [listed[i] for i in picked], roi_args,
+            (backend, key, source), index, storage_options,
+        )
+    if device == "gpu" and views:
+        from npydask.gpu import check_gpu_dtype
+
+        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
+    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
+
+
+def _scanned_views(
+    picked: range,
+    chosen: Sequence[str],
+    listed: Sequence[Any] | None,
+    roi_args: RoiArgs,
+    reading: tuple[str, str | None, Source],
+    index: Any,
+    storage_options: dict[str, Any] | None,
+) -> list[NpyFileArray]:
+    """``headers="all"``: every file's header, scanned or from the ``index`` (``listed``: the listing's identities)."""
+    key, source = reading[1], reading[2]
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
@@ -734,7 +824,7 @@ def open_dataset(
             chosen,
             partial(scan_headers, source=source),
             source=source,
-            identities=None if listed is None else [listed[i] for i in picked],
+            identities=listed,
             storage_options=storage_options,
         )
         origin = (f"the header index {shown!r}",
@@ -743,12 +833,7 @@ def open_dataset(
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
-    views = _views(picked, chosen, scanned, origin, roi_args, (backend, key, source))
-    if device == "gpu" and views:
-        from npydask.gpu import check_gpu_dtype
-
-        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
+    return _views(picked, chosen, scanned, origin, roi_args, reading)
 
 
 def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:
@@ -811,9 +896,7 @@ def _views(
             if shared_roi and memo_key in rois:
                 roi = rois[memo_key]  # the same arguments on the same shape resolve the same
             else:
-                roi = resolve_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
-                if not roi.padded and roi.box.start == (0,) * header.ndim and roi.box.stop == header.shape:
-                    roi = None
+                roi = cutting_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
                 if shared_roi:
                     rois[memo_key] = roi
         views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))

@@ -199,9 +199,9 @@ class Selected(NamedTuple):
     ``identities[i]`` belongs to ``paths[i]``; it is ``None`` (the whole
     column) when the paths did not come from a listing that knows them:
     ``files``, ``file_list``, or a local folder (whose header scan's
-    ``fstat`` gives them anyway). An object store's listing gives each
-    object's size and ETag, so a header index can be checked without a
-    request per object.
+    ``fstat`` gives them anyway; listed for ``headers="first"``, its
+    inodes). An object store's listing gives each object's size and ETag,
+    so a header index can be checked without a request per object.
     """
 
     paths: list[str]

@@ -260,7 +260,9 @@ class DeviceArray:
                     block = out
                 results[k] = block
                 continue
-            plan = plan_gpu_read(ref.header, box, file_size=ref.identity.size, roi=view.roi, options=self.options)
+            size = getattr(ref.identity, "size", None)  # (headers="first" knows only the inode: the header's size)
+            size = ref.header.data_offset + ref.header.nbytes if size is None else size
+            plan = plan_gpu_read(ref.header, box, file_size=size, roi=view.roi, options=self.options)
             jobs.append(DeviceRead(ref, plan, out))
             where.append(k)
         for k, block in zip(where, read_to_device(jobs, xp)):

@@ -50,7 +50,9 @@ import numpy as np
 from npydask.errors import RoiError
 from npydask.region import Box, exact_empty, raw
 
-__all__ = ["OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "fill_like", "resolve_roi"]
+__all__ = [
+    "OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "cutting_roi", "fill_like", "resolve_roi",
+]
 
 OUT_OF_BOUNDS_POLICIES = ("error", "trim_to_shape", "pad")
 """The accepted ``out_of_bounds_policy`` values."""
@@ -314,6 +316,22 @@ def resolve_roi(
         except ValueError as e:
             raise ValueError(f"{source} (array of shape {shape}): {e}") from e
     return FileRoi(tuple(start), tuple(end), Box(lo, hi), before, after, out, fill)
+
+
+def cutting_roi(args: RoiArgs, shape: tuple[int, ...], dtype: Any, *, index: int = 0, source: str = "<array>") -> FileRoi | None:
+    """:func:`resolve_roi`, or ``None`` where the ROI is the whole array, unpadded (nothing to cut).
+
+    Examples
+    --------
+    >>> cutting_roi(RoiArgs.from_user(roi_start=0), (4,), "u1") is None
+    True
+    >>> cutting_roi(RoiArgs.from_user(roi_start=1), (4,), "u1").shape
+    (3,)
+    """
+    roi = resolve_roi(args, shape, dtype, index=index, source=source)
+    if not roi.padded and roi.box.start == (0,) * len(shape) and roi.box.stop == tuple(shape):
+        return None
+    return roi
 
 
 def apply_pad(block: np.ndarray, roi: FileRoi) -> np.ndarray:

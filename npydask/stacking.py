@@ -11,10 +11,12 @@ own files' paths, headers and ROIs) and the groups are joined with
 
 from __future__ import annotations
 
+import array
 import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import dask
@@ -198,11 +200,16 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
 
     What files share (header, settings, backend, key, ROI) is rendered once
     per distinct object: for thousands of files this is the per-file cost of
-    building a graph.
+    building a graph. The paths are hashed joined by NUL (which no path
+    holds), each file's number of shared facts and its identity as 64-bit
+    integers (local files; an object's ETag is text, hashed as its repr):
+    ``repr`` of 20,000 identities' nanosecond mtimes took 0.3 us a file.
     """
     shared: dict[tuple[int, int, str, str | None, int], int] = {}
     heads: list[str] = []
-    rows: list[tuple[Any, ...]] = []
+    numbers: list[int] = []
+    paths: list[str] = []
+    identities: list[tuple[Any, ...]] = []
     for v in views:
         r = v.ref
         k = (id(r.header), id(r.options), r.backend, r.key, id(v.roi))
@@ -210,9 +217,19 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
         if n is None:
             n = shared[k] = len(shared)
             heads.append(f"#{n}={shared_facts(r.header, r.options, r.backend, r.key)}|{v.roi!r}")
-        rows.append((r.path, n) + r.identity)  # a plain tuple: its repr stays in C
-    text = "\n".join(heads) + repr(rows)  # (one repr in C for all the rows)
-    return hashlib.blake2b(text.encode("utf8", "surrogateescape"), digest_size=16).hexdigest()
+        numbers.append(n)
+        paths.append(r.path)
+        identities.append(r.identity)
+    h = hashlib.blake2b(digest_size=16)
+    kind = type(identities[0]).__name__ if identities else ""
+    text = "\n".join(heads) + "\n" + kind + "\n" + "\0".join(paths)
+    h.update(text.encode("utf8", "surrogateescape"))
+    h.update(array.array("q", numbers).tobytes())
+    try:
+        h.update(array.array("q", chain.from_iterable(identities)).tobytes())
+    except (TypeError, OverflowError):  # (an object's ETag, or an integer past 64 bits)
+        h.update(repr(identities).encode("utf8", "surrogateescape"))
+    return h.hexdigest()
 
 
 def _fast_roi(view: NpyFileArray, inner: Box, dtype: np.dtype, source: Any) -> ReadPlan | None:

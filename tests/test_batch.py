@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from npydask.storage import _batch
-from npydask.storage._batch import read_files, scan_files
+from npydask.storage._batch import SCAN_READ, read_files, scan_files
 from npydask.storage._handles import FileIdentity, HeaderCheck, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
 
@@ -29,6 +29,10 @@ def mixed(tmp_path):
     wide = np.zeros((2,), dtype=[(f"field_with_a_long_name_{i:04d}", "<i2") for i in range(200)])
     np.save(tmp_path / "long.npy", wide)  # a header over 4 KiB: the general path
     paths.append(str(tmp_path / "long.npy"))
+    medium = np.zeros((3,), dtype=[(f"f{i:02d}", "<u2") for i in range(30)])
+    for name in ("medium1.npy", "medium2.npy"):  # headers past scan_files' first read (SCAN_READ), under 4 KiB
+        np.save(tmp_path / name, medium)
+        paths.append(str(tmp_path / name))
     np.save(tmp_path / "short.npy", np.zeros((4, 5), "<f4"))
     raw = (tmp_path / "short.npy").read_bytes()
     (tmp_path / "short.npy").write_bytes(raw[:-3])
@@ -50,6 +54,7 @@ def test_scan_files_matches_scan_file(mixed):
     kinds = [_outcome(r) for r in got[-3:]]
     assert kinds == [NpyFormatError, IsADirectoryError, FileNotFoundError]
     assert got[6][1].dtype == np.load(mixed[6]).dtype
+    assert got[8][1].data_offset > SCAN_READ and got[8][1].dtype == np.load(mixed[8]).dtype
 
 
 def test_scan_files_twice_gives_the_same_header_object(mixed):

@@ -1355,3 +1355,51 @@ def test_stack_of_empty_files_keeps_the_one_empty_chunk_of_its_empty_axis(tmp_pa
         np.testing.assert_array_equal(lazy[::-1].compute(), expected[::-1])
     single = npydask.from_npy(tmp_path / "0.npy")
     assert single.chunks == da.from_array(arrays[0]).chunks == ((0,), (5,))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
+    import gc
+
+    np.save(tmp_path / "a.npy", np.arange(3))
+    seen = []
+    real = npydask.dataset.scan_headers
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())  # (paused while the per-file objects are built)
+        return real(*args, **kwargs)
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(npydask.dataset, "scan_headers", spy)
+            npydask.open_dataset(tmp_path)
+            assert gc.isenabled() is enabled and seen == [False]
+            with pytest.raises(ValueError, match="no file found"):
+                npydask.open_dataset(tmp_path, file_filter="*.none")
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+def test_group_token_follows_every_identity_local_or_object(tmp_path):
+    from npydask.array import NpyFileArray
+    from npydask.reader import FileRef
+    from npydask.stacking import group_token
+    from npydask.storage.object import ObjectIdentity
+
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.full(4, i, "<f4"))
+    views = list(npydask.open_dataset(tmp_path).views)
+    token = group_token(views)
+    assert token == group_token(list(npydask.open_dataset(tmp_path).views))
+    os.utime(tmp_path / "1.npy", ns=(1, 1))  # another mtime: another graph
+    assert group_token(list(npydask.open_dataset(tmp_path).views)) != token
+    assert group_token(list(npydask.open_dataset(tmp_path, headers="first").views)) != token
+
+    def as_object(etag):  # (identities holding text take the repr path)
+        return [NpyFileArray(v.ref._replace(identity=ObjectIdentity(100, etag))) for v in views]
+
+    assert group_token(as_object("e1")) == group_token(as_object("e1")) != group_token(as_object("e2"))
+    assert isinstance(views[0].ref, FileRef)

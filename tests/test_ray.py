@@ -128,6 +128,23 @@ def test_read_npy_rows_equal_numpy_load(ray_session, tmp_path, dtype):
     assert [r["path"] for r in rows] == npydask.open_dataset(tmp_path).files
 
 
+def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
+    import npydask.ray
+    from npydask.errors import NpyFormatError
+
+    arrays = [np.full((3, 5), i, "<f4") for i in range(6)]
+    _save_all(tmp_path, arrays)
+    with pytest.raises(ValueError, match="'all'.*'first'"):
+        npydask.ray.read_npy(tmp_path, headers="bad")
+    ids, got, _ = _rows(npydask.ray.read_npy(tmp_path, headers="first", block_size=2 * arrays[0].nbytes))
+    assert ids == list(range(6))
+    np.testing.assert_array_equal(np.stack(got), np.stack(arrays))
+    ds = npydask.ray.read_npy(tmp_path, headers="first")
+    np.save(tmp_path / "f04.npy", np.zeros((3, 6), "<f4"))  # another header, in place: seen where it is read
+    with pytest.raises(Exception, match="f04.npy") as e:
+        ds.take_all()
+    assert NpyFormatError.__name__ in str(e.value) or isinstance(e.value, NpyFormatError)
+
 def test_read_tasks_follow_block_size_and_carry_their_files_only(tmp_path):
     """Pure planning (no Ray cluster): groups as plan_groups makes them; metadata from the headers."""
     pytest.importorskip("ray.data")

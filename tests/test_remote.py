@@ -692,3 +692,77 @@ def test_a_server_that_stops_answering_times_out_by_the_settings(s3_server_dispo
     assert elapsed < 20, elapsed
     assert "remote_timeout" in str(info.value)
     np.testing.assert_array_equal(x.compute(), np.arange(100.0))  # (and reads again once it answers)
+
+
+# -- headers="first" over objects ------------------------------------------------------------------
+
+
+def test_headers_first_over_a_prefix_equals_numpy_and_checks_each_object(bucket: Bucket) -> None:
+    arrays = [np.random.default_rng(i).standard_normal((12, 10)).astype("<f4") for i in range(9)]
+    urls = [bucket.put(f"f/{i:02d}.npy", a) for i, a in enumerate(arrays)]
+    ds = npydask.open_dataset(bucket.url("f"), headers="first", storage_options=bucket.options)
+    assert all(isinstance(v.ref.identity, ObjectIdentity) and v.ref.identity.etag for v in ds.views)
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays))
+    np.testing.assert_array_equal(ds[4].compute(), arrays[4])
+    np.testing.assert_array_equal(ds.stack(chunks=(1, 5, 10)).compute(), np.stack(arrays))  # (range reads)
+    roi = npydask.open_dataset(bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4],
+                               storage_options=bucket.options)
+    np.testing.assert_array_equal(roi.stack().compute(), np.stack([a[2:7, 3:7] for a in arrays]))
+    by_url = npydask.open_dataset(files=urls[::-1], headers="first", storage_options=bucket.options)  # (a HEAD each)
+    np.testing.assert_array_equal(by_url.stack().compute(), np.stack(arrays[::-1]))
+    # Another header listed with the same size: only the header bytes tell, where each object is read.
+    bucket.put("f/05.npy", np.zeros((12, 10), "<i4"))
+    ds = npydask.open_dataset(bucket.url("f"), headers="first", storage_options=bucket.options)
+    for read in (lambda: ds.stack().compute(), lambda: ds[5].compute(), lambda: ds.stack(chunks=(1, 5, 10)).compute()):
+        with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
+            read()
+    roi = npydask.open_dataset(bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4],
+                               storage_options=bucket.options)
+    for _ in range(2):  # the header GET beside the ROI's range GETs, then (this process read it) from the cache
+        with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
+            roi.stack().compute()
+    # Replaced after opening (a new ETag): FileChangedError naming it.
+    bucket.put("f/05.npy", arrays[5])
+    ds = npydask.open_dataset(bucket.url("f"), headers="first", storage_options=bucket.options)
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays))
+    bucket.put("f/05.npy", arrays[5] + 1)
+    with pytest.raises(FileChangedError, match=r"05\.npy"):
+        ds.stack().compute()
+
+
+def test_headers_first_short_objects_are_refused_at_open(bucket: Bucket) -> None:
+    arrays = [np.full((8, 8), i, "<f4") for i in range(4)]
+    urls = [bucket.put(f"g/{i}.npy", a) for i, a in enumerate(arrays)]
+    whole = npy_bytes(arrays[2])
+    bucket.put_bytes("g/2.npy", whole[:-8])
+    for kw in (dict(file_root=bucket.url("g")), dict(files=urls)):  # sizes known from the LIST or the HEADs
+        with pytest.raises(NpyFormatError, match=r"2\.npy.*truncated"):
+            npydask.open_dataset(headers="first", storage_options=bucket.options, **kw)
+    bucket.put("g/2.npy", np.zeros((4, 8), "<f4"))
+    with pytest.raises(NpyFormatError, match=r"2\.npy.*but the file holds shape \(4, 8\)"):
+        npydask.open_dataset(bucket.url("g"), headers="first", storage_options=bucket.options)
+
+
+def test_run_beside_waits_for_both_and_raises_the_side_error_first() -> None:
+    import threading
+    import time
+
+    from npydask.storage._stores import run_beside
+
+    done = []
+
+    def side() -> None:
+        time.sleep(0.05)
+        done.append(threading.current_thread().name)
+        raise NpyFormatError("the header differs")
+
+    def main() -> str:
+        raise FileChangedError(5, "the runs failed too")
+
+    with pytest.raises(NpyFormatError, match="differs") as e:
+        run_beside(side, main, 4)
+    assert done and done[0].startswith("npydask-remote") and isinstance(e.value.__context__, FileChangedError)
+    with pytest.raises(NpyFormatError):  # main succeeded: the side's error still raised, after it finished
+        run_beside(side, lambda: "ok", 4)
+    assert len(done) == 2
+    assert run_beside(lambda: None, lambda: "ok", 4) == "ok"

@@ -26,7 +26,7 @@ from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.region import normalize_box, plan_read
 from npydask.storage import _handles
-from npydask.storage._handles import HeaderCheck
+from npydask.storage._handles import HeaderCheck, InodeIdentity
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 
@@ -356,6 +356,12 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     # every folder once: the real tree first, the link back to the root adds nothing, the link out adds its tree
     assert sorted(deep) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("sub", "deep", "d.npy"),
                                    j("other", "e.npy"), j("sub", "out", "o.npy")])
+    # headers="first": each file's inode from the directory (a symlink's: its target's), sizes still unknown
+    for recursive in (False, True):
+        listed = LocalLister(str(tmp_path), inodes=True).list(recursive, match=npy)
+        assert listed.sizes is None and sorted(listed.paths) == sorted(deep if recursive else flat.paths)
+        assert listed.identities == [InodeIdentity(os.stat(tmp_path / p).st_ino) for p in listed.paths]
+        assert all(type(i) is InodeIdentity for i in listed.identities)
 
 
 def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> None:

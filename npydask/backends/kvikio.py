@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.storage._handles import FileIdentity, _changed, check_unchanged, pread_exact
+from npydask.storage._handles import FileIdentity, _changed, check_unchanged, differs, pread_exact
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
@@ -198,7 +198,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
             return size
 
         wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), path)
-        check_unchanged(fd, job.ref.identity, path)  # a rewrite during the read: never other data
+        check_unchanged(fd, f.identity, path)  # a rewrite during the read: never other data
     if not on_device:
         return _finish_all(window, host, offsets, xp)
     staging = aligned_empty(xp, total, alignment)
@@ -222,8 +222,8 @@ class _KvikioRead:
             raise unavailable(self.path, e, f"read bytes {self.offset}..{self.offset + self.size}") from e
 
 
-def _open_checked(kvikio: Any, ref: FileRef) -> Any:
-    """A ``kvikio.CuFile`` for ``ref``, after checking the file is still the one the graph was built for.
+def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
+    """A ``kvikio.CuFile`` for ``ref`` and its whole identity, after checking the file is the one planned for.
 
     The path goes through the host handle cache first, which checks its
     identity and that its header bytes are the ones the task relies on (a
@@ -237,12 +237,12 @@ def _open_checked(kvikio: Any, ref: FileRef) -> Any:
         raise unavailable(ref.path, e, "open the file") from e
     try:
         found = FileIdentity.of(os.fstat(handle.fileno()))
-        if found != ref.identity:  # replaced between the check and the open
+        if differs(ref.identity, found):  # replaced between the check and the open
             raise _changed(ref.path, ref.identity, found)
     except BaseException:
         handle.close()
         raise
-    return handle
+    return handle, found
 
 
 def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
@@ -254,12 +254,14 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
         xp.cuda.get_current_stream().synchronize()
     staging = aligned_empty(xp, total, alignment)
     handles: list[Any] = []
+    found: list[FileIdentity] = []  # (each file's whole identity: an inode-only one says too little after the read)
     issued: list[tuple[Pending, str]] = []
     try:
         try:
             for job, at in zip(window, offsets):
-                handle = _open_checked(kvikio, job.ref)
+                handle, identity = _open_checked(kvikio, job.ref)
                 handles.append(handle)
+                found.append(identity)
                 path = job.ref.path
 
                 def read_span(offset: int, size: int, dest: Any, handle: Any = handle, path: str = path) -> _KvikioRead:
@@ -276,7 +278,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
         for k, (pending, path) in enumerate(issued):
             try:
                 wait_reads(pending, path)
-                check_unchanged(handles[k].fileno(), window[k].ref.identity, path)  # no torn data
+                check_unchanged(handles[k].fileno(), found[k], path)  # no torn data
             except BaseException:
                 for rest, _ in issued[k + 1 :]:
                     drain(rest)

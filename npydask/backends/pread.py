@@ -201,7 +201,7 @@ def read_grid(
     """
     f = acquire(path, identity, check=check)
     read_local(f, plan, options, raw)
-    check_unchanged(f.fd, identity, path)
+    check_unchanged(f.fd, f.identity, path)  # (the whole identity acquire found, even for an inode-only one)
 
 
 def read_plan(reader: RangeReader, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:

@@ -57,11 +57,13 @@ from npydask.storage._headers import npy_header
 __all__ = [
     "FileIdentity",
     "HeaderCheck",
+    "InodeIdentity",
     "OpenFile",
     "acquire",
     "cache_limit",
     "check_unchanged",
     "clear_cache",
+    "differs",
     "fs_type",
     "open_regular",
     "pread_exact",
@@ -95,6 +97,40 @@ class FileIdentity(NamedTuple):
     def of(cls, st: os.stat_result) -> FileIdentity:
         """The identity in a ``stat`` result."""
         return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class InodeIdentity(NamedTuple):
+    """A file known only from its folder's listing: its inode (``open_dataset(..., headers="first")``).
+
+    The listing (``os.scandir``) gives the inode without a ``stat``; size
+    and mtime stay unknown, so a task checks the inode (a file replaced by
+    a rename has another), the header bytes (against the dataset's
+    :class:`HeaderCheck`) and the payload's presence where it reads the
+    file. A rewrite in place that keeps the inode and the header bytes is
+    not seen. Compared with :func:`differs`, never with ``==`` against a
+    :class:`FileIdentity`.
+    """
+
+    ino: int
+
+    def facts(self) -> str:
+        """The text a task's token hashes."""
+        return f"ino {self.ino}"
+
+
+def differs(expected: FileIdentity | InodeIdentity, found: FileIdentity) -> bool:
+    """Whether the file found (a full identity, from ``stat``) is not the one ``expected`` describes.
+
+    An :class:`InodeIdentity` compares the inode only.
+
+    Examples
+    --------
+    >>> differs(InodeIdentity(7), FileIdentity(10, 5, 7)), differs(FileIdentity(10, 4, 7), FileIdentity(10, 5, 7))
+    (False, True)
+    """
+    if type(expected) is InodeIdentity:
+        return expected.ino != found.ino
+    return expected != found
 
 
 class HeaderCheck(NamedTuple):
@@ -449,7 +485,7 @@ def acquire(
     """
     st = os.stat(path)
     ident = FileIdentity.of(st)
-    if expected is not None and ident != expected:
+    if expected is not None and differs(expected, ident):
         raise _changed(path, expected, ident)
     cache_key = (path, key)
     with _cache_lock:
@@ -483,7 +519,7 @@ def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: 
     f, fst = open_regular(path)
     try:
         ident = FileIdentity.of(fst)
-        if expected is not None and ident != expected:
+        if expected is not None and differs(expected, ident):
             raise _changed(path, expected, ident)
         if key is None:
             header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
@@ -558,10 +594,12 @@ def _trim(limit: int) -> None:
         _cache.popitem(last=False)  # drop our reference only; readers keep theirs
 
 
-def _changed(path: str, expected: FileIdentity, found: FileIdentity, *, during: bool = False) -> FileChangedError:
+def _changed(
+    path: str, expected: FileIdentity | InodeIdentity, found: FileIdentity, *, during: bool = False
+) -> FileChangedError:
     what = [
         f"{name} {getattr(expected, name)} -> {getattr(found, name)}"
-        for name in ("size", "mtime_ns", "ino")
+        for name in expected._fields
         if getattr(expected, name) != getattr(found, name)
     ]
     when = "while it was being read" if during else "after it was opened lazily"

@@ -20,7 +20,9 @@ from npydask.errors import NpyFormatError
 from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
 from npydask.npz import Member, Read, find, inflate, locate, locate_all, without_key
 
-__all__ = ["FIRST_READ", "member_header", "member_header_in", "member_headers", "npy_header", "read_upto"]
+__all__ = [
+    "FIRST_READ", "member_header", "member_header_in", "member_headers", "npy_header", "read_upto", "truncated",
+]
 
 FIRST_READ = 4096
 """Bytes read first for a header (numpy's own headers are at most a few hundred bytes)."""
@@ -68,14 +70,18 @@ def npy_header(
     elif first[:4] == b"PK\x03\x04":  # an .npz read without key: name its members
         raise without_key(read, size, path)
     header = parse_header(first, source=path)
-    end = header.data_offset + header.nbytes
-    if size < end:
-        raise NpyFormatError(
-            f"{path}: truncated .npy file: expected {header.nbytes} bytes of payload after offset "
-            f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
-            f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
-        )
+    if size < header.data_offset + header.nbytes:
+        raise truncated(path, header, size)
     return header, first[: header.data_offset]
+
+
+def truncated(path: str, header: NpyHeader, size: int) -> NpyFormatError:
+    """The error for a file of ``size`` bytes that ends before the payload ``header`` promises."""
+    return NpyFormatError(
+        f"{path}: truncated .npy file: expected {header.nbytes} bytes of payload after offset "
+        f"{header.data_offset} (shape {header.shape}, dtype {header.dtype.str}), "
+        f"found {max(size - header.data_offset, 0)}; the file is incomplete or still being written"
+    )
 
 
 def member_header(read: Read, size: int, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:

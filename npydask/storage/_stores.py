@@ -40,6 +40,7 @@ __all__ = [
     "check_not_forked",
     "import_obstore",
     "run_all",
+    "run_beside",
     "store_for",
 ]
 
@@ -298,6 +299,35 @@ def _run_on(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Sequence[T]) 
             if not f.cancelled() and f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
     return [f.result() for f in futures]
+
+
+def run_beside(side: Callable[[], object], main: Callable[[], R], concurrency: int) -> R:
+    """``main()`` in this thread while ``side()`` (a request that waits on nothing else) runs on the request pool.
+
+    Both have finished when this returns or raises (``main`` writes into
+    buffers the caller owns); ``side``'s error is raised first, as it
+    explains ``main``'s (an object's header that differs from the one relied
+    on, and its runs that then fail too).
+
+    Examples
+    --------
+    >>> seen = []
+    >>> run_beside(lambda: seen.append("side"), lambda: "main", 4), seen
+    ('main', ['side'])
+    """
+    if concurrency <= 1:
+        side()
+        return main()
+    future = _pool(concurrency).submit(side)
+    try:
+        result = main()
+    except BaseException:
+        error = future.exception()  # (waits for it)
+        if error is not None:
+            raise error  # (main's error is its context)
+        raise
+    future.result()
+    return result
 
 
 _FILES_AT_ONCE = 16

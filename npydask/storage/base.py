@@ -56,7 +56,9 @@ class Listing(NamedTuple):
     ``identities[i]`` belong to ``paths[i]``; both are ``None`` where the
     listing would need a request per file to know them (a local folder: the
     header scan's ``fstat`` gives them anyway), and come free with an object
-    store's listing.
+    store's listing. A local folder listed for ``headers="first"`` gives
+    each file's inode as its identity (the directory holds it), sizes still
+    ``None``.
 
     Examples
     --------
@@ -100,6 +102,13 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def identity(self, path: str) -> Identity:
         """The identity ``path`` has now (one metadata request: ``stat`` for a local file)."""
+
+    def identities(self, paths: Sequence[str]) -> list[Identity]:
+        """:meth:`identity` of each path (in turn here; an object store sends its requests at once).
+
+        Raises the first failure (a missing file: ``FileNotFoundError`` naming it).
+        """
+        return [self.identity(p) for p in paths]
 
     @abc.abstractmethod
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:

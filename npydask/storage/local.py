@@ -15,6 +15,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,16 @@ from npydask.config import ReadOptions
 from npydask.header import NpyHeader
 from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, scan_file, scan_members
+from npydask.storage._handles import (
+    FileIdentity,
+    HeaderCheck,
+    InodeIdentity,
+    OpenFile,
+    _check_regular,
+    acquire,
+    scan_file,
+    scan_members,
+)
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
@@ -59,6 +69,17 @@ class LocalSource(Source):
     def identity(self, path: str) -> FileIdentity:
         """One ``stat``, symlinks followed."""
         return FileIdentity.of(os.stat(path))
+
+    def identities(self, paths: Sequence[str]) -> list[FileIdentity]:
+        """One ``stat`` per path (symlinks followed), in a tight loop; a path that is not a regular file is refused."""
+        out = []
+        append, stat_, isreg, new = out.append, os.stat, stat.S_ISREG, FileIdentity
+        for p in paths:
+            st = stat_(p)
+            if not isreg(st.st_mode):
+                _check_regular(st, p)
+            append(new(st.st_size, st.st_mtime_ns, st.st_ino))
+        return out
 
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """:func:`~npydask.storage._batch.scan_files`: one open, fstat, pread and close per file."""
@@ -123,7 +144,10 @@ class LocalLister(Lister):
     lead somewhere not yet walked, fewest symlinks first and byte-wise within
     a round. An unreadable folder raises :func:`os.scandir`'s
     ``PermissionError``. No file is ``stat``-ed (``os.DirEntry`` answers from
-    the directory), so sizes and identities are ``None``.
+    the directory), so sizes and identities are ``None``; with ``inodes``,
+    the identities are each file's
+    :class:`~npydask.storage._handles.InodeIdentity`, which the directory
+    gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``).
 
     Examples
     --------
@@ -134,23 +158,29 @@ class LocalLister(Lister):
     True
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, inodes: bool = False) -> None:
         self.root = root
+        self.inodes = inodes
 
     def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
         """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
         match = match or _any
-        return Listing(self._recursive(match) if recursive else self._flat(match))
+        inos: list[int] | None = [] if self.inodes else None
+        paths = self._recursive(match, inos) if recursive else self._flat(match, inos)
+        if inos is None:
+            return Listing(paths)
+        # (tuple.__new__ over 1-tuples: the named tuples built in C, not by one Python call each)
+        return Listing(paths, None, list(map(tuple.__new__, repeat(InodeIdentity), zip(inos))))
 
-    def _flat(self, match: Callable[[str], object]) -> list[str]:
-        dirs, found = _scan(self.root, match)
+    def _flat(self, match: Callable[[str], object], inos: list[int] | None = None) -> list[str]:
+        dirs, found = _scan(self.root, match, inos)
         for d in dirs:
-            _, names = _scan(d.path, match)
+            _, names = _scan(d.path, match, inos)
             prefix = d.name + os.sep
             found.extend(prefix + name for name in names)
         return found
 
-    def _recursive(self, match: Callable[[str], object]) -> list[str]:
+    def _recursive(self, match: Callable[[str], object], inos: list[int] | None = None) -> list[str]:
         root_stat = os.stat(self.root)
         visited = {(root_stat.st_dev, root_stat.st_ino)}
         found: list[str] = []
@@ -160,7 +190,7 @@ class LocalLister(Lister):
             stack = [(rel, path)]
             while stack:
                 rel_dir, dir_path = stack.pop()
-                dirs, names = _scan(dir_path, match)
+                dirs, names = _scan(dir_path, match, inos)
                 found.extend(rel_dir + os.sep + name if rel_dir else name for name in names)
                 for d in dirs:
                     child = rel_dir + os.sep + d.name if rel_dir else d.name
@@ -205,8 +235,14 @@ def fs_bytes(name: str) -> bytes:
     return name.encode(_FS_ENCODING, _FS_ERRORS)
 
 
-def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[str]], list[str]]:
-    """One directory: its subdirectories (symlinks followed) and matching files, unsorted."""
+def _scan(
+    path: str, match: Callable[[str], object], inos: list[int] | None = None
+) -> tuple[list[os.DirEntry[str]], list[str]]:
+    """One directory: its subdirectories (symlinks followed) and matching files, unsorted.
+
+    With ``inos``, each matching file's inode is appended to it (a symlink's
+    target's: one ``stat``).
+    """
     dirs: list[os.DirEntry[str]] = []
     names: list[str] = []
     with os.scandir(path) as it:
@@ -223,6 +259,8 @@ def _scan(path: str, match: Callable[[str], object]) -> tuple[list[os.DirEntry[s
                 dirs.append(entry)
             elif match(entry.name) and entry.is_file():
                 names.append(entry.name)
+                if inos is not None:
+                    inos.append(entry.stat().st_ino if entry.is_symlink() else entry.inode())
     return dirs, names
 
 

@@ -45,7 +45,15 @@ from npydask.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import translate
-from npydask.storage._stores import StoreSpec, check_not_forked, run_all, run_each, run_files, store_for
+from npydask.storage._stores import (
+    StoreSpec,
+    check_not_forked,
+    run_all,
+    run_beside,
+    run_each,
+    run_files,
+    store_for,
+)
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
 
@@ -109,6 +117,14 @@ class ObjectSource(Source):
         except Exception as e:
             raise translate(e, path, "asking for its size and ETag") from None
 
+    def identities(self, paths: Sequence[str]) -> list[ObjectIdentity]:
+        """One HEAD per object, ``remote_concurrency`` in flight; the first failure raised."""
+        found = run_each(self.identity, paths, self.spec.settings.concurrency)
+        for result in found:
+            if isinstance(result, BaseException):
+                raise result
+        return found  # type: ignore[return-value]
+
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """Identity, header, raw header bytes and whether deflated, ``remote_concurrency`` objects at once."""
         return run_each(lambda p: self._scan(p, key), paths, self.spec.settings.concurrency)
@@ -165,15 +181,23 @@ class ObjectSource(Source):
     ) -> None:
         """The run grid of ``plan`` by range GETs (coalesced, split, in parallel), each checked against ``identity``.
 
-        A ``check`` not read from this object (an index's header) is
-        compared first (see :meth:`open`).
+        A ``check`` not read from this object (an index's header, another
+        object's with ``headers="first"``) is compared with the object's
+        header (see :meth:`open`): its GET goes out beside the range GETs,
+        so it costs no round trip of its own, unless this process read that
+        header already.
         """
         from npydask.backends.pread import read_plan
 
-        if check is not None and not check.read_there:
-            self.open(path, identity, check=check)
+        def runs() -> None:
+            read_plan(RangeReader(self, path, identity), plan, options, dest)
 
-        read_plan(RangeReader(self, path, identity), plan, options, dest)
+        if check is None or check.read_there or (path, identity, None) in self._files:
+            if check is not None and not check.read_there:
+                self.open(path, identity, check=check)  # (a cached header: compared here, no request)
+            runs()
+            return
+        run_beside(lambda: self.open(path, identity, check=check), runs, self.spec.settings.concurrency)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""
