@@ -32,19 +32,26 @@ order of first use) and carries nothing but str, bytes, numpy arrays and
 npydask's own frozen types. :meth:`FileTable.token` hashes that compact
 form, so a slice, its pickle and a table built from the same lists agree.
 
-:class:`FileViews` is the read-only sequence of
-:class:`~npydask.array.NpyFileArray` views over a table and a
-:class:`Context` (the ``FileRef`` fields no file changes), made on demand.
+:class:`npydask.file_views.FileViews` is the read-only sequence of
+:class:`~npydask.array.NpyFileArray` views over a table, made on demand.
 
-Measured (``tracemalloc`` of the table alone, built from lists of paths like
-the scale benchmark's ``/data/scale/dNNNN/sNNNNNNN.npy``, one header, local
-identities; shared 2-core VM, 16:40 UTC):
+Measured (the table alone, by ``tracemalloc``, built by :meth:`FileTable.from_lists` from
+lists of paths like the scale benchmark's ``/work/benchdata/scale/dNNNN/sNNNNNNN.npy``, one
+header, local identities; the shared 2-core VM at load 2-3, 2026-11-23; issue 16's goals are
+200 B/file held and 100 B/file sent):
 
-=========  ==========  ============  ===========
-files      held B/f    build us/f    token
-=========  ==========  ============  ===========
-10k        see report  see report    see report
-=========  ==========  ============  ===========
+==========  ==========  ==========  ==========  ===========  =====================  ========
+files       held B/f    peak B/f    from_lists  TableBuilder pickled 32k-row slice  token()
+==========  ==========  ==========  ==========  ===========  =====================  ========
+10,000      50.1        180         0.5-0.8 us  0.65 us/f    50.1 B/f (whole)       0.7 ms
+100,000     50.0        178         0.5-0.9 us  0.62 us/f    50.0 B/f               4.5 ms
+1,000,000   50.0        180         0.6-0.8 us  0.59 us/f    50.0 B/f               44 ms
+==========  ==========  ==========  ==========  ===========  =====================  ========
+
+Held is names (18) + ends (8) + size, mtime_ns, ino (24); the peak is the
+transient lists :meth:`FileTable.from_lists` makes. ``paths()`` costs 0.2 us
+a path; ``take`` of every 7th row of 1M, 8 ms. Today's per-file objects
+hold 460 B/file (traced) and pickle at 114 B/file.
 """
 
 from __future__ import annotations
@@ -54,33 +61,19 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
-from dataclasses import astuple, dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from npydask.array import NpyFileArray
-from npydask.config import ReadOptions
+from npydask._strings import ENCODING, Strings, encode, gather, pack, starts_of, unpack
 from npydask.header import NpyHeader
-from npydask.reader import FileRef
 from npydask.roi import FileRoi
 from npydask.storage._handles import FileIdentity, HeaderCheck
-from npydask.storage.base import Source
-from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
 
-__all__ = ["Context", "FileTable", "FileViews", "Strings", "TableBuilder", "common_root"]
+__all__ = ["FileTable", "Strings", "TableBuilder", "common_root"]
 
-_ENC = ("utf-8", "surrogateescape")
 Entry = tuple[NpyHeader, "HeaderCheck | None"]
-
-
-def _encode(text: str, what: str) -> bytes:
-    try:
-        return text.encode(*_ENC)
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} {text!r} cannot be stored: it holds {e.object[e.start:e.end]!r}, "
-                         "which no file name or URL can hold; pass the name the listing gave") from e
 
 
 def _frozen(values: Any, dtype: Any, what: str, n: int | None = None) -> np.ndarray:
@@ -102,116 +95,6 @@ def _check_ids(ids: np.ndarray | None, count: int, what: str) -> None:
         bad = int(ids[(ids < 0) | (ids >= count)][0])
         raise ValueError(f"{what} {bad} is out of range: the table has {count} {what.split('_')[0]} entries "
                          f"(ids 0..{count - 1})")
-
-
-def _gather(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """The byte ranges ``[starts, ends)`` of ``buf`` packed one after another, and their new end offsets."""
-    lens = ends - starts
-    new_ends = np.cumsum(lens, dtype=np.int64)
-    total = int(new_ends[-1]) if len(new_ends) else 0
-    if total == 0:
-        return b"", new_ends
-    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (new_ends - lens), lens)
-    return np.frombuffer(buf, np.uint8)[pos].tobytes(), new_ends
-
-
-def _pack(texts: Iterable[str], what: str) -> tuple[bytes, np.ndarray]:
-    """Strings as one buffer and int64 end offsets (fast when they are ASCII: one encode for all)."""
-    texts = list(texts)
-    joined = "".join(texts)
-    if joined.isascii():
-        return joined.encode("ascii"), np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)))
-    encoded = [_encode(t, what) for t in texts]
-    return b"".join(encoded), np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)))
-
-
-def _starts(ends: np.ndarray, base: int) -> np.ndarray:
-    """Start offsets of the rows whose end offsets are ``ends``, the first starting at ``base``."""
-    if not len(ends):
-        return ends
-    return np.concatenate((np.array([base], np.int64), ends[:-1]))
-
-
-def _unpack(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> list[str]:
-    """The strings ``buf[starts[i]:ends[i]]``, decoded (one decode for all when the buffer is ASCII)."""
-    a, b = starts.tolist(), ends.tolist()
-    if buf.isascii():
-        text = buf.decode("ascii")
-        return [text[i:j] for i, j in zip(a, b)]
-    return [buf[i:j].decode(*_ENC) for i, j in zip(a, b)]
-
-
-@dataclass(frozen=True, eq=False)
-class Strings:
-    """A column of optional strings: one buffer, end offsets, and which rows are ``None``."""
-
-    data: bytes
-    ends: np.ndarray
-    missing: np.ndarray | None = None
-    """Bool per row, ``True`` where the value is ``None`` (``None``: no row is)."""
-    base: int = 0
-    """Where row 0 starts in ``data`` (non-zero in a slice, which shares its buffer)."""
-
-    @classmethod
-    def of(cls, values: Sequence[str | None], what: str) -> Strings:
-        """Pack ``values`` (``None`` allowed)."""
-        missing = np.fromiter((v is None for v in values), bool, len(values))
-        data, ends = _pack(("" if v is None else v for v in values), what)
-        ends.flags.writeable = False
-        if missing.any():
-            missing.flags.writeable = False
-            return cls(data, ends, missing)
-        return cls(data, ends)
-
-    def __len__(self) -> int:
-        return len(self.ends)
-
-    def starts(self) -> np.ndarray:
-        """Where each row starts in :attr:`data`."""
-        return _starts(self.ends, self.base)
-
-    def values(self, a: int, b: int) -> list[str | None]:
-        """Rows ``a..b``."""
-        out: list[str | None] = _unpack(self.data, self.starts()[a:b], self.ends[a:b])
-        if self.missing is not None:
-            for k in np.flatnonzero(self.missing[a:b]).tolist():
-                out[k] = None
-        return out
-
-    def __getitem__(self, index: slice) -> Strings:
-        """Rows ``a:b`` (step 1), sharing the buffer: O(1)."""
-        a, b, _ = index.indices(len(self))
-        b = max(a, b)
-        base = self.base if a == 0 else int(self.ends[a - 1])
-        return Strings(self.data, self.ends[a:b], None if self.missing is None else self.missing[a:b], base)
-
-    def take(self, idx: np.ndarray) -> Strings:
-        """Rows ``idx`` (any order, repeats allowed), re-packed."""
-        data, ends = _gather(self.data, self.starts()[idx], self.ends[idx])
-        ends.flags.writeable = False
-        missing = None if self.missing is None else self.missing[idx]
-        return Strings(data, ends, None if missing is None or not missing.any() else missing)
-
-    def digest(self, h: Any) -> None:
-        """Feed a compact form (equal for equal values however sliced) to the hash ``h``."""
-        t = self.take(np.arange(len(self)))
-        h.update(t.data)
-        h.update(np.ascontiguousarray(t.ends).tobytes())
-        h.update(b"-" if t.missing is None else np.packbits(t.missing).tobytes())
-
-
-class Context(NamedTuple):
-    """What every file of a table is read with: today's ``FileRef`` fields no file changes."""
-
-    options: ReadOptions
-    backend: str = "auto"
-    key: str | None = None
-    source: Source = LOCAL
-
-    def facts(self) -> str:
-        """The text a token hashes (an object store's public part only, never credentials)."""
-        where = "local" if self.source is LOCAL else self.source.spec.public()  # type: ignore[attr-defined]
-        return f"{astuple(self.options)!r}|{self.backend}|{self.key!r}|{where}"
 
 
 def common_root(paths: Sequence[str]) -> str:
@@ -326,21 +209,6 @@ class FileTable:
         etag, modified = (None if v is None else Strings(
             bytes(v.data), _frozen(v.ends, np.int64, "string ends"), None if v.missing is None else
             _frozen(v.missing, bool, "missing"), int(v.base)) for v in (etag, modified))
-        headers = tuple(headers)
-        if n and not headers:
-            raise ValueError(f"a table of {n} files needs at least one header entry, found none")
-        for entry in headers:
-            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], NpyHeader)
-                    and (entry[1] is None or isinstance(entry[1], HeaderCheck))):
-                raise ValueError(f"header entries are (NpyHeader, HeaderCheck or None) pairs, found {entry!r}")
-        rois = tuple(rois) or (None,)
-        for roi in rois:
-            if roi is not None and not isinstance(roi, FileRoi):
-                raise ValueError(f"ROI entries are FileRoi or None, found {roi!r}")
-        header_id = None if header_id is None else _frozen(header_id, np.int32, "header_id", n)
-        roi_id = None if roi_id is None else _frozen(roi_id, np.int32, "roi_id", n)
-        _check_ids(header_id, len(headers), "header_id")
-        _check_ids(roi_id, len(rois), "roi_id")
         size = _frozen(size, np.int64, "size", n)
         if n and int(size.min()) < -1:
             raise ValueError(f"sizes are bytes, or -1 when unknown; found {int(size.min())}")
@@ -348,9 +216,30 @@ class FileTable:
             root=root, names=names, ends=ends, size=size,
             mtime_ns=None if mtime_ns is None else _frozen(mtime_ns, np.int64, "mtime_ns", n),
             ino=None if ino is None else _frozen(ino, np.uint64, "ino", n),
-            etag=etag, modified=modified, headers=headers, header_id=header_id, rois=rois, roi_id=roi_id,
-            deflated=None if deflated is None else _frozen(deflated, bool, "deflated", n), _base=0,
+            etag=etag, modified=modified, _base=0, **_entries(headers, header_id, rois, roi_id, deflated, n),
         )
+
+    def with_entries(
+        self,
+        headers: Sequence[Entry],
+        header_id: Any = None,
+        rois: Sequence[FileRoi | None] = (None,),
+        roi_id: Any = None,
+        deflated: Any = None,
+    ) -> FileTable:
+        """The same files (names and identity columns shared, not copied) with other headers, ROIs and flags.
+
+        For the members of a multi-key dataset: one archive's members share
+        its path and identity, each has its own header (and ROI).
+
+        Raises
+        ------
+        ValueError
+            As :meth:`from_columns`, for the columns given here.
+        """
+        columns = {name: getattr(self, name) for name in self.__slots__}
+        columns.update(_entries(headers, header_id, rois, roi_id, deflated, len(self)))
+        return FileTable(**columns)
 
     @classmethod
     def from_lists(
@@ -389,7 +278,7 @@ class FileTable:
             bad = next(p for p in paths if not p.startswith(root))
             raise ValueError(f"the root {root!r} does not prefix the path {bad!r}: give a root every path starts with")
         cut = len(root)
-        names, ends = _pack([p[cut:] for p in paths], "the path")
+        names, ends = pack([p[cut:] for p in paths], "the path")
         kinds = {type(i) for i in identities}
         if len(kinds) > 1 or (kinds and kinds.pop() not in (FileIdentity, ObjectIdentity)):
             raise ValueError(f"identities must all be FileIdentity or all ObjectIdentity, found "
@@ -428,18 +317,18 @@ class FileTable:
         return k % n
 
     def _starts(self) -> np.ndarray:
-        return _starts(self.ends, self._base)
+        return starts_of(self.ends, self._base)
 
     def path(self, i: int) -> str:
         """Row ``i``'s path: ``root`` + its name."""
         i = self._index(i)
         a = self._base if i == 0 else int(self.ends[i - 1])
-        return self.root + self.names[a : int(self.ends[i])].decode(*_ENC)
+        return self.root + self.names[a : int(self.ends[i])].decode(*ENCODING)
 
     def paths(self) -> list[str]:
         """Every row's path (O(n): a list of new strings)."""
         root = self.root
-        return [root + name for name in _unpack(self.names, self._starts(), self.ends)]
+        return [root + name for name in unpack(self.names, self._starts(), self.ends)]
 
     def identity(self, i: int) -> FileIdentity | ObjectIdentity:
         """Row ``i``'s identity, as the readers expect it."""
@@ -545,7 +434,7 @@ class FileTable:
         if len(idx) and (int(idx.min()) < -n or int(idx.max()) >= n):
             raise IndexError(f"row {int(idx[(idx < -n) | (idx >= n)][0])} is out of range for a table of {n} files")
         idx = idx % n if n else idx
-        names, ends = _gather(self.names, self._starts()[idx], self.ends[idx])
+        names, ends = gather(self.names, self._starts()[idx], self.ends[idx])
         return self._with(names, ends, idx)
 
     def _with(self, names: bytes, ends: np.ndarray, idx: np.ndarray | slice) -> FileTable:
@@ -587,7 +476,7 @@ class FileTable:
             h.update(b"npydask.FileTable: no rows")  # (whatever its root and identity kind)
             return h.hexdigest()
         t = self.compact()
-        h.update(t.root.encode(*_ENC) + b"\0")
+        h.update(t.root.encode(*ENCODING) + b"\0")
         h.update(t.names)
         for col in (t.ends, t.size, t.mtime_ns, t.ino, t.header_id, t.roi_id, t.deflated):
             h.update(b"-" if col is None else np.ascontiguousarray(col).tobytes())
@@ -598,12 +487,34 @@ class FileTable:
                 strings.digest(h)
         heads = [(hd.version, hd.shape, hd.dtype.str, hd.dtype.descr, hd.fortran_order, hd.data_offset,
                   None if c is None else tuple(c)) for hd, c in t.headers]
-        h.update(repr((heads, t.rois)).encode(*_ENC))
+        h.update(repr((heads, t.rois)).encode(*ENCODING))
         return h.hexdigest()
 
     def __repr__(self) -> str:
         shown = f": {self.path(0)}" + (f" .. {self.path(-1)}" if len(self) > 1 else "") if len(self) else ""
         return f"FileTable({len(self)} files, {len(self.headers)} header(s), {len(self.rois)} ROI(s){shown})"
+
+
+def _entries(headers: Sequence[Entry], header_id: Any, rois: Sequence[FileRoi | None], roi_id: Any, deflated: Any,
+             n: int) -> dict[str, Any]:
+    """The header, ROI and deflated columns of a table of ``n`` rows, validated (see :meth:`FileTable.from_columns`)."""
+    headers = tuple(headers)
+    if n and not headers:
+        raise ValueError(f"a table of {n} files needs at least one header entry, found none")
+    for entry in headers:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], NpyHeader)
+                and (entry[1] is None or isinstance(entry[1], HeaderCheck))):
+            raise ValueError(f"header entries are (NpyHeader, HeaderCheck or None) pairs, found {entry!r}")
+    rois = tuple(rois) or (None,)
+    for roi in rois:
+        if roi is not None and not isinstance(roi, FileRoi):
+            raise ValueError(f"ROI entries are FileRoi or None, found {roi!r}")
+    header_id = None if header_id is None else _frozen(header_id, np.int32, "header_id", n)
+    roi_id = None if roi_id is None else _frozen(roi_id, np.int32, "roi_id", n)
+    _check_ids(header_id, len(headers), "header_id")
+    _check_ids(roi_id, len(rois), "roi_id")
+    return {"headers": headers, "header_id": header_id, "rois": rois, "roi_id": roi_id,
+            "deflated": None if deflated is None else _frozen(deflated, bool, "deflated", n)}
 
 
 def _compact(table: tuple[Any, ...], ids: np.ndarray | None, n: int) -> tuple[tuple[Any, ...], np.ndarray | None]:
@@ -657,7 +568,7 @@ class TableBuilder:
 
     def add(self, name: str | bytes, size: int, mtime_ns: int, ino: int, header_id: int = 0) -> None:
         """One local file: its name relative to the root (``str`` or the listing's ``bytes``) and facts."""
-        self.names += name if isinstance(name, bytes) else _encode(name, "the name")
+        self.names += name if isinstance(name, bytes) else encode(name, "the name")
         self.ends.append(len(self.names))
         self.size.append(size)
         self.mtime_ns.append(mtime_ns)
@@ -671,50 +582,3 @@ class TableBuilder:
         return FileTable.from_columns(self.root, self.names, self.ends, size=self.size, mtime_ns=self.mtime_ns,
                                       ino=self.ino, headers=self.headers, header_id=None if one else ids,
                                       rois=rois, roi_id=roi_id)
-
-
-class FileViews(Sequence[NpyFileArray]):
-    """The files of a table as :class:`~npydask.array.NpyFileArray` views, made on demand (read-only).
-
-    ``views[i]`` builds ``NpyFileArray(FileRef(...), roi)`` for row ``i``;
-    ``views[a:b]`` is a ``FileViews`` over ``table[a:b]``. Each access makes
-    a new view (equal reads, not the same object).
-    """
-
-    __slots__ = ("context", "table")
-
-    def __init__(self, table: FileTable, context: Context) -> None:
-        self.table = table
-        self.context = context
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return FileViews(self.table[index], self.context)
-        t = self.table
-        i = t._index(index)
-        c = self.context
-        ref = FileRef(t.path(i), t.identity(i), t.header(i), c.options, c.backend, c.key, t.is_deflated(i),
-                      t.check(i), c.source)
-        return NpyFileArray(ref, t.roi(i))
-
-    def __iter__(self) -> Iterator[NpyFileArray]:
-        t, c = self.table, self.context
-        flags = [False] * len(t) if t.deflated is None else t.deflated.tolist()
-        for (path, ident, h, r), deflated in zip(t.rows(), flags):
-            header, check = t.headers[h]
-            ref = FileRef(path, ident, header, c.options, c.backend, c.key, deflated, check, c.source)
-            yield NpyFileArray(ref, t.rois[r])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FileViews, (self.table, self.context))
-
-    def __repr__(self) -> str:
-        return f"FileViews({self.table!r})"
-
-    def token(self) -> str:
-        """The table's token with the context's facts."""
-        text = f"{self.table.token()}|{self.context.facts()}"
-        return hashlib.blake2b(text.encode(*_ENC), digest_size=16).hexdigest()

@@ -7,22 +7,20 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import npydask
 from npydask.config import read_options
 from npydask.header import NpyHeader
-from npydask.region import Box
-from npydask.roi import FileRoi, RoiArgs, resolve_roi
+from npydask.roi import RoiArgs, resolve_roi
 from npydask.storage._handles import FileIdentity, HeaderCheck
 from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
-from npydask.table import Context, FileTable, FileViews, Strings, TableBuilder, common_root
+from npydask.file_views import Context, FileViews
+from npydask.table import FileTable, Strings, TableBuilder, common_root
 
 H1 = NpyHeader((1, 0), (4, 5), np.dtype("<f4"), False, 128, 80)
 H2 = NpyHeader((1, 0), (2, 3), np.dtype(">i2"), True, 128, 12)
@@ -135,7 +133,7 @@ def test_a_slice_shares_the_buffers_and_pickles_only_its_own_rows():
 
 _ALLOWED = {("npydask.config", "ReadOptions"), ("npydask.header", "NpyHeader"), ("npydask.region", "Box"),
             ("npydask.roi", "FileRoi"), ("npydask.storage._handles", "HeaderCheck"), ("npydask.storage.local", "LOCAL"),
-            ("npydask.table", "Context"), ("npydask.table", "FileViews"), ("npydask.table", "Strings"),
+            ("npydask.file_views", "Context"), ("npydask.file_views", "FileViews"), ("npydask._strings", "Strings"),
             ("npydask.table", "_rebuild")}
 _NUMPY = {"dtype", "scalar", "_frombuffer", "_reconstruct", "ndarray"}  # (numpy's own array and dtype reducers)
 
@@ -307,65 +305,16 @@ def test_out_nbytes_and_items():
     assert [r[0] for r in big.rows(10, 8500)] == big.paths()[10:8500]
 
 
-# -- FileViews over real files -------------------------------------------------------------------------------
-
-
-def _context_of(view) -> Context:
-    r = view.ref
-    return Context(r.options, r.backend, r.key, r.source)
-
-
-def _table_of(views) -> FileTable:
-    refs = [v.ref for v in views]
-    return FileTable.from_lists([r.path for r in refs], [r.identity for r in refs], [r.header for r in refs],
-                                [r.check for r in refs], [v.roi for v in views],
-                                deflated=[r.compressed for r in refs])
-
-
-@pytest.mark.parametrize("roi", [{}, {"roi_start": [1, 0], "roi_shape": [2, 3]},
-                                 {"roi_start": [[0, 0], [1, 1], [2, 2], [0, 1], [1, 0]], "roi_shape": [2, 2]},
-                                 {"roi_start": [-1, 0], "roi_end": [4, 3], "out_of_bounds_policy": "pad"}])
-def test_file_views_read_as_todays_views(tmp_path, roi):
-    rng = np.random.default_rng(5)
-    arrays = []
-    for k in range(5):
-        a = rng.standard_normal((4 + k % 2, 4)).astype("<f8")
-        arrays.append(a)
-        np.save(tmp_path / f"f {k}é.npy", np.asfortranarray(a) if k == 3 else a)
-    ds = npydask.open_dataset(tmp_path, **roi)
-    old = list(ds.views)
-    views = FileViews(_table_of(old), _context_of(old[0]))
-    assert len(views) == 5 and isinstance(views, FileViews)
-    for k, v in enumerate(views):
-        assert v.ref == old[k].ref and v.roi == old[k].roi
-        full = Box.whole(v.shape)
-        np.testing.assert_array_equal(v.read(full), old[k].read(full))
-        whole = np.load(ds.files[k])
-        if not roi:
-            np.testing.assert_array_equal(v[...], whole)
-    assert views[-1].ref == old[-1].ref
-    assert [v.ref for v in views[1:4]] == [v.ref for v in old[1:4]]
-    assert isinstance(views[1:4], FileViews) and len(views[::2]) == 3
-    assert [v.ref.path for v in views[::-1]] == [v.ref.path for v in old[::-1]]
-    back = pickle.loads(pickle.dumps(views[2:]))
-    assert [v.ref for v in back] == [v.ref for v in old[2:]]
-    assert back.token() == views[2:].token() != views[1:].token()
-    with pytest.raises(IndexError, match="row 5 is out of range"):
-        views[5]
-    with pytest.raises(TypeError, match="indexed by integers"):
-        views["a"]
-    assert isinstance(views, Sequence) and [v.ref for v in reversed(views)] == [v.ref for v in reversed(old)]
-    assert views[0].ref.path in repr(views)
-
-
-def test_file_views_of_npz_members_keep_deflated(tmp_path):
-    for k in range(3):
-        save = np.savez_compressed if k != 1 else np.savez
-        save(tmp_path / f"a{k}.npz", x=np.arange(6 + k, dtype="<i4"))
-    ds = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x")
-    old = list(ds.views)
-    views = FileViews(_table_of(old), _context_of(old[0]))
-    assert [v.ref.compressed for v in views] == [True, False, True]
-    for k, v in enumerate(views):
-        assert v.ref == old[k].ref
-        np.testing.assert_array_equal(v[...], np.load(tmp_path / f"a{k}.npz")["x"])
+def test_with_entries_shares_the_files_and_replaces_headers():
+    t = _bench_table(30)[10:20]  # a slice: its base offset is kept
+    member = t.with_entries([(H2, None), (H3, C2)], [0, 1] * 5, [None, ROI_A], [1] * 10, [True] * 10)
+    assert member.names is t.names and np.shares_memory(member.ends, t.ends) and member.size is t.size
+    assert member.paths() == t.paths() and member.identities() == t.identities()
+    assert [member.header(i) for i in range(10)] == [H2, H3] * 5 and member.check(1) == C2
+    assert {member.roi(i) for i in range(10)} == {ROI_A} and member.is_deflated(9)
+    back = pickle.loads(pickle.dumps(member))
+    assert rows_of(back) == rows_of(member) and back.token() == member.token() != t.token()
+    with pytest.raises(ValueError, match="header_id column has 3 rows but the table has 10"):
+        t.with_entries([(H2, None)], [0, 0, 0])
+    with pytest.raises(ValueError, match="roi_id 2 is out of range"):
+        t.with_entries([(H2, None)], rois=[None, ROI_A], roi_id=[2] * 10)

@@ -1,0 +1,75 @@
+"""FileViews make the same views as today's per-file objects, and they read the same data."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+import npydask
+from npydask.file_views import Context, FileViews
+from npydask.region import Box
+from npydask.table import FileTable
+
+
+def _context_of(view) -> Context:
+    r = view.ref
+    return Context(r.options, r.backend, r.key, r.source)
+
+
+def _table_of(views) -> FileTable:
+    refs = [v.ref for v in views]
+    return FileTable.from_lists([r.path for r in refs], [r.identity for r in refs], [r.header for r in refs],
+                                [r.check for r in refs], [v.roi for v in views],
+                                deflated=[r.compressed for r in refs])
+
+
+@pytest.mark.parametrize("roi", [{}, {"roi_start": [1, 0], "roi_shape": [2, 3]},
+                                 {"roi_start": [[0, 0], [1, 1], [2, 2], [0, 1], [1, 0]], "roi_shape": [2, 2]},
+                                 {"roi_start": [-1, 0], "roi_end": [4, 3], "out_of_bounds_policy": "pad"}])
+def test_file_views_read_as_todays_views(tmp_path, roi):
+    rng = np.random.default_rng(5)
+    arrays = []
+    for k in range(5):
+        a = rng.standard_normal((4 + k % 2, 4)).astype("<f8")
+        arrays.append(a)
+        np.save(tmp_path / f"f {k}é.npy", np.asfortranarray(a) if k == 3 else a)
+    ds = npydask.open_dataset(tmp_path, **roi)
+    old = list(ds.views)
+    views = FileViews(_table_of(old), _context_of(old[0]))
+    assert len(views) == 5 and isinstance(views, FileViews)
+    for k, v in enumerate(views):
+        assert v.ref == old[k].ref and v.roi == old[k].roi
+        full = Box.whole(v.shape)
+        np.testing.assert_array_equal(v.read(full), old[k].read(full))
+        whole = np.load(ds.files[k])
+        if not roi:
+            np.testing.assert_array_equal(v[...], whole)
+    assert views[-1].ref == old[-1].ref
+    assert [v.ref for v in views[1:4]] == [v.ref for v in old[1:4]]
+    assert isinstance(views[1:4], FileViews) and len(views[::2]) == 3
+    assert [v.ref.path for v in views[::-1]] == [v.ref.path for v in old[::-1]]
+    back = pickle.loads(pickle.dumps(views[2:]))
+    assert [v.ref for v in back] == [v.ref for v in old[2:]]
+    assert back.token() == views[2:].token() != views[1:].token()
+    with pytest.raises(IndexError, match="row 5 is out of range"):
+        views[5]
+    with pytest.raises(TypeError, match="indexed by integers"):
+        views["a"]
+    assert isinstance(views, Sequence) and [v.ref for v in reversed(views)] == [v.ref for v in reversed(old)]
+    assert views[0].ref.path in repr(views)
+
+
+def test_file_views_of_npz_members_keep_deflated(tmp_path):
+    for k in range(3):
+        save = np.savez_compressed if k != 1 else np.savez
+        save(tmp_path / f"a{k}.npz", x=np.arange(6 + k, dtype="<i4"))
+    ds = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x")
+    old = list(ds.views)
+    views = FileViews(_table_of(old), _context_of(old[0]))
+    assert [v.ref.compressed for v in views] == [True, False, True]
+    for k, v in enumerate(views):
+        assert v.ref == old[k].ref
+        np.testing.assert_array_equal(v[...], np.load(tmp_path / f"a{k}.npz")["x"])
