@@ -84,6 +84,9 @@ class FileViews(Sequence[NpyFileArray]):
     def __repr__(self) -> str:
         return f"FileViews({self.table!r})"
 
+    def __dask_tokenize__(self) -> Any:
+        return ("npydask.FileViews", self.token())
+
     def token(self) -> str:
         """The table's token with the context's facts."""
         text = f"{self.table.token()}|{self.context.facts()}"

@@ -154,6 +154,9 @@ class FileTable:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"FileTable is immutable: cannot set {name!r}; slice, take or build a new one")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"FileTable is immutable: cannot delete {name!r}")
+
     @classmethod
     def from_columns(
         cls,
@@ -490,6 +493,9 @@ class FileTable:
         h.update(repr((heads, t.rois)).encode(*ENCODING))
         return h.hexdigest()
 
+    def __dask_tokenize__(self) -> Any:
+        return ("npydask.FileTable", self.token())
+
     def __repr__(self) -> str:
         shown = f": {self.path(0)}" + (f" .. {self.path(-1)}" if len(self) > 1 else "") if len(self) else ""
         return f"FileTable({len(self)} files, {len(self.headers)} header(s), {len(self.rois)} ROI(s){shown})"
@@ -538,8 +544,22 @@ def _distinct(keys: list[Any], objects: Iterable[Any]) -> tuple[list[Any], np.nd
     return list(by_key.values()), np.fromiter(map(number.__getitem__, keys), np.int32, len(keys))
 
 
-def _rebuild(root, names, ends, size, mtime_ns, ino, etag, modified, headers, header_id, rois, roi_id, deflated):  # type: ignore[no-untyped-def]
-    """Unpickle a :class:`FileTable` (validated as if built anew)."""
+def _rebuild(
+    root: str,
+    names: bytes,
+    ends: np.ndarray,
+    size: np.ndarray,
+    mtime_ns: np.ndarray | None,
+    ino: np.ndarray | None,
+    etag: Strings | None,
+    modified: Strings | None,
+    headers: tuple[Entry, ...],
+    header_id: np.ndarray | None,
+    rois: tuple[FileRoi | None, ...],
+    roi_id: np.ndarray | None,
+    deflated: np.ndarray | None,
+) -> FileTable:
+    """Unpickle a :class:`FileTable` (validated as if built anew: a tampered pickle fails with ``ValueError``)."""
     return FileTable.from_columns(root, names, ends, size=size, mtime_ns=mtime_ns, ino=ino, etag=etag,
                                   modified=modified, headers=headers, header_id=header_id, rois=rois,
                                   roi_id=roi_id, deflated=deflated)

@@ -73,3 +73,22 @@ def test_file_views_of_npz_members_keep_deflated(tmp_path):
     for k, v in enumerate(views):
         assert v.ref == old[k].ref
         np.testing.assert_array_equal(v[...], np.load(tmp_path / f"a{k}.npz")["x"])
+
+
+@pytest.mark.parametrize("send_etag", [True, False])
+def test_file_views_of_objects_read_as_todays_views(tmp_path, http_server, send_etag):
+    """Object identities (ETag, or Last-Modified without one) survive the table, and the views read the objects."""
+    arrays = [np.arange(12, dtype="<i4").reshape(3, 4) * k for k in range(4)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"o {k}é.npy", a)
+    server = http_server(tmp_path, send_etag=send_etag)
+    ds = npydask.open_dataset(files=[server.url(f"o {k}é.npy") for k in range(4)])
+    old = list(ds.views)
+    table = _table_of(old)
+    assert (table.etag is None) is False and (table.modified is not None) == (not send_etag)
+    views = FileViews(table, _context_of(old[0]))
+    back = pickle.loads(pickle.dumps(views))
+    for k, v in enumerate(back):
+        assert v.ref == old[k].ref and type(v.ref.identity).__name__ == "ObjectIdentity"
+        np.testing.assert_array_equal(v[...], arrays[k])
+    assert views.token() == back.token() and views.token() != views[1:].token()

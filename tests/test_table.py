@@ -318,3 +318,16 @@ def test_with_entries_shares_the_files_and_replaces_headers():
         t.with_entries([(H2, None)], [0, 0, 0])
     with pytest.raises(ValueError, match="roi_id 2 is out of range"):
         t.with_entries([(H2, None)], rois=[None, ROI_A], roi_id=[2] * 10)
+
+
+def test_a_tampered_pickle_is_refused_not_read():
+    t = _bench_table(20)
+    fn, args = t.__reduce__()
+    bad_ends = np.array(args[2])
+    bad_ends[3] = bad_ends[1]  # ends that go back
+    with pytest.raises(ValueError, match="ends must rise"):
+        fn(args[0], args[1], bad_ends, *args[3:])
+    with pytest.raises(ValueError, match="header_id 5 is out of range"):
+        fn(*args[:9], np.full(20, 5, np.int32), *args[10:])
+    with pytest.raises(AttributeError, match="cannot delete 'root'"):
+        del t.root
