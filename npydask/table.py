@@ -57,11 +57,12 @@ hold 460 B/file (traced) and pickle at 114 B/file.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -71,7 +72,7 @@ from npydask.roi import FileRoi
 from npydask.storage._handles import FileIdentity, HeaderCheck
 from npydask.storage.object import ObjectIdentity
 
-__all__ = ["FileTable", "Strings", "TableBuilder", "common_root"]
+__all__ = ["FileTable", "Layout", "Strings", "TableBuilder", "common_root"]
 
 Entry = tuple[NpyHeader, "HeaderCheck | None"]
 
@@ -109,6 +110,19 @@ def common_root(paths: Sequence[str]) -> str:
         return ""
     prefix = os.path.commonprefix([min(paths), max(paths)])
     return prefix[: prefix.rfind("/") + 1]
+
+
+class Layout(NamedTuple):
+    """Rows' output shapes, bytes and file order (:meth:`FileTable.layout`)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """The distinct output shapes, sorted."""
+    shape_id: np.ndarray
+    """int32 per row: its shape's index in :attr:`shapes` (one shape: all rows can stack)."""
+    nbytes: np.ndarray
+    """int64 per row: output bytes after the ROI."""
+    fortran: np.ndarray
+    """bool per row: whether the file is in Fortran order."""
 
 
 class FileTable:
@@ -377,14 +391,34 @@ class FileTable:
         """Whether row ``i`` is a compressed ``.npz`` member."""
         return False if self.deflated is None else bool(self.deflated[self._index(i)])
 
-    def out_nbytes(self) -> np.ndarray:
-        """Each row's output bytes (after its ROI), computed per distinct (header, ROI), not per row."""
-        per_header = np.array([h.dtype.itemsize for h, _ in self.headers] or [0], np.int64)
-        whole = np.array([h.nbytes for h, _ in self.headers] or [0], np.int64)
-        cells = np.array([-1 if r is None else int(np.prod(r.shape)) for r in self.rois], np.int64)
-        hid, rid = self.header_ids(), self.roi_ids()
-        c = cells[rid]
-        return np.where(c < 0, whole[hid], c * per_header[hid])
+    def layout(self) -> Layout:
+        """Each row's output shape (after its ROI), bytes and file order, computed per distinct (header, ROI).
+
+        What stacking plans from (``dataset._layout`` for views), without a
+        loop over rows: a table of one header and one shared ROI costs O(1)
+        Python work.
+        """
+        n = len(self)
+        if self.header_id is None and self.roi_id is None:
+            pair = np.zeros(n, np.int64)
+            pairs = [(0, 0)] if n else []
+        else:
+            key = self.header_ids().astype(np.int64) * len(self.rois) + self.roi_ids()
+            used, inverse = np.unique(key, return_inverse=True)
+            pair = inverse.reshape(-1).astype(np.int64)
+            pairs = [divmod(int(k), len(self.rois)) for k in used]
+        shapes, nbytes, fortran = [], [], []
+        for h, r in pairs:
+            header, roi = self.headers[h][0], self.rois[r]
+            shape = header.shape if roi is None else roi.shape
+            shapes.append(shape)
+            nbytes.append(header.nbytes if roi is None else math.prod(shape) * header.dtype.itemsize)
+            fortran.append(header.fortran_order)
+        distinct = sorted(set(shapes))
+        shape_of = np.array([distinct.index(s) for s in shapes], np.int32)
+        return Layout(tuple(distinct), shape_of[pair] if pairs else np.zeros(0, np.int32),
+                      np.array(nbytes, np.int64)[pair] if pairs else np.zeros(0, np.int64),
+                      np.array(fortran, bool)[pair] if pairs else np.zeros(0, bool))
 
     def rows(self, a: int = 0, b: int | None = None) -> Iterator[tuple[str, Any, int, int]]:
         """``(path, identity, header id, ROI id)`` of rows ``a..b``, made from ``tolist()`` batches.

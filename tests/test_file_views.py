@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import npydask
+from npydask.dataset import _layout
 from npydask.file_views import Context, FileViews
 from npydask.region import Box
 from npydask.table import FileTable
@@ -60,6 +61,10 @@ def test_file_views_read_as_todays_views(tmp_path, roi):
         views["a"]
     assert isinstance(views, Sequence) and [v.ref for v in reversed(views)] == [v.ref for v in reversed(old)]
     assert views[0].ref.path in repr(views)
+    shapes, sizes, fortran = _layout(old)  # what stacking plans from today
+    layout = views.table.layout()
+    assert [layout.shapes[k] for k in layout.shape_id.tolist()] == shapes
+    assert layout.nbytes.tolist() == sizes and layout.fortran.tolist() == fortran
 
 
 def test_file_views_of_npz_members_keep_deflated(tmp_path):

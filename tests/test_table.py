@@ -274,7 +274,7 @@ def test_empty_and_one_row_tables():
     assert repr(empty) == "FileTable(0 files, 0 header(s), 1 ROI(s))"
     one = FileTable.from_lists(["/x/only.npy"], [FileIdentity(-1, -1, 7)], [H3])  # headers="first": inode only
     assert rows_of(one) == [("/x/only.npy", FileIdentity(-1, -1, 7), H3, None, None, False)]
-    assert one.out_nbytes().tolist() == [7]
+    assert one.layout().nbytes.tolist() == [7] and one.layout().shapes == ((7,),)
 
 
 def test_common_root_and_builder():
@@ -293,11 +293,19 @@ def test_common_root_and_builder():
     assert len(t) == 3 and len(b.build()) == 4
 
 
-def test_out_nbytes_and_items():
+def test_layout_and_items():
     t = _bench_table(40)
-    views_nbytes = [((np.prod(r.shape) * h.dtype.itemsize) if r is not None else h.nbytes)
-                    for h, r in ((t.header(i), t.roi(i)) for i in range(len(t)))]
-    assert t.out_nbytes().tolist() == views_nbytes
+    layout = t.layout()
+    shapes = [t.header(i).shape if t.roi(i) is None else t.roi(i).shape for i in range(len(t))]
+    assert [layout.shapes[k] for k in layout.shape_id.tolist()] == shapes
+    assert layout.shapes == tuple(sorted(set(shapes)))
+    assert layout.nbytes.tolist() == [int(np.prod(s)) * t.header(i).dtype.itemsize for i, s in enumerate(shapes)]
+    assert layout.fortran.tolist() == [t.header(i).fortran_order for i in range(len(t))]
+    one = FileTable.from_lists(["/a/x", "/a/y"], [FileIdentity(1, 1, 1)] * 2, [H2, H2], rois=ROI_A)
+    assert one.layout().shapes == (ROI_A.shape,) and one.layout().shape_id.tolist() == [0, 0]
+    assert one.layout().fortran.tolist() == [True, True] and one.layout().nbytes.tolist() == [8, 8]
+    empty = FileTable.from_lists([], [], []).layout()
+    assert empty.shapes == () and len(empty.shape_id) == len(empty.nbytes) == len(empty.fortran) == 0
     offsets = [h.data_offset for h, _ in t.headers]
     assert t.items(offsets, 3, 9) == [(t.path(i), t.identity(i), t.header(i).data_offset, t.check(i))
                                       for i in range(3, 9)]
