@@ -21,6 +21,7 @@ ENCODING = ("utf-8", "surrogateescape")
 
 
 def encode(text: str, what: str) -> bytes:
+    """``text`` as stored; ``ValueError`` naming ``what`` for a lone surrogate no name can hold."""
     try:
         return text.encode(*ENCODING)
     except UnicodeEncodeError as e:
@@ -57,12 +58,20 @@ def starts_of(ends: np.ndarray, base: int) -> np.ndarray:
 
 
 def unpack(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> list[str]:
-    """The strings ``buf[starts[i]:ends[i]]``, decoded (one decode for all when the buffer is ASCII)."""
-    a, b = starts.tolist(), ends.tolist()
-    if buf.isascii():
-        text = buf.decode("ascii")
+    """The strings ``buf[starts[i]:ends[i]]``, decoded (one decode for all when they are ASCII).
+
+    Only the bytes between the first start and the last end are looked at,
+    so a few rows of a large shared buffer (a table slice) cost their own bytes.
+    """
+    if not len(ends):
+        return []
+    lo, hi = int(starts.min()), int(ends.max())
+    part = buf[lo:hi]
+    a, b = (starts - lo).tolist(), (ends - lo).tolist()
+    if part.isascii():
+        text = part.decode("ascii")
         return [text[i:j] for i, j in zip(a, b)]
-    return [buf[i:j].decode(*ENCODING) for i, j in zip(a, b)]
+    return [part[i:j].decode(*ENCODING) for i, j in zip(a, b)]
 
 
 @dataclass(frozen=True, eq=False)

@@ -53,9 +53,15 @@ class FileViews(Sequence[NpyFileArray]):
 
     __slots__ = ("context", "table")
 
+    table: FileTable
+    context: Context
+
     def __init__(self, table: FileTable, context: Context) -> None:
-        self.table = table
-        self.context = context
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "context", context)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"FileViews is read-only: cannot set {name!r}; slice it or build another")
 
     def __len__(self) -> int:
         return len(self.table)

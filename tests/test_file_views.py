@@ -61,6 +61,8 @@ def test_file_views_read_as_todays_views(tmp_path, roi):
         views["a"]
     assert isinstance(views, Sequence) and [v.ref for v in reversed(views)] == [v.ref for v in reversed(old)]
     assert views[0].ref.path in repr(views)
+    with pytest.raises(AttributeError, match="read-only"):
+        views.table = views.table[:1]
     shapes, sizes, fortran = _layout(old)  # what stacking plans from today
     layout = views.table.layout()
     assert [layout.shapes[k] for k in layout.shape_id.tolist()] == shapes

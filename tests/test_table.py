@@ -339,3 +339,23 @@ def test_a_tampered_pickle_is_refused_not_read():
         fn(*args[:9], np.full(20, 5, np.int32), *args[10:])
     with pytest.raises(AttributeError, match="cannot delete 'root'"):
         del t.root
+
+
+def _best_of(fn, repeat: int = 15) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_a_small_slice_decodes_only_its_own_names():
+    """paths()/rows() of a slice cost its rows, not the shared buffer (which rows() re-slices per batch)."""
+    t = _bench_table(300_000)  # a 5.4 MB names buffer
+    part, alone = t[150_000:150_020], t[150_000:150_020].compact()
+    assert part.paths() == alone.paths()
+    ratio = _best_of(part.paths) / _best_of(alone.paths)
+    assert ratio < 10, f"paths() of a 20-row slice took {ratio:.0f}x as long as of the same rows compacted"
