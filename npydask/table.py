@@ -71,7 +71,7 @@ import numpy as np
 from npydask._strings import ENCODING, Strings, encode, gather, pack, starts_of, unpack
 from npydask.header import NpyHeader
 from npydask.roi import FileRoi
-from npydask.storage._handles import FileIdentity, HeaderCheck
+from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.object import ObjectIdentity
 
 __all__ = ["FileTable", "Layout", "Strings", "TableBuilder", "common_root"]
@@ -291,6 +291,42 @@ class FileTable:
                              ("deflated", deflated)):
             if values is not None and len(values) != n:
                 raise ValueError(f"{what} has {len(values)} entries but there are {n} paths: one per path")
+        checks_ = [None] * n if checks is None else checks
+        entries, ids = _distinct(list(zip(map(id, headers), map(id, checks_))), zip(headers, checks_))
+        if rois is None or isinstance(rois, FileRoi):
+            roi_table, roi_id = [rois], None
+        else:
+            roi_table, roi_id = _distinct(list(map(id, rois)), rois)
+        return cls.from_rows(paths, identities, entries, ids, roi_table, roi_id, deflated=deflated, root=root)
+
+    @classmethod
+    def from_rows(
+        cls,
+        paths: Sequence[str],
+        identities: Sequence[Any],
+        headers: Sequence[Entry],
+        header_id: Any = None,
+        rois: Sequence[FileRoi | None] = (None,),
+        roi_id: Any = None,
+        *,
+        deflated: Sequence[bool] | None = None,
+        root: str | None = None,
+    ) -> FileTable:
+        """A table from paths and identities (one per row) and the entry columns (as :meth:`from_columns`).
+
+        What the open path builds: it numbers distinct headers and ROIs as it
+        scans, so no per-file header list is made. Identities are all
+        ``FileIdentity``, all ``InodeIdentity`` (stored as size and mtime -1)
+        or all ``ObjectIdentity``.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`from_lists`.
+        """
+        n = len(paths)
+        if len(identities) != n:
+            raise ValueError(f"identities has {len(identities)} entries but there are {n} paths: one per path")
         if root is None:
             root = common_root(paths)  # (a prefix of every path by construction)
         elif not all(map(str.startswith, paths, repeat(root))):
@@ -299,8 +335,12 @@ class FileTable:
         cut = len(root)
         names, ends = pack([p[cut:] for p in paths], "the path")
         kinds = {type(i) for i in identities}
+        if kinds == {InodeIdentity}:  # (headers="first": the listing's inode alone, size and mtime unknown)
+            inos = list(map(itemgetter(0), identities))
+            identities = list(map(FileIdentity, repeat(-1, n), repeat(-1, n), inos))  # type: ignore[arg-type]
+            kinds = {FileIdentity}
         if len(kinds) > 1 or (kinds and kinds.pop() not in (FileIdentity, ObjectIdentity)):
-            raise ValueError(f"identities must all be FileIdentity or all ObjectIdentity, found "
+            raise ValueError(f"identities must all be FileIdentity, all InodeIdentity or all ObjectIdentity, found "
                              f"{sorted(k.__name__ for k in {type(i) for i in identities})}")
         columns: dict[str, Any] = {}
         field = [list(map(itemgetter(k), identities)) for k in range(3)]  # (zip(*rows) is 10x slower)
@@ -310,15 +350,9 @@ class FileTable:
                 columns["modified"] = Strings.of(field[2], "the Last-Modified value")
         else:
             columns.update(size=field[0], mtime_ns=field[1], ino=field[2])
-        checks_ = [None] * n if checks is None else checks
-        entries, ids = _distinct(list(zip(map(id, headers), map(id, checks_))), zip(headers, checks_))
-        if rois is None or isinstance(rois, FileRoi):
-            roi_table, roi_id = [rois], None
-        else:
-            roi_table, roi_id = _distinct(list(map(id, rois)), rois)
         return cls.from_columns(
-            root, names, ends, headers=entries, header_id=ids,
-            rois=roi_table, roi_id=roi_id, deflated=deflated if deflated is not None and any(deflated) else None,
+            root, names, ends, headers=headers, header_id=header_id,
+            rois=rois, roi_id=roi_id, deflated=deflated if deflated is not None and any(deflated) else None,
             **columns,
         )
 
@@ -349,19 +383,31 @@ class FileTable:
         root = self.root
         return [root + name for name in unpack(self.names, self._starts(), self.ends)]
 
-    def identity(self, i: int) -> FileIdentity | ObjectIdentity:
-        """Row ``i``'s identity, as the readers expect it."""
+    def identity(self, i: int) -> FileIdentity | InodeIdentity | ObjectIdentity:
+        """Row ``i``'s identity, as the readers expect it.
+
+        A local row of unknown size and mtime (both -1: ``headers="first"``
+        over a listing) is an :class:`~npydask.storage._handles.InodeIdentity`,
+        which the readers compare by inode only.
+        """
         i = self._index(i)
         if self.etag is None:
-            return FileIdentity(int(self.size[i]), int(self.mtime_ns[i]), int(self.ino[i]))  # type: ignore[index]
+            size, mtime, ino = int(self.size[i]), int(self.mtime_ns[i]), int(self.ino[i])  # type: ignore[index]
+            return InodeIdentity(ino) if size == -1 and mtime == -1 else FileIdentity(size, mtime, ino)
         return self._objects(i, i + 1)[0]
 
-    def identities(self, a: int = 0, b: int | None = None) -> list[FileIdentity] | list[ObjectIdentity]:
-        """The identities of rows ``a..b``, made in one pass."""
+    def identities(self, a: int = 0, b: int | None = None) -> list[Any]:
+        """The identities of rows ``a..b``, made in one pass (as :meth:`identity` gives them)."""
         b = len(self) if b is None else b
         if self.etag is None:
-            cols = (self.size[a:b].tolist(), self.mtime_ns[a:b].tolist(), self.ino[a:b].tolist())  # type: ignore[index]
-            return list(map(FileIdentity, *cols))
+            size, mtime, ino = self.size[a:b], self.mtime_ns[a:b], self.ino[a:b]  # type: ignore[index]
+            inode_only = (size == -1) & (mtime == -1)
+            if not inode_only.any():
+                return list(map(FileIdentity, size.tolist(), mtime.tolist(), ino.tolist()))
+            if inode_only.all():
+                return list(map(InodeIdentity, ino.tolist()))
+            return [InodeIdentity(k) if only else FileIdentity(s, m, k)
+                    for s, m, k, only in zip(size.tolist(), mtime.tolist(), ino.tolist(), inode_only.tolist())]
         return self._objects(a, b)
 
     def _objects(self, a: int, b: int) -> list[ObjectIdentity]:
@@ -610,7 +656,7 @@ class TableBuilder:
     >>> b = TableBuilder("/data/", [(h, None)])
     >>> b.add("a.npy", 140, 1, 10); b.add("b.npy", -1, -1, 11)
     >>> t = b.build(); t.paths(), t.identity(1)
-    (['/data/a.npy', '/data/b.npy'], FileIdentity(size=-1, mtime_ns=-1, ino=11))
+    (['/data/a.npy', '/data/b.npy'], InodeIdentity(ino=11))
     """
 
     def __init__(self, root: str, headers: Sequence[Entry]) -> None:

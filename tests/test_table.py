@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from npydask.config import read_options
 from npydask.header import NpyHeader
 from npydask.roi import RoiArgs, resolve_roi
-from npydask.storage._handles import FileIdentity, HeaderCheck
+from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
 from npydask.file_views import Context, FileViews
@@ -36,7 +36,7 @@ ROIS = [None, ROI_A, ROI_B]
 _text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), min_size=1, max_size=12)
 _raw = st.binary(min_size=1, max_size=12).filter(lambda b: b"\0" not in b).map(os.fsdecode)
 _name = st.one_of(_text, _raw, st.sampled_from(["a b.npy", "é.npy", "d0001/s0000001.npy"]))
-_local = st.builds(FileIdentity, st.integers(-1, 2**62), st.integers(-(2**62), 2**62), st.integers(0, 2**64 - 1))
+_local = st.builds(FileIdentity, st.integers(0, 2**62), st.integers(-(2**62), 2**62), st.integers(0, 2**64 - 1))
 _object = st.builds(ObjectIdentity, st.integers(-1, 2**62), st.none() | st.text(max_size=8),
                     st.none() | st.text(max_size=8))
 
@@ -210,7 +210,7 @@ def test_token_changes_with_every_field():
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, 1)], [H1], [C1, C1]), "checks has 2"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, 1)], [H1], rois=[None, None]), "rois has 2"),
         (lambda: FileTable.from_lists(["/a", "/b"], [FileIdentity(1, 1, 1), ObjectIdentity(1, "e")], [H1, H1]),
-         "must all be FileIdentity or all ObjectIdentity"),
+         "must all be FileIdentity, all InodeIdentity or all ObjectIdentity"),
         (lambda: FileTable.from_lists(["/a/x"], [FileIdentity(1, 1, 1)], [H1], root="/b/"), "does not prefix"),
         (lambda: FileTable.from_lists(["/a/\ud800"], [FileIdentity(1, 1, 1)], [H1]), "cannot be stored"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, -1)], [H1]), "ino column must hold uint64"),
@@ -272,8 +272,10 @@ def test_empty_and_one_row_tables():
     assert len(empty) == 0 and empty.paths() == [] and list(empty.rows()) == [] and empty.identities() == []
     assert len(pickle.loads(pickle.dumps(empty))) == 0 and empty.token() == FileTable.from_lists([], [], []).token()
     assert repr(empty) == "FileTable(0 files, 0 header(s), 1 ROI(s))"
-    one = FileTable.from_lists(["/x/only.npy"], [FileIdentity(-1, -1, 7)], [H3])  # headers="first": inode only
-    assert rows_of(one) == [("/x/only.npy", FileIdentity(-1, -1, 7), H3, None, None, False)]
+    one = FileTable.from_lists(["/x/only.npy"], [InodeIdentity(7)], [H3])  # headers="first": inode only
+    assert rows_of(one) == [("/x/only.npy", InodeIdentity(7), H3, None, None, False)]
+    assert type(one.identity(0)) is InodeIdentity and one.identities() == [InodeIdentity(7)]
+    assert FileTable.from_lists(["/x/o.npy"], [FileIdentity(-1, -1, 7)], [H3]).identity(0) == InodeIdentity(7)
     assert one.layout().nbytes.tolist() == [7] and one.layout().shapes == ((7,),)
 
 
