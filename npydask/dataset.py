@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import functools
 import gc
+from array import array
 import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import dask.array as da
 import numpy as np
 
 from npydask.array import NpyFileArray, check_device, chunk_limit, resolve_chunks, wrap
+from npydask.file_views import Context, FileViews
+from npydask.table import FileTable, Layout
 from npydask.storage._handles import HeaderCheck
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL, LocalLister
@@ -38,7 +40,7 @@ from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, FileRef, _check_key
 from npydask.roi import RoiArgs, cutting_roi
 from npydask.stacking import join, plan_groups
-from npydask.uniform import check_headers, first_views
+from npydask.uniform import check_headers, first_table
 
 if TYPE_CHECKING:
     from npydask.multikey import MultiKeyDataset
@@ -197,17 +199,19 @@ class NpyDataset:
     ``npydask.torch.NpyMapDataset`` and ``NpyIterableDataset``.
     """
 
-    __slots__ = ("_device", "_sharding", "_start", "_views")
+    __slots__ = ("_context", "_device", "_sharding", "_start", "_table")
 
     def __init__(
         self,
-        views: Sequence[NpyFileArray],
+        table: FileTable,
+        context: Context,
         *,
         device: str = "cpu",
         sharding: tuple[int, int] | None = None,
         start: int | None = 0,
     ) -> None:
-        object.__setattr__(self, "_views", tuple(views))
+        object.__setattr__(self, "_table", table)
+        object.__setattr__(self, "_context", context)
         object.__setattr__(self, "_device", device)
         object.__setattr__(self, "_sharding", sharding)
         object.__setattr__(self, "_start", start)
@@ -219,50 +223,64 @@ class NpyDataset:
         raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._views, self._device, self._sharding, self._start))
+        return (_rebuild, (self._table, self._context, self._device, self._sharding, self._start))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._views)
+        return len(self._table)
 
     def __iter__(self) -> Iterator[da.Array]:
         return (self[i] for i in range(len(self)))
 
     @property
     def files(self) -> list[str]:
-        """The files' absolute paths (or URLs, query strings removed) in read order (``os.path.join(file_root, entry)``, relative roots made absolute)."""
-        if self._views and not self._views[0].ref.source.mappable:
-            return [redact(v.ref.path) for v in self._views]
-        return [v.ref.path for v in self._views]
+        """The files' absolute paths (or URLs, query strings removed) in read order (``os.path.join(file_root, entry)``, relative roots made absolute).
+
+        A new list each time, made from the dataset's columns (O(N): about
+        0.2 us a file).
+        """
+        if not self._context.source.mappable:
+            return list(map(redact, self._table.paths()))
+        return self._table.paths()
+
+    def _shown(self, i: int) -> str:
+        """File ``i``'s path as messages show it (an object URL's query string removed)."""
+        path = self._table.path(i)
+        return path if self._context.source.mappable else redact(path)
 
     @property
     def headers(self) -> list[NpyHeader]:
         """Each file's header (opened with ``headers="first"``: the first file's, relied on for every file and checked where each is read)."""
-        return [v.ref.header for v in self._views]
+        t = self._table
+        if t.header_id is None:
+            return [t.headers[0][0]] * len(t) if len(t) else []
+        entries = [h for h, _ in t.headers]
+        return [entries[k] for k in t.header_id.tolist()]
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
         """Each file's output shape, after the ROI."""
-        return [v.shape for v in self._views]
+        lay = self._table.layout()
+        return _per_file(lay.shapes, lay.shape_id)
 
     @property
     def dtype(self) -> np.dtype:
         """The dtype every file shares (byte order included)."""
-        if not self._views:
+        if not len(self._table):
             raise ValueError("an empty dataset has no dtype")
-        return self._views[0].dtype
+        return self._table.header(0).dtype
 
     @property
     def ndim(self) -> int:
         """The number of dimensions every file shares."""
-        if not self._views:
+        if not len(self._table):
             raise ValueError("an empty dataset has no ndim")
-        return len(self._views[0].shape)
+        return len(self.views[0].shape)
 
     @property
     def nbytes(self) -> int:
         """Bytes of all outputs (after ROI)."""
-        return sum(v.nbytes for v in self._views)
+        return int(self._table.layout().nbytes.sum())
 
     @property
     def sharding(self) -> tuple[int, int] | None:
@@ -281,28 +299,38 @@ class NpyDataset:
         return self._start
 
     @property
-    def views(self) -> tuple[NpyFileArray, ...]:
-        """The per-file array-likes the lazy arrays are built on."""
-        return self._views
+    def table(self) -> FileTable:
+        """The files' facts as columns (:class:`~npydask.table.FileTable`)."""
+        return self._table
+
+    @property
+    def views(self) -> FileViews:
+        """The per-file array-likes the lazy arrays are built on: a read-only sequence making each on demand."""
+        return FileViews(self._table, self._context)
+
+    _views = views  # (the name tests and older callers use)
 
     def __repr__(self) -> str:
-        if not self._views:
+        if not len(self):
             return "NpyDataset(0 files)"
-        shapes = sorted(set(self.shapes))
+        shapes = self._table.layout().shapes
         shown = str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes, e.g. {shapes[0]}..{shapes[-1]}"
-        first = self.files[0]
-        more = f" .. {self.files[-1]}" if len(self) > 1 else ""
+        first = self._shown(0)
+        more = f" .. {self._shown(-1)}" if len(self) > 1 else ""
         return (
             f"NpyDataset({len(self)} files, dtype={_dtype_name(self.dtype)}, ndim={self.ndim}, "
             f"shape {shown}, {_human(self.nbytes)}, device={self._device!r}: {first}{more})"
         )
 
+    def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
+        return NpyDataset(table, self._context, device=self._device, sharding=sharding, start=start)
+
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            lo, _, step = index.indices(len(self._views))
+            lo, _, step = index.indices(len(self))
             start = self._start + lo if self._start is not None and step == 1 else None
-            return NpyDataset(self._views[index], device=self._device, sharding=self._sharding, start=start)
+            return self._with(self._table[index], self._sharding, start)
         if isinstance(index, tuple):
             raise TypeError(
                 f"ds[{index!r}]: a dataset is indexed by file only; use a list for several files "
@@ -310,7 +338,7 @@ class NpyDataset:
             )
         if isinstance(index, (list, np.ndarray)):
             picks = [self._index(i) for i in np.asarray(index).reshape(-1).tolist()] if len(index) else []
-            return NpyDataset([self._views[i] for i in picks], device=self._device, sharding=self._sharding, start=None)
+            return self._with(self._table.take(np.array(picks, np.int64)), self._sharding, None)
         return self.array(self._index(index))
 
     def __getitems__(self, indices: Any) -> Any:
@@ -335,12 +363,12 @@ class NpyDataset:
         r = shard_range(len(self), shard_id, num_shards)
         sharding = (shard_id, num_shards) if num_shards > 1 else self._sharding
         start = self._start + r.start if self._start is not None else None
-        return NpyDataset(self._views[r.start : r.stop], device=self._device, sharding=sharding, start=start)
+        return self._with(self._table[r.start : r.stop], sharding, start)
 
     # -- lazy arrays ---------------------------------------------------------
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
         """File ``i`` (after ROI) as a lazy array."""
-        view = self._views[self._index(i)]
+        view = self.views[self._index(i)]
         return wrap(view, resolve_chunks(chunks, view), device=self._device)
 
     def arrays(self) -> list[da.Array]:
@@ -359,14 +387,15 @@ class NpyDataset:
         the grouping.
         """
         self._need_files("stack")
-        shapes, sizes, fortran = _layout(self._views)
-        if shapes.count(shapes[0]) != len(shapes):  # (compared in C: the usual case has one shape object)
-            i = next(i for i, s in enumerate(shapes) if s != shapes[0])
+        lay = self._table.layout()
+        if len(lay.shapes) > 1:  # (one header and one shared ROI: one shape, no loop over files)
+            i = int(np.flatnonzero(lay.shape_id != lay.shape_id[0])[0])
+            first, other = lay.shapes[int(lay.shape_id[0])], lay.shapes[int(lay.shape_id[i])]
             raise ValueError(
-                f"cannot stack files of different shapes: {self.files[0]} has {shapes[0]} but "
-                f"{self.files[i]} has {shapes[i]}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
+                f"cannot stack files of different shapes: {self._shown(0)} has {first} but "
+                f"{self._shown(i)} has {other}; use ds.concatenate(axis), ds.arrays(), or a ROI with roi_shape"
             )
-        return self._join(chunks, (shapes, sizes, fortran), axis=0, stacked=True)
+        return self._join(chunks, lay, axis=0, stacked=True)
 
     def concatenate(self, axis: int = 0, chunks: Any = None) -> da.Array:
         """One lazy array joining the files along ``axis``; other extents must agree.
@@ -379,16 +408,17 @@ class NpyDataset:
         if not -ndim <= axis < ndim:
             raise ValueError(f"axis {axis} is out of range for arrays of {ndim} dimensions")
         axis %= ndim
-        layout = _layout(self._views)
-        shapes = layout[0]
-        ref = shapes[0][:axis] + shapes[0][axis + 1 :]
-        for i, s in enumerate(shapes):
-            if s[:axis] + s[axis + 1 :] != ref:
-                raise ValueError(
-                    f"cannot concatenate along axis {axis}: {self.files[0]} has shape {shapes[0]} but "
-                    f"{self.files[i]} has {s}; all extents but axis {axis} must agree"
-                )
-        return self._join(chunks, layout, axis=axis, stacked=False)
+        lay = self._table.layout()
+        first = lay.shapes[int(lay.shape_id[0])]
+        ref = first[:axis] + first[axis + 1 :]
+        bad = [k for k, s in enumerate(lay.shapes) if s[:axis] + s[axis + 1 :] != ref]  # (per distinct shape)
+        if bad:
+            i = int(np.flatnonzero(np.isin(lay.shape_id, bad))[0])
+            raise ValueError(
+                f"cannot concatenate along axis {axis}: {self._shown(0)} has shape {first} but "
+                f"{self._shown(i)} has {lay.shapes[int(lay.shape_id[i])]}; all extents but axis {axis} must agree"
+            )
+        return self._join(chunks, lay, axis=axis, stacked=False)
 
     def to_xarray(self, dims: Any = None, name: Any = "data") -> Any:
         """:meth:`stack` as an ``xarray.DataArray``, over npydask's own dask graph (grouping and chunks as is).
@@ -445,15 +475,16 @@ class NpyDataset:
         return dataset_to_ray(self, options)
 
     def _need_files(self, what: str) -> None:
-        if not self._views:
+        if not len(self):
             raise ValueError(f"cannot {what} an empty dataset")
 
-    def _join(self, chunks: Any, layout: _Layout, *, axis: int, stacked: bool) -> da.Array:
-        views = self._views
+    def _join(self, chunks: Any, lay: Layout, *, axis: int, stacked: bool) -> da.Array:
+        views = self.views
+        shapes = _per_file(lay.shapes, lay.shape_id)
         limit = chunk_limit("auto" if chunks is None else chunks)
         if limit is None:
-            return self._join_explicit(chunks, axis=axis, stacked=stacked)
-        shapes, sizes, fortran = layout
+            return self._join_explicit(chunks, shapes, axis=axis, stacked=stacked)
+        sizes, fortran = lay.nbytes.tolist(), lay.fortran.tolist()
         cluster_threads = _cluster_threads()
         plan = plan_groups(
             sizes,
@@ -464,19 +495,25 @@ class NpyDataset:
             axis=axis,
             stacked=stacked,
             threads=cluster_threads,
-            strided=list(map(_ROI, views)).count(None) != len(views),
+            strided=self._has_roi(),
             copies=cluster_threads is not None,
         )
         return join(views, plan, axis=axis, stacked=stacked, device=self._device, shared=cluster_threads is None)
 
-    def _join_explicit(self, chunks: Any, *, axis: int, stacked: bool) -> da.Array:
+    def _has_roi(self) -> bool:
+        """Whether any file is cut to a ROI."""
+        t = self._table
+        used = (0,) if t.roi_id is None else np.unique(t.roi_id).tolist()
+        return any(t.rois[k] is not None for k in used)
+
+    def _join_explicit(self, chunks: Any, shapes: list[tuple[int, ...]], *, axis: int, stacked: bool) -> da.Array:
         from dask.array.core import normalize_chunks
 
         from npydask.stacking import GroupPlan
 
-        views = self._views
-        lengths = [1 if stacked else v.shape[axis] for v in views]
-        first = views[0].shape
+        views = self.views
+        lengths = [1] * len(shapes) if stacked else [s[axis] for s in shapes]
+        first = shapes[0]
         total = (len(views), *first) if stacked else (*first[:axis], sum(lengths), *first[axis + 1 :])
         normalized = normalize_chunks(chunks, total, dtype=self.dtype)
         join_axis = 0 if stacked else axis
@@ -540,7 +577,11 @@ def _cluster_threads() -> int | None:
 _Layout = tuple[list[tuple[int, ...]], list[int], list[bool]]
 
 
-_ROI = attrgetter("roi")
+def _per_file(shapes: tuple[tuple[int, ...], ...], shape_id: np.ndarray) -> list[tuple[int, ...]]:
+    """Each file's shape from a :class:`~npydask.table.Layout` (one shape: one list repeat, no loop)."""
+    if len(shapes) == 1:
+        return [shapes[0]] * len(shape_id)
+    return [shapes[k] for k in shape_id.tolist()]
 
 
 def _layout(views: Sequence[NpyFileArray]) -> _Layout:
@@ -580,9 +621,9 @@ def file_index(i: Any, n: int, kinds: str) -> int:
 
 
 def _rebuild(
-    views: tuple[NpyFileArray, ...], device: str, sharding: tuple[int, int] | None = None, start: int | None = 0
+    table: FileTable, context: Context, device: str, sharding: tuple[int, int] | None = None, start: int | None = 0
 ) -> NpyDataset:
-    return NpyDataset(views, device=device, sharding=sharding, start=start)
+    return NpyDataset(table, context, device=device, sharding=sharding, start=start)
 
 
 def _human(n: int) -> str:
@@ -778,42 +819,45 @@ def open_dataset(
 
         columns = scan_members_of(chosen, keys, source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
-        members = {
-            k: NpyDataset(
-                _views(picked, chosen, column, origin, roi_args, (backend, k, source), member=True),
-                device=device,
-                sharding=sharding,
-                start=picked.start,
-            )
-            for k, column in zip(keys, columns)
-        }
+        members: dict[str, NpyDataset] = {}
+        shared: FileTable | None = None  # (the first member's names and identities, shared by the others)
+        for k, column in zip(keys, columns):
+            t = _table(picked, chosen, column, origin, roi_args, k, member=True)
+            shared = t if shared is None else shared.with_entries(t.headers, t.header_id, t.rois, t.roi_id, t.deflated)
+            members[k] = NpyDataset(shared, _context(backend, k, source), device=device, sharding=sharding,
+                                    start=picked.start)
         return MultiKeyDataset(members)
     if first:
         identities = [listed[i] for i in picked] if listed is not None else source.identities(chosen)
-        views = first_views(picked, chosen, identities, roi_args, (backend, source))
+        table = first_table(picked, chosen, identities, roi_args, source)
     else:
-        views = _scanned_views(
+        table = _scanned_table(
             picked, chosen, None if listed is None else [listed[i] for i in picked], roi_args,
-            (backend, key, source), index, storage_options,
+            key, source, index, storage_options,
         )
-    if device == "gpu" and views:
+    if device == "gpu" and len(table):
         from npydask.gpu import check_gpu_dtype
 
-        check_gpu_dtype(views[0].dtype, views[0].ref.path)  # refused at open, not at the first read
-    return NpyDataset(views, device=device, sharding=sharding, start=picked.start)
+        check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
+    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=picked.start)
 
 
-def _scanned_views(
+def _context(backend: str, key: str | None, source: Source) -> Context:
+    """What every file of a dataset is read with (the source's default coalescing gap)."""
+    return Context(read_options(gap_bytes=source.gap_bytes), backend, key, source)
+
+
+def _scanned_table(
     picked: range,
     chosen: Sequence[str],
     listed: Sequence[Any] | None,
     roi_args: RoiArgs,
-    reading: tuple[str, str | None, Source],
+    key: str | None,
+    source: Source,
     index: Any,
     storage_options: dict[str, Any] | None,
-) -> list[NpyFileArray]:
+) -> FileTable:
     """``headers="all"``: every file's header, scanned or from the ``index`` (``listed``: the listing's identities)."""
-    key, source = reading[1], reading[2]
     if index is not None and key is None:
         from npydask.index import scan_with_index
 
@@ -833,7 +877,7 @@ def _scanned_views(
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)
-    return _views(picked, chosen, scanned, origin, roi_args, reading)
+    return _table(picked, chosen, scanned, origin, roi_args, key)
 
 
 def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -> list[list[Scanned]]:
@@ -847,26 +891,35 @@ def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -
     return columns
 
 
-def _views(
+def _table(
     picked: range,
     chosen: Sequence[str],
     scanned: Sequence[Scanned | BaseException],
     origin: tuple[str, str, bool],
     roi_args: RoiArgs,
-    reading: tuple[str, str | None, Source],
+    key: str | None,
     *,
     member: bool = False,
-) -> list[NpyFileArray]:
-    """One view per scanned file: one dtype and ndim checked, ROIs resolved (``member``: errors name the member)."""
-    backend, key, source = reading
+) -> FileTable:
+    """The scanned files as a table: one dtype and ndim checked, ROIs resolved (``member``: errors name the member).
+
+    Distinct headers (with their :class:`HeaderCheck`) and ROIs are numbered
+    as the loop meets them; per file it keeps only the identity and two ids.
+    """
     checks: dict[int, HeaderCheck] = {}  # per header object: the bytes every read site compares
-    options = read_options(gap_bytes=source.gap_bytes)  # (the source's default coalescing gap)
-    views: list[NpyFileArray] = []
+    entries: dict[tuple[int, int], int] = {}  # per (header, check): its number in the table
+    entry_table: list[tuple[NpyHeader, HeaderCheck]] = []
+    identities: list[Any] = []
+    header_id = array("i")
+    roi_id = array("i")
+    deflated = array("b")
     first: tuple[str, np.dtype, int] | None = None
     checked: NpyHeader | None = None  # headers are memoised objects: equal files share one
     shown_as = partial(_member_path, key) if member else _same
     with_roi = roi_args.has_roi or roi_args.out_of_bounds_policy != "error"
     rois: dict[tuple[tuple[int, ...], np.dtype], Any] = {}
+    roi_numbers: dict[int, int] = {}  # per ROI object: its number in the table
+    roi_table: list[Any] = []
     shared_roi = with_roi and not roi_args.per_file
     for global_i, path, result in zip(picked, chosen, scanned):
         if isinstance(result, BaseException):
@@ -890,7 +943,12 @@ def _views(
                 f"but {shown_as(path)} has {header.ndim} (shape {header.shape})"
             )
         checked = header
-        roi = None
+        entry = entries.setdefault((id(header), id(check)), len(entry_table))
+        if entry == len(entry_table):
+            entry_table.append((header, check))
+        header_id.append(entry)
+        identities.append(identity)
+        deflated.append(compressed)
         if with_roi:
             memo_key = (header.shape, header.dtype)
             if shared_roi and memo_key in rois:
@@ -899,6 +957,12 @@ def _views(
                 roi = cutting_roi(roi_args, header.shape, header.dtype, index=global_i, source=shown_as(path))
                 if shared_roi:
                     rois[memo_key] = roi
-        views.append(NpyFileArray(FileRef(path, identity, header, options, backend, key, compressed, check, source), roi))
-    return views
-
+            number = roi_numbers.setdefault(id(roi), len(roi_table))
+            if number == len(roi_table):
+                roi_table.append(roi)
+            roi_id.append(number)
+    return FileTable.from_rows(
+        chosen, identities, entry_table, None if len(entry_table) <= 1 else header_id,
+        roi_table or (None,), None if len(roi_table) <= 1 else roi_id,
+        deflated=deflated if any(deflated) else None,
+    )

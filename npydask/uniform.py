@@ -14,25 +14,22 @@ expected and the one found. A file rewritten in place that keeps its inode
 and header bytes is not seen (its size and mtime are not known).
 
 This module plans only: which header and check every file gets, and each
-file's view (:func:`first_views`); :func:`check_headers` validates the
+file's row of the dataset's table (:func:`first_table`); :func:`check_headers` validates the
 argument.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import repeat
+from collections.abc import Sequence
 from typing import Any
 
-from npydask.array import NpyFileArray
-from npydask.config import read_options
-from npydask.reader import FileRef
 from npydask.roi import RoiArgs, cutting_roi
 from npydask.storage._handles import HeaderCheck, InodeIdentity, header_mismatch
 from npydask.storage.base import Source
 from npydask.storage.urls import redact
+from npydask.table import FileTable
 
-__all__ = ["HEADERS", "check_headers", "first_views"]
+__all__ = ["HEADERS", "check_headers", "first_table"]
 
 HEADERS = ("all", "first")
 """The values of ``open_dataset``'s ``headers``: every file's header read at open, or the first file's only."""
@@ -70,24 +67,23 @@ def check_headers(headers: object, index: object, key: object) -> bool:
     return True
 
 
-def first_views(
+def first_table(
     picked: range,
     chosen: Sequence[str],
     identities: Sequence[Any],
     roi_args: RoiArgs,
-    reading: tuple[str, Source],
-) -> list[NpyFileArray]:
-    """One view per file of ``chosen``, every one with the first file's header and one shared check.
+    source: Source,
+) -> FileTable:
+    """The files of ``chosen`` as a table, every one with the first file's header and one shared check.
 
     ``picked`` are the files' positions in the whole list (per-file ROI rows
     are taken there and resolved on the first file's shape); ``identities``
     are the listing's (inodes, or objects' sizes and ETags) or whole ones
     (``files``/``file_list``: a ``stat`` or HEAD each); where they hold
     sizes, a file too small for the payload is refused now, with its own
-    header's error (another header, or truncated). ``reading`` is the
-    backend name and the source.
+    header's error (another header, or truncated). Local inode-only
+    identities are kept as such (size and mtime -1 in the table).
     """
-    backend, source = reading
     found = source.scan([chosen[0]])[0]
     if isinstance(found, BaseException):
         raise found
@@ -107,15 +103,13 @@ def first_views(
             if isinstance(bad, BaseException):
                 raise bad
             raise header_mismatch(redact(chosen[k]), check, bad[2])
-    options = read_options(gap_bytes=source.gap_bytes)
-    rois: Iterable[Any] = repeat(None)
+    rois: list[Any] = [None]
+    roi_id = None
     if roi_args.has_roi or roi_args.out_of_bounds_policy != "error":
         shape, dtype = header.shape, header.dtype
         if roi_args.per_file:
-            rois = [cutting_roi(roi_args, shape, dtype, index=i, source=redact(p)) for i, p in zip(picked, chosen)]
+            per_file = [cutting_roi(roi_args, shape, dtype, index=i, source=redact(p)) for i, p in zip(picked, chosen)]
+            rois, roi_id = per_file, list(range(len(per_file)))
         else:
-            rois = repeat(cutting_roi(roi_args, shape, dtype, index=picked.start, source=shown))
-    return [
-        NpyFileArray(FileRef(path, ident, header, options, backend, None, False, check, source), roi)
-        for path, ident, roi in zip(chosen, identities, rois)
-    ]
+            rois = [cutting_roi(roi_args, shape, dtype, index=picked.start, source=shown)]
+    return FileTable.from_rows(chosen, identities, [(header, check)], None, rois, roi_id)

@@ -668,7 +668,12 @@ def test_dataset_is_immutable(ten):
     assert ds.files == files and len(ds.shapes) == 10 and len(ds.headers) == 10
     sub, shard = ds[1:3], ds.shard(0, 2)
     assert sub is not ds and shard is not ds and len(ds) == 10
-    assert ds.views[0] is ds[:1].views[0]  # sub-datasets share the per-file views, nothing is copied
+    # sub-datasets share the table's buffers (O(1) slices), nothing is copied
+    for part in (ds[:1], sub, shard):
+        t = part.views.table
+        assert np.shares_memory(t.ends, ds.table.ends) and np.shares_memory(t.ino, ds.table.ino)
+        assert t.names is ds.table.names
+    assert ds.views[0].ref == ds[:1].views[0].ref
     again = pickle.loads(pickle.dumps(ds))
     assert again.files == files and again.shapes == ds.shapes and again.dtype == ds.dtype
     np.testing.assert_array_equal(again[3].compute(), np.load(files[3]))
