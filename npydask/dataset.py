@@ -484,7 +484,7 @@ class NpyDataset:
         limit = chunk_limit("auto" if chunks is None else chunks)
         if limit is None:
             return self._join_explicit(chunks, shapes, axis=axis, stacked=stacked)
-        sizes, fortran = lay.nbytes.tolist(), lay.fortran.tolist()
+        sizes, fortran = lay.nbytes, lay.fortran
         cluster_threads = _cluster_threads()
         plan = plan_groups(
             sizes,

@@ -5,13 +5,15 @@ task reads several small files into one block, while a file of about an
 eighth of dask's ``array.chunk-size`` or more gets chunks of its own and is
 never copied together with another. Each group becomes one
 ``dask.array.from_array`` over a :class:`FileGroup` (which carries only its
-own files' paths, headers and ROIs) and the groups are joined with
+own files' rows of the dataset's :class:`~npydask.table.FileTable`, a slice
+that pickles compactly) and the groups are joined with
 ``dask.array.concatenate``, so no task carries the whole dataset.
 """
 
 from __future__ import annotations
 
 import array
+import bisect
 import hashlib
 import math
 from collections.abc import Sequence
@@ -26,6 +28,7 @@ from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
 from npydask.array import NpyFileArray, auto_chunks, split_index, wrap
+from npydask.file_views import Context, FileViews
 from npydask.backends._pool import empty
 from npydask.backends.base import as_bytes, same_layout
 from npydask.header import NpyHeader
@@ -33,6 +36,8 @@ from npydask.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts
 from npydask.region import Box, ReadPlan, plan_read
 from npydask.storage.base import Item
+from npydask.storage.urls import redact
+from npydask.table import FileTable
 
 __all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
 
@@ -55,26 +60,48 @@ def joined_dtype(dtype: np.dtype) -> np.dtype:
 class FileGroup:
     """Consecutive files as one array-like: stacked on a new axis 0, or joined along ``axis``.
 
+    Made from a dataset's :class:`~npydask.file_views.FileViews` (a table
+    slice and its context: what a task pickles, ~50 B a file), or from any
+    sequence of :class:`~npydask.array.NpyFileArray` views (kept as they
+    are: files of different settings or sources each read their own way).
     Blocks are in :func:`joined_dtype` (native byte order), as ``numpy.stack``
     and ``dask.array.concatenate`` make them, so a join promises the same
     dtype however many groups it has.
     """
 
-    __slots__ = ("axis", "dtype", "offsets", "shape", "stacked", "views")
+    __slots__ = ("_list", "axis", "context", "dtype", "offsets", "shape", "stacked", "table")
 
     def __init__(self, views: Sequence[NpyFileArray], axis: int, stacked: bool) -> None:
-        self.views = tuple(views)
         self.axis = axis
         self.stacked = stacked
-        self.dtype = joined_dtype(self.views[0].dtype)
-        first = self.views[0].shape
-        if stacked:
-            self.shape = (len(self.views), *first)
-            self.offsets = tuple(range(len(self.views) + 1))
+        if isinstance(views, FileViews):
+            self.table: FileTable | None = views.table
+            self.context: Context | None = views.context
+            self._list: tuple[NpyFileArray, ...] | None = None
+            lay = views.table.layout()
+            first = lay.shapes[int(lay.shape_id[0])]
+            self.dtype = joined_dtype(views.table.header(0).dtype)
+            lengths = None if stacked else np.array([s[axis] for s in lay.shapes], np.int64)[lay.shape_id]
         else:
-            lengths = [v.shape[axis] for v in self.views]
+            self.table = self.context = None
+            self._list = tuple(views)
+            first = self._list[0].shape
+            self.dtype = joined_dtype(self._list[0].dtype)
+            lengths = None if stacked else np.array([v.shape[axis] for v in self._list], np.int64)
+        n = len(views)
+        if stacked:
+            self.shape = (n, *first)
+            self.offsets = tuple(range(n + 1))
+        else:
             self.offsets = (0, *np.cumsum(lengths).tolist())
             self.shape = (*first[:axis], self.offsets[-1], *first[axis + 1 :])
+
+    @property
+    def views(self) -> Sequence[NpyFileArray]:
+        """The files as views (over a table: a :class:`~npydask.file_views.FileViews`, views made on demand)."""
+        if self._list is not None:
+            return self._list
+        return FileViews(self.table, self.context)  # type: ignore[arg-type]
 
     @property
     def ndim(self) -> int:
@@ -83,12 +110,20 @@ class FileGroup:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def _count(self) -> int:
+        return len(self._list) if self._list is not None else len(self.table)  # type: ignore[arg-type]
+
+    def _path(self, k: int) -> str:
+        return self._list[k].ref.path if self._list is not None else self.table.path(k)  # type: ignore[union-attr]
+
     def __repr__(self) -> str:
         how = "stack" if self.stacked else f"concatenate(axis={self.axis})"
-        return f"FileGroup({len(self.views)} files, {how}, shape={self.shape}, dtype={self.dtype.str})"
+        return f"FileGroup({self._count()} files, {how}, shape={self.shape}, dtype={self.dtype.str})"
 
     def __dask_tokenize__(self) -> Any:
-        return ("npydask.FileGroup", self.axis, self.stacked, group_token(self.views))
+        if self._list is not None:
+            return ("npydask.FileGroup", self.axis, self.stacked, group_token(self._list))
+        return ("npydask.FileGroup", self.axis, self.stacked, table_token(self.table, self.context))  # type: ignore[arg-type]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FileGroup, (self.views, self.axis, self.stacked))
@@ -98,12 +133,17 @@ class FileGroup:
         if self.stacked:
             block = self._read_stacked(box)
             return block[post] if post else block
-        out = self._buffer(box.shape, 0, len(self.views))
+        out = self._buffer(box.shape, 0, self._count())
         axis = 0 if self.stacked else self.axis
         lo, hi = box.start[axis], box.stop[axis]
-        source = self.views[0].ref.source
+        views = self.views
+        source = views[0].ref.source
         rois: list[tuple[Any, ...]] = []  # ROIs inside their files, each into its slice of `out`: run at the end
-        for k, view in enumerate(self.views):
+        # (only the files the box meets: a view is made per file over a table)
+        first = max(0, bisect.bisect_right(self.offsets, lo) - 1)
+        last = min(len(views), bisect.bisect_left(self.offsets, hi))
+        for k in range(first, last):
+            view = views[k]
             a, b = max(lo, self.offsets[k]), min(hi, self.offsets[k + 1])
             if a >= b:
                 continue
@@ -134,7 +174,7 @@ class FileGroup:
             return empty(shape, self.dtype)
         except MemoryError as e:
             nbytes = math.prod(shape) * self.dtype.itemsize
-            files = self.views[lo].ref.path + ("" if hi - lo <= 1 else f" .. {self.views[hi - 1].ref.path}")
+            files = self._path(lo) + ("" if hi - lo <= 1 else f" .. {self._path(hi - 1)}")
             raise MemoryError(
                 f"{files}: {e}; it was reading {nbytes} bytes ({nbytes / (1 << 20):.1f} MiB) of {hi - lo} "
                 f"file(s) as one block of shape {shape}: use smaller chunks (stack(chunks=...))"
@@ -150,6 +190,8 @@ class FileGroup:
                 block = block.astype(self.dtype)
             return block[np.newaxis]
         out = self._buffer(box.shape, lo, hi)
+        if self._list is None:
+            return self._read_rows(inner, lo, hi, out)
         row = out.nbytes // (hi - lo) if hi > lo else 0
         source = self.views[lo].ref.source  # (a group's files share theirs; any other goes through its own read)
         read_many = source.read_many
@@ -184,15 +226,87 @@ class FileGroup:
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
                     rois.append((ref.path, ref.identity, plan, as_bytes(slab), ref.options, ref.check))
                     continue
-            if not _same_dtype(view.dtype, self.dtype):
-                slab[...] = view.read(inner)  # to native byte order (fields of a structured dtype too)
-            else:
-                view.read(inner, out=slab)
+            _read_into(view, inner, slab, self.dtype)
         if batch and row:
             read_many(batch, flat[(at - lo) * row : (hi - lo) * row], row)
         if rois:
             source.read_runs_many(rois)
         return out
+
+    def _read_rows(self, inner: Box, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
+        """Table rows ``lo..hi`` into ``out``: plain files in one ``read_many`` loop, the others as views.
+
+        What depends only on a row's header and ROI (its one plain run, or its
+        ROI plan) is worked out once per distinct pair, not per file.
+        """
+        t, c = self.table[lo:hi], self.context  # type: ignore[index]
+        source, options = c.source, c.options  # type: ignore[union-attr]
+        row = out.nbytes // (hi - lo)
+        flat = memoryview(out.reshape(-1).view(np.uint8))
+        plain = c.key is None and not options.direct_io  # type: ignore[union-attr]
+        checks = [check for _, check in t.headers]
+        runs: list[tuple[int, int] | None | bool] = [False] * len(t.headers)  # per header: its plain run, when asked
+        if plain and t.roi_id is None and t.rois[0] is None:
+            used = [0] if t.header_id is None else np.unique(t.header_id).tolist()
+            for h in used:
+                runs[h] = _plain_run(t.headers[h][0], inner, self.dtype)
+            if all(runs[h] is not None for h in used):
+                # the common case: every file one plain run (one open, one preadv, one fstat, one close each)
+                source.read_many(t.items([r[0] if r else 0 for r in runs]), flat, row)  # type: ignore[index]
+                return out
+        views = FileViews(t, c)  # type: ignore[arg-type]
+        batch: list[Item] = []  # consecutive plain files, read in one tight loop
+        rois: list[tuple[Any, ...]] = []  # ROIs inside their files: read_runs jobs, run together at the end
+        strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
+        at = 0  # where the batch starts
+        for k, (path, ident, h, r) in enumerate(t.rows()):
+            run = None
+            if plain and t.rois[r] is None:
+                run = runs[h]
+                if run is False:
+                    run = runs[h] = _plain_run(t.headers[h][0], inner, self.dtype)
+            if run is not None:
+                batch.append((path, ident, run[0], checks[h]))
+                continue
+            if batch:
+                source.read_many(batch, flat[at * row : k * row], row)
+                batch = []
+            at = k + 1
+            slab = out[k, ...]  # a C-contiguous slab: read in place
+            view = views[k]
+            if t.rois[r] is not None:
+                plan = strided.get((h, r), False)
+                if plan is False:
+                    plan = strided[(h, r)] = _fast_roi(view, inner, self.dtype, source)
+                if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
+                    rois.append((path, ident, plan, as_bytes(slab), options, checks[h]))
+                    continue
+            _read_into(view, inner, slab, self.dtype)
+        if batch and row:
+            source.read_many(batch, flat[at * row : (hi - lo) * row], row)
+        if rois:
+            source.read_runs_many(rois)
+        return out
+
+
+def _read_into(view: NpyFileArray, inner: Box, slab: np.ndarray, dtype: np.dtype) -> None:
+    """``inner`` of ``view`` into ``slab`` (in place, or converted to native byte order and fields of ``dtype``)."""
+    if not _same_dtype(view.dtype, dtype):
+        slab[...] = view.read(inner)  # to native byte order (fields of a structured dtype too)
+    else:
+        view.read(inner, out=slab)
+
+
+def table_token(table: FileTable, context: Context) -> str:
+    """One hash of a group's rows (:meth:`FileTable.token`: its column buffers) and what they are read with.
+
+    An object URL's query string (a presigned URL's signature) is removed
+    before hashing, as :meth:`FileRef.facts <npydask.reader.FileRef.facts>`
+    does: only the store's public part and the redacted paths are hashed.
+    """
+    if not context.source.mappable and b"?" in table.names:
+        table = table.map_paths(redact)
+    return FileViews(table, context).token()
 
 
 def group_token(views: Sequence[NpyFileArray]) -> str:
@@ -299,7 +413,7 @@ def _target_group_bytes(total: int, limit: int, threads: int) -> int:
 
 
 def plan_groups(
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     shapes: Sequence[tuple[int, ...]],
     dtype: np.dtype,
     fortran: Sequence[bool],
@@ -336,9 +450,48 @@ def plan_groups(
     ((0, 10),)
     """
     threads = threads or dask.config.get("num_workers", None) or CPU_COUNT or 1
-    target = _target_group_bytes(sum(sizes), limit, threads)
+    sizes = np.asarray(sizes, np.int64).reshape(-1)
+    target = _target_group_bytes(int(sizes.sum()), limit, threads)
     small = limit // 8
     max_files = math.ceil(len(sizes) / (2 * threads)) if strided else len(sizes)
+    large = (sizes > 0) & ((sizes > target) | ((sizes >= small) & (not copies)))
+    if not large.any():  # all small (the million-file case): O(groups) array steps, no loop over files
+        bounds = _packed(sizes, target, max_files)
+        return GroupPlan(tuple(bounds), tuple(_whole(shapes, a, b, axis, stacked) for a, b in bounds))
+    return _plan_each(sizes.tolist(), shapes, dtype, fortran, target, small, max_files, axis, stacked, copies)
+
+
+def _packed(sizes: np.ndarray, target: int, max_files: int) -> list[tuple[int, int]]:
+    """Greedy groups of consecutive files, each under ``target`` bytes and ``max_files`` files (its first always in).
+
+    The bounds :func:`_plan_each` gives files none of which is large, found
+    by ``searchsorted`` on the running total: one step per group.
+    """
+    n = len(sizes)
+    total = np.concatenate(([0], np.cumsum(sizes)))
+    bounds: list[tuple[int, int]] = []
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(total, int(total[a]) + target, side="right")) - 1
+        b = min(max(b, a + 1), a + max_files, n)
+        bounds.append((a, b))
+        a = b
+    return bounds
+
+
+def _plan_each(
+    sizes: list[int],
+    shapes: Sequence[tuple[int, ...]],
+    dtype: np.dtype,
+    fortran: Sequence[bool],
+    target: int,
+    small: int,
+    max_files: int,
+    axis: int,
+    stacked: bool,
+    copies: bool,
+) -> GroupPlan:
+    """:func:`plan_groups` file by file (some files are large: each gets a group of its own, split)."""
     bounds: list[tuple[int, int]] = []
     inner: list[tuple[tuple[int, ...], ...]] = []
     start, acc = 0, 0
@@ -348,7 +501,7 @@ def plan_groups(
                 bounds.append((start, i))
                 inner.append(_whole(shapes, start, i, axis, stacked))
             bounds.append((i, i + 1))
-            inner.append(_split(shapes[i], dtype, fortran[i], target, axis, stacked))
+            inner.append(_split(shapes[i], dtype, bool(fortran[i]), target, axis, stacked))
             start, acc = i + 1, 0
             continue
         if (acc + size > target or i - start >= max_files) and start < i:

@@ -61,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -522,7 +522,7 @@ class FileTable:
         names, ends = gather(self.names, self._starts()[idx], self.ends[idx])
         return self._with(names, ends, idx)
 
-    def _with(self, names: bytes, ends: np.ndarray, idx: np.ndarray | slice) -> FileTable:
+    def _with(self, names: bytes, ends: np.ndarray, idx: np.ndarray | slice, root: str | None = None) -> FileTable:
         """A new validated table of ``names``/``ends`` and the other columns at ``idx``, entries compacted."""
 
         def pick(col: Any) -> Any:
@@ -533,10 +533,22 @@ class FileTable:
         rois, roi_id = _compact(self.rois, pick(self.roi_id), len(ends))
         deflated = pick(self.deflated)
         return FileTable.from_columns(
-            self.root, names, ends, size=pick(self.size), mtime_ns=pick(self.mtime_ns), ino=pick(self.ino),
+            self.root if root is None else root, names, ends, size=pick(self.size), mtime_ns=pick(self.mtime_ns), ino=pick(self.ino),
             etag=pick(self.etag), modified=pick(self.modified), headers=headers, header_id=header_id,
             rois=rois, roi_id=roi_id, deflated=None if deflated is None or not deflated.any() else deflated,
         )
+
+    def map_paths(self, fn: Callable[[str], str]) -> FileTable:
+        """The same rows with every path replaced by ``fn(path)`` (root recomputed; O(rows)).
+
+        For hashing an object URL's public part only (``fn`` =
+        :func:`npydask.storage.urls.redact`).
+        """
+        paths = list(map(fn, self.paths()))
+        root = common_root(paths)
+        cut = len(root)
+        names, ends = pack([p[cut:] for p in paths], "the path")
+        return self._with(names, ends, slice(None), root)
 
     def compact(self) -> FileTable:
         """This table holding only its own bytes and entries (what it pickles as)."""
