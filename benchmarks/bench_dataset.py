@@ -421,18 +421,19 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     """Where open+stack+sum spends its time per file, each step timed alone (CPU time, median of ``repeat``).
 
     Steps: the listing (with inodes for ``headers="first"``), the header
-    scan (the first file's only with ``"first"``), building the views,
+    scan (the first file's only with ``"first"``), building the table (the
+    dataset's columns),
     building the graph (``stack()``), the grouped read loop over every file
     (``read_files``: open, preadv, fstat, close), numpy's sum of the
     block, and what is left of ``stack().sum().compute()`` (dask's
     scheduling, the groups' buffers and per-file bookkeeping). Uses npydask's
     private steps: a profile, not an API.
     """
-    from npydask.dataset import _select, _views, scan_headers
+    from npydask.dataset import _select, _table, scan_headers
     from npydask.roi import RoiArgs
     from npydask.storage._batch import read_files
     from npydask.storage.local import LOCAL
-    from npydask.uniform import first_views
+    from npydask.uniform import first_table
 
     def per_file(fn: Callable[[], Any], n: int) -> tuple[float, Any]:
         cpu: list[float] = []
@@ -450,12 +451,11 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
         if mode == "all":
             steps["header scan"], scanned = per_file(lambda: scan_headers(paths), n)
             origin = ("the header read when the dataset was opened", "open the dataset again", True)
-            steps["views"], _ = per_file(lambda: _views(range(n), paths, scanned, origin, no_roi,
-                                                        ("auto", None, LOCAL)), n)
+            steps["table"], _ = per_file(lambda: _table(range(n), paths, scanned, origin, no_roi, None), n)
         else:
             steps["header scan"], _ = per_file(lambda: LOCAL.scan(paths[:1]), n)
-            steps["views"], _ = per_file(lambda: first_views(range(n), paths, selected.identities, no_roi,
-                                                              ("auto", LOCAL)), n)
+            steps["table"], _ = per_file(lambda: first_table(range(n), paths, selected.identities, no_roi, LOCAL),
+                                         n)
         ds = npydask.open_dataset(root, headers=mode)
         steps["graph (stack)"], x = per_file(ds.stack, n)
         refs = [v.ref for v in ds.views]

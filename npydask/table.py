@@ -334,17 +334,17 @@ class FileTable:
             raise ValueError(f"the root {root!r} does not prefix the path {bad!r}: give a root every path starts with")
         cut = len(root)
         names, ends = pack([p[cut:] for p in paths], "the path")
-        kinds = {type(i) for i in identities}
-        if kinds == {InodeIdentity}:  # (headers="first": the listing's inode alone, size and mtime unknown)
-            inos = list(map(itemgetter(0), identities))
-            identities = list(map(FileIdentity, repeat(-1, n), repeat(-1, n), inos))  # type: ignore[arg-type]
-            kinds = {FileIdentity}
-        if len(kinds) > 1 or (kinds and kinds.pop() not in (FileIdentity, ObjectIdentity)):
+        kinds = set(map(type, identities))
+        if len(kinds) > 1 or (kinds and kinds.pop() not in (FileIdentity, InodeIdentity, ObjectIdentity)):
             raise ValueError(f"identities must all be FileIdentity, all InodeIdentity or all ObjectIdentity, found "
                              f"{sorted(k.__name__ for k in {type(i) for i in identities})}")
         columns: dict[str, Any] = {}
-        field = [list(map(itemgetter(k), identities)) for k in range(3)]  # (zip(*rows) is 10x slower)
-        if n and isinstance(identities[0], ObjectIdentity):
+        field = [] if n and type(identities[0]) is InodeIdentity else [
+            list(map(itemgetter(k), identities)) for k in range(3)]  # (zip(*rows) is 10x slower)
+        if not field:  # (headers="first": the listing's inode alone, size and mtime unknown)
+            unknown = np.full(n, -1, np.int64)
+            columns.update(size=unknown, mtime_ns=unknown, ino=list(map(itemgetter(0), identities)))
+        elif n and isinstance(identities[0], ObjectIdentity):
             columns.update(size=field[0], etag=Strings.of(field[1], "the ETag"))
             if any(m is not None for m in field[2]):
                 columns["modified"] = Strings.of(field[2], "the Last-Modified value")
