@@ -1408,3 +1408,17 @@ def test_group_token_follows_every_identity_local_or_object(tmp_path):
 
     assert group_token(as_object("e1")) == group_token(as_object("e1")) != group_token(as_object("e2"))
     assert isinstance(views[0].ref, FileRef)
+
+
+def test_dataset_pickles_its_rows_compactly(tmp_path):
+    arrays = [np.full((3, 2), i, "<i4") for i in range(1500)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:05d}.npy", a)
+    ds = npydask.open_dataset(tmp_path)
+    whole, part = len(pickle.dumps(ds, protocol=5)), len(pickle.dumps(ds[100:200], protocol=5))
+    assert whole / len(ds) < 80  # (a view per file pickled at ~114 B/file)
+    assert part < whole / 5  # a slice ships only its own rows
+    back = pickle.loads(pickle.dumps(ds[[7, 1400, 7]], protocol=5))
+    assert back.files == [ds.files[7], ds.files[1400], ds.files[7]] and back.start_index is None
+    np.testing.assert_array_equal(back.stack().compute(), np.stack([arrays[7], arrays[1400], arrays[7]]))
+    assert repr(ds).count(str(tmp_path)) == 2  # first and last file named once each

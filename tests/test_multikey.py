@@ -358,3 +358,17 @@ def test_threads_reading_members_while_archives_are_replaced_never_get_other_dat
             t.join()
     assert not bad, bad[:5]
     assert failures[0] > 0  # the replacements were seen
+
+
+def test_members_share_the_archives_names_and_identities(tmp_path):
+    for i in range(5):
+        np.savez(tmp_path / f"{i}.npz", x=np.full((2, 3), i, "<f4"), y=np.array([i * i], "<i8"))
+    ds = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"])
+    tx, ty = ds.members["x"].table, ds.members["y"].table
+    assert tx.names is ty.names and tx.ino is ty.ino and tx.size is ty.size
+    assert tx.headers[0][0].shape == (2, 3) and ty.headers[0][0].shape == (1,)
+    part = ds[1:4]
+    assert part.members["x"].table.names is tx.names
+    got = dask.compute(part.stack())[0]
+    np.testing.assert_array_equal(got["x"], np.stack([np.full((2, 3), i, "<f4") for i in range(1, 4)]))
+    np.testing.assert_array_equal(got["y"], np.array([[1], [4], [9]]))
