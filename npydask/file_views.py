@@ -30,7 +30,7 @@ __all__ = ["Context", "FileViews"]
 
 
 class Context(NamedTuple):
-    """What every file of a table is read with: today's ``FileRef`` fields no file changes."""
+    """What every file of a table is read with: the ``FileRef`` fields no file changes."""
 
     options: ReadOptions
     backend: str = "auto"

@@ -52,8 +52,8 @@ Held is names (18) + ends (8) + size, mtime_ns, ino (24); the peak is the
 transient lists :meth:`FileTable.from_lists` makes. At 1M rows: ``paths()``
 0.2 us a path, ``rows()`` 0.4 us a row, ``layout()`` 6 ms (one header: no
 loop over rows), ``token()`` of a 32k-row slice 1.6 ms, ``take`` of every
-7th row 8-14 ms. Today's per-file objects hold 460 B/file (traced) and
-pickle at 114 B/file.
+7th row 8-14 ms. The per-file objects datasets held before this table: 460 B/file (traced),
+pickled at 114 B/file.
 """
 
 from __future__ import annotations
