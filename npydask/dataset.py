@@ -37,7 +37,7 @@ from npydask.config import read_options
 from npydask.discovery import Selected, select_listed, shard_range
 from npydask.header import NpyHeader
 from npydask.paths import absolute_all
-from npydask.reader import BACKENDS, FileRef, _check_key
+from npydask.reader import BACKENDS, _check_key
 from npydask.roi import RoiArgs, cutting_roi
 from npydask.stacking import join, plan_groups
 from npydask.uniform import check_headers, first_table
