@@ -54,7 +54,6 @@ import _common  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
-from npydask.backends._iovec import read_iovecs  # noqa: E402
 from npydask.backends.pread import _Reader  # noqa: E402
 from npydask.backends._pool import pieces  # noqa: E402
 from npydask.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
