@@ -73,6 +73,7 @@ from npydask.header import NpyHeader, parse_header
 from npydask.storage._handles import FileIdentity, open_regular
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
+from npydask.table import common_root
 
 __all__ = ["FORMAT", "VERSION", "Index", "load_index", "scan_with_index", "write_index"]
 
@@ -258,7 +259,7 @@ def write_index(index_path: str, index: Index, storage_options: dict[str, Any] |
     if index.etags is None:
         payload["names"] = names
     else:
-        root = _root(names)
+        root = common_root(names)
         payload["root"] = root
         payload["names"] = [name[len(root) :] for name in names]
         payload["etags"] = [index.etags[j] for j in at]
@@ -281,23 +282,6 @@ def write_index(index_path: str, index: Index, storage_options: dict[str, Any] |
         except OSError:
             pass
         raise
-
-
-def _root(urls: Sequence[str]) -> str:
-    """The longest ``scheme://bucket/folder/`` prefix every URL shares (names are stored after it).
-
-    Examples
-    --------
-    >>> _root(["s3://b/p/x/a.npy", "s3://b/p/y.npy"]), _root(["s3://b/a.npy"]), _root([])
-    ('s3://b/p/', 's3://b/', '')
-    """
-    if not urls:
-        return ""
-    common = os.path.commonprefix([urls[0], urls[-1]]) if len(urls) > 1 else urls[0]  # (sorted: the ends bound it)
-    cut = common.rfind("/") + 1
-    scheme_end = common.find("://") + 3
-    bucket_end = common.find("/", scheme_end) + 1
-    return common[: max(cut, bucket_end)] if bucket_end > 0 else common[:cut]
 
 
 def _read_remote(url: str, storage_options: dict[str, Any] | None) -> bytes:

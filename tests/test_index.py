@@ -304,7 +304,7 @@ def test_an_index_of_objects_is_refused_for_local_files(folder, tmp_path):
     (["https://host:8080/d/a b.npy", "https://host:8080/d/é.npy"], "https://host:8080/d/"),
 ])
 def test_object_names_are_stored_after_their_common_root(urls, root):
-    assert index_mod._root(sorted(urls)) == root
+    assert index_mod.common_root(sorted(urls)) == root  # (the one the index stores names after)
 
 
 # --------------------------------------------------------------------------
