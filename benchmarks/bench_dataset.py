@@ -129,7 +129,7 @@ def n_tasks(x: da.Array) -> int:
 
 def roi_model(ds: npydask.NpyDataset) -> dict[str, Any]:
     """The cost model's view of the dataset's ROI (the first file's): its choice and estimates per file, ns."""
-    view = ds._views[0]
+    view = ds.views[0]
     options = view.ref.options
     plan = plan_read(view.ref.header, view.roi.box)
     c = choose(plan, options.gap_bytes, options.max_span_bytes)

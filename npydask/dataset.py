@@ -308,7 +308,6 @@ class NpyDataset:
         """The per-file array-likes the lazy arrays are built on: a read-only sequence making each on demand."""
         return FileViews(self._table, self._context)
 
-    _views = views  # (the name tests and older callers use)
 
     def __repr__(self) -> str:
         if not len(self):

@@ -657,11 +657,11 @@ def test_sub_datasets(ten):
 def test_dataset_is_immutable(ten):
     ds = npydask.open_dataset(ten)
     files = ds.files
-    for name in ["files", "shapes", "dtype", "_views", "_device", "anything"]:
+    for name in ["files", "shapes", "dtype", "_table", "_device", "anything"]:
         with pytest.raises(AttributeError):
             setattr(ds, name, None)
     with pytest.raises(AttributeError):
-        del ds._views
+        del ds._table
     ds.files.append("x")
     ds.shapes.clear()
     ds.headers.clear()

@@ -228,7 +228,7 @@ def test_device_array_indexing_roi_outside_and_groups(tmp_path, numpy_device):
     np.save(tmp_path / "0.npy", a)
     np.save(tmp_path / "1.npy", np.asfortranarray(a[::-1]))
     ds = npydask.open_dataset(tmp_path)
-    view = ds._views[0]
+    view = ds.views[0]
     dev = gpu.on_device(view)
     assert len(dev) == 6 and dev.nbytes == a.nbytes and dev.ndim == 2 and "DeviceArray" in repr(dev)
     same(dev[::2, 5], a[::2, 5])
@@ -240,11 +240,11 @@ def test_device_array_indexing_roi_outside_and_groups(tmp_path, numpy_device):
     same(outside[0].compute(), np.full((2, 3), 4, "<f4"))
     from npydask.stacking import FileGroup
 
-    joined = gpu.on_device(FileGroup(ds._views, 0, False))
+    joined = gpu.on_device(FileGroup(ds.views, 0, False))
     both = np.concatenate([a, a[::-1]])
     same(joined[7:11, 2:6], both[7:11, 2:6])  # touches only the second file
     same(joined[3:9:2], both[3:9:2])
-    stacked = gpu.on_device(FileGroup(ds._views, 0, True))
+    stacked = gpu.on_device(FileGroup(ds.views, 0, True))
     same(stacked[1, 2:4], a[::-1][2:4])
     with pytest.raises(TypeError, match="0-d"):
         len(gpu.on_device(NpyFileArray(FileRef.open(_scalar(tmp_path)))))

@@ -323,7 +323,7 @@ def test_changed_file_fails_on_every_path(tmp_path, strategy, how) -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_header_check_fires_on_every_path(tmp_path, strategy) -> None:
     ds, files = _dataset(tmp_path)
-    views = [v for v in ds._views]
+    views = [v for v in ds.views]
     bad = HeaderCheck(b"\x93NUMPY other header", "the first file's header", "open it with headers='all'")
     views[1] = type(views[1])(views[1].ref._replace(check=bad), views[1].roi)
     group = FileGroup(views, 0, True)
