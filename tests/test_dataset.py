@@ -1231,6 +1231,60 @@ def test_scan_headers_reports_progress_per_batch_without_changing_results(tmp_pa
     assert len(seen) == math.ceil(len(paths) / _BATCH)  # once a batch, never per file
 
 
+class _ColdAfter:
+    """The local source, with the paths in ``cold`` served slowly (as a cold part of a folder is)."""
+
+    mappable = True
+
+    def __init__(self, cold):
+        from npydask.storage.local import LOCAL
+
+        self.local, self.cold, self.where = LOCAL, set(cold), []
+
+    def scan(self, paths, key=None):
+        import threading
+        import time
+
+        if self.cold.intersection(paths):
+            time.sleep(0.001 * len(paths))  # 1 ms a file: over _SLOW_FILE
+        self.where.append((threading.current_thread().name, len(paths)))
+        return self.local.scan(paths, key)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_path, progress):
+    from npydask.dataset import _BATCH, _STEP, scan_headers
+
+    n = _BATCH + _STEP + 2 * _BATCH
+    np.save(tmp_path / "a.npy", np.arange(6, dtype="<i2"))
+    cold_from = _BATCH + _STEP  # the first batch and the next step are fast; the rest names the file another way
+    names = [str(tmp_path / "a.npy")] * cold_from + [str(tmp_path / "." / "a.npy")] * (n - cold_from)
+    source = _ColdAfter(names[cold_from:])
+    seen: list[int] = []
+    got = scan_headers(names, source=source, progress=seen.append if progress else None)
+    assert len(got) == n and all(r[1].shape == (6,) for r in got)
+    main = [w for w in source.where if not w[0].startswith("npydask-scan")]
+    threaded = [w for w in source.where if w[0].startswith("npydask-scan")]
+    assert sum(k for _, k in main) + sum(k for _, k in threaded) == n
+    # the fast part ran in this thread; after the first slow batch, the rest ran on the pool
+    assert sum(k for _, k in main) <= cold_from + (_BATCH if progress else _STEP)
+    assert sum(k for _, k in threaded) >= n - cold_from - (_BATCH if progress else _STEP)
+    assert threaded, "a slow batch after a fast first one never handed the rest to threads"
+    if progress:
+        assert seen[-1] == n and seen == sorted(seen)
+
+
+def test_scan_headers_stays_in_this_thread_with_threads_1_however_slow(tmp_path):
+    from npydask.dataset import _BATCH, scan_headers
+
+    np.save(tmp_path / "a.npy", np.arange(6, dtype="<i2"))
+    paths = [str(tmp_path / "a.npy")] * (3 * _BATCH)
+    source = _ColdAfter(paths)
+    got = scan_headers(paths, source=source, threads=1)
+    assert len(got) == len(paths)
+    assert not [w for w in source.where if w[0].startswith("npydask-scan")]
+
+
 # --------------------------------------------------------------------------
 # An index= or file_list= path that is a FIFO is refused at once, never waited on
 
