@@ -60,6 +60,10 @@ Every measurement runs in a fresh child process (imports and a one-file
   ``Client._graph_to_futures`` does: ``serialize(to_serialize(FinalizeCompute(
   collections_to_expr([x]))))``, header plus frames. That is the pickled
   graph of the goal.
+* ``hdr floor``: a loop of ``os.open`` + ``os.fstat`` + ``os.pread(fd, 512,
+  0)`` + ``os.close``, the system calls and pages an open with
+  ``headers="all"`` reads, run twice right before each open (the first
+  re-warms the pages; the second is timed: the median is the open's floor).
 * ``floor``: a loop of ``os.open`` + ``os.pread(fd, 4224, 0)`` + ``os.close``
   over every file (this process; it also warms the page cache before the
   children run): what any reader of ``N`` files pays for the system calls.
@@ -229,6 +233,29 @@ def raw_floor(paths: Sequence[str], nbytes: int) -> float:
         try:
             if len(pread(fd, nbytes, 0)) != nbytes:
                 raise OSError(f"{p}: short read")
+        finally:
+            close(fd)
+    return time.perf_counter() - t0
+
+
+HEADER_READ = 512  # bytes npydask's scan reads first (npydask.storage._batch.SCAN_READ)
+
+
+def header_floor(paths: Sequence[str]) -> float:
+    """Seconds of one ``os.open`` + ``os.fstat`` + ``os.pread(fd, 512, 0)`` + ``os.close`` loop over ``paths``.
+
+    The system calls an open with ``headers="all"`` makes per file, and the
+    pages it reads: run right before each open, it also re-warms them (at
+    1,000,000 files this VM's page cache does not keep every file's two
+    pages that the whole-file floor reads, but it keeps their first ones).
+    """
+    open_, fstat, pread, close, flags = os.open, os.fstat, os.pread, os.close, os.O_RDONLY | os.O_CLOEXEC
+    t0 = time.perf_counter()
+    for p in paths:
+        fd = open_(p, flags)
+        try:
+            fstat(fd)
+            pread(fd, HEADER_READ, 0)
         finally:
             close(fd)
     return time.perf_counter() - t0
@@ -417,12 +444,18 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
     paths = fs.paths()
     raw_floor(paths, nbytes)  # warms the page cache (dentries, inodes and pages) for every child
     floor = raw_floor(paths, nbytes)
-    del paths
     opens = repeat if n < ONCE_FROM else 1
     row: dict[str, Any] = {"n": n, "root": fs.root, "floor_s": floor, "open_runs": opens}
     modes = [("all", None, True), ("nogc", None, False)] + ([("first", "first", True)] if first_mode else [])
+    header_floors: list[float] = []
+
+    def open_once(spec: dict[str, Any]) -> dict[str, Any]:
+        header_floor(paths)  # the pages an open reads, re-read right before it (and timed: the open's floor)
+        header_floors.append(header_floor(paths))
+        return run_child(spec)
+
     for name, headers, collect in modes:
-        runs = [run_child({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect})
+        runs = [open_once({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect})
                 for _ in range(opens)]
         errors = [r["error"] for r in runs if "error" in r]
         if errors:
@@ -435,6 +468,8 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
         row[f"peak_{name}"] = _common.median([r["peak"] for r in runs])
         print(f"  {n:>9,} files: open {name:5s} {_common.fmt_seconds(row[f'open_{name}_s']):>10s}  "
               f"held {row[f'rss_{name}'] / n:7.0f} B/file", flush=True)
+    row["header_floor_s"] = _common.median(header_floors)
+    del paths
     traced = run_child({"kind": "open", "root": fs.root, "n": n, "headers": None, "trace": True})
     row["traced"] = traced.get("traced")
     row["sites"] = traced.get("sites", [])
@@ -470,8 +505,9 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
         table.append([
             f"{r['n']:,}",
             f"{r['floor_s']:.2f}", _per(r, "floor_s", 1e6, ".1f"),
+            f"{r['header_floor_s']:.2f}", _per(r, "header_floor_s", 1e6, ".1f"),
             "n/a" if "open_all_s" not in r else f"{r['open_all_s']:.2f}", _per(r, "open_all_s", 1e6, ".1f"),
-            "n/a" if "open_all_s" not in r else f"{(r['open_all_s'] - r['floor_s']) / r['n'] * 1e6:.1f}",
+            "n/a" if "open_all_s" not in r else f"{(r['open_all_s'] - r['header_floor_s']) / r['n'] * 1e6:.1f}",
             "n/a" if "open_nogc_s" not in r else f"{r['open_nogc_s']:.2f}",
             "n/a" if "open_first_s" not in r else f"{r['open_first_s']:.2f}", _per(r, "open_first_s", 1e6, ".1f"),
             _per(r, "rss_all", 1, ".0f"), _per(r, "peak_all", 1, ".0f"), _per(r, "traced", 1, ".0f"),
@@ -482,11 +518,13 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
         ])
     print()
     print("# per N: s = seconds (median), us/f = microseconds per file, B/f = bytes per file; floor = "
-          "os.open+os.pread+os.close loop; -floor = open all minus the floor (npydask's own share); "
+          "os.open+os.pread(4224)+os.close loop (whole files); hdr floor = os.open+os.fstat+os.pread(512)+os.close "
+          "loop, run right before each open (re-warming the pages it reads); -hdr = open all minus hdr floor "
+          "(npydask's own share); "
           "gc off = open all with the cyclic garbage collector off (what collecting per-file objects costs); "
           "held = RSS after open - before, dataset held; peak = VmHWM - before; traced = tracemalloc; "
           "pickled = pickle of the local graph; sent = bytes Client.compute sends (cluster graph)")
-    _common.table(table, ["files", "floor s", "us/f", "open all s", "us/f", "-floor us/f", "gc off s", "open first s",
+    _common.table(table, ["files", "floor s", "us/f", "hdr floor s", "us/f", "open all s", "us/f", "-hdr us/f", "gc off s", "open first s",
                           "us/f", "held B/f", "peak B/f", "traced B/f", "stack s", "us/f", "stack(cl) s",
                           "pickled B/f", "sent B/f", "tasks", "tasks(cl)"])
     if not first_mode:
@@ -525,10 +563,11 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
     if len(rows) > 1:
         lo = rows[0]
         if "open_all_s" in lo and "open_all_s" in big:
-            growth = ((big["open_all_s"] - big["floor_s"]) / n) / ((lo["open_all_s"] - lo["floor_s"]) / lo["n"])
-            goal_rows.append([f"(info) per-file open all minus floor: {n:,} files / {lo['n']:,} files",
+            growth = ((big["open_all_s"] - big["header_floor_s"]) / n) / (
+                (lo["open_all_s"] - lo["header_floor_s"]) / lo["n"])
+            goal_rows.append([f"(info) per-file open all minus header floor: {n:,} files / {lo['n']:,} files",
                               f"{growth:.2f}x", "flat = 1x", "info"])
-            goal_json.append({"goal": "per-file open all minus floor growth", "measured": growth, "limit": None,
+            goal_json.append({"goal": "per-file open all minus header floor growth", "measured": growth, "limit": None,
                               "pass": None})
         for key, what in (("open_all_s", "open all"), ("rss_all", "held memory"), ("stack_local_s", "stack()"),
                           ("sent_cluster", "graph sent")):

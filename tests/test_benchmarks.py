@@ -141,7 +141,7 @@ def test_scale_benchmark_runs_at_tiny_size(tmp_path):
     rows = data["results"]
     assert [r["n"] for r in rows] == [500, 2000]
     for r in rows:
-        assert r["open_all_files"] == r["n"] and r["open_all_s"] > 0 and r["floor_s"] > 0
+        assert r["open_all_files"] == r["n"] and r["open_all_s"] > 0 and r["floor_s"] > 0 and r["header_floor_s"] > 0
         assert r["open_nogc_files"] == r["n"] and r["open_nogc_s"] > 0
         # every file holds a few hundred bytes of Python objects today: a held size of 0 would mean a broken probe
         assert r["traced"] > 0 and r["rss_all"] >= 0
