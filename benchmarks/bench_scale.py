@@ -448,15 +448,13 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"n": n, "root": fs.root, "floor_s": floor, "open_runs": opens}
     modes = [("all", None, True), ("nogc", None, False)] + ([("first", "first", True)] if first_mode else [])
     header_floors: list[float] = []
-
-    def open_once(spec: dict[str, Any]) -> dict[str, Any]:
-        header_floor(paths)  # the pages an open reads, re-read right before it (and timed: the open's floor)
-        header_floors.append(header_floor(paths))
-        return run_child(spec)
-
     for name, headers, collect in modes:
-        runs = [open_once({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect})
-                for _ in range(opens)]
+        runs = []
+        for _ in range(opens):
+            header_floor(paths)  # the pages an open reads, re-read right before it (and timed: the open's floor)
+            header_floors.append(header_floor(paths))
+            runs.append(run_child(
+                {"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect}))
         errors = [r["error"] for r in runs if "error" in r]
         if errors:
             row[f"open_{name}_error"] = errors[0]
