@@ -1246,19 +1246,24 @@ class _ColdAfter:
         import time
 
         if self.cold.intersection(paths):
-            time.sleep(0.001 * len(paths))  # 1 ms a file: over _SLOW_FILE
+            time.sleep(0.002 * len(paths))  # 2 ms a file: 250 us a file on 8 threads, over both limits
         self.where.append((threading.current_thread().name, len(paths)))
         return self.local.scan(paths, key)
 
 
 @pytest.mark.parametrize("progress", [False, True])
-def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_path, progress):
-    from npydask.dataset import _BATCH, _STEP, scan_headers
+def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_path, progress, monkeypatch):
+    from npydask import dataset
+    from npydask.dataset import _BATCH, scan_headers
 
-    n = _BATCH + _STEP + 2 * _BATCH
+    monkeypatch.setattr(dataset, "_SLOW_FILE", 200e-6)  # (margins for a loaded machine: cached files take ~10 us)
+    monkeypatch.setattr(dataset, "_STEP", _STEP := 2 * _BATCH)  # (short slow batches)
+
     np.save(tmp_path / "a.npy", np.arange(6, dtype="<i2"))
-    cold_from = _BATCH + _STEP  # the first batch and the next step are fast; the rest names the file another way
-    names = [str(tmp_path / "a.npy")] * cold_from + [str(tmp_path / "." / "a.npy")] * (n - cold_from)
+    np.save(tmp_path / "b.npy", np.arange(6, dtype="<i2"))
+    cold_from = _BATCH + _STEP  # the first batch and the next step are fast (a.npy); the rest is slow (b.npy)
+    n = cold_from + 3 * _STEP
+    names = [str(tmp_path / "a.npy")] * cold_from + [str(tmp_path / "b.npy")] * (n - cold_from)
     source = _ColdAfter(names[cold_from:])
     seen: list[int] = []
     got = scan_headers(names, source=source, progress=seen.append if progress else None)
@@ -1272,6 +1277,29 @@ def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_p
     assert threaded, "a slow batch after a fast first one never handed the rest to threads"
     if progress:
         assert seen[-1] == n and seen == sorted(seen)
+
+
+def test_scan_headers_comes_back_to_this_thread_once_the_threads_run_at_cache_speed(tmp_path, monkeypatch):
+    from npydask import dataset
+    from npydask.dataset import _BATCH, scan_headers
+
+    monkeypatch.setattr(dataset, "_SLOW_FILE", 200e-6)  # (margins for a loaded machine: cached files take ~10-20 us)
+    monkeypatch.setattr(dataset, "_FAST_THREADED", 100e-6)
+    monkeypatch.setattr(dataset, "_STEP", _STEP := 8 * _BATCH)  # (short slow rounds)
+
+    np.save(tmp_path / "a.npy", np.arange(6, dtype="<i2"))
+    np.save(tmp_path / "b.npy", np.arange(6, dtype="<i2"))
+    warm_from = _BATCH + _STEP  # the first batch is slow (threads start), the next round is too, the rest is fast
+    n = warm_from + 3 * _STEP
+    names = [str(tmp_path / "b.npy")] * warm_from + [str(tmp_path / "a.npy")] * (n - warm_from)
+    source = _ColdAfter(names[:warm_from])
+    got = scan_headers(names, source=source)
+    assert len(got) == n and all(r[1].shape == (6,) for r in got)
+    order = ["pool" if name.startswith("npydask-scan") else "main" for name, _ in source.where]
+    assert order[0] == "main" and "pool" in order
+    # one fast round on the threads, then this thread again for the rest
+    assert order[-1] == "main", [(o, k) for (_, k), o in zip(source.where, order)]
+    assert sum(k for (name, k), o in zip(source.where, order) if o == "pool") <= 2 * _STEP
 
 
 def test_scan_headers_stays_in_this_thread_with_threads_1_however_slow(tmp_path):

@@ -78,6 +78,8 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
         return out
     open_, fstat, pread, close, isreg = os.open, os.fstat, os.pread, os.close, stat.S_ISREG
     memo_get = _MEMO.get
+    canonical: dict[bytes, bytes] = {}  # one bytes object per distinct header text (each file's slice is freed)
+    same = canonical.setdefault
     identity = tuple.__new__  # (FileIdentity built in C: its own __new__ is a Python call)
     for p in paths:
         try:
@@ -95,9 +97,10 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
             size = st.st_size
             first = pread(fd, SCAN_READ, 0)
             end = header_end(first)
-            hit = memo_get(first[:end]) if 0 < end <= len(first) else None
+            raw = first[:end]
+            hit = memo_get(raw) if 0 < end <= len(first) else None
             if hit is not None and size >= hit.data_offset + hit.nbytes:
-                append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), hit, first[:end], False))
+                append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), hit, same(raw, raw), False))
             else:  # unseen, long or truncated: parse (and report) as the general path does
                 header, raw = _read_header_raw(fd, size, p)
                 append((FileIdentity(size, st.st_mtime_ns, st.st_ino), header, raw, False))
