@@ -62,8 +62,11 @@ Every measurement runs in a fresh child process (imports and a one-file
   graph of the goal.
 * ``hdr floor``: a loop of ``os.open`` + ``os.fstat`` + ``os.pread(fd, 512,
   0)`` + ``os.close``, the system calls and pages an open with
-  ``headers="all"`` reads, run twice right before each open (the first
-  re-warms the pages; the second is timed: the median is the open's floor).
+  ``headers="all"`` reads, run right before each open until two passes
+  agree within 10% (re-warming the pages: this VM pages out what is left
+  unused for about a minute; see :func:`settled`); the last pass is timed,
+  and the median over the opens is the open's floor. The whole-file floor
+  settles the same way.
 * ``floor``: a loop of ``os.open`` + ``os.pread(fd, 4224, 0)`` + ``os.close``
   over every file (this process; it also warms the page cache before the
   children run): what any reader of ``N`` files pays for the system calls.
@@ -100,8 +103,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -259,6 +263,29 @@ def header_floor(paths: Sequence[str]) -> float:
         finally:
             close(fd)
     return time.perf_counter() - t0
+
+
+SETTLE_PASSES = 6  # at most this many passes of a floor loop before a timed variant
+SETTLE_WITHIN = 0.10  # until a pass is within 10% of the one before
+
+
+def settled(loop: Callable[[], float]) -> tuple[float, int]:
+    """Run ``loop`` (a floor pass; it returns its seconds) until two passes agree; the last time and the passes.
+
+    This VM pages out memory left unused for about a minute (``kdamond``, a
+    DAMON ``pageout`` scheme: regions aged 12 aggregation intervals of 5 s),
+    page cache included. One pass over 1,000,000 files takes longer than
+    that when the cache is cold, so its early files are gone again when it
+    ends: passes repeat until the cache holds the set (each pass within 10%
+    of the one before, or ``SETTLE_PASSES``).
+    """
+    last = loop()
+    for passes in range(2, SETTLE_PASSES + 1):
+        now = loop()
+        if abs(now - last) <= SETTLE_WITHIN * last:
+            return now, passes
+        last = now
+    return last, SETTLE_PASSES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,17 +469,18 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
     n = fs.n
     nbytes = file_bytes()
     paths = fs.paths()
-    raw_floor(paths, nbytes)  # warms the page cache (dentries, inodes and pages) for every child
-    floor = raw_floor(paths, nbytes)
+    floor, floor_passes = settled(partial(raw_floor, paths, nbytes))  # (warms dentries, inodes and pages)
     opens = repeat if n < ONCE_FROM else 1
-    row: dict[str, Any] = {"n": n, "root": fs.root, "floor_s": floor, "open_runs": opens}
+    row: dict[str, Any] = {"n": n, "root": fs.root, "floor_s": floor, "floor_passes": floor_passes, "open_runs": opens}
     modes = [("all", None, True), ("nogc", None, False)] + ([("first", "first", True)] if first_mode else [])
     header_floors: list[float] = []
+    header_passes: list[int] = []
     for name, headers, collect in modes:
         runs = []
         for _ in range(opens):
-            header_floor(paths)  # the pages an open reads, re-read right before it (and timed: the open's floor)
-            header_floors.append(header_floor(paths))
+            took, passes = settled(partial(header_floor, paths))  # the pages an open reads, re-read right before it
+            header_floors.append(took)
+            header_passes.append(passes)
             runs.append(run_child(
                 {"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect}))
         errors = [r["error"] for r in runs if "error" in r]
@@ -465,8 +493,10 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
         row[f"rss_{name}"] = _common.median([r["rss"] for r in runs])
         row[f"peak_{name}"] = _common.median([r["peak"] for r in runs])
         print(f"  {n:>9,} files: open {name:5s} {_common.fmt_seconds(row[f'open_{name}_s']):>10s}  "
-              f"held {row[f'rss_{name}'] / n:7.0f} B/file", flush=True)
+              f"held {row[f'rss_{name}'] / n:7.0f} B/file  (header floor just before: "
+              f"{_common.fmt_seconds(header_floors[-1])} after {header_passes[-1]} passes)", flush=True)
     row["header_floor_s"] = _common.median(header_floors)
+    row["header_floor_passes"] = header_passes
     del paths
     traced = run_child({"kind": "open", "root": fs.root, "n": n, "headers": None, "trace": True})
     row["traced"] = traced.get("traced")
