@@ -174,8 +174,9 @@ def _select(
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
-        # (tasks may run in another working directory: npydask.paths)
-        return Selected(absolute_all(paths), identities), LOCAL
+        # (tasks may run in another working directory: npydask.paths; a listing under an absolute root is absolute)
+        listed_absolute = root is not None and files is None and file_list is None and os.path.isabs(root)
+        return Selected(paths if listed_absolute else absolute_all(paths), identities), LOCAL
     probe, source = resolve(probe, storage_options)
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
@@ -839,7 +840,7 @@ def open_dataset(
         n_files=len(paths),
     )
     picked = shard_range(len(paths), shard_id, num_shards)
-    chosen = [paths[i] for i in picked]
+    chosen = paths[picked.start : picked.stop]  # (a range of step 1)
     sharding = (shard_id, num_shards) if num_shards > 1 else None
     if keys is not None:  # several members: each archive's zip directory read once for all of them
         from npydask.multikey import MultiKeyDataset
@@ -855,11 +856,11 @@ def open_dataset(
                                     start=picked.start)
         return MultiKeyDataset(members)
     if first:
-        identities = [listed[i] for i in picked] if listed is not None else source.identities(chosen)
+        identities = listed[picked.start : picked.stop] if listed is not None else source.identities(chosen)
         table = first_table(picked, chosen, identities, roi_args, source)
     else:
         table = _scanned_table(
-            picked, chosen, None if listed is None else [listed[i] for i in picked], roi_args,
+            picked, chosen, None if listed is None else listed[picked.start : picked.stop], roi_args,
             key, source, index, storage_options,
         )
     if device == "gpu" and len(table):

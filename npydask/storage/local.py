@@ -248,8 +248,16 @@ def _scan(
     with os.scandir(path) as it:
         for entry in it:
             # DirEntry answers from d_type without a stat, except for symlinks
-            # (followed) and file systems that report DT_UNKNOWN.
+            # (followed) and file systems that report DT_UNKNOWN. Files first:
+            # most entries are files, so one call each.
             try:
+                if entry.is_file():
+                    name = entry.name
+                    if match(name):
+                        names.append(name)
+                        if inos is not None:
+                            inos.append(entry.stat().st_ino if entry.is_symlink() else entry.inode())
+                    continue
                 is_dir = entry.is_dir()
             except OSError:  # a symlink loop (ELOOP): not a file, not a folder
                 if not entry.is_symlink():
@@ -257,10 +265,6 @@ def _scan(
                 continue
             if is_dir:
                 dirs.append(entry)
-            elif match(entry.name) and entry.is_file():
-                names.append(entry.name)
-                if inos is not None:
-                    inos.append(entry.stat().st_ino if entry.is_symlink() else entry.inode())
     return dirs, names
 
 
