@@ -57,6 +57,39 @@ def test_scan_files_matches_scan_file(mixed):
     assert got[8][1].data_offset > SCAN_READ and got[8][1].dtype == np.load(mixed[8]).dtype
 
 
+def test_scan_files_repeated_header_shortcut_agrees_with_the_general_path(tmp_path):
+    """Files right after one with a header they start with, or nearly: each result equals scan_file's."""
+    a = np.arange(20, dtype="<f4").reshape(4, 5)
+    paths = []
+
+    def put(name: str, data: bytes) -> None:
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+
+    np.save(tmp_path / "a.npy", a)
+    whole = (tmp_path / "a.npy").read_bytes()
+    np.save(tmp_path / "b.npy", np.zeros((4, 6), "<f4"))  # the same header length, another shape
+    np.save(tmp_path / "c.npy", np.zeros((4, 5), ">f4"))  # another byte order
+    put("a1.npy", whole)
+    put("a2.npy", whole[:-1])  # the previous file's header, one payload byte short: truncated
+    put("a3.npy", whole)
+    put("b.npy", (tmp_path / "b.npy").read_bytes())
+    put("a4.npy", whole[:128] + b"\x00" * 80)  # the same header, other payload bytes
+    put("c.npy", (tmp_path / "c.npy").read_bytes())
+    put("a5.npy", whole[:100])  # inside the header: truncated
+    put("a6.npy", whole + b"extra")  # longer than its header says (accepted as the general path does)
+    got = scan_files(paths)
+    for path, result in zip(paths, got):
+        try:
+            expected = scan_file(path)
+        except (OSError, ValueError) as e:
+            assert type(result) is type(e) and str(result) == str(e), path
+        else:
+            assert result == expected, path
+    assert [type(r).__name__ for r in got].count("NpyFormatError") == 2
+    assert got[0][1] is got[2][1] and got[3][1].shape == (4, 6) and got[5][1].dtype == np.dtype(">f4")
+
+
 def test_scan_files_twice_gives_the_same_header_object(mixed):
     first, second = scan_files(mixed[:2]), scan_files(mixed[:2])
     assert first[0][1] is second[1][1]  # the memo serves equal headers

@@ -81,6 +81,9 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
     canonical: dict[bytes, bytes] = {}  # one bytes object per distinct header text (each file's slice is freed)
     same = canonical.setdefault
     identity = tuple.__new__  # (FileIdentity built in C: its own __new__ is a Python call)
+    # The previous file's header bytes, header and payload end: a file whose first bytes start with
+    # them holds the same header (its length is in those bytes), with no parsing or lookup at all.
+    last_raw, last_hit, last_end = b"\0" * (SCAN_READ + 1), None, 0  # (longer than any read: matches nothing)
     for p in paths:
         try:
             fd = open_(p, _FLAGS)
@@ -96,11 +99,16 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
                 _check_regular(st, p)
             size = st.st_size
             first = pread(fd, SCAN_READ, 0)
+            if first.startswith(last_raw) and size >= last_end:
+                append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), last_hit, last_raw, False))
+                continue
             end = header_end(first)
             raw = first[:end]
             hit = memo_get(raw) if 0 < end <= len(first) else None
             if hit is not None and size >= hit.data_offset + hit.nbytes:
-                append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), hit, same(raw, raw), False))
+                raw = same(raw, raw)
+                append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), hit, raw, False))
+                last_raw, last_hit, last_end = raw, hit, hit.data_offset + hit.nbytes
             else:  # unseen, long or truncated: parse (and report) as the general path does
                 header, raw = _read_header_raw(fd, size, p)
                 append((FileIdentity(size, st.st_mtime_ns, st.st_ino), header, raw, False))
