@@ -34,6 +34,7 @@ Examples
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -173,6 +174,7 @@ def measure(
         if before is not None:
             before()
         if memory:
+            gc.collect()  # (garbage of earlier work freed during the run would hide the step's own rise)
             sampler = _PeakSampler()
             t0 = time.perf_counter()
             value = step()
