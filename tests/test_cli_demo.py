@@ -179,15 +179,28 @@ def test_measure_counts_exactly_the_bytes_read(tmp_path, nbytes):
     assert m.value == nbytes and m.bytes_read == nbytes and m.peak_anon is None and m.seconds >= 0
 
 
+def _touched(nbytes: int):
+    """Fresh anonymous memory, every page written: resident whatever malloc keeps (``close()`` frees it).
+
+    (``np.ones`` may be served from heap memory malloc kept resident: in CI's second run, after other
+    tests, a 48 MiB array raised ``RssAnon`` by 4 KiB.)
+    """
+    import mmap
+
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    np.frombuffer(m, np.uint8)[:: 4096] = 1
+    return m
+
+
 @pytest.mark.skipif(not ON_PROC, reason="needs Linux's /proc/self/status")
 @pytest.mark.parametrize("mib", [48, 96])
 def test_measure_sees_the_peak_of_memory_freed_before_the_end(mib):
     # (above glibc's largest mmap threshold, 32 MiB: fresh pages, never memory malloc kept from earlier tests)
     def step():
-        a = np.ones(mib * MiB, np.uint8)  # touched: resident
+        a = _touched(mib * MiB)
         threading.Event().wait(0.1)  # long enough for many samples, even on a busy machine
-        total = int(a[:: 4096].sum())
-        del a  # freed before the step returns: only a sampled peak sees it
+        total = int(np.frombuffer(a, np.uint8)[:: 4096].sum())
+        a.close()  # freed before the step returns: only a sampled peak sees it
         return total
 
     m = measure(step, runs=2, memory=True)
@@ -207,14 +220,14 @@ def test_measure_is_not_fooled_by_garbage_collected_during_the_step():
 
     def step():
         gc.collect()  # (what an allocation may trigger at any time)
-        a = np.ones(48 * MiB, np.uint8)
+        a = _touched(48 * MiB)
         threading.Event().wait(0.1)
-        del a
+        a.close()
         return 0
 
     def garbage():
         c = Cycle()
-        c.me, c.big = c, np.ones(64 * MiB, np.uint8)  # resident, and only a collection frees it
+        c.me, c.big = c, _touched(64 * MiB)  # resident, and only a collection frees it
 
     garbage()
     m = measure(step, runs=1, warm_up=False, memory=True, before=garbage)
