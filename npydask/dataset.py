@@ -334,7 +334,6 @@ class NpyDataset:
         """The per-file array-likes the lazy arrays are built on: a read-only sequence making each on demand."""
         return FileViews(self._table, self._context)
 
-
     def __repr__(self) -> str:
         if not len(self):
             return "NpyDataset(0 files)"
