@@ -772,7 +772,7 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
 
     A thread rewrites the files in place (the last first) with ``v + 1`` (same size and inode, natural mtime) starting
     a random 0-0.8 ms after the read opened its file (``read_region``, which has no plan, holds what it
-    found then), or after the compute started (a group of small files). The planned mtime is far in
+    found then), or after the compute started (a group of small files or ROIs). The planned mtime is far in
     the past, so every rewrite shows in the mtime: the documented same-tick window is not in play.
     """
     from npydask.backends import pread
@@ -801,8 +801,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
         _write_version(paths, shape, value)
         read = plan(paths)
         writer.start(value + 1, float(rng.uniform(0, 0.0008)))
-        if how.startswith("stack"):
-            writer.go.set()  # (the grouped loop opens files itself)
+        if how.startswith(("stack", "roi")):
+            writer.go.set()  # (the grouped loops open files themselves)
         try:
             got = read()
         except FileChangedError as e:

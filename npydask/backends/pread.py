@@ -38,6 +38,7 @@ __all__ = [
     "RangeReader",
     "aligned_empty",
     "pread_strategy",
+    "read_fd",
     "read_grid",
     "read_local",
     "read_plan",
@@ -99,16 +100,53 @@ def pread_strategy(plan: ReadPlan, options: ReadOptions) -> str:
 
 def read_local(f: OpenFile, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
     """Fill ``raw`` (``plan``'s bytes in file order) from a local file by :func:`pread_strategy`'s choice."""
+    if not options.direct_io:
+        read_fd(f.fd, f.path, plan, options, raw)
+        return
+    pread_strategy(plan, options)  # (O_DIRECT reads spans: this raises where roi_strategy forces another)
+    read_plan(_Reader(f, True), plan, options, raw)
+
+
+def read_fd(fd: int, path: str, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
+    """:func:`read_local` of a bare descriptor through the page cache (``direct_io`` is not looked at).
+
+    For loops that open, read and close a file themselves (a group's ROIs):
+    no handle, no header parsed, the same strategies.
+    """
     if pread_strategy(plan, options) == "runs":
-        read_iovecs(f.fd, f.path, plan, options.gap_bytes, options.max_span_bytes, raw)
+        read_iovecs(fd, path, plan, options.gap_bytes, options.max_span_bytes, raw)
     else:
-        read_plan(_Reader(f, options.direct_io), plan, options, raw)
+        read_plan(_FdReader(fd, path), plan, options, raw)
 
 
-class _Reader:
-    """Reads byte ranges of one file, through the page cache or ``O_DIRECT``."""
+class _FdReader:
+    """Reads byte ranges of one descriptor through the page cache."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.path = fd, path
+
+    def read_into(self, dest: np.ndarray, offset: int) -> None:
+        pread_exact(self.fd, memoryview(dest), offset, self.path)
+
+    def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+        """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (as ``os.preadv`` takes it).
+
+        A tight loop of ``os.preadv`` calls (a strided region is many small
+        reads: per-read Python overhead matters).
+        """
+        fd, path = self.fd, self.path
+        preadv = os.preadv
+        for bufs, offset in zip(iovecs, offsets):
+            got = preadv(fd, bufs, offset)
+            if got != size:
+                pread_exact(fd, bufs[0][got:], offset + got, path)
+
+
+class _Reader(_FdReader):
+    """Reads byte ranges of one open file, through the page cache or ``O_DIRECT``."""
 
     def __init__(self, f: OpenFile, direct: bool) -> None:
+        super().__init__(f.fd, f.path)
         self.f = f
         # Hold the O_DIRECT handle itself, not just its number: the file may
         # drop it meanwhile (another thread finding O_DIRECT refused).
@@ -125,24 +163,14 @@ class _Reader:
                     raise
                 self.f.refuse_direct(e)
                 self.direct = None
-        pread_exact(self.f.fd, memoryview(dest), offset, self.f.path)
+        super().read_into(dest, offset)
 
     def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
-        """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (as ``os.preadv`` takes it).
-
-        The page-cache path is a tight loop of ``os.preadv`` calls (a strided
-        region is many small reads: per-read Python overhead matters).
-        """
         if self.direct is not None:
             for bufs, offset in zip(iovecs, offsets):
                 self.read_into(np.frombuffer(bufs[0], np.uint8), offset)
             return
-        fd, path = self.f.fd, self.f.path
-        preadv = os.preadv
-        for bufs, offset in zip(iovecs, offsets):
-            got = preadv(fd, bufs, offset)
-            if got != size:
-                pread_exact(fd, bufs[0][got:], offset + got, path)
+        super().read_many(iovecs, size, offsets)
 
     def _read_direct(self, dest: np.ndarray, offset: int) -> None:
         assert self.direct is not None

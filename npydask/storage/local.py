@@ -27,6 +27,7 @@ from npydask.config import ReadOptions
 from npydask.header import NpyHeader
 from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
+from npydask.storage._rois import read_rois
 from npydask.storage._handles import (
     FileIdentity,
     HeaderCheck,
@@ -116,6 +117,10 @@ class LocalSource(Source):
     ) -> None:
         """:func:`~npydask.backends.pread.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
         read_grid(path, identity, plan, options, dest, check)
+
+    def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
+        """:func:`~npydask.storage._rois.read_rois`: one uncached open, the reads, one fstat, one close per file."""
+        read_rois(jobs)
 
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """:func:`~npydask.storage._batch.read_files`: one open, preadv, fstat and close per file."""
