@@ -226,14 +226,18 @@ def run_all(
     def run_rounds(group: str, variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]],
                    paths: list[str], nbytes: int) -> None:
         """Each variant once per round, ``repeat`` rounds after an untimed one: load that comes and goes
-        on a shared machine hits every variant alike, so ratios of medians hold (P3 at 64 volumes moved 2x)."""
+        on a shared machine hits every variant alike, so ratios of medians hold (P3 at 64 volumes moved 2x).
+
+        Each round starts one variant further on, so no variant always follows the same one: whatever
+        a variant leaves to the kernel lands on the next (right after the numpy loop's 256 unmappings
+        npydask's P3 read took 46.2 ms against 40.2 ms after itself, medians of 15)."""
         chosen = [v for v in variants if want(v[0])]
         _common.warm_page_cache(paths)
         times: dict[str, list[float]] = {name: [] for name, *_ in chosen}
         cpus: dict[str, list[float]] = {name: [] for name, *_ in chosen}
         values: dict[str, Any] = {}
         for k in range(repeat + 1):
-            for name, fn, _, _ in chosen:
+            for name, fn, _, _ in chosen[k % len(chosen):] + chosen[:k % len(chosen)]:
                 # (untimed: npydask's caches emptied, so no variant pays for another's leftovers, such as
                 # the unmapping of the mapped strategy's files when the handle cache drops them)
                 t, value = _common.measure(fn, 1, cpu=cpus[name] if k else None, setup=clear_npydask_caches)
