@@ -273,15 +273,14 @@ class FileGroup:
                 batch = []
             at = k + 1
             slab = out[k, ...]  # a C-contiguous slab: read in place
-            view = views[k]
             if t.rois[r] is not None:
                 plan = strided.get((h, r), False)
-                if plan is False:
-                    plan = strided[(h, r)] = _fast_roi(view, inner, self.dtype, source)
+                if plan is False:  # (a view is built for the first file of each (header, ROI) pair only)
+                    plan = strided[(h, r)] = _fast_roi(views[k], inner, self.dtype, source)
                 if plan is not None:  # a ROI inside the file, many runs: straight to the pread grid
                     rois.append((path, ident, plan, as_bytes(slab), options, checks[h]))
                     continue
-            _read_into(view, inner, slab, self.dtype)
+            _read_into(views[k], inner, slab, self.dtype)
         if batch and row:
             source.read_many(batch, flat[at * row : (hi - lo) * row], row)
         if rois:
