@@ -13,7 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask.discovery import DEFAULT_FILE_FILTER, SORTS, dali_order, natural_key, select_files, shard_range
+from npydask.discovery import (
+    DEFAULT_FILE_FILTER, SORTS, _matcher, dali_order, folder_order, natural_key, select_files, select_listed, shard_range,
+)  # fmt: skip
+from npydask.storage.local import LocalLister
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="POSIX symlinks")
 
@@ -199,6 +202,47 @@ def test_dali_order_natural_is_pure_and_independent_of_listing_order():
     assert dali_order(list(listed), sep="/", sort="natural") == expected
     assert dali_order(listed[::-1], sep="/", sort="natural") == expected
     assert dali_order(["a\\2.npy", "a\\10.npy"], sep="\\", sort="natural") == ["a\\2.npy", "a\\10.npy"]
+
+
+_NAME = st.text(st.sampled_from("aAb0129._-\u00e9\u4e2d"), min_size=1, max_size=6)
+
+
+@given(st.dictionaries(st.one_of(st.just(""), _NAME), st.sets(_NAME, max_size=6), max_size=6), st.randoms())
+def test_folder_order_is_dali_order(folders, rnd):
+    """Indices into a listing made folder by folder (folders and names in any order) give dali_order's paths."""
+    items = list(folders.items())
+    rnd.shuffle(items)
+    paths, spans = [], []
+    for folder, names in items:
+        names = list(names)
+        rnd.shuffle(names)
+        paths += [f"{folder}/{n}" if folder else n for n in names]
+        spans.append((folder, len(names)))
+    got = [paths[i] for i in folder_order(paths, spans)]
+    assert got == dali_order(list(paths), sep="/")
+    assert folder_order(paths, spans, sort="natural") is None
+
+
+def test_folder_order_leaves_undecodable_names_to_dali_order(tmp_path):
+    if sys.getfilesystemencoding() != "utf-8":
+        pytest.skip("the file system encoding is not UTF-8")
+    paths = [os.fsdecode(b"\xff.npy"), "a.npy"]
+    assert folder_order(paths, [("", 2)]) is None
+
+
+@pytest.mark.parametrize("glob", ["*.npy", "*", "*.np?", "*[0-9].npy", "a*", "*.NPY", "*.n.py", "*\\.npy", "x*.npy"])
+def test_matcher_is_fnmatchcase(glob):
+    import fnmatch
+
+    names = ["a.npy", "a.NPY", "a1.npy", ".npy", "a.npyx", "b.n.py", "x.npy", "\\.npy", "a\\.npy", "npy", ""]
+    assert [bool(_matcher(glob)(n)) for n in names] == [fnmatch.fnmatchcase(n, glob) for n in names]
+
+
+def test_a_local_listing_in_dali_order_keeps_each_files_inode(tmp_path):
+    touch(tmp_path, "b.npy", "a.npy", "s1/z.npy", "s1/c.npy", "s0/y.npy", "s0/sub/deep.npy", "s1/no.txt")
+    got = select_listed(tmp_path, lister=LocalLister(str(tmp_path), inodes=True))
+    assert rel(got.paths, tmp_path) == ["a.npy", "b.npy", "s0/y.npy", "s1/c.npy", "s1/z.npy"]
+    assert [ident.ino for ident in got.identities] == [os.stat(p).st_ino for p in got.paths]
 
 
 def test_listed_files_keep_their_order_whatever_sort(tmp_path):

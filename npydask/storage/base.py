@@ -72,6 +72,10 @@ class Listing(NamedTuple):
     """Sizes in bytes, or ``None``."""
     identities: list[Identity] | None = None
     """What later reads must find (see :meth:`Source.identity`), or ``None``."""
+    folders: list[tuple[str, int]] | None = None
+    """For a listing one folder deep made folder by folder (a local one): each folder's name (``""``
+    for the root's own files) and how many consecutive paths are its, in listing order; ``None``
+    otherwise. Ordering can then sort each folder's paths apart instead of splitting every path."""
 
 
 class Source(abc.ABC):

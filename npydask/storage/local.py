@@ -171,18 +171,24 @@ class LocalLister(Lister):
         """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
         match = match or _any
         inos: list[int] | None = [] if self.inodes else None
-        paths = self._recursive(match, inos) if recursive else self._flat(match, inos)
-        if inos is None:
-            return Listing(paths)
+        folders: list[tuple[str, int]] | None = None
+        if recursive:
+            paths = self._recursive(match, inos)
+        else:
+            folders = []
+            paths = self._flat(match, inos, folders)
         # (tuple.__new__ over 1-tuples: the named tuples built in C, not by one Python call each)
-        return Listing(paths, None, list(map(tuple.__new__, repeat(InodeIdentity), zip(inos))))
+        identities = None if inos is None else list(map(tuple.__new__, repeat(InodeIdentity), zip(inos)))
+        return Listing(paths, None, identities, folders)
 
-    def _flat(self, match: Callable[[str], object], inos: list[int] | None = None) -> list[str]:
+    def _flat(self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]) -> list[str]:
         dirs, found = _scan(self.root, match, inos)
+        folders.append(("", len(found)))
         for d in dirs:
             _, names = _scan(d.path, match, inos)
             prefix = d.name + os.sep
             found.extend(prefix + name for name in names)
+            folders.append((d.name, len(names)))
         return found
 
     def _recursive(self, match: Callable[[str], object], inos: list[int] | None = None) -> list[str]:
