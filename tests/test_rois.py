@@ -85,3 +85,26 @@ def test_a_folder_in_place_of_a_file_is_refused(tmp_path):
     os.mkdir(paths[1])
     with pytest.raises(FileChangedError, match=r"v1\.npy"):
         read_rois(_jobs(paths, identities)[0])
+
+
+def test_the_prepared_spans_read_is_the_spans_strategy(tmp_path):
+    """``scratch_spans`` prepares only what read_fd would read as spans through one scratch; both agree."""
+    from npydask.backends.pread import read_fd, read_scratch_spans, scratch_spans
+
+    paths, arrays = _files(tmp_path, n=1)
+    plan = plan_read(npydask.read_header(paths[0]), _BOX)
+    assert scratch_spans(plan, read_options(roi_strategy="runs")) is None
+    assert scratch_spans(plan, read_options(direct_io=True)) is None
+    whole = plan_read(npydask.read_header(paths[0]), Box((1, 0, 0), (3, 10, 48)))  # one run: read in place
+    assert scratch_spans(whole, read_options()) is None
+    spans = scratch_spans(plan, read_options(roi_strategy="spans"))
+    assert spans is not None and spans.grid.shape[-1] == plan.run_nbytes  # (rows cut out of the spans)
+    fd = os.open(paths[0], os.O_RDONLY)
+    try:
+        got, ref = np.empty(plan.nbytes, np.uint8), np.empty(plan.nbytes, np.uint8)
+        read_scratch_spans(fd, paths[0], spans, got)
+        read_fd(fd, paths[0], plan, read_options(roi_strategy="spans"), ref)
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got.view("<f4").reshape(plan.shape), arrays[0][_CUT])

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.backends.pread import read_fd, read_grid
+from npydask.backends.pread import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.header import parse_header
 from npydask.storage._batch import _FLAGS, _explain
 from npydask.storage._handles import FileIdentity, InodeIdentity, _changed, header_mismatch, retry_open
@@ -44,6 +44,7 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
         If a file's header bytes are not its ``check``'s.
     """
     open_, fstat, pread, close = os.open, os.fstat, os.pread, os.close
+    prepared: dict[tuple[int, int], ScratchSpans | None] = {}  # per (plan, options), while jobs holds them
     for path, ident, plan, dest, options, check in jobs:
         if options.direct_io:
             read_grid(path, ident, plan, options, dest, check)
@@ -57,7 +58,13 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
             try:
                 if check is not None:
                     head = pread(fd, len(check.raw), 0)
-                read_fd(fd, path, plan, options, dest)
+                spans = prepared.get((id(plan), id(options)), False)
+                if spans is False:
+                    spans = prepared[(id(plan), id(options))] = scratch_spans(plan, options)
+                if spans is None:
+                    read_fd(fd, path, plan, options, dest)
+                else:
+                    read_scratch_spans(fd, path, spans, dest)
             except OSError as e:
                 _explain(fd, path, ident, e, check, plan.end)
             st = fstat(fd)
