@@ -73,6 +73,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -228,16 +229,20 @@ def run_all(
         """Each variant once per round, ``repeat`` rounds after an untimed one: load that comes and goes
         on a shared machine hits every variant alike, so ratios of medians hold (P3 at 64 volumes moved 2x).
 
-        Each round starts one variant further on, so no variant always follows the same one: whatever
-        a variant leaves to the kernel lands on the next (right after the numpy loop's 256 unmappings
-        npydask's P3 read took 46.2 ms against 40.2 ms after itself, medians of 15)."""
+        Each round runs the variants in its own shuffled order (seeded by the round), so no variant
+        always follows the same one: whatever a variant leaves to the kernel lands on the next (right
+        after the numpy loop's 256 unmappings npydask's P3 read took 46.2 ms against 40.2 ms after
+        itself, medians of 15). Rotating the order was not enough: a rotation keeps each variant's
+        predecessor."""
         chosen = [v for v in variants if want(v[0])]
         _common.warm_page_cache(paths)
         times: dict[str, list[float]] = {name: [] for name, *_ in chosen}
         cpus: dict[str, list[float]] = {name: [] for name, *_ in chosen}
         values: dict[str, Any] = {}
         for k in range(repeat + 1):
-            for name, fn, _, _ in chosen[k % len(chosen):] + chosen[:k % len(chosen)]:
+            order = list(chosen)
+            random.Random(k).shuffle(order)
+            for name, fn, _, _ in order:
                 # (untimed: npydask's caches emptied, so no variant pays for another's leftovers, such as
                 # the unmapping of the mapped strategy's files when the handle cache drops them)
                 t, value = _common.measure(fn, 1, cpu=cpus[name] if k else None, setup=clear_npydask_caches)
