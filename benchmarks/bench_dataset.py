@@ -438,7 +438,8 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     scheduling, the groups' buffers and per-file bookkeeping). Uses npydask's
     private steps: a profile, not an API.
     """
-    from npydask.dataset import _select, _table, scan_headers
+    from npydask.opening import _select
+    from npydask.scanning import scan_headers, scan_table as _table
     from npydask.roi import RoiArgs
     from npydask.storage._batch import read_files
     from npydask.storage.local import LOCAL

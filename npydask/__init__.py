@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from npydask import config
 from npydask.array import from_npy
-from npydask.dataset import NpyDataset, open_dataset
+from npydask.dataset import NpyDataset
+from npydask.opening import open_dataset
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.header import NpyHeader, parse_header
 from npydask.loader import Loader

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import dask.array as da
 
 from npydask._pickle_values import UnexpectedPickle, plain_values
-from npydask.dataset import open_dataset
+from npydask.opening import open_dataset
 from npydask.errors import NpyDaskWarning
 from npydask.storage._handles import open_regular
 from npydask.storage.base import Source

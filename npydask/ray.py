@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from dask.utils import parse_bytes
 
-from npydask.dataset import NpyDataset, _dtype_name, _layout, open_dataset
+from npydask.dataset import NpyDataset, _layout
+from npydask.opening import open_dataset
+from npydask.scanning import dtype_name as _dtype_name
 from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
 from npydask.stacking import FileGroup, joined_dtype, plan_groups

@@ -26,15 +26,15 @@ def folder(tmp_path):
 
 def count_scans(monkeypatch):
     calls = []
-    from npydask import dataset
+    from npydask import opening
 
-    real = dataset.scan_headers
+    real = opening.scan_headers
 
     def counting(paths, **kw):
         calls.append(list(paths))
         return real(paths, **kw)
 
-    monkeypatch.setattr(dataset, "scan_headers", counting)
+    monkeypatch.setattr(opening, "scan_headers", counting)
     return calls
 
 

@@ -540,7 +540,7 @@ def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: b
 
 def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     from npydask.array import NpyFileArray
-    from npydask.dataset import scan_headers
+    from npydask.scanning import scan_headers
     from npydask.reader import FileRef
     from npydask.stacking import FileGroup
 

@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import add_storage_option, is_prefix, npz_members_at, source_of, url_or_none
-from npydask.dataset import _human, scan_headers
+from npydask.dataset import _human
+from npydask.scanning import scan_headers
 from npydask.discovery import SORTS, select_files
 from npydask.storage._batch import Scanned
 from npydask.storage.base import Source

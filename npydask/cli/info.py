@@ -28,7 +28,7 @@ from npydask.cli._common import (
     table,
 )
 from npydask.cli._remote import source_of, storage_options, url_or_none
-from npydask.dataset import scan_headers
+from npydask.scanning import scan_headers
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 

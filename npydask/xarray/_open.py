@@ -18,7 +18,8 @@ from typing import Any
 import xarray as xr
 from xarray.core import indexing
 
-from npydask.dataset import NpyDataset, open_dataset
+from npydask.dataset import NpyDataset
+from npydask.opening import open_dataset
 from npydask.npz import arrays_in
 from npydask.stacking import FileGroup
 from npydask.storage._handles import open_regular, reader
