@@ -108,3 +108,17 @@ def test_the_prepared_spans_read_is_the_spans_strategy(tmp_path):
         os.close(fd)
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got.view("<f4").reshape(plan.shape), arrays[0][_CUT])
+
+
+def test_a_header_check_from_elsewhere_is_compared_with_each_file(tmp_path):
+    """Whole identities with a check (an index's header): a file holding other header bytes is refused."""
+    paths, arrays = _files(tmp_path, n=3)
+    np.save(paths[1], arrays[1].astype(">f4"))  # same size and layout, another byte order
+    header = npydask.read_header(paths[0])
+    with open(paths[0], "rb") as f:
+        check = HeaderCheck(f.read(header.data_offset), "the header index 'i.json'", "delete 'i.json'")
+    identities = [FileIdentity.of(os.stat(p)) for p in paths]
+    jobs, got = _jobs(paths, identities, check)
+    with pytest.raises(NpyFormatError, match=r"v1\.npy.*the header index 'i\.json'"):
+        read_rois(jobs)
+    np.testing.assert_array_equal(got[0], arrays[0][_CUT])

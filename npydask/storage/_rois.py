@@ -4,15 +4,17 @@ A task that stacks the same ROI of many files reads each file once, so
 going through the handle cache only churns it: a group of 256 volumes
 against the cache's 128 files opened, parsed the header of, and evicted
 every file, 40 us of a ~170 us read. This loop does what
-:func:`npydask.storage._batch.read_files` does for whole small files: the
+:func:`npydask.storage._batch.read_files` does for whole small files. The
 header was parsed when the dataset was opened, so a file is checked by its
 identity (one ``fstat`` after the read, which catches a file changed
-before or during it) and, when the group carries a header check
-(``headers="first"``), by its header bytes (one ``pread``) and, where only
-its inode is known, by its size against the payload that header promises. The strided
-read itself is the pread backend's (:func:`npydask.backends.pread.read_fd`:
-spans or runs by the cost model). ``O_DIRECT`` reads (``direct_io``) take
-the cached handle's path, which holds the second descriptor.
+before or during it); when the group carries a header check (``index=``,
+``headers="first"``), by its header bytes (one ``pread``); and where only
+its inode is known, by its size against the payload that header promises.
+The strided read itself is the pread backend's
+(:func:`npydask.backends.pread.read_fd`: spans or runs by the cost model),
+its spans prepared once per plan (:func:`~npydask.backends.pread.scratch_spans`).
+``O_DIRECT`` reads (``direct_io``) take the cached handle's path, which
+holds the second descriptor.
 """
 
 from __future__ import annotations
