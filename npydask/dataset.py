@@ -20,7 +20,7 @@ from npydask.array import NpyFileArray, chunk_limit, resolve_chunks, wrap
 from npydask.discovery import shard_range
 from npydask.file_views import Context, FileViews
 from npydask.header import NpyHeader
-from npydask.scanning import dtype_name as _dtype_name
+from npydask.scanning import dtype_name
 from npydask.stacking import join, plan_groups
 from npydask.storage.urls import redact
 from npydask.table import FileTable, Layout
@@ -161,7 +161,7 @@ class NpyDataset:
         first = self._shown(0)
         more = f" .. {self._shown(-1)}" if len(self) > 1 else ""
         return (
-            f"NpyDataset({len(self)} files, dtype={_dtype_name(self.dtype)}, ndim={self.ndim}, "
+            f"NpyDataset({len(self)} files, dtype={dtype_name(self.dtype)}, ndim={self.ndim}, "
             f"shape {shown}, {_human(self.nbytes)}, device={self._device!r}: {first}{more})"
         )
 

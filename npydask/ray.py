@@ -44,7 +44,7 @@ from dask.utils import parse_bytes
 
 from npydask.dataset import NpyDataset, _layout
 from npydask.opening import open_dataset
-from npydask.scanning import dtype_name as _dtype_name
+from npydask.scanning import dtype_name
 from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
 from npydask.stacking import FileGroup, joined_dtype, plan_groups
@@ -220,7 +220,7 @@ def check_arrow_dtype(dtype: np.dtype, path: str) -> None:
         return
     hint = _VIEWS["V" if dtype.fields is not None else kind].format(bits=dtype.itemsize * 4, size=dtype.itemsize)
     raise TypeError(
-        f"{path} holds {_dtype_name(dtype)}, which Arrow (and so Ray Data) has no tensor type for: save {hint}, "
+        f"{path} holds {dtype_name(dtype)}, which Arrow (and so Ray Data) has no tensor type for: save {hint}, "
         "or read it as a dask array with npydask.open_dataset(...).stack()"
     )
 

@@ -195,7 +195,7 @@ def _touched(nbytes: int):
 @pytest.mark.skipif(not ON_PROC, reason="needs Linux's /proc/self/status")
 @pytest.mark.parametrize("mib", [48, 96])
 def test_measure_sees_the_peak_of_memory_freed_before_the_end(mib):
-    # (above glibc's largest mmap threshold, 32 MiB: fresh pages, never memory malloc kept from earlier tests)
+    # (fresh anonymous pages, every one written: _touched, never memory malloc kept from earlier tests)
     def step():
         a = _touched(mib * MiB)
         threading.Event().wait(0.1)  # long enough for many samples, even on a busy machine

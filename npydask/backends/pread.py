@@ -108,7 +108,7 @@ def read_local(f: OpenFile, plan: ReadPlan, options: ReadOptions, raw: np.ndarra
         read_fd(f.fd, f.path, plan, options, raw)
         return
     pread_strategy(plan, options)  # (O_DIRECT reads spans: this raises where roi_strategy forces another)
-    read_plan(_Reader(f, True), plan, options, raw)
+    read_plan(_Reader(f), plan, options, raw)
 
 
 def read_fd(fd: int, path: str, plan: ReadPlan, options: ReadOptions, raw: np.ndarray) -> None:
@@ -159,8 +159,7 @@ def scratch_spans(plan: ReadPlan, options: ReadOptions) -> ScratchSpans | None:
     if len(co.inner_shape) == 1 or co.n_spans * co.span_nbytes > _BATCH_BYTES:
         return None
     scratch, parts = scratch_pieces(co.span_nbytes, co.n_spans)
-    grid = np.ndarray((co.n_spans, *co.inner_shape), np.uint8, scratch, 0, (co.span_nbytes, *co.inner_strides))
-    return ScratchSpans(parts, co.span_nbytes, offsets, grid, (co.n_spans, *co.inner_shape))
+    return ScratchSpans(parts, co.span_nbytes, offsets, _grid(scratch, co, co.n_spans), (co.n_spans, *co.inner_shape))
 
 
 def read_scratch_spans(fd: int, path: str, spans: ScratchSpans, raw: np.ndarray) -> None:
@@ -171,12 +170,30 @@ def read_scratch_spans(fd: int, path: str, spans: ScratchSpans, raw: np.ndarray)
     on 2 cores: 26.2 ms in one thread and 26.1 ms in two through
     :func:`read_fd`, whose per-file planning lookups hold the GIL).
     """
-    preadv, size = os.preadv, spans.size
-    for bufs, offset in zip(spans.parts, spans.offsets):
+    _preadv_all(fd, path, spans.parts, spans.size, spans.offsets)
+    np.copyto(raw.reshape(spans.shape), spans.grid)
+
+
+def _preadv_all(fd: int, path: str, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
+    """``size`` bytes at each offset into the matching ``[memoryview]``: a tight loop of ``os.preadv``.
+
+    A strided region is many small reads, so per-read Python overhead
+    matters; a short read is completed by :func:`pread_exact` (which raises
+    at the end of a truncated file).
+    """
+    preadv = os.preadv
+    for bufs, offset in zip(iovecs, offsets):
         got = preadv(fd, bufs, offset)
         if got != size:
             pread_exact(fd, bufs[0][got:], offset + got, path)
-    np.copyto(raw.reshape(spans.shape), spans.grid)
+
+
+def _grid(scratch: np.ndarray, co: Coalesced, n: int) -> np.ndarray:
+    """The runs of ``n`` spans read back to back into ``scratch``: a strided ``uint8`` view of it.
+
+    (``np.ndarray`` over the buffer: numpy's ``as_strided`` costs ~20 us of Python per call.)
+    """
+    return np.ndarray((n, *co.inner_shape), np.uint8, scratch, 0, (co.span_nbytes, *co.inner_strides))
 
 
 class _FdReader:
@@ -189,28 +206,19 @@ class _FdReader:
         pread_exact(self.fd, memoryview(dest), offset, self.path)
 
     def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
-        """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (as ``os.preadv`` takes it).
-
-        A tight loop of ``os.preadv`` calls (a strided region is many small
-        reads: per-read Python overhead matters).
-        """
-        fd, path = self.fd, self.path
-        preadv = os.preadv
-        for bufs, offset in zip(iovecs, offsets):
-            got = preadv(fd, bufs, offset)
-            if got != size:
-                pread_exact(fd, bufs[0][got:], offset + got, path)
+        """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (:func:`_preadv_all`)."""
+        _preadv_all(self.fd, self.path, iovecs, size, offsets)
 
 
 class _Reader(_FdReader):
-    """Reads byte ranges of one open file, through the page cache or ``O_DIRECT``."""
+    """Reads byte ranges of one open file through ``O_DIRECT``, or the page cache where that is refused."""
 
-    def __init__(self, f: OpenFile, direct: bool) -> None:
+    def __init__(self, f: OpenFile) -> None:
         super().__init__(f.fd, f.path)
         self.f = f
         # Hold the O_DIRECT handle itself, not just its number: the file may
         # drop it meanwhile (another thread finding O_DIRECT refused).
-        self.direct = f.direct_file() if direct else None
+        self.direct = f.direct_file()
         self._scratch: np.ndarray | None = None
 
     def read_into(self, dest: np.ndarray, offset: int) -> None:
@@ -314,9 +322,7 @@ def read_plan(reader: RangeReader, plan: ReadPlan, options: ReadOptions, raw: np
     for first in range(0, co.n_spans, batch):
         n = min(batch, co.n_spans - first)
         reader.read_many(parts, size, offsets[first : first + n])  # (zip stops at the offsets)
-        # (np.ndarray over the buffer: numpy's as_strided costs ~20 us of Python per call)
-        grid = np.ndarray((n, *co.inner_shape), np.uint8, scratch, 0, (size, *co.inner_strides))
-        np.copyto(dest[first : first + n], grid)
+        np.copyto(dest[first : first + n], _grid(scratch, co, n))
 
 
 @functools.lru_cache(maxsize=1024)
