@@ -224,6 +224,11 @@ class SeaweedServer:
     volume_size_limit_mb
         ``-master.volumeSizeLimitMB``: a volume takes no more writes past this
         size and the next one grows (volumes are files, not preallocated).
+    min_free_space
+        ``-volume.minFreeSpace``: the free disk space below which the volume
+        server turns read-only. weed's default, 1% of the disk, is 2.7 GB on a
+        270 GB disk shared with other jobs, far more than a test writes; the
+        server then accepts no write and never becomes ready.
 
     Attributes
     ----------
@@ -253,11 +258,13 @@ class SeaweedServer:
         startup_timeout: float = 60.0,
         term_grace: float = 3.0,
         volume_size_limit_mb: int = 128,
+        min_free_space: str = "256MiB",
     ) -> None:
         self.binary = binary
         self.startup_timeout = startup_timeout
         self.term_grace = term_grace
         self.volume_size_limit_mb = volume_size_limit_mb
+        self.min_free_space = min_free_space
         self.ports: dict[str, int] = {}
         self.folder: str | None = None
         self.startup_seconds: float | None = None
@@ -570,6 +577,7 @@ class SeaweedServer:
             f"-s3.config={self._write_identities()}",
             "-volume.max=100",
             f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
+            f"-volume.minFreeSpace={self.min_free_space}",
             "-volume.preStopSeconds=0",  # stop at once, no 10 s farewell heartbeat
             "-master.resumeState=false",  # a restart does not wait for a raft election
             "-master.peers=none",  # one master, leader at once
@@ -640,7 +648,7 @@ class SeaweedServer:
     def _failure(self, what: str) -> str:
         return (
             f"SeaweedFS server ({self.binary or 'weed'}, folder {self.folder}) failed to start: "
-            f"{what}. Last lines of its log:\n{self.log_tail()}"
+            f"{what}; {_free_space(self.folder)}. Last lines of its log:\n{self.log_tail()}"
         )
 
     def _signal(self, sig: signal.Signals) -> None:
@@ -648,6 +656,15 @@ class SeaweedServer:
             raise RuntimeError(f"SeaweedServer: cannot send {sig.name}: the server is not running")
         assert self._proc is not None
         os.killpg(self._proc.pid, sig)
+
+
+def _free_space(folder: str | None) -> str:
+    """``"its disk has N MiB free"``: a full disk is the usual cause of "no write accepted"."""
+    try:
+        free = shutil.disk_usage(folder or tempfile.gettempdir()).free
+    except OSError as e:
+        return f"its disk's free space is unknown ({e})"
+    return f"its disk has {free >> 20} MiB free"
 
 
 def _create_bucket(client: Any, name: str) -> str:
