@@ -7,7 +7,11 @@ never copied together with another. Each group becomes one
 ``dask.array.from_array`` over a :class:`FileGroup` (which carries only its
 own files' rows of the dataset's :class:`~npydask.table.FileTable`, a slice
 that pickles compactly) and the groups are joined with
-``dask.array.concatenate``, so no task carries the whole dataset.
+``dask.array.concatenate``, so no task carries the whole dataset. Where the
+groups line up on one grid, one source serves them all instead (:func:`join`):
+held once in the graph for a local scheduler, or, on a cluster, carried by
+every task while all the files' facts together stay light
+(:data:`LIGHT_FILE_TASKS`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,19 @@ from npydask.storage.base import Item
 from npydask.storage.urls import redact
 from npydask.table import FileTable
 
-__all__ = ["FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
+__all__ = ["LIGHT_FILE_TASKS", "FileGroup", "GroupPlan", "join", "joined_dtype", "one_grid", "plan_groups"]
+
+LIGHT_FILE_TASKS = 16_384
+"""Files times tasks up to which a cluster's tasks each carry every file's facts (~50 B a file pickled:
+at most about 800 KiB in all), so one ``from_array`` serves every group.
+
+One source means one dask layer: dask then fuses each read with the
+reduction after it, with no ``concatenate`` step and none of the alias
+tasks its fusion leaves behind. For the 64 volumes of ``bench_cluster.py``
+(8 tasks, 2 worker processes) that took 23 tasks to 15 and the sum from
+151.7 ms to 136.7 ms (medians of 13 alternating runs). Past the limit each
+group keeps its own small source, so no task ships a large dataset's facts.
+"""
 
 
 def joined_dtype(dtype: np.dtype) -> np.dtype:
@@ -565,18 +581,25 @@ def join(
 ) -> da.Array:
     """One lazy array from the groups of ``plan``.
 
-    With ``shared`` (a graph for a local scheduler), groups whose chunks
-    line up on one grid are read from a single :class:`FileGroup` of all
-    the files, held once in the graph (``inline_array=False``) rather than
-    embedded in every task: one ``from_array`` call however many groups, so
-    stacking 10,000 large files costs milliseconds, not one ``from_array``
-    (~0.8 ms) per file. A cluster keeps a small source per group, so no task
+    Groups whose chunks line up on one grid are read from a single
+    :class:`FileGroup` of all the files: one ``from_array`` call however many
+    groups. With ``shared`` (a graph for a local scheduler) that source is
+    held once in the graph (``inline_array=False``) rather than embedded in
+    every task, so stacking 10,000 large files costs milliseconds, not one
+    ``from_array`` (~0.8 ms) per file. On a cluster every task carries it
+    (a worker then needs no other key first), as long as files times tasks
+    stays within :data:`LIGHT_FILE_TASKS`; past that, each group keeps a
+    small source of its own and the groups are concatenated, so no task
     ships every file's facts to every worker.
     """
-    if shared and len(plan.bounds) > 1:
+    if len(plan.bounds) > 1:
         grid = one_grid(plan, 0 if stacked else axis)
         if grid is not None:
-            return wrap(FileGroup(views, axis, stacked), grid, device=device, inline=False)
+            whole = FileGroup(views, axis, stacked)
+            if shared:
+                return wrap(whole, grid, device=device, inline=False)
+            if len(views) * math.prod(len(c) for c in grid) <= LIGHT_FILE_TASKS:
+                return wrap(whole, grid, device=device)
     arrays = [
         wrap(FileGroup(views[a:b], axis, stacked), chunks, device=device)
         for (a, b), chunks in zip(plan.bounds, plan.inner_chunks)

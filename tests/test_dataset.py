@@ -840,6 +840,35 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
     assert_eq(z, np.stack(arrays[:3]))
 
 
+def test_a_cluster_stack_of_few_files_is_one_layer_each_task_carrying_every_file(tmp_path, monkeypatch):
+    """On a cluster (``shared=False``) a light dataset is one source in every task: one layer, which
+    dask fuses with the reduction after it; past ``LIGHT_FILE_TASKS`` each group has its own source."""
+    from npydask import stacking
+
+    arrays = [np.full((16, 32), i, "<f4") + np.arange(32, dtype="<f4") for i in range(12)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
+    ds = npydask.open_dataset(tmp_path)
+    plan = stacking.GroupPlan(tuple((a, a + 3) for a in range(0, 12, 3)), (((3,), (16,), (32,)),) * 4)
+    x = stacking.join(ds.views, plan, axis=0, stacked=True)
+    assert x.chunks == ((3, 3, 3, 3), (16,), (32,))
+    tasks = dict(x.__dask_graph__())
+    assert len(tasks) == 4 and len({k[0] for k in tasks}) == 1  # one source, one name
+    assert all(len(pickle.dumps(t)) > 12 * 40 for t in tasks.values())  # (every file in each)
+    assert_eq(x, np.stack(arrays), check_chunks=True)
+    assert float(x.sum().compute()) == pytest.approx(float(np.stack(arrays).sum()), rel=1e-6)
+
+    monkeypatch.setattr(stacking, "LIGHT_FILE_TASKS", 12 * 4 - 1)  # one file-task over: a source per group
+    y = stacking.join(ds.views, plan, axis=0, stacked=True)
+    reads = {k: t for k, t in dict(y.__dask_graph__()).items() if "getter" in repr(t)}
+    assert len(reads) == 4 and len({k[0] for k in reads}) == 4  # a source (and a name) per group
+    assert all(len(pickle.dumps(t)) < len(pickle.dumps(next(iter(tasks.values())))) for t in reads.values())
+    assert_eq(y, np.stack(arrays), check_chunks=True)
+    # each read fuses with its partial sum only without the concatenate step: fewer tasks to schedule
+    (one,), (grouped,) = dask.optimize(x.sum()), dask.optimize(y.sum())
+    assert len(dict(one.__dask_graph__())) < len(dict(grouped.__dask_graph__()))
+
+
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_stack_large_files_get_several_chunks_never_spanning_files(tmp_path, order):
     arrays = []
