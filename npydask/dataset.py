@@ -21,7 +21,8 @@ from npydask.discovery import shard_range
 from npydask.file_views import Context, FileViews
 from npydask.header import NpyHeader
 from npydask.scanning import dtype_name
-from npydask.stacking import join, plan_groups
+from npydask.grouping import plan_groups
+from npydask.stacking import join
 from npydask.storage.urls import redact
 from npydask.table import FileTable, Layout
 
@@ -352,7 +353,7 @@ class NpyDataset:
     def _join_explicit(self, chunks: Any, shapes: list[tuple[int, ...]], *, axis: int, stacked: bool) -> da.Array:
         from dask.array.core import normalize_chunks
 
-        from npydask.stacking import GroupPlan
+        from npydask.grouping import GroupPlan
 
         views = self.views
         lengths = [1] * len(shapes) if stacked else [s[axis] for s in shapes]

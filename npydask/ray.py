@@ -4,7 +4,7 @@
 it into a ``ray.data.Dataset`` whose read tasks wrap npydask's own plan:
 
 - Rows are samples. Without ``concatenate`` a row is one file (after its
-  ROI); files are grouped into read tasks by :func:`npydask.stacking.plan_groups`
+  ROI); files are grouped into read tasks by :func:`npydask.grouping.plan_groups`
   with ``block_size`` as the limit, so thousands of small files are a few
   tasks. With ``concatenate=True`` a row is one element along ``axis`` of the
   joined folder, and a large file is split across read tasks by byte range
@@ -47,7 +47,8 @@ from npydask.opening import open_dataset
 from npydask.scanning import dtype_name
 from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
-from npydask.stacking import FileGroup, joined_dtype, plan_groups
+from npydask.grouping import plan_groups
+from npydask.stacking import FileGroup, joined_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -101,7 +102,7 @@ def read_npy(
         The joining axis with ``concatenate=True``.
     block_size : int or str
         Bytes a read task aims at (``"128MiB"``), the ``limit`` of
-        :func:`npydask.stacking.plan_groups`.
+        :func:`npydask.grouping.plan_groups`.
     override_num_blocks : int, optional
         Exactly this many read tasks (fewer only when there are fewer rows);
         wins over ``block_size``.
@@ -254,7 +255,7 @@ def plan_row_ranges(
     ``lengths`` are each file's rows (1 when stacking, its extent along
     ``axis`` when joining). ``threads`` (the cluster's CPUs) caps a task's
     bytes once the data exceeds a few MiB, so every CPU gets work. With
-    :func:`~npydask.stacking.plan_groups` a stacked group is one range (a row
+    :func:`~npydask.grouping.plan_groups` a stacked group is one range (a row
     is a whole file, never cut) and a joined group one range per chunk along
     ``axis``. Empty ranges are dropped.
 

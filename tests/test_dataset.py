@@ -833,8 +833,8 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
     assert_eq(x, np.stack(arrays), check_chunks=True)
     assert_eq(y, np.concatenate(arrays, axis=1), check_chunks=True)
     # a plan whose groups are chunked differently is joined group by group
-    plan = npydask.stacking.GroupPlan(((0, 2), (2, 3)), (((2,), (64,), (128,)), ((1,), (32, 32), (128,))))
-    assert npydask.stacking.one_grid(plan, 0) is None
+    plan = npydask.grouping.GroupPlan(((0, 2), (2, 3)), (((2,), (64,), (128,)), ((1,), (32, 32), (128,))))
+    assert npydask.grouping.one_grid(plan, 0) is None
     z = npydask.stacking.join(ds.views[:3], plan, axis=0, stacked=True, shared=True)
     assert z.chunks == ((2, 1), (32, 32), (128,))  # (dask unifies the two grids)
     assert_eq(z, np.stack(arrays[:3]))
@@ -843,13 +843,13 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
 def test_a_cluster_stack_of_few_files_is_one_layer_each_task_carrying_every_file(tmp_path, monkeypatch):
     """On a cluster (``shared=False``) a light dataset is one source in every task: one layer, which
     dask fuses with the reduction after it; past ``LIGHT_FILE_TASKS`` each group has its own source."""
-    from npydask import stacking
+    from npydask import grouping, stacking
 
     arrays = [np.full((16, 32), i, "<f4") + np.arange(32, dtype="<f4") for i in range(12)]
     for i, a in enumerate(arrays):
         np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
     ds = npydask.open_dataset(tmp_path)
-    plan = stacking.GroupPlan(tuple((a, a + 3) for a in range(0, 12, 3)), (((3,), (16,), (32,)),) * 4)
+    plan = grouping.GroupPlan(tuple((a, a + 3) for a in range(0, 12, 3)), (((3,), (16,), (32,)),) * 4)
     x = stacking.join(ds.views, plan, axis=0, stacked=True)
     assert x.chunks == ((3, 3, 3, 3), (16,), (32,))
     tasks = dict(x.__dask_graph__())
@@ -911,41 +911,6 @@ def test_mixed_small_and_large_files_never_share_a_chunk(tmp_path):
             assert file_edges[k] in edges and file_edges[k + 1] in edges
         assert max(y.chunks[0]) <= 256
         assert_eq(y, np.concatenate(arrays), check_chunks=True)
-
-
-def test_plan_groups_two_tasks_per_thread():
-    f4 = np.dtype("f4")
-    limit = 128 << 20
-    for threads in (1, 2, 4, 8, 16):
-        # small files: 16 MiB of 4 KiB files
-        n = 4096
-        plan = npydask.stacking.plan_groups([4096] * n, [(1024,)] * n, f4, [False] * n, limit=limit, axis=0,
-                                            stacked=True, threads=threads)  # fmt: skip
-        assert len(plan.bounds) >= min(2 * threads, 16), (threads, len(plan.bounds))
-        assert [b for b in plan.bounds] == sorted(plan.bounds) and plan.bounds[0][0] == 0 and plan.bounds[-1][1] == n
-        # medium files (2 MiB each, below limit / 8): split so each thread still gets two tasks
-        plan = npydask.stacking.plan_groups([2 << 20] * 8, [(512, 1024)] * 8, f4, [False] * 8, limit=limit, axis=0,
-                                            stacked=True, threads=threads)  # fmt: skip
-        tasks = sum(math.prod(len(c) for c in inner) for inner in plan.inner_chunks)
-        assert tasks >= min(2 * threads, 16), (threads, tasks)
-    # little data: one task
-    plan = npydask.stacking.plan_groups([1000] * 100, [(250,)] * 100, f4, [False] * 100, limit=limit, axis=0,
-                                        stacked=True, threads=64)  # fmt: skip
-    assert plan.bounds == ((0, 100),)
-
-
-def test_plan_groups_groups_files_of_any_size_when_every_chunk_is_a_copy():
-    f4 = np.dtype("f4")
-    limit = 128 << 20
-    sizes, shapes = [16 << 20] * 64, [(64, 256, 256)] * 64  # 1 GiB of 16 MiB files
-    alone = npydask.stacking.plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True, threads=2)
-    assert len(alone.bounds) == 64  # locally each is its own (zero-copy) chunk
-    grouped = npydask.stacking.plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True,
-                                           threads=2, copies=True)  # fmt: skip
-    assert grouped.bounds == tuple((8 * k, 8 * k + 8) for k in range(8))  # 128 MiB tasks, 2 per thread
-    big = npydask.stacking.plan_groups([200 << 20] * 3, [(200, 1 << 18)] * 3, f4, [False] * 3, limit=limit, axis=0,
-                                       stacked=True, threads=2, copies=True)  # fmt: skip
-    assert big.bounds == ((0, 1), (1, 2), (2, 3))  # over the target: still split alone
 
 
 @pytest.mark.parametrize("threads", [1, 3, 8])

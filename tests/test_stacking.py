@@ -1,10 +1,9 @@
-"""Stacking over a dataset's table: vectorised group planning, table-slice groups, their tokens and pickles."""
+"""Stacking over a dataset's table: table-slice groups, their tokens and pickles (the plans: test_grouping.py)."""
 
 from __future__ import annotations
 
 import os
 import pickle
-import random
 
 import dask
 import numpy as np
@@ -14,45 +13,10 @@ import npydask
 from npydask.config import read_options
 from npydask.file_views import Context, FileViews
 from npydask.header import NpyHeader
-from npydask.stacking import FileGroup, _plan_each, plan_groups, table_token
+from npydask.stacking import FileGroup, table_token
 from npydask.storage.object import ObjectIdentity
 from npydask.storage.where import resolve
 from npydask.table import FileTable
-
-
-@pytest.mark.parametrize("strided", [False, True])
-@pytest.mark.parametrize("copies", [False, True])
-def test_vectorised_plan_is_the_per_file_plan(strided, copies):
-    rng = random.Random(7)
-    for trial in range(300):
-        n = rng.randint(1, 400)
-        limit = rng.choice([64, 1000, 4096, 1 << 20])
-        most = max(1, limit // 8 - 1) if not copies else limit
-        sizes = [rng.choice([0, rng.randint(0, most)]) for _ in range(n)]
-        shapes = [(s,) for s in sizes]
-        threads = rng.randint(1, 9)
-        got = plan_groups(sizes, shapes, np.dtype("u1"), [False] * n, limit=limit, axis=0, stacked=True,
-                          threads=threads, strided=strided, copies=copies)
-        # the per-file loop, as plan_groups ran it for every input before
-        from npydask.stacking import _target_group_bytes
-
-        target = _target_group_bytes(sum(sizes), limit, threads)
-        if any(s > target for s in sizes):
-            continue  # (large files: plan_groups itself takes the loop)
-        max_files = -(-n // (2 * threads)) if strided else n
-        want = _plan_each(sizes, shapes, np.dtype("u1"), [False] * n, target, limit // 8, max_files, 0, True, copies)
-        assert got == want, (trial, sizes, limit, threads)
-        assert [b - a for a, b in got.bounds] == [c[0][0] for c in got.inner_chunks]
-        assert got.bounds[0][0] == 0 and got.bounds[-1][1] == n
-        assert all(p[1] == q[0] for p, q in zip(got.bounds, got.bounds[1:]))
-
-
-def test_plan_of_an_array_of_sizes_with_large_files_splits_them():
-    sizes = np.array([10, 10, 5000, 10, 10], np.int64)
-    shapes = [(10,), (10,), (5000,), (10,), (10,)]
-    plan = plan_groups(sizes, shapes, np.dtype("u1"), np.zeros(5, bool), limit=4096, axis=0, stacked=True, threads=1)
-    assert plan.bounds == ((0, 2), (2, 3), (3, 5))
-    assert sum(plan.inner_chunks[1][1]) == 5000
 
 
 def _folder(tmp_path, n, shape=(4, 5), dtype="<f4", fortran_every=0):
