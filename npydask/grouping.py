@@ -4,7 +4,8 @@
 :class:`GroupPlan`: small files packed several per task up to a target size,
 larger ones in file-contiguous chunks of their own. :func:`one_grid` says
 whether the groups line up on one chunk grid (then one source can serve them
-all). :mod:`npydask.stacking` reads what these plans describe.
+all). :func:`plan_row_ranges` turns a plan into the row ranges of Ray Data's
+read tasks. :mod:`npydask.stacking` reads what these plans describe.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dask.system import CPU_COUNT
 
 from npydask.array import auto_chunks
 
-__all__ = ["GroupPlan", "one_grid", "plan_groups"]
+__all__ = ["GroupPlan", "RowRange", "one_grid", "plan_groups", "plan_row_ranges"]
 
 
 @dataclass(frozen=True)
@@ -179,3 +180,65 @@ def one_grid(plan: GroupPlan, axis: int) -> tuple[tuple[int, ...], ...] | None:
     rest = others.pop()
     along = tuple(n for chunks in plan.inner_chunks for n in chunks[axis])
     return (*rest[:axis], along, *rest[axis:])
+
+
+@dataclass(frozen=True)
+class RowRange:
+    """Rows ``start..stop`` of the dataset (files when stacking, elements along ``axis`` when joining)."""
+
+    start: int
+    stop: int
+
+
+def plan_row_ranges(
+    lengths: Sequence[int],
+    sizes: Sequence[int],
+    shapes: Sequence[tuple[int, ...]],
+    dtype: np.dtype,
+    fortran: Sequence[bool],
+    *,
+    axis: int,
+    stacked: bool,
+    limit: int,
+    num_blocks: int | None,
+    threads: int | None = None,
+) -> list[RowRange]:
+    """The row ranges of the read tasks: ``num_blocks`` equal ones, else ``plan_groups``'s groups.
+
+    ``lengths`` are each file's rows (1 when stacking, its extent along
+    ``axis`` when joining). ``threads`` (the cluster's CPUs) caps a task's
+    bytes once the data exceeds a few MiB, so every CPU gets work. With
+    :func:`~npydask.grouping.plan_groups` a stacked group is one range (a row
+    is a whole file, never cut) and a joined group one range per chunk along
+    ``axis``. Empty ranges are dropped.
+
+    Examples
+    --------
+    >>> f4 = np.dtype("f4")
+    >>> plan_row_ranges([1] * 4, [400] * 4, [(100,)] * 4, f4, [False] * 4, axis=0, stacked=True,
+    ...                 limit=1 << 20, num_blocks=None)
+    [RowRange(start=0, stop=4)]
+    >>> plan_row_ranges([10], [400], [(10, 10)], f4, [False], axis=0, stacked=False, limit=1, num_blocks=3)
+    [RowRange(start=0, stop=3), RowRange(start=3, stop=7), RowRange(start=7, stop=10)]
+    """
+    total = sum(lengths)
+    if num_blocks is not None:
+        edges = np.linspace(0, total, min(num_blocks, total) + 1).round().astype(int).tolist() if total else [0]
+        return [RowRange(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+    # copies=True: a block is a copy into Ray's object store anyway, so files of any size up to the
+    # target share a task (plan_groups keeps files over limit/8 apart only to map them without a copy).
+    plan = plan_groups(sizes, shapes, dtype, fortran, limit=limit, axis=axis, stacked=stacked, threads=threads,
+                       copies=True)
+    offsets = np.cumsum([0, *lengths]).tolist()
+    ranges: list[RowRange] = []
+    for (a, b), chunks in zip(plan.bounds, plan.inner_chunks):
+        if stacked:
+            pieces = [b - a]
+        else:
+            pieces = list(chunks[axis])
+        at = offsets[a]
+        for n in pieces:
+            if n:
+                ranges.append(RowRange(at, at + n))
+            at += n
+    return ranges

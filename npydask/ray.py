@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import inspect
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,10 +43,10 @@ from dask.utils import parse_bytes
 
 from npydask.dataset import NpyDataset, _layout
 from npydask.opening import open_dataset
-from npydask.scanning import dtype_name
 from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
-from npydask.grouping import plan_groups
+from npydask.grouping import RowRange, plan_row_ranges
+from npydask.ray_columns import check_arrow_dtype, column_type, ragged_column, tensor_column
 from npydask.stacking import FileGroup, joined_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -194,103 +193,6 @@ def _gpu_refusal(device: Any) -> str:
 
 # -- dtypes ------------------------------------------------------------------------------------------
 
-_VIEWS = {
-    "c": "a view of (real, imag) pairs, np.save(p, a.view('float{bits}').reshape(*a.shape, 2))",
-    "M": "its integer counts, np.save(p, a.view('int64')) (the unit in the file name or metadata)",
-    "m": "its integer counts, np.save(p, a.view('int64')) (the unit in the file name or metadata)",
-    "V": "one file per field (np.save(p, a['field'])) or its raw bytes, a.view('uint8').reshape(*a.shape, {size})",
-    "S": "its raw bytes, a.view('uint8').reshape(*a.shape, {size})",
-    "f": "float64 (a.astype('float64'), which rounds) or its raw bytes, a.view('uint8').reshape(*a.shape, {size})",
-}
-
-
-def check_arrow_dtype(dtype: np.dtype, path: str) -> None:
-    """Refuse a dtype Arrow has no tensor type for, naming it and the view to save instead.
-
-    Examples
-    --------
-    >>> check_arrow_dtype(np.dtype(">f4"), "a.npy")
-    >>> check_arrow_dtype(np.dtype("c8"), "a.npy")
-    Traceback (most recent call last):
-    ...
-    TypeError: a.npy holds complex64 (<c8), which Arrow (and so Ray Data) has no tensor type for: save a view of (real, imag) pairs, np.save(p, a.view('float32').reshape(*a.shape, 2)), or read it as a dask array with npydask.open_dataset(...).stack()
-    """
-    kind = dtype.kind
-    refused = kind in "cMmVS" or dtype.fields is not None or (kind == "f" and dtype.itemsize > 8)
-    if not refused:
-        return
-    hint = _VIEWS["V" if dtype.fields is not None else kind].format(bits=dtype.itemsize * 4, size=dtype.itemsize)
-    raise TypeError(
-        f"{path} holds {dtype_name(dtype)}, which Arrow (and so Ray Data) has no tensor type for: save {hint}, "
-        "or read it as a dask array with npydask.open_dataset(...).stack()"
-    )
-
-
-# -- planning (pure) ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RowRange:
-    """Rows ``start..stop`` of the dataset (files when stacking, elements along ``axis`` when joining)."""
-
-    start: int
-    stop: int
-
-
-def plan_row_ranges(
-    lengths: Sequence[int],
-    sizes: Sequence[int],
-    shapes: Sequence[tuple[int, ...]],
-    dtype: np.dtype,
-    fortran: Sequence[bool],
-    *,
-    axis: int,
-    stacked: bool,
-    limit: int,
-    num_blocks: int | None,
-    threads: int | None = None,
-) -> list[RowRange]:
-    """The row ranges of the read tasks: ``num_blocks`` equal ones, else ``plan_groups``'s groups.
-
-    ``lengths`` are each file's rows (1 when stacking, its extent along
-    ``axis`` when joining). ``threads`` (the cluster's CPUs) caps a task's
-    bytes once the data exceeds a few MiB, so every CPU gets work. With
-    :func:`~npydask.grouping.plan_groups` a stacked group is one range (a row
-    is a whole file, never cut) and a joined group one range per chunk along
-    ``axis``. Empty ranges are dropped.
-
-    Examples
-    --------
-    >>> f4 = np.dtype("f4")
-    >>> plan_row_ranges([1] * 4, [400] * 4, [(100,)] * 4, f4, [False] * 4, axis=0, stacked=True,
-    ...                 limit=1 << 20, num_blocks=None)
-    [RowRange(start=0, stop=4)]
-    >>> plan_row_ranges([10], [400], [(10, 10)], f4, [False], axis=0, stacked=False, limit=1, num_blocks=3)
-    [RowRange(start=0, stop=3), RowRange(start=3, stop=7), RowRange(start=7, stop=10)]
-    """
-    total = sum(lengths)
-    if num_blocks is not None:
-        edges = np.linspace(0, total, min(num_blocks, total) + 1).round().astype(int).tolist() if total else [0]
-        return [RowRange(a, b) for a, b in zip(edges, edges[1:]) if b > a]
-    # copies=True: a block is a copy into Ray's object store anyway, so files of any size up to the
-    # target share a task (plan_groups keeps files over limit/8 apart only to map them without a copy).
-    plan = plan_groups(sizes, shapes, dtype, fortran, limit=limit, axis=axis, stacked=stacked, threads=threads,
-                       copies=True)
-    offsets = np.cumsum([0, *lengths]).tolist()
-    ranges: list[RowRange] = []
-    for (a, b), chunks in zip(plan.bounds, plan.inner_chunks):
-        if stacked:
-            pieces = [b - a]
-        else:
-            pieces = list(chunks[axis])
-        at = offsets[a]
-        for n in pieces:
-            if n:
-                ranges.append(RowRange(at, at + n))
-            at += n
-    return ranges
-
-
 # -- the datasource ----------------------------------------------------------------------------------
 
 
@@ -422,7 +324,7 @@ class Read:
         if self.ragged:  # files of different shapes: one array per row
             views = self.group.views[self.box.start[0] : self.box.stop[0]]
             rows = [v.read(Box((0,) * v.ndim, v.shape)).astype(self.group.dtype, copy=False) for v in views]
-            data = _ragged_column(rows)
+            data = ragged_column(rows)
             n = len(rows)
         else:
             block = self.group[tuple(slice(a, b) for a, b in zip(self.box.start, self.box.stop))]
@@ -514,37 +416,6 @@ class MembersRead:
         columns = [t.column(0) for t in tables] + tables[0].columns[1:]
         names = [t.column_names[0] for t in tables] + tables[0].column_names[1:]
         return [pa.Table.from_arrays(columns, names=names)]
-
-
-def tensor_column(block: np.ndarray) -> Any:
-    """Rows of ``block`` (C-contiguous) as one Arrow column, sharing ``block``'s memory (bools are bit-packed).
-
-    Rows of one element are a plain Arrow array; others Ray's tensor extension type.
-    """
-    from ray.data.extensions import ArrowTensorArray
-
-    return ArrowTensorArray.from_numpy(block)
-
-
-def _ragged_column(rows: list[np.ndarray]) -> Any:
-    from ray.data.extensions import ArrowVariableShapedTensorArray
-
-    holder = np.empty(len(rows), dtype=object)
-    holder[:] = rows
-    return ArrowVariableShapedTensorArray.from_numpy(holder)
-
-
-def column_type(row_shape: tuple[int, ...] | None, dtype: np.dtype, ndim: int) -> pa.DataType:
-    """The Arrow type of the blocks' tensor column: rows of ``row_shape``, or (``None``) ``ndim``-d rows of different shapes."""
-    import pyarrow as pa
-
-    if row_shape is None:
-        from ray.data.extensions import ArrowVariableShapedTensorType
-
-        return ArrowVariableShapedTensorType(pa.from_numpy_dtype(dtype), ndim)
-    if row_shape == ():
-        return pa.from_numpy_dtype(dtype)
-    return tensor_column(np.empty((0, *row_shape), dtype)).type
 
 
 def _read_tasks(plan: _Plan, per_task_row_limit: int | None) -> list[Any]:

@@ -173,7 +173,7 @@ def test_read_tasks_follow_block_size_and_carry_their_files_only(tmp_path):
 def test_blocks_share_the_read_buffer(tmp_path):
     """The tensor column is built on the C-contiguous block without a copy."""
     pytest.importorskip("ray.data")
-    from npydask.ray import tensor_column
+    from npydask.ray_columns import tensor_column
 
     block = np.arange(2 * 3 * 4, dtype="<i4").reshape(2, 3, 4)
     column = tensor_column(block)
