@@ -435,12 +435,8 @@ def join(
     """
     if len(plan.bounds) > 1:
         grid = one_grid(plan, 0 if stacked else axis)
-        if grid is not None:
-            whole = FileGroup(views, axis, stacked)
-            if shared:
-                return wrap(whole, grid, device=device, inline=False)
-            if len(views) * math.prod(len(c) for c in grid) <= LIGHT_FILE_TASKS:
-                return wrap(whole, grid, device=device)
+        if grid is not None and (shared or len(views) * math.prod(len(c) for c in grid) <= LIGHT_FILE_TASKS):
+            return wrap(FileGroup(views, axis, stacked), grid, device=device, inline=not shared)
     arrays = [
         wrap(FileGroup(views[a:b], axis, stacked), chunks, device=device)
         for (a, b), chunks in zip(plan.bounds, plan.inner_chunks)
