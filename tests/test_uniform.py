@@ -320,6 +320,21 @@ def test_a_short_file_of_another_header_is_named_as_such(tmp_path):
         npydask.open_dataset(files=paths, headers="first")
 
 
+def test_headers_that_differ_only_in_spacing_show_their_bytes(tmp_path):
+    arrays = _arrays((4, 6), "<f4", n=4)
+    paths = _write(tmp_path, arrays)
+    with open(paths[2], "r+b") as f:  # the same array, its header spaced otherwise (the same length: it parses alike)
+        raw = f.read(128)
+        spaced = raw.replace(b"(4, 6), }", b"(4, 6),} ")
+        assert spaced != raw and npydask.parse_header(spaced) == npydask.parse_header(raw)
+        f.seek(0)
+        f.write(spaced)
+    ds = npydask.open_dataset(tmp_path, headers="first")
+    with pytest.raises(NpyFormatError, match=r"002\.npy.*other header bytes") as e:
+        ds.stack().compute()
+    assert repr(raw) in str(e.value) and repr(spaced) in str(e.value)
+
+
 # -- a writer replacing files while tasks read them ---------------------------------------------
 
 

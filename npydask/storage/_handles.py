@@ -164,11 +164,35 @@ class HeaderCheck(NamedTuple):
 
 
 def header_mismatch(path: str, check: HeaderCheck, found: bytes) -> NpyFormatError:
-    """The error for a file whose header bytes are not the ones ``check`` expects."""
+    """The error for a file whose header bytes are not the ones ``check`` expects.
+
+    Headers are described by what they parse to; where those descriptions
+    agree (headers that differ only in spacing, key order or quoting), the
+    raw bytes are shown instead, so the message always shows a difference.
+
+    Examples
+    --------
+    >>> import io, numpy as np
+    >>> f = io.BytesIO(); np.save(f, np.zeros(3, "<f4")); a = f.getvalue()[:128]
+    >>> b = a.replace(b"(3,), }", b"(3,),} ")  # (the same length, and it parses alike)
+    >>> msg = str(header_mismatch("/d/b.npy", HeaderCheck(a, "the first file's header", "open it again"), b))
+    >>> "'shape': (3,),}" in msg and "'shape': (3,), }" in msg
+    True
+    """
+    expected, found_text = _describe(check.raw), _describe(found)
+    if expected == found_text:  # (they parse alike: only the bytes differ)
+        expected = f"{expected}, in {_raw_bytes(check.raw)}"
+        found_text = f"the same array in other header bytes, {_raw_bytes(found)} (headers are compared byte for byte)"
     return NpyFormatError(
-        f"{path}: the header this read relies on, from {check.source}, is {_describe(check.raw)}, "
-        f"but the file holds {_describe(found)}; npydask refuses to read it as something else: {check.remedy}"
+        f"{path}: the header this read relies on, from {check.source}, is {expected}, "
+        f"but the file holds {found_text}; npydask refuses to read it as something else: {check.remedy}"
     )
+
+
+def _raw_bytes(raw: bytes) -> str:
+    """Header bytes as a reader can compare them: their length and ``repr`` (long ones cut in the middle)."""
+    shown = repr(raw) if len(raw) <= 600 else f"{raw[:300]!r}...{raw[-200:]!r}"
+    return f"the {len(raw)} bytes {shown}"
 
 
 def _describe(raw: bytes) -> str:
