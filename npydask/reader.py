@@ -329,6 +329,26 @@ class FileRef(NamedTuple):
         # (an object: its store's public part only, never storage_options' credentials)
         return f"{self.source.spec.public()}|{redact(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
 
+    def verify(self) -> None:
+        """Check the file is the one this reference stands for, reading none of its payload.
+
+        What a read checks before it reads: the identity, and the header
+        bytes against :attr:`check` (one header request for an object whose
+        header came from elsewhere). For a region that lies wholly outside
+        the file (a ``"pad"`` ROI), whose values come from the header's
+        shape alone: a header from the first file or an index must still be
+        this file's.
+
+        Raises
+        ------
+        FileChangedError
+            If the file is no longer the one that was opened.
+        NpyFormatError
+            If the file's header bytes are not the ones in :attr:`check`, or
+            it is shorter than its header promises.
+        """
+        self.source.open(self.path, self.identity, key=self.key, check=self.check)
+
     def read(self, box: Box, out: np.ndarray | None = None) -> np.ndarray:
         """Read ``box``, failing if the file is no longer the one that was opened.
 

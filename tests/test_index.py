@@ -241,6 +241,25 @@ def test_a_tampered_index_entry_is_caught_by_roi_reads(floats, tmp_path, how, po
             read()
 
 
+def test_an_entry_edited_smaller_is_caught_where_a_pad_roi_reads_none_of_it(floats, tmp_path):
+    folder, arrays = floats
+    idx = tmp_path / "index.json"
+    roi = dict(roi_start=[4, 0], roi_shape=[2, 6], out_of_bounds_policy="pad", fill_value=-1)
+    clean = npydask.open_dataset(folder, index=idx, **roi)
+    np.testing.assert_array_equal(clean.stack().compute(), np.stack([a[4:6] for a in arrays]))
+    data = json.loads(idx.read_text())
+    data["headers"][0] = _raw_header("<f4", False, (2, 6), 128)  # rows 4..6 now lie outside every "file"
+    idx.write_text(json.dumps(data))
+    ds = npydask.open_dataset(folder, index=idx, **roi)
+    assert ds.headers[0].shape == (2, 6)
+    reads = (lambda: ds.stack().compute(), lambda: ds[3].compute(), lambda: list(npydask.Loader(ds, 6)),
+             lambda: ds.concatenate().compute())
+    for read in reads:
+        with pytest.raises(npydask.NpyFormatError, match=r"\(2, 6\).*but the file holds shape \(8, 6\)") as info:
+            read()
+        assert str(idx) in str(info.value)
+
+
 def test_one_tampered_entry_among_good_ones_names_its_file(floats, tmp_path):
     folder, arrays = floats
     idx = tmp_path / "index.json"

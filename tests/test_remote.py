@@ -743,6 +743,20 @@ def test_headers_first_short_objects_are_refused_at_open(bucket: Bucket) -> None
         npydask.open_dataset(bucket.url("g"), headers="first", storage_options=bucket.options)
 
 
+def test_headers_first_a_pad_roi_outside_the_first_object_still_checks_each_object(bucket: Bucket) -> None:
+    for i in range(3):
+        bucket.put(f"p/{i}.npy", np.full((3, 4), i, "<f4"))
+    roi = dict(roi_start=[5, 5], roi_shape=[2, 3], out_of_bounds_policy="pad", fill_value=-1)
+    ds = npydask.open_dataset(bucket.url("p"), headers="first", storage_options=bucket.options, **roi)
+    np.testing.assert_array_equal(ds.stack().compute(), np.full((3, 2, 3), -1, "<f4"))  # all padding
+    bucket.put("p/1.npy", np.arange(80, dtype="<f4").reshape(10, 8))  # larger: its ROI holds data
+    ds = npydask.open_dataset(bucket.url("p"), headers="first", storage_options=bucket.options, **roi)
+    reads = (lambda: ds.stack().compute(), lambda: ds[1].compute(), lambda: list(npydask.Loader(ds, 3)))
+    for read in reads:
+        with pytest.raises(NpyFormatError, match=r"1\.npy.*first file's header.*\(3, 4\).*but the file holds shape \(10, 8\)"):
+            read()
+
+
 def test_run_beside_waits_for_both_and_raises_the_side_error_first() -> None:
     import threading
     import time

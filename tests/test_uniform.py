@@ -320,6 +320,36 @@ def test_a_short_file_of_another_header_is_named_as_such(tmp_path):
         npydask.open_dataset(files=paths, headers="first")
 
 
+PAD_OUTSIDE = dict(roi_start=[5, 5], roi_shape=[2, 3], out_of_bounds_policy="pad", fill_value=-1)
+"""A "pad" ROI wholly outside a (3, 4) first file: its tasks read nothing from it."""
+
+
+def _read_padded(ds, site, root):
+    if site == "xarray":
+        xr = pytest.importorskip("xarray")
+        if dask.config.get("array.query-planning", None):
+            pytest.skip("xarray cannot compute dask-expr arrays")
+        with xr.open_dataset(root, engine="npy", headers="first", chunks={}, **PAD_OUTSIDE) as opened:
+            return opened["data"].values
+    if site == "concatenate":
+        return ds.concatenate().compute()
+    return _read(ds, site)
+
+
+@pytest.mark.parametrize("site", ["stack", "item", "loader", "large chunks", "concatenate", "xarray"])
+def test_a_pad_roi_outside_the_first_file_still_checks_every_file(tmp_path, site):
+    small = [np.full((3, 4), i, "<f4") for i in range(3)]
+    paths = _write(tmp_path, small)
+    ds = npydask.open_dataset(tmp_path, headers="first", **PAD_OUTSIDE)
+    got = _read_padded(ds, site, tmp_path)  # every file like the first: all padding, as numpy pads them
+    got = np.concatenate(got) if site == "loader" else np.asarray(got)
+    np.testing.assert_array_equal(got.reshape(3, 2, 3), np.full((3, 2, 3), -1, "<f4"))
+    _replace(paths[1], np.arange(80, dtype="<f4").reshape(10, 8))  # larger: its ROI holds data
+    ds = npydask.open_dataset(tmp_path, headers="first", **PAD_OUTSIDE)
+    with pytest.raises(NpyFormatError, match=r"001\.npy.*first file's header.*\(3, 4\).*but the file holds shape \(10, 8\)"):
+        _read_padded(ds, site, tmp_path)
+
+
 def test_headers_that_differ_only_in_spacing_show_their_bytes(tmp_path):
     arrays = _arrays((4, 6), "<f4", n=4)
     paths = _write(tmp_path, arrays)
