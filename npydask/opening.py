@@ -26,7 +26,7 @@ from npydask.file_views import Context
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, _check_key
 from npydask.roi import RoiArgs
-from npydask.scanning import scan_headers, scan_members_of, scan_table
+from npydask.scanning import check_unread, scan_headers, scan_members_of, scan_table
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, redact
@@ -246,6 +246,8 @@ def open_dataset(
             picked, chosen, None if listed is None else listed[picked.start : picked.stop], roi_args,
             key, source, index, storage_options,
         )
+    if first or index is not None:  # (headers relied on from elsewhere: files no task reads are checked now)
+        check_unread(table, source)
     if device == "gpu" and len(table):
         from npydask.gpu import check_gpu_dtype
 

@@ -21,12 +21,13 @@ import numpy as np
 
 from npydask.header import NpyHeader
 from npydask.roi import RoiArgs, cutting_roi
-from npydask.storage._handles import HeaderCheck
+from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL
+from npydask.storage.urls import redact
 from npydask.table import FileTable
 
-__all__ = ["scan_headers", "scan_members_of", "scan_table"]
+__all__ = ["check_unread", "scan_headers", "scan_members_of", "scan_table"]
 
 _BATCH = 256
 _STEP = 4096
@@ -214,6 +215,41 @@ def scan_table(
         roi_table or (None,), None if len(roi_table) <= 1 else roi_id,
         deflated=deflated if any(deflated) else None,
     )
+
+
+def check_unread(table: FileTable, source: Source) -> None:
+    """Read now the header of each file no task will read, where it was relied on from elsewhere.
+
+    A task compares a file's header bytes with the ones it relies on where
+    it reads the file (or, for a box wholly outside it, where it would). A
+    file whose output holds no element (a zero-size header, or a ROI that
+    leaves nothing of it) may be in no task at all: dask drops empty
+    chunks, and joining files skips them. Where such a file's header came
+    from somewhere else than the file (the first file's with
+    ``headers="first"``, an index entry), its own header is read here, so
+    an empty first file cannot stand for larger ones, nor an index entry
+    edited to an empty shape for its file. Files with their own checked
+    headers (``read_there``) and files with elements cost nothing: one
+    vectorised pass over the table's output sizes.
+
+    Raises
+    ------
+    NpyFormatError
+        Naming the first such file whose header bytes differ: what was
+        relied on, what the file holds, and what to do.
+    OSError
+        A file that cannot be read (the builtin subclass, naming it).
+    """
+    if not len(table):
+        return
+    empty = np.flatnonzero(table.layout().nbytes == 0).tolist()
+    rows = [k for k in empty if (check := table.check(k)) is not None and not check.read_there]
+    for k, found in zip(rows, scan_headers([table.path(k) for k in rows], source=source)):
+        if isinstance(found, BaseException):
+            raise found
+        check = table.check(k)
+        if found[2] != check.raw:  # type: ignore[union-attr]
+            raise header_mismatch(redact(table.path(k)), check, found[2])  # type: ignore[arg-type]
 
 
 def _member_path(key: str | None, path: str) -> str:

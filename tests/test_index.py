@@ -260,6 +260,23 @@ def test_an_entry_edited_smaller_is_caught_where_a_pad_roi_reads_none_of_it(floa
         assert str(idx) in str(info.value)
 
 
+def test_an_entry_edited_to_an_empty_shape_is_checked_at_open(floats, tmp_path):
+    folder, arrays = floats
+    idx = tmp_path / "index.json"
+    npydask.open_dataset(folder, index=idx)
+    data = json.loads(idx.read_text())
+    data["headers"][0] = _raw_header("<f4", False, (0, 6), 128)  # no rows: no task would ever read a file
+    idx.write_text(json.dumps(data))
+    with pytest.raises(npydask.NpyFormatError, match=r"00\.npy.*\(0, 6\).*but the file holds shape \(8, 6\)") as info:
+        npydask.open_dataset(folder, index=idx)
+    assert str(idx) in str(info.value) and "delete" in str(info.value)
+    idx.unlink()
+    np.save(folder / "12.npy", np.zeros((0, 6), "<f4"))  # a file that is empty: its entry is reused
+    npydask.open_dataset(folder, index=idx)
+    ds = npydask.open_dataset(folder, index=idx)
+    np.testing.assert_array_equal(ds.concatenate().compute(), np.concatenate(arrays))
+
+
 def test_one_tampered_entry_among_good_ones_names_its_file(floats, tmp_path):
     folder, arrays = floats
     idx = tmp_path / "index.json"

@@ -757,6 +757,16 @@ def test_headers_first_a_pad_roi_outside_the_first_object_still_checks_each_obje
             read()
 
 
+def test_headers_first_an_empty_first_object_does_not_stand_for_the_others(bucket: Bucket) -> None:
+    bucket.put("e/0.npy", np.zeros((0, 10), "<f4"))
+    for i in range(1, 4):
+        bucket.put(f"e/{i}.npy", np.full((6, 10), i, "<f4"))
+    with pytest.raises(NpyFormatError, match=r"1\.npy.*first file's header.*\(0, 10\).*but the file holds shape \(6, 10\)"):
+        npydask.open_dataset(bucket.url("e"), headers="first", storage_options=bucket.options)
+    ds = npydask.open_dataset(bucket.url("e"), storage_options=bucket.options)
+    assert ds.concatenate().compute().shape == (18, 10)
+
+
 def test_run_beside_waits_for_both_and_raises_the_side_error_first() -> None:
     import threading
     import time

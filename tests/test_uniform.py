@@ -350,6 +350,27 @@ def test_a_pad_roi_outside_the_first_file_still_checks_every_file(tmp_path, site
         _read_padded(ds, site, tmp_path)
 
 
+@pytest.mark.parametrize("how", ["empty first file", "trimmed to nothing"])
+def test_a_first_file_with_no_elements_does_not_stand_for_the_others(tmp_path, how):
+    if how == "empty first file":  # (0, 10): its header promises no rows for any file
+        first, roi = np.zeros((0, 10), "<f4"), {}
+    else:  # a ROI that leaves nothing of a (3, 10) first file, and rows 5..7 of the others
+        first, roi = np.zeros((3, 10), "<f4"), dict(roi_start=[5, 0], roi_shape=[2, 10], out_of_bounds_policy="trim_to_shape")
+    arrays = [first] + [np.full((6, 10), i, "<f4") for i in range(1, 4)]
+    _write(tmp_path, arrays)
+    with pytest.raises(NpyFormatError, match=r"001\.npy.*first file's header.*but the file holds shape \(6, 10\)") as e:
+        npydask.open_dataset(tmp_path, headers="first", **roi)  # read by no task: checked at open
+    assert "headers='all'" in str(e.value)
+    whole = npydask.open_dataset(tmp_path, **roi)  # what headers="all" gives
+    cut = (slice(5, 7),) if roi else (slice(None),)
+    np.testing.assert_array_equal(whole.concatenate().compute(), np.concatenate([a[cut] for a in arrays]))
+    for i in range(1, 4):  # every file alike: all opened, all empty, as numpy has them
+        _replace(os.path.join(tmp_path, f"{i:03d}.npy"), first)
+    ds = npydask.open_dataset(tmp_path, headers="first", **roi)
+    np.testing.assert_array_equal(ds.concatenate().compute(), np.concatenate([first[cut]] * 4))
+    assert [b.shape for b in npydask.Loader(ds, batch_size=4)] == [(4, *first[cut].shape)]
+
+
 def test_headers_that_differ_only_in_spacing_show_their_bytes(tmp_path):
     arrays = _arrays((4, 6), "<f4", n=4)
     paths = _write(tmp_path, arrays)
