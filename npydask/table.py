@@ -13,8 +13,9 @@ column            type                                                        B/
                   ``surrogateescape`` (``os.fsencode`` on POSIX: non-UTF-8
                   file names round-trip)
 ``ends``          int64 end offset of each name in ``names``                  8
-identity, local   ``size``, ``mtime_ns`` int64 (-1: unknown, as with          24
-                  ``headers="first"``), ``ino`` uint64
+identity, local   ``size``, ``mtime_ns`` int64, ``ino`` uint64 (a size of     24
+                  -1: ``headers="first"``, ``mtime_ns`` then holding when
+                  the listing began, not hashed by :meth:`token`)
 identity, object  ``size`` int64 + ``etag``/``modified`` :class:`Strings`     8 + text
 ``header_id``     int32 into :attr:`FileTable.headers`, distinct              4 (0 with
                   ``(NpyHeader, HeaderCheck | None)``; ``None``: all 0        one header)
@@ -341,9 +342,9 @@ class FileTable:
         columns: dict[str, Any] = {}
         field = [] if n and type(identities[0]) is InodeIdentity else [
             list(map(itemgetter(k), identities)) for k in range(3)]  # (zip(*rows) is 10x slower)
-        if not field:  # (headers="first": the listing's inode alone, size and mtime unknown)
-            unknown = np.full(n, -1, np.int64)
-            columns.update(size=unknown, mtime_ns=unknown, ino=list(map(itemgetter(0), identities)))
+        if not field:  # (headers="first": the listing's inode, size unknown, mtime_ns holding when it was listed)
+            columns.update(size=np.full(n, -1, np.int64), mtime_ns=list(map(itemgetter(1), identities)),
+                           ino=list(map(itemgetter(0), identities)))
         elif n and isinstance(identities[0], ObjectIdentity):
             columns.update(size=field[0], etag=Strings.of(field[1], "the ETag"))
             if any(m is not None for m in field[2]):
@@ -386,14 +387,15 @@ class FileTable:
     def identity(self, i: int) -> FileIdentity | InodeIdentity | ObjectIdentity:
         """Row ``i``'s identity, as the readers expect it.
 
-        A local row of unknown size and mtime (both -1: ``headers="first"``
-        over a listing) is an :class:`~npydask.storage._handles.InodeIdentity`,
-        which the readers compare by inode only.
+        A local row of unknown size (-1: ``headers="first"`` over a listing)
+        is an :class:`~npydask.storage._handles.InodeIdentity`, its
+        ``mtime_ns`` column holding when the listing began (or -1), which
+        the readers compare by inode and status change time.
         """
         i = self._index(i)
         if self.etag is None:
             size, mtime, ino = int(self.size[i]), int(self.mtime_ns[i]), int(self.ino[i])  # type: ignore[index]
-            return InodeIdentity(ino) if size == -1 and mtime == -1 else FileIdentity(size, mtime, ino)
+            return InodeIdentity(ino, mtime) if size == -1 else FileIdentity(size, mtime, ino)
         return self._objects(i, i + 1)[0]
 
     def identities(self, a: int = 0, b: int | None = None) -> list[Any]:
@@ -401,12 +403,12 @@ class FileTable:
         b = len(self) if b is None else b
         if self.etag is None:
             size, mtime, ino = self.size[a:b], self.mtime_ns[a:b], self.ino[a:b]  # type: ignore[index]
-            inode_only = (size == -1) & (mtime == -1)
+            inode_only = size == -1
             if not inode_only.any():
                 return list(map(FileIdentity, size.tolist(), mtime.tolist(), ino.tolist()))
             if inode_only.all():
-                return list(map(InodeIdentity, ino.tolist()))
-            return [InodeIdentity(k) if only else FileIdentity(s, m, k)
+                return list(map(InodeIdentity, ino.tolist(), mtime.tolist()))
+            return [InodeIdentity(k, m) if only else FileIdentity(s, m, k)
                     for s, m, k, only in zip(size.tolist(), mtime.tolist(), ino.tolist(), inode_only.tolist())]
         return self._objects(a, b)
 
@@ -575,7 +577,10 @@ class FileTable:
         t = self.compact()
         h.update(t.root.encode(*ENCODING) + b"\0")
         h.update(t.names)
-        for col in (t.ends, t.size, t.mtime_ns, t.ino, t.header_id, t.roi_id, t.deflated):
+        mtime_ns = t.mtime_ns
+        if mtime_ns is not None and bool((t.size == -1).any()):  # (when a listing ran changes no data read)
+            mtime_ns = np.where(t.size == -1, -1, mtime_ns)
+        for col in (t.ends, t.size, mtime_ns, t.ino, t.header_id, t.roi_id, t.deflated):
             h.update(b"-" if col is None else np.ascontiguousarray(col).tobytes())
         for strings in (t.etag, t.modified):
             if strings is None:
@@ -668,7 +673,7 @@ class TableBuilder:
     >>> b = TableBuilder("/data/", [(h, None)])
     >>> b.add("a.npy", 140, 1, 10); b.add("b.npy", -1, -1, 11)
     >>> t = b.build(); t.paths(), t.identity(1)
-    (['/data/a.npy', '/data/b.npy'], InodeIdentity(ino=11))
+    (['/data/a.npy', '/data/b.npy'], InodeIdentity(ino=11, listed_ns=-1))
     """
 
     def __init__(self, root: str, headers: Sequence[Entry]) -> None:

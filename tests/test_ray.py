@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 
 import dask
@@ -130,10 +131,11 @@ def test_read_npy_rows_equal_numpy_load(ray_session, tmp_path, dtype):
 
 def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
     import npydask.ray
-    from npydask.errors import NpyFormatError
+    from npydask.errors import FileChangedError, NpyFormatError
 
     arrays = [np.full((3, 5), i, "<f4") for i in range(6)]
     _save_all(tmp_path, arrays)
+    time.sleep(0.03)  # (a file written within 20 ms before a headers="first" listing is refused)
     with pytest.raises(ValueError, match="'all'.*'first'"):
         npydask.ray.read_npy(tmp_path, headers="bad")
     ids, got, _ = _rows(npydask.ray.read_npy(tmp_path, headers="first", block_size=2 * arrays[0].nbytes))
@@ -141,6 +143,11 @@ def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
     np.testing.assert_array_equal(np.stack(got), np.stack(arrays))
     ds = npydask.ray.read_npy(tmp_path, headers="first")
     np.save(tmp_path / "f04.npy", np.zeros((3, 6), "<f4"))  # another header, in place: seen where it is read
+    with pytest.raises(Exception, match="f04.npy") as e:
+        ds.take_all()  # (the file changed since the listing began: its ctime tells first)
+    assert FileChangedError.__name__ in str(e.value) or isinstance(e.value, FileChangedError)
+    time.sleep(0.03)
+    ds = npydask.ray.read_npy(tmp_path, headers="first")
     with pytest.raises(Exception, match="f04.npy") as e:
         ds.take_all()
     assert NpyFormatError.__name__ in str(e.value) or isinstance(e.value, NpyFormatError)

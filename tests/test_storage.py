@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.region import normalize_box, plan_read
 from npydask.storage import _handles
-from npydask.storage._handles import HeaderCheck, InodeIdentity
+from npydask.storage._handles import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 
@@ -357,11 +358,16 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     assert sorted(deep) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("sub", "deep", "d.npy"),
                                    j("other", "e.npy"), j("sub", "out", "o.npy")])
     # headers="first": each file's inode from the directory (a symlink's: its target's), sizes still unknown
+    # and when the listing began, less the margin for the coarse clock that stamps ctimes
     for recursive in (False, True):
+        before = time.time_ns()
         listed = LocalLister(str(tmp_path), inodes=True).list(recursive, match=npy)
+        after = time.time_ns()
         assert listed.sizes is None and sorted(listed.paths) == sorted(deep if recursive else flat.paths)
-        assert listed.identities == [InodeIdentity(os.stat(tmp_path / p).st_ino) for p in listed.paths]
+        assert [i.ino for i in listed.identities] == [os.stat(tmp_path / p).st_ino for p in listed.paths]
         assert all(type(i) is InodeIdentity for i in listed.identities)
+        assert len({i.listed_ns for i in listed.identities}) == 1
+        assert before - CTIME_MARGIN_NS <= listed.identities[0].listed_ns <= after - CTIME_MARGIN_NS
 
 
 def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> None:

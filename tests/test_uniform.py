@@ -19,15 +19,25 @@ import pytest
 
 import npydask
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.storage._handles import FileIdentity, InodeIdentity, clear_cache
+from npydask.storage._handles import CTIME_MARGIN_NS, FileIdentity, InodeIdentity, clear_cache
 
 N = 24
+
+
+def _settle():
+    """Wait out the margin within which a file changed before opening counts as changed after it.
+
+    (A listed file whose ctime is at or after the listing's start, less
+    ``CTIME_MARGIN_NS`` for the file system's coarse clock, is refused.)
+    """
+    time.sleep(CTIME_MARGIN_NS / 1e9 + 0.005)
 
 
 def _write(root, arrays, names=None):
     names = names or [f"{i:03d}.npy" for i in range(len(arrays))]
     for name, a in zip(names, arrays):
         np.save(os.path.join(root, name), a)
+    _settle()
     return [os.path.join(root, n) for n in names]
 
 
@@ -46,6 +56,7 @@ def _replace(path, array, **kw):
     with open(tmp, "wb") as f:
         np.lib.format.write_array(f, array, **kw)
     os.replace(tmp, path)
+    _settle()
 
 
 @pytest.fixture(autouse=True)
@@ -146,6 +157,7 @@ def test_recursive_and_symlinked_files(tmp_path):
     with open(tmp_path / "target.bin", "wb") as f:
         np.save(f, arrays[3])
     os.symlink(tmp_path / "target.bin", tmp_path / "z.npy")  # (a symlink: its target's inode is the identity)
+    _settle()
     ds = npydask.open_dataset(tmp_path, headers="first", recursive=True)
     assert [os.path.relpath(f, tmp_path) for f in ds.files] == ["a.npy", "sub/c.npy", "sub/deep/b.npy", "z.npy"]
     np.testing.assert_array_equal(ds.stack().compute(), np.stack([arrays[0], arrays[2], arrays[1], arrays[3]]))
@@ -270,15 +282,15 @@ def test_a_file_with_another_header_fails_naming_it(tmp_path, kind, site, inplac
     arrays = _arrays((16, 16), "<f4", n=12)
     paths = _write(tmp_path, arrays)
     roi = dict(roi_start=[2, 3], roi_shape=[9, 8]) if site.startswith("roi") else {}
-    ds = npydask.open_dataset(tmp_path, headers="first", **roi)
     bad, kw = _bad(kind, arrays[7])
     if inplace:  # the same inode: only the header bytes can tell
         with open(paths[7], "r+b") as f:
             np.lib.format.write_array(f, bad, **kw)
             f.truncate()
-    else:  # opened after the replacement: the listing has the new file's inode
+        _settle()
+    else:  # the listing has the new file's inode
         _replace(paths[7], bad, **kw)
-        ds = npydask.open_dataset(tmp_path, headers="first", **roi)
+    ds = npydask.open_dataset(tmp_path, headers="first", **roi)
     with pytest.raises(NpyFormatError, match=r"007\.npy.*first file's header.*\(16, 16\).*<f4.*but the file holds") as e:
         _read(ds, site)
     assert "headers='all'" in str(e.value)
@@ -295,6 +307,66 @@ def test_a_replaced_file_fails_with_file_changed_error(tmp_path, site):
         _read(ds, site)
 
 
+def _replace_until_the_inode_comes_back(path, array):
+    """Replace ``path`` by write-and-rename (as the README recommends) until it has its old inode number again."""
+    ino = os.stat(path).st_ino
+    for _ in range(20):  # (ext4 gives a freed inode number back at the second replacement)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array(f, array)
+        os.replace(tmp, path)
+        if os.stat(path).st_ino == ino:
+            return
+    pytest.skip("this file system did not give the inode number back in 20 replacements")
+
+
+@pytest.mark.parametrize("site", ["stack", "item", "roi", "roi item", "loader", "large chunks"])
+def test_a_file_replaced_with_its_inode_number_back_fails_with_file_changed_error(tmp_path, site):
+    arrays = _arrays((16, 16), "<f4", n=8)
+    paths = _write(tmp_path, arrays)
+    roi = dict(roi_start=[2, 3], roi_shape=[9, 8]) if site.startswith("roi") else {}
+    ds = npydask.open_dataset(tmp_path, headers="first", **roi)
+    _replace_until_the_inode_comes_back(paths[5], arrays[5] + 1)  # the same header, the same inode number
+    with pytest.raises(FileChangedError, match=r"renamed into place or modified at .*listing began.*005\.npy"):
+        _read(ds, site)
+    _settle()
+    reopened = npydask.open_dataset(tmp_path, headers="first", **roi)
+    want = [a + 1 if i == 5 else a for i, a in enumerate(arrays)]
+    np.testing.assert_array_equal(reopened.stack().compute(), np.stack([a[2:11, 3:11] if roi else a for a in want]))
+
+
+@pytest.mark.parametrize("site", ["stack", "roi", "large chunks"])
+def test_a_file_rewritten_in_place_after_opening_fails_with_file_changed_error(tmp_path, site):
+    arrays = _arrays((16, 16), "<f4", n=6)
+    paths = _write(tmp_path, arrays)
+    roi = dict(roi_start=[1, 1], roi_shape=[5, 5]) if site == "roi" else {}
+    ds = npydask.open_dataset(tmp_path, headers="first", **roi)
+    with open(paths[3], "r+b") as f:  # the same inode, size and header: only its ctime tells
+        np.lib.format.write_array(f, arrays[3] * 2)
+    with pytest.raises(FileChangedError, match=r"003\.npy"):
+        _read(ds, site)
+
+
+def test_a_file_written_moments_before_opening_is_refused_saying_so(tmp_path, monkeypatch):
+    arrays = _arrays((4, 4), "<f4", n=3)
+    paths = _write(tmp_path, arrays)
+    np.save(paths[1], arrays[1])  # rewritten; the dataset opened 1 ms later (the clock pinned, not raced)
+    written = os.stat(paths[1]).st_ctime_ns
+    from npydask.storage import local
+
+    monkeypatch.setattr(local, "time", type("Clock", (), {"time_ns": staticmethod(lambda: written + 1_000_000)}))
+    ds = npydask.open_dataset(tmp_path, headers="first")
+    monkeypatch.undo()
+    with pytest.raises(FileChangedError) as e:
+        ds.stack().compute()
+    message = str(e.value)
+    assert "001.npy" in message and "written within 20 ms before opening is refused" in message
+    assert "wait a moment after writing before opening" in message and "Open the dataset again" in message
+    assert "clock" in message
+    _settle()  # (what the message asks for)
+    np.testing.assert_array_equal(npydask.open_dataset(tmp_path, headers="first").stack().compute(), np.stack(arrays))
+
+
 @pytest.mark.parametrize("site", ["stack", "item", "roi", "large chunks"])
 @pytest.mark.parametrize("cut", [8, 200, 1000])
 def test_a_truncated_file_fails_clearly(tmp_path, site, cut):
@@ -302,6 +374,7 @@ def test_a_truncated_file_fails_clearly(tmp_path, site, cut):
     paths = _write(tmp_path, arrays)
     size = os.path.getsize(paths[9])
     os.truncate(paths[9], size - cut)
+    _settle()
     roi = dict(roi_start=[1, 1], roi_shape=[5, 5]) if site == "roi" else {}
     ds = npydask.open_dataset(tmp_path, headers="first", **roi)
     with pytest.raises(NpyFormatError, match=r"009\.npy.*truncated"):
@@ -380,6 +453,7 @@ def test_headers_that_differ_only_in_spacing_show_their_bytes(tmp_path):
         assert spaced != raw and npydask.parse_header(spaced) == npydask.parse_header(raw)
         f.seek(0)
         f.write(spaced)
+    _settle()
     ds = npydask.open_dataset(tmp_path, headers="first")
     with pytest.raises(NpyFormatError, match=r"002\.npy.*other header bytes") as e:
         ds.stack().compute()
@@ -394,7 +468,8 @@ def test_writer_replacing_files_never_gives_other_data(tmp_path, site):
     """Files replaced (atomically, with another header or the original one) while datasets open and read.
 
     Every read that succeeds must equal the original arrays: a version with
-    another header reads as an error, never as data.
+    another header, or any file replaced since the listing began (its ctime),
+    reads as an error, never as data.
     """
     n = 16
     arrays = [np.full((8, 16), i, "<f4") for i in range(n)]
@@ -421,8 +496,8 @@ def test_writer_replacing_files_never_gives_other_data(tmp_path, site):
                 with open(tmp, "wb") as f:
                     np.lib.format.write_array(f, array, **kw)
                 os.replace(tmp, paths[i])
-                time.sleep(0.001 if array is not arrays[i] else 0.004)
-            k += 1
+                time.sleep(0.001 if array is not arrays[i] else 0.004 if k % 3 else 0.1)
+            k += 1  # (every third file a quiet moment: a file changed since the listing began is refused)
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
@@ -479,5 +554,9 @@ def test_on_a_distributed_cluster(tmp_path):
         np.testing.assert_array_equal(client.compute(ds.stack()).result(), np.stack(arrays))
         with open(paths[33], "r+b") as f:  # another header, in place: seen on the worker
             np.lib.format.write_array(f, np.zeros((16, 16), "<i4"))
+        with pytest.raises(FileChangedError, match=r"at or after the dataset's listing began.*033\.npy"):
+            client.compute(ds.stack()).result()  # (opened before the rewrite: its ctime tells)
+        _settle()
+        ds = npydask.open_dataset(tmp_path, headers="first")
         with pytest.raises(NpyFormatError, match=r"033\.npy.*first file's header"):
             client.compute(ds.stack()).result()

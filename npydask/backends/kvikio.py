@@ -236,9 +236,10 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     except RuntimeError as e:
         raise unavailable(ref.path, e, "open the file") from e
     try:
-        found = FileIdentity.of(os.fstat(handle.fileno()))
-        if differs(ref.identity, found):  # replaced between the check and the open
-            raise _changed(ref.path, ref.identity, found)
+        st = os.fstat(handle.fileno())
+        found = FileIdentity.of(st)
+        if differs(ref.identity, st):  # replaced between the check and the open
+            raise _changed(ref.path, ref.identity, st)
     except BaseException:
         handle.close()
         raise

@@ -143,9 +143,10 @@ def read_files(items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
 
     A group whose identities are inodes only
     (:class:`~npydask.storage._handles.InodeIdentity`: a dataset opened with
-    ``headers="first"``, every file of it alike) compares the inode alone;
-    a file of it that ends early is reported as another header's file
-    (its header bytes read again) or as a truncated one.
+    ``headers="first"``, every file of it alike) compares the inode and,
+    from the same ``fstat``, the status change time against when the
+    listing began; a file of it that ends early is reported as another
+    header's file (its header bytes read again) or as a truncated one.
 
     Raises
     ------
@@ -203,8 +204,9 @@ def _read_loop(items: Sequence[Item], dest: memoryview, nbytes: int) -> bool:
             except OSError as e:
                 _explain(fd, path, ident, e, check, offset + nbytes)
             st = fstat(fd)
-            if st.st_ino != ident[-1] or (whole and (st.st_size != ident[0] or st.st_mtime_ns != ident[1])):
-                raise _changed(path, ident, FileIdentity.of(st))
+            if (st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1] if whole
+                    else st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0):
+                raise _changed(path, ident, st)
             if check is not None and head != check[0]:
                 raise header_mismatch(path, check, bytes(head))
         finally:
@@ -245,13 +247,13 @@ def _explain(
     """
     if type(ident) is InodeIdentity:
         st = os.fstat(fd)
-        if st.st_ino != ident.ino:
-            raise _changed(path, ident, FileIdentity.of(st)) from error
+        if differs(ident, st):
+            raise _changed(path, ident, st) from error
         if check is not None and st.st_size < end:
             _too_short(fd, path, check, st.st_size)
     if error.filename is not None:
         raise error
     st = os.fstat(fd)
-    if differs(ident, FileIdentity.of(st)):
-        raise _changed(path, ident, FileIdentity.of(st)) from error
+    if differs(ident, st):
+        raise _changed(path, ident, st) from error
     raise OSError(error.errno, error.strerror, path) from error

@@ -55,6 +55,7 @@ from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
 
 __all__ = [
+    "CTIME_MARGIN_NS",
     "FileIdentity",
     "HeaderCheck",
     "InodeIdentity",
@@ -99,38 +100,67 @@ class FileIdentity(NamedTuple):
         return cls(st.st_size, st.st_mtime_ns, st.st_ino)
 
 
+CTIME_MARGIN_NS = 20_000_000
+"""How long before a listing starts a file's status change still counts as after it (20 ms, in ns).
+
+File systems stamp ``st_ctime`` from the kernel's coarse clock, which lags
+the wall clock by up to one tick (4 ms at ``HZ=250``, 10 ms at ``HZ=100``):
+a change made just after the listing began may carry a time just before
+it. The margin covers two such ticks; a file written less than this before
+the listing is refused with it (see :class:`InodeIdentity`)."""
+
+
 class InodeIdentity(NamedTuple):
-    """A file known only from its folder's listing: its inode (``open_dataset(..., headers="first")``).
+    """A file known only from its folder's listing: its inode, and when the listing began (``headers="first"``).
 
     The listing (``os.scandir``) gives the inode without a ``stat``; size
-    and mtime stay unknown, so a task checks the inode (a file replaced by
-    a rename has another), the header bytes (against the dataset's
-    :class:`HeaderCheck`) and the payload's presence where it reads the
-    file. A rewrite in place that keeps the inode and the header bytes is
-    not seen. Compared with :func:`differs`, never with ``==`` against a
-    :class:`FileIdentity`.
+    and mtime stay unknown. A task, which ``fstat``s the file anyway,
+    checks the inode (a file replaced by a rename usually has another) and
+    that the file's status last changed (``st_ctime``) before ``listed_ns``:
+    the wall-clock time at which the listing began, less
+    :data:`CTIME_MARGIN_NS`. Creating, renaming into place, writing or
+    truncating a file sets its ctime, so a file replaced after opening
+    fails even where the file system gave the replacement the old inode
+    number back (ext4 does, for a file replaced twice by write-and-rename).
+    This relies on the clock of whoever stamps the ctime (the file server,
+    for a network file system) agreeing with this machine's, and on
+    timestamps finer than the margin (a file system with one- or two-second
+    timestamps may stamp a change just after the listing as before it). A
+    file changed less than the margin before the listing is refused too.
+    Header bytes are checked against the dataset's :class:`HeaderCheck`,
+    and the payload's presence, where the file is read. ``listed_ns`` of
+    -1 means unknown: the inode alone is compared. Compared with
+    :func:`differs`, never with ``==`` against a :class:`FileIdentity`;
+    ``listed_ns`` does not enter tokens (two opens of the same files give
+    the same graph names).
     """
 
     ino: int
+    listed_ns: int = -1
 
     def facts(self) -> str:
-        """The text a task's token hashes."""
+        """The text a task's token hashes (the inode: when the listing ran does not change what is read)."""
         return f"ino {self.ino}"
 
 
-def differs(expected: FileIdentity | InodeIdentity, found: FileIdentity) -> bool:
-    """Whether the file found (a full identity, from ``stat``) is not the one ``expected`` describes.
+def differs(expected: FileIdentity | InodeIdentity, st: os.stat_result) -> bool:
+    """Whether the file whose ``stat`` is ``st`` is not the one ``expected`` describes.
 
-    An :class:`InodeIdentity` compares the inode only.
+    An :class:`InodeIdentity` compares the inode, and the status change time
+    against when the listing began.
 
     Examples
     --------
-    >>> differs(InodeIdentity(7), FileIdentity(10, 5, 7)), differs(FileIdentity(10, 4, 7), FileIdentity(10, 5, 7))
+    >>> import os, tempfile, time
+    >>> fd, p = tempfile.mkstemp(); os.close(fd); st = os.stat(p)
+    >>> differs(InodeIdentity(st.st_ino), st), differs(FileIdentity(st.st_size, st.st_mtime_ns - 1, st.st_ino), st)
     (False, True)
+    >>> differs(InodeIdentity(st.st_ino, time.time_ns() - CTIME_MARGIN_NS), st)  # (changed moments ago)
+    True
     """
     if type(expected) is InodeIdentity:
-        return expected.ino != found.ino
-    return expected != found
+        return expected.ino != st.st_ino or st.st_ctime_ns >= expected.listed_ns >= 0
+    return expected != (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 class HeaderCheck(NamedTuple):
@@ -509,8 +539,8 @@ def acquire(
     """
     st = os.stat(path)
     ident = FileIdentity.of(st)
-    if expected is not None and differs(expected, ident):
-        raise _changed(path, expected, ident)
+    if expected is not None and differs(expected, st):
+        raise _changed(path, expected, st)
     cache_key = (path, key)
     with _cache_lock:
         hit = _cache.get(cache_key)
@@ -543,8 +573,8 @@ def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: 
     f, fst = open_regular(path)
     try:
         ident = FileIdentity.of(fst)
-        if expected is not None and differs(expected, ident):
-            raise _changed(path, expected, ident)
+        if expected is not None and differs(expected, fst):
+            raise _changed(path, expected, fst)
         if key is None:
             header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
@@ -619,12 +649,17 @@ def _trim(limit: int) -> None:
 
 
 def _changed(
-    path: str, expected: FileIdentity | InodeIdentity, found: FileIdentity, *, during: bool = False
+    path: str, expected: FileIdentity | InodeIdentity, found: FileIdentity | os.stat_result, *, during: bool = False
 ) -> FileChangedError:
+    """The error for a file that is not the one ``expected`` describes (``found``: its identity, or its ``stat``)."""
+    if type(expected) is InodeIdentity and isinstance(found, os.stat_result) and found.st_ino == expected.ino:
+        return _changed_since_listing(path, expected, found.st_ctime_ns)
+    if isinstance(found, os.stat_result):
+        found = FileIdentity.of(found)
     what = [
         f"{name} {getattr(expected, name)} -> {getattr(found, name)}"
-        for name in expected._fields
-        if getattr(expected, name) != getattr(found, name)
+        for name in FileIdentity._fields
+        if name in expected._fields and getattr(expected, name) != getattr(found, name)
     ]
     when = "while it was being read" if during else "after it was opened lazily"
     return FileChangedError(
@@ -633,6 +668,28 @@ def _changed(
         "(rewrite files by writing a new file and renaming it over the old one)",
         path,
     )
+
+
+def _changed_since_listing(path: str, expected: InodeIdentity, ctime_ns: int) -> FileChangedError:
+    """The error for a listed file (``headers="first"``) whose status changed at or after the listing began."""
+    margin_ms = CTIME_MARGIN_NS // 1_000_000
+    began = _utc(expected.listed_ns + CTIME_MARGIN_NS)
+    return FileChangedError(
+        errno.ESTALE,
+        f"file created, renamed into place or modified at {_utc(ctime_ns)} (its ctime), at or after the "
+        f"dataset's listing began at {began} less {margin_ms} ms for the file system's coarse clock: it may hold "
+        "other data than the file listed (the same inode number can come back for a replacement), and "
+        "npydask refuses to return other data. Open the dataset again; a file written within "
+        f"{margin_ms} ms before opening is refused too (wait a moment after writing before opening), and "
+        "the check relies on the file server's clock agreeing with this machine's",
+        path,
+    )
+
+
+def _utc(ns: int) -> str:
+    """``ns`` since the epoch as ISO 8601 UTC with microseconds."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d}Z"
 
 
 def clear_cache() -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from npydask.backends.pread import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.header import parse_header
 from npydask.storage._batch import _FLAGS, _explain
-from npydask.storage._handles import FileIdentity, InodeIdentity, _changed, header_mismatch, retry_open
+from npydask.storage._handles import InodeIdentity, _changed, header_mismatch, retry_open
 from npydask.storage._headers import truncated
 
 __all__ = ["read_rois"]
@@ -39,9 +39,10 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
     Raises
     ------
     FileChangedError
-        If a file's size, mtime or inode (its inode alone for an
-        :class:`~npydask.storage._handles.InodeIdentity`) is not the job's
-        once it was read, or it ends early.
+        If a file's size, mtime or inode (for an
+        :class:`~npydask.storage._handles.InodeIdentity`: its inode, and a
+        status change before the listing began) is not the job's once it
+        was read, or it ends early.
     NpyFormatError
         If a file's header bytes are not its ``check``'s.
     """
@@ -71,8 +72,9 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
                 _explain(fd, path, ident, e, check, plan.end)
             st = fstat(fd)
             inode_only = type(ident) is InodeIdentity
-            if st.st_ino != ident[-1] or (not inode_only and (st.st_size != ident[0] or st.st_mtime_ns != ident[1])):
-                raise _changed(path, ident, FileIdentity.of(st))
+            if (st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0 if inode_only
+                    else st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]):
+                raise _changed(path, ident, st)
             if head is not None:
                 if head != check.raw:
                     raise header_mismatch(path, check, head)

@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
@@ -29,6 +30,7 @@ from npydask.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._rois import read_rois
 from npydask.storage._handles import (
+    CTIME_MARGIN_NS,
     FileIdentity,
     HeaderCheck,
     InodeIdentity,
@@ -152,7 +154,10 @@ class LocalLister(Lister):
     the directory), so sizes and identities are ``None``; with ``inodes``,
     the identities are each file's
     :class:`~npydask.storage._handles.InodeIdentity`, which the directory
-    gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``).
+    gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``),
+    with the wall-clock time the listing began (less
+    :data:`~npydask.storage._handles.CTIME_MARGIN_NS`): a file whose status
+    changes after that is refused where a task reads it.
 
     Examples
     --------
@@ -170,6 +175,7 @@ class LocalLister(Lister):
     def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
         """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
         match = match or _any
+        listed = time.time_ns() - CTIME_MARGIN_NS  # (files whose status changes from here on are refused)
         inos: list[int] | None = [] if self.inodes else None
         folders: list[tuple[str, int]] | None = None
         if recursive:
@@ -178,7 +184,7 @@ class LocalLister(Lister):
             folders = []
             paths = self._flat(match, inos, folders)
         # (tuple.__new__ over 1-tuples: the named tuples built in C, not by one Python call each)
-        identities = None if inos is None else list(map(tuple.__new__, repeat(InodeIdentity), zip(inos)))
+        identities = None if inos is None else list(map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
         return Listing(paths, None, identities, folders)
 
     def _flat(self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]) -> list[str]:
