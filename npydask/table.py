@@ -583,8 +583,8 @@ class FileTable:
         for col in (t.ends, t.size, mtime_ns, t.ino, t.header_id, t.roi_id, t.deflated):
             h.update(b"-" if col is None else np.ascontiguousarray(col).tobytes())
         for strings in (t.etag, t.modified):
-            if strings is None:
-                h.update(b"-")
+            if strings is None or (strings.missing is not None and bool(strings.missing.all())):
+                h.update(b"-")  # (a column of no values hashes as none: rows taken from a table that had some)
             else:
                 strings.digest(h)
         heads = [(hd.version, hd.shape, hd.dtype.str, hd.dtype.descr, hd.fortran_order, hd.data_offset,

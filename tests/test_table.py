@@ -106,6 +106,16 @@ def test_slices_takes_and_pickles_equal_the_rows(case, data):
         assert rebuilt.token() == sub.token()  # however it was made, equal rows hash alike
 
 
+def test_rows_without_last_modified_hash_alike_however_taken():
+    ids = [ObjectIdentity(0, "e", None), ObjectIdentity(0, "e", None), ObjectIdentity(0, None, "Tue")]
+    t = FileTable.from_lists(["s3://b/p/0", "s3://b/p/1", "s3://b/p/2"], ids, [H1] * 3, [C1] * 3)
+    for sub in (t[:2], t.take([1, 0]), t[:1]):  # (a Last-Modified column holding only missing values)
+        rebuilt = FileTable.from_lists(sub.paths(), sub.identities(), [H1] * len(sub), [C1] * len(sub), root=sub.root)
+        assert rebuilt.modified is None and rebuilt.token() == sub.token()
+    assert t.token() != FileTable.from_lists(t.paths(), ids[:2] + [ObjectIdentity(0, None, "Wed")], [H1] * 3,
+                                             [C1] * 3).token()
+
+
 def _bench_table(n: int) -> FileTable:
     paths = [f"/data/scale/d{i // 1000:04d}/s{i:07d}.npy" for i in range(n)]
     ids = [FileIdentity(4224, 1_700_000_000_000_000_000 + i, 5_000_000 + i) for i in range(n)]
