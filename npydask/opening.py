@@ -147,14 +147,28 @@ def open_dataset(
         listing and one header; ``files``/``file_list`` cost one ``stat``
         per file (the whole identity) or one HEAD per object. Each task
         then compares each file's header bytes where it reads them (no
-        extra read) and raises ``NpyFormatError`` naming the file, the
-        header expected and the one found when they differ; a replaced
-        file (another inode or ETag) raises ``FileChangedError``, a file
-        too short for the payload ``NpyFormatError``. A rewrite in place
-        that keeps a file's inode and header bytes is not seen in this
-        mode (size and mtime are unknown). Not with ``index`` (which
-        keeps per-file headers) nor ``key`` (``.npz`` members sit at a
-        different offset in each archive).
+        extra read; a ROI wholly outside a file still reads its header)
+        and raises ``NpyFormatError`` naming the file, the header expected
+        and the one found when they differ (their bytes where both parse
+        alike); a file too short for the payload raises ``NpyFormatError``.
+        A listed local file whose status changed (``st_ctime``, from the
+        ``fstat`` the task makes anyway) at or after the listing began, less
+        20 ms for the file system's coarse clock, raises
+        ``FileChangedError``: created, renamed into place (even with its
+        old inode number back), written, truncated, or touched by
+        ``chmod``/``touch``/a new hard link after opening; so does a file
+        with another inode, an object with another ETag, and a file named
+        by ``files``/``file_list`` whose size, mtime or inode changed. This
+        relies on the clock that stamps the ctime (the file server's, on a
+        network file system) agreeing with this machine's to within the
+        margin, and on timestamps finer than it (a file system with 1 or 2
+        s timestamps may stamp a change just after opening as before it);
+        a file changed less than 20 ms before opening is refused too (open
+        again a moment later). A file whose output would hold no element
+        (an empty first file, a ROI that leaves nothing of it) cannot stand
+        for the others: those files' headers are read at open. Not with
+        ``index`` (which keeps per-file headers) nor ``key`` (``.npz``
+        members sit at a different offset in each archive).
     sort : {"bytes", "natural"}, default ``"bytes"``
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before

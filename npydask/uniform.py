@@ -10,8 +10,15 @@ file's header bytes where they read them anyway (the grouped loop's
 ``preadv`` of header and payload, the handle cache's header read, an
 object's whole GET or its header GET), so a file unlike the first fails its
 task with :class:`~npydask.errors.NpyFormatError` naming it, the header
-expected and the one found. A file rewritten in place that keeps its inode
-and header bytes is not seen (its size and mtime are not known).
+expected and the one found; a task whose box lies wholly outside a file (a
+``"pad"`` ROI) still checks its header. A listed local file carries the
+time the listing began (:class:`~npydask.storage._handles.InodeIdentity`):
+one whose ctime is later (created, renamed in, written or truncated after
+opening, whatever its inode number) fails with
+:class:`~npydask.errors.FileChangedError`. Files whose output holds no
+element are in no task (dask drops empty chunks), so the opening reads
+their own headers (:func:`npydask.scanning.check_unread`): an empty first
+file cannot stand for larger ones.
 
 This module plans only: which header and check every file gets, and each
 file's row of the dataset's table (:func:`first_table`); :func:`check_headers` validates the
