@@ -229,8 +229,8 @@ def check_unread(table: FileTable, source: Source) -> None:
     ``headers="first"``, an index entry), its own header is read here, so
     an empty first file cannot stand for larger ones, nor an index entry
     edited to an empty shape for its file. Files with their own checked
-    headers (``read_there``) and files with elements cost nothing: one
-    vectorised pass over the table's output sizes.
+    headers (``read_there``) and files with elements cost nothing (a
+    look at the table's distinct headers and ROIs).
 
     Raises
     ------
@@ -240,8 +240,9 @@ def check_unread(table: FileTable, source: Source) -> None:
     OSError
         A file that cannot be read (the builtin subclass, naming it).
     """
-    if not len(table):
-        return
+    if not len(table) or not (any(h.nbytes == 0 for h, _ in table.headers)
+                              or any(r is not None and 0 in r.shape for r in table.rois)):
+        return  # (the common case: no header or ROI of zero size, no pass over the rows)
     empty = np.flatnonzero(table.layout().nbytes == 0).tolist()
     rows = [k for k in empty if (check := table.check(k)) is not None and not check.read_there]
     for k, found in zip(rows, scan_headers([table.path(k) for k in rows], source=source)):
