@@ -419,7 +419,8 @@ def test_a_pad_roi_outside_the_first_file_still_checks_every_file(tmp_path, site
     np.testing.assert_array_equal(got.reshape(3, 2, 3), np.full((3, 2, 3), -1, "<f4"))
     _replace(paths[1], np.arange(80, dtype="<f4").reshape(10, 8))  # larger: its ROI holds data
     ds = npydask.open_dataset(tmp_path, headers="first", **PAD_OUTSIDE)
-    with pytest.raises(NpyFormatError, match=r"001\.npy.*first file's header.*\(3, 4\).*but the file holds shape \(10, 8\)"):
+    differs = r"001\.npy.*first file's header.*\(3, 4\).*but the file holds shape \(10, 8\)"
+    with pytest.raises(NpyFormatError, match=differs):
         _read_padded(ds, site, tmp_path)
 
 
@@ -428,7 +429,8 @@ def test_a_first_file_with_no_elements_does_not_stand_for_the_others(tmp_path, h
     if how == "empty first file":  # (0, 10): its header promises no rows for any file
         first, roi = np.zeros((0, 10), "<f4"), {}
     else:  # a ROI that leaves nothing of a (3, 10) first file, and rows 5..7 of the others
-        first, roi = np.zeros((3, 10), "<f4"), dict(roi_start=[5, 0], roi_shape=[2, 10], out_of_bounds_policy="trim_to_shape")
+        first = np.zeros((3, 10), "<f4")
+        roi = dict(roi_start=[5, 0], roi_shape=[2, 10], out_of_bounds_policy="trim_to_shape")
     arrays = [first] + [np.full((6, 10), i, "<f4") for i in range(1, 4)]
     _write(tmp_path, arrays)
     with pytest.raises(NpyFormatError, match=r"001\.npy.*first file's header.*but the file holds shape \(6, 10\)") as e:

@@ -183,8 +183,9 @@ class LocalLister(Lister):
         else:
             folders = []
             paths = self._flat(match, inos, folders)
-        # (tuple.__new__ over 1-tuples: the named tuples built in C, not by one Python call each)
-        identities = None if inos is None else list(map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
+        # (tuple.__new__ over (inode, listed) pairs: the named tuples built in C, not by one Python call each)
+        identities = None if inos is None else list(
+            map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
         return Listing(paths, None, identities, folders)
 
     def _flat(self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]) -> list[str]:
