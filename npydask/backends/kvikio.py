@@ -134,7 +134,8 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     results: list[Any] = [None] * len(jobs)
     todo = []
     for k, job in enumerate(jobs):
-        if job.plan.cut is None:  # no byte of the file needed: as the CPU reader, no file access
+        if job.plan.cut is None:  # no byte of the file needed: as the CPU reader, the file is only checked
+            job.ref.verify()  # (a box wholly outside it, a pad ROI: a header relied on may not be its own)
             results[k] = finish(job.plan, None, xp, job.out)
         else:
             todo.append(k)
