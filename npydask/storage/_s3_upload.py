@@ -185,9 +185,10 @@ def translate_boto(e: BaseException, url: str, what: str) -> BaseException:
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return PermissionError(
             errno.EACCES,
-            f"no usable credentials while {what}: give the workers AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "(or a profile or role), or storage_options access_key_id/secret_access_key, or "
-            "skip_signature=True for a public bucket",
+            f"no credentials were found while {what}: give the processes that write (the workers) "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in their environment (or a profile or role), or "
+            "storage_options access_key_id/secret_access_key; writing needs Put rights (s3:PutObject, "
+            "s3:AbortMultipartUpload)",
             redact(url),
         )
     if "Timeout" in name:

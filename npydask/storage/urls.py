@@ -31,6 +31,7 @@ ObjectUrl(scheme='s3', bucket='bucket', key='scans/a.npy', query='')
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import re
 from typing import NamedTuple
@@ -186,6 +187,7 @@ class HttpTarget(NamedTuple):
     """The ``Authorization`` header for the URL's ``user:password@`` (HTTP Basic), or ``None``."""
 
 
+@functools.lru_cache(maxsize=4096)  # (asked for each request: a store and a key)
 def http_target(url: str) -> HttpTarget:
     """The store base, key and authorization that send ``url``'s request target as written.
 
