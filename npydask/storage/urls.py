@@ -209,8 +209,8 @@ def http_target(url: str) -> HttpTarget:
     Raises
     ------
     ValueError
-        For a path holding a control character or percent-encoded bytes that are not UTF-8 (the client
-        cannot send either).
+        For a path holding an empty segment, a control character or percent-encoded bytes that are
+        not UTF-8 (the client cannot send them).
     """
     scheme = _scheme(url) or ""
     rest = url[len(scheme) + 3 :].partition("#")[0]
@@ -234,13 +234,18 @@ def http_target(url: str) -> HttpTarget:
             f"{redact(url)}: the URL's path holds percent-encoded bytes that are not UTF-8, which the object "
             "store client (obstore) cannot request: rename the file"
         ) from None
+    if path and "" in segments:
+        raise ValueError(
+            f"{redact(url)}: the URL's path has an empty segment ('//', or a trailing '/'), which the object "
+            "store client (obstore) cannot request: remove it"
+        )
     if any(_CONTROL.search(d) for d in decoded):
         raise ValueError(
             f"{redact(url)}: the URL's path holds a control character (e.g. a tab or newline, written or "
             "percent-encoded), which the object store client (obstore) cannot request: rename the file"
         )
     keyed = not qmark and all(
-        d not in ("", ".", "..") and "/" not in d and quote(d, safe=_SEGMENT_SAFE) == seg
+        d not in (".", "..") and "/" not in d and quote(d, safe=_SEGMENT_SAFE) == seg
         for seg, d in zip(segments, decoded)
     )
     if keyed:
