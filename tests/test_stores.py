@@ -56,3 +56,10 @@ def test_identity_values() -> None:
         check_options("https://h", {"identity": mode})
     with pytest.raises(ValueError, match="must be one of"):
         check_options("https://h", {"identity": "ETag"})
+
+
+def test_an_endpoint_with_userinfo_passes_and_is_never_shown() -> None:
+    check_options("s3://b", {"endpoint": "http://ann:pw@127.0.0.1:9000"})
+    with pytest.raises(ValueError) as info:
+        check_options("s3://b", {"endpoint": "http://ann:s3cret@exa mple.com"})
+    assert "s3cret" not in str(info.value)

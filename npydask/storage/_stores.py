@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import timedelta
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlsplit
 
 from npydask import config
 from npydask.storage.urls import OBJECT_SCHEMES, redact
@@ -210,14 +211,24 @@ def check_options(base: str, storage_options: dict[str, Any]) -> None:
         check_endpoint(where, f"storage_options[{names[k]!r}]", storage_options[names[k]])
 
 
-_ENDPOINT = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?", re.IGNORECASE)
-
-
 def check_endpoint(where: str, label: str, value: object) -> None:
-    """Raise ``ValueError`` unless ``value`` is an ``http(s)://host[:port][/path]`` URL (no spaces, no controls)."""
+    """Raise ``ValueError`` unless ``value`` is an ``http(s)://host[:port][/path]`` URL (no spaces, no controls).
+
+    Examples
+    --------
+    >>> check_endpoint("s3://b", "storage_options['endpoint']", "http://127.0.0.1:8333")
+    >>> check_endpoint("s3://b", "storage_options['endpoint']", "http://127.0.0.1: 8333")
+    Traceback (most recent call last):
+    ...
+    ValueError: s3://b: storage_options['endpoint'] must be an endpoint URL such as 'http://127.0.0.1:8333' or ...
+    """
     text = value if isinstance(value, str) else ""
-    port = text.partition("://")[2].partition("/")[0].rpartition(":")[2] if text.count(":") > 1 else ""
-    if not _ENDPOINT.fullmatch(text) or not text.isprintable() or (port and not port.isdigit()):
+    try:
+        parts = urlsplit(text)
+        fine = parts.scheme.lower() in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # (a port that is no number)
+        fine = False
+    if not fine or not text.isprintable() or any(c.isspace() for c in text):
         shown = repr(redact(text)) if isinstance(value, str) else type(value).__name__
         raise ValueError(
             f"{where}: {label} must be an endpoint URL such as 'http://127.0.0.1:8333' or "
