@@ -600,7 +600,7 @@ def test_listing_20000_keys_pages_through_them(bucket: Bucket) -> None:
     data = npy_bytes(np.zeros(2, "<u1"))
     names = [f"many/{i // 4000}/{i:05d}.npy" for i in range(20_000)]
     run_all(lambda n: obstore.put(store, bucket.prefix + n, data), names, 64)
-    from npydask.storage.object import ObjectLister
+    from npydask.storage.object_list import ObjectLister
 
     listing = ObjectLister(source, bucket.url("many")).list(recursive=True)
     assert sorted(listing.paths) == sorted(n[len("many/") :] for n in names)
