@@ -102,7 +102,7 @@ class ObjectLister(Lister):
         """The listing without the keys obstore cannot represent, where the selection skips them (S3 only)."""
         wanted = match is None or match(bad[len(self.prefix) :].rpartition("/")[2])
         where = redact(self.url)
-        if not wanted and self.source.spec.kind == "s3":
+        if not wanted and self.source.spec.kind == "s3" and _has_boto3():
             from npydask.storage._s3_upload import list_objects
 
             metas = []
@@ -129,3 +129,9 @@ def _unreadable(where: str, key: str, why: str) -> ValueError:
         f"{where}: the key {key!r} holds a control character (a tab, a newline, ...), which the object store "
         f"client (obstore) cannot list or read, and {why}: rename the object or move it out of the prefix"
     )
+
+
+def _has_boto3() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("boto3") is not None
