@@ -63,3 +63,12 @@ def test_an_endpoint_with_userinfo_passes_and_is_never_shown() -> None:
     with pytest.raises(ValueError) as info:
         check_options("s3://b", {"endpoint": "http://ann:s3cret@exa mple.com"})
     assert "s3cret" not in str(info.value)
+
+
+def test_a_store_that_cannot_be_built_names_the_bucket_and_no_secret() -> None:
+    from npydask.storage._stores import store_for
+
+    with pytest.raises(ValueError, match="could not build a store for this bucket or host.*port"):
+        store_for(StoreSpec.of("http://127.0.0.1:99999", None))
+    own = StoreSpec.of("https://h/d/a.npy?X-Amz-Signature=s3cret", None)
+    assert own.public() == "https://h/d/a.npy"

@@ -171,7 +171,7 @@ class StoreSpec(NamedTuple):
         """What may be shown and hashed into names: the base and the endpoint and region, never credentials."""
         shown = dict(self.options)
         extra = "".join(f"|{k}={redact(str(shown[k]))}" for k in PUBLIC_KEYS if k in shown)
-        return f"{self.base}{extra}"
+        return f"{redact(self.base)}{extra}"  # (a URL's own store has the URL, query included, as its base)
 
     def option(self, name: str, default: Any = None) -> Any:
         """One of the ``storage_options``."""
@@ -331,9 +331,10 @@ def _build(spec: StoreSpec) -> Any:
             raise
         kind = type(e).__name__
         error = ValueError(
-            f"{spec.public()}: the object store client refused storage_options with keys "
-            f"{sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}); see obstore's store and "
-            "client options for the accepted keys"
+            f"{spec.public()}: the object store client (obstore) could not build a store for this bucket or "
+            f"host with storage_options keys {sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}): "
+            "check the URL's bucket, host and port, and see obstore's store and client options for the "
+            "accepted keys"
         )
     raise error  # (outside the except block: it holds no reference to obstore's error)
 
