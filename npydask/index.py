@@ -286,30 +286,26 @@ def write_index(index_path: str, index: Index, storage_options: dict[str, Any] |
 
 def _read_remote(url: str, storage_options: dict[str, Any] | None) -> bytes:
     """The index object in one GET (``FileNotFoundError`` when there is none)."""
-    from npydask.storage._remote_errors import translate
+    from npydask.storage._remote_errors import call
     from npydask.storage._stores import import_obstore
     from npydask.storage.where import resolve
 
     _, source = resolve(url, storage_options)
     obstore = import_obstore()
-    try:
-        return bytes(obstore.get(source.store(url), source.key(url)).bytes())  # type: ignore[attr-defined]
-    except Exception as e:
-        raise translate(e, url, "reading the header index") from None
+    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
+    return call(url, "reading the header index", lambda: bytes(obstore.get(store, key).bytes()))
 
 
 def _write_remote(url: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
     """The index object replaced whole, in one PUT."""
-    from npydask.storage._remote_errors import translate
+    from npydask.storage._remote_errors import call
     from npydask.storage._stores import import_obstore
     from npydask.storage.where import resolve
 
     _, source = resolve(url, storage_options)
     obstore = import_obstore()
-    try:
-        obstore.put(source.store(url), source.key(url), data)  # type: ignore[attr-defined]
-    except Exception as e:
-        raise translate(e, url, "writing the header index") from None
+    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
+    call(url, "writing the header index", obstore.put, store, key, data)
 
 
 def scan_with_index(

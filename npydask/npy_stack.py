@@ -270,17 +270,19 @@ def _read_local(path: str) -> bytes:
 
 def _read_object(url: str, source: Source) -> bytes:
     """The ``info`` object in one GET (``FileNotFoundError`` when there is none)."""
-    from npydask.storage._remote_errors import translate
+    from npydask.storage._remote_errors import call
     from npydask.storage._stores import import_obstore
 
     obstore = import_obstore()
-    try:
-        result = obstore.get(source.store(url), source.key(url))  # type: ignore[attr-defined]
+    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
+
+    def get() -> bytes:
+        result = obstore.get(store, key)
         if int(result.meta["size"]) > MAX_INFO_BYTES:
             return bytes(MAX_INFO_BYTES + 1)  # (refused as too large without downloading it)
         return bytes(result.bytes())
-    except Exception as e:
-        raise translate(e, url, "reading the to_npy_stack info") from None
+
+    return call(url, "reading the to_npy_stack info", get)
 
 
 def _axis_from_shapes(shapes: list[tuple[int, ...]], shown: str) -> int:

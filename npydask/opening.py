@@ -29,7 +29,7 @@ from npydask.roi import RoiArgs
 from npydask.scanning import check_unread, scan_headers, scan_members_of, scan_table
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister
-from npydask.storage.urls import is_url, redact
+from npydask.storage.urls import is_url, redact, split_url
 from npydask.storage.where import fspath, lister_for, resolve
 from npydask.table import FileTable
 from npydask.uniform import check_headers, first_table
@@ -315,7 +315,7 @@ def _select(
     )
     base = source.spec.base + "/"  # type: ignore[attr-defined]
     for p in selected.paths:
-        if not p.startswith(base):
+        if not p.startswith(base) and not (is_url(p) and split_url(p).base == source.spec.base):  # type: ignore[attr-defined]
             raise ValueError(
                 f"a dataset reads objects of one store ({source.spec.public()}); found {redact(p)}: "  # type: ignore[attr-defined]
                 "open a dataset per store"

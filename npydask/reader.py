@@ -64,7 +64,9 @@ def read_header(
         Member name inside an ``.npz`` archive.
     storage_options : dict, optional
         For URLs: obstore's store and client options (``endpoint``,
-        ``region``, ``skip_signature``, ...).
+        ``region``, ``skip_signature``, ...), and npydask's ``identity``
+        (``"etag"``, the default: a server without ETags is refused;
+        ``"last-modified"``; ``"none"``).
 
     Raises
     ------

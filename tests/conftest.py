@@ -90,7 +90,8 @@ def s3_server_disposable():
 def http_server():
     """Factory: ``http_server(root, **options)`` starts a ``RangeHTTPServer`` over ``root``.
 
-    Options are ``RangeHTTPServer``'s (``honour_if_match``, ``ranges``, ``send_etag``);
+    Options are ``RangeHTTPServer``'s (``honour_if_match``, ``ranges``, ``send_etag``,
+    ``send_last_modified``, ``fault``, ``basic_auth``);
     every server started is stopped after the test.
     """
     from npydask.testing.http_range import RangeHTTPServer

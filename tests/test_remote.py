@@ -495,14 +495,14 @@ def test_http_rewrite_is_caught_whether_or_not_the_server_honours_if_match(tmp_p
             x.compute()
 
 
-def test_http_without_etag_compares_last_modified(tmp_path: Path) -> None:
+def test_http_without_etag_compares_last_modified_when_opted_in(tmp_path: Path) -> None:
     import os
 
     from npydask.testing.http_range import RangeHTTPServer
 
     np.save(tmp_path / "a.npy", np.arange(1000.0))
     with RangeHTTPServer(tmp_path, send_etag=False) as server:
-        x = npydask.from_npy(server.url("a.npy"), chunks=100)
+        x = npydask.from_npy(server.url("a.npy"), chunks=100, storage_options={"identity": "last-modified"})
         np.testing.assert_array_equal(x.compute(), np.arange(1000.0))
         np.save(tmp_path / "a.npy", np.arange(1000.0) + 1)
         os.utime(tmp_path / "a.npy", (1, 1))  # (Last-Modified has one-second resolution)
@@ -600,7 +600,7 @@ def test_listing_20000_keys_pages_through_them(bucket: Bucket) -> None:
     data = npy_bytes(np.zeros(2, "<u1"))
     names = [f"many/{i // 4000}/{i:05d}.npy" for i in range(20_000)]
     run_all(lambda n: obstore.put(store, bucket.prefix + n, data), names, 64)
-    from npydask.storage.object import ObjectLister
+    from npydask.storage.object_list import ObjectLister
 
     listing = ObjectLister(source, bucket.url("many")).list(recursive=True)
     assert sorted(listing.paths) == sorted(n[len("many/") :] for n in names)
@@ -790,3 +790,55 @@ def test_run_beside_waits_for_both_and_raises_the_side_error_first() -> None:
         run_beside(side, lambda: "ok", 4)
     assert len(done) == 2
     assert run_beside(lambda: None, lambda: "ok", 4) == "ok"
+
+
+# -- keys obstore cannot represent, missing credentials, malformed endpoints ------------------------
+
+
+def test_a_control_character_key_is_skipped_when_the_selection_skips_it(bucket: Bucket) -> None:
+    arrays = {name: np.arange(i + 3.0) for i, name in enumerate(["a.npy", "sub/b.npy"])}
+    for name, array in arrays.items():
+        bucket.put(name, array)
+    bucket.put_bytes("notes\twith a tab.txt", b"x")
+    bucket.put_bytes("sub/more\nnotes.txt", b"y")
+    for recursive in (False, True):
+        ds = npydask.open_dataset(bucket.url(), storage_options=bucket.options, recursive=recursive)
+        assert ds.files == [bucket.url("a.npy"), bucket.url("sub/b.npy")]
+        np.testing.assert_array_equal(ds.concatenate().compute(), np.concatenate(list(arrays.values())))
+    bucket.put("sub/c\r.npy", np.arange(2.0))
+    with pytest.raises(ValueError, match="the key '.*sub/c\\\\r.npy' holds a control character.*selection takes it"):
+        npydask.open_dataset(bucket.url(), storage_options=bucket.options)
+
+
+def test_no_credentials_found_says_so(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    options = {"endpoint": s3_server.endpoint, "region": "us-east-1", "metadata_endpoint": "http://127.0.0.1:9"}
+    with npydask.config.set(remote_retries=0), pytest.raises(PermissionError, match="no credentials were found") as info:
+        npydask.read_header(s3_server.url("x.npy"), storage_options=options)
+    assert "skip_signature" in str(info.value) and "lists the prefix and reads every header" in str(info.value)
+    assert info.value.__context__ is None
+
+
+def test_a_panic_in_obstore_is_an_os_error(s3_server: Any) -> None:
+    """A spec built around the checks (an endpoint with a space): obstore panics, npydask raises OSError."""
+    from npydask.storage._stores import RemoteSettings
+
+    options = dict(s3_server.storage_options(), endpoint="http://127.0.0.1: 1")
+    spec = StoreSpec(f"s3://{s3_server.bucket}", tuple(sorted(options.items())), RemoteSettings.current())
+    with pytest.raises(OSError, match="failed internally") as info:
+        source_for(spec).identity(s3_server.url("x.npy"))
+    assert info.value.__context__ is None
+    with pytest.raises(ValueError, match="must be an endpoint URL"):
+        npydask.read_header(s3_server.url("x.npy"), storage_options=options)
+
+
+def test_s3fs_style_options_name_obstore_keys(bucket: Bucket) -> None:
+    url = bucket.put("a.npy", np.arange(3))
+    options = dict(bucket.options)
+    options["endpoint_url"] = options.pop("endpoint")
+    with pytest.raises(ValueError, match="'endpoint' for 'endpoint_url'"):
+        npydask.read_header(url, storage_options=options)

@@ -580,3 +580,11 @@ def test_to_zarr_local_path_refuses_storage_options(tmp_path):
     pytest.importorskip("zarr")
     with pytest.raises(ValueError, match="storage_options"):
         npydask.to_zarr(np.arange(3), str(tmp_path / "a.zarr"), storage_options={"region": "x"})
+
+
+def test_boto3_without_credentials_says_none_were_found() -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    err = translate_boto(NoCredentialsError(), "s3://b/k.npy", "starting the multipart upload")
+    assert isinstance(err, PermissionError) and "no credentials were found" in str(err)
+    assert "Put rights" in str(err) and err.filename == "s3://b/k.npy"

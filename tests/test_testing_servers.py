@@ -634,6 +634,44 @@ def test_http_switches(served, http_server):
     assert "ETag" not in headers and "Last-Modified" in headers
 
 
+def test_http_fault_modes_and_missing_versions(served, http_server):
+    root, data, _ = served
+    bare = http_server(root, send_etag=False, send_last_modified=False)
+    status, headers, _ = _request(bare, "GET", "/v.npy", Range="bytes=0-9")
+    assert status == 206 and "ETag" not in headers and "Last-Modified" not in headers
+    wrong = http_server(root, fault="wrong-range")
+    status, headers, body = _request(wrong, "GET", "/v.npy", Range="bytes=100-199")
+    assert (status, headers["Content-Range"], body) == (206, f"bytes 0-99/{len(data)}", data[:100])
+    short = http_server(root, fault="short-body")
+    conn = http.client.HTTPConnection("127.0.0.1", short.port, timeout=10)
+    conn.request("GET", "/v.npy", headers={"Range": "bytes=100-199"})
+    response = conn.getresponse()
+    assert response.status == 206 and response.getheader("Content-Length") == "100"
+    with pytest.raises(http.client.IncompleteRead) as info:
+        response.read()
+    assert info.value.partial == data[100:150]
+    conn.close()
+    with pytest.raises(ValueError, match="fault"):
+        RangeHTTPServer(root, fault="slow")
+
+
+def test_http_basic_auth_and_raw_targets(served, http_server):
+    import base64
+
+    root, data, _ = served
+    server = http_server(root, basic_auth=("ann", "p@ss:w"))
+    status, headers, _ = _request(server, "GET", "/v.npy")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+    good = "Basic " + base64.b64encode(b"ann:p@ss:w").decode()
+    status, _, body = _request(server, "GET", "/v%2Enpy?x=1", Authorization=good)
+    assert (status, body) == (200, data)
+    assert [(r.status, r.target, r.authorization) for r in server.stats.log] == [
+        (401, "/v.npy", None), (200, "/v%2Enpy?x=1", good),
+    ]
+    status, _, _ = _request(server, "GET", "/v.npy", Authorization="Basic " + base64.b64encode(b"ann:no").decode())
+    assert status == 401
+
+
 def test_http_counts_exactly_the_bytes_sent(served, http_server):
     root, data, _ = served
     server = http_server(root)

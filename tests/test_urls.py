@@ -103,3 +103,47 @@ def test_store_spec_public_part_hides_credentials() -> None:
     assert spec == StoreSpec.of("s3://b", dict(reversed(list(dict(spec.options).items()))))
     with pytest.raises(TypeError, match="storage_options must be a dict"):
         StoreSpec.of("s3://b", [("region", "x")])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "url, base, key",
+    [
+        ("https://h/d/a.npy", "https://h", "d/a.npy"),
+        ("https://h/d/a b+c.npy", "https://h", "d/a b+c.npy"),  # (the client encodes the space, keeps "+")
+        ("https://h/d/a%20b.npy", "https://h", "d/a b.npy"),
+        ("https://h/d/%C3%A9.npy", "https://h", "d/é.npy"),
+        ("https://h/d/x%25y.npy", "https://h", "d/x%y.npy"),
+        ("https://h/d/a%2Fb.npy", "https://h/d/a%2Fb.npy", ""),  # (a key would split the segment)
+        ("https://h/d/%c3%a9.npy", "https://h/d/%c3%a9.npy", ""),  # (lower-case escapes kept)
+        ("https://h/d/%41.npy", "https://h/d/%41.npy", ""),  # (a needless escape kept)
+        ("https://h/d/a^b.npy", "https://h/d/a%5Eb.npy", ""),
+        ("https://h/d/a%zz.npy", "https://h", "d/a%zz.npy"),  # (a lone % is sent as %25)
+        ("https://h/d/a.npy?X-Amz-Signature=s#frag", "https://h/d/a.npy?X-Amz-Signature=s", ""),
+    ],
+)
+def test_http_targets(url: str, base: str, key: str) -> None:
+    from npydask.storage.urls import http_target
+
+    assert http_target(url)[:2] == (base, key)
+
+
+def test_http_target_userinfo_is_basic_auth_and_never_in_the_base() -> None:
+    import base64
+
+    from npydask.storage.urls import http_target
+
+    found = http_target("http://ann:p%40ss%3Aw@h:8/d/a.npy")
+    assert found.base == "http://h:8" and found.key == "d/a.npy"
+    assert found.authorization == "Basic " + base64.b64encode(b"ann:p@ss:w").decode()
+    assert http_target("http://ann@h/a.npy").authorization == "Basic " + base64.b64encode(b"ann:").decode()
+    assert redact("http://ann:p%40ss@h:8/d/a.npy") == "http://h:8/d/a.npy"
+
+
+@pytest.mark.parametrize(
+    "url", ["https://h/d/a%09b.npy", "https://h/d/a\nb.npy", "https://h/d/%FF.npy", "https://h/d//a.npy", "https://h/d/"]
+)
+def test_http_targets_the_client_cannot_send_are_refused(url: str) -> None:
+    from npydask.storage.urls import http_target
+
+    with pytest.raises(ValueError, match="rename the file|remove it"):
+        http_target(url)

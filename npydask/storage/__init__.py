@@ -7,7 +7,7 @@ only, and tell local paths from URLs in one place (:mod:`~npydask.storage.where`
   :mod:`~npydask.storage._handles` and the tight small-file loops
   :mod:`~npydask.storage._batch`);
 * objects in S3, GCS, Azure and HTTP servers: :mod:`~npydask.storage.object`
-  through obstore (its stores, request pool and fork guard in
+  through obstore (prefixes listed in :mod:`~npydask.storage.object_list`; its stores, request pool and fork guard in
   :mod:`~npydask.storage._stores`, its errors translated in
   :mod:`~npydask.storage._remote_errors`; writes in
   :mod:`~npydask.storage._object_write` and :mod:`~npydask.storage._s3_upload`);

@@ -90,21 +90,24 @@ class ObjectTarget(Target):
 
         obstore = import_obstore()
         mode = "overwrite" if self.overwrite else "create"
+        store, key = self.source.store(self.url), self.source.key(self.url)
         try:
-            obstore.put(
-                self.source.store(self.url), self.source.key(self.url), buffer, mode=mode,
-                use_multipart=self.size > SINGLE_PUT_BYTES,
-            )
-        except Exception as e:
+            obstore.put(store, key, buffer, mode=mode, use_multipart=self.size > SINGLE_PUT_BYTES)
+            return
+        except BaseException as e:  # (obstore's panics are BaseExceptions)
             if type(e).__name__ == "NotSupportedError" and not self.overwrite:
-                raise OSError(
+                error = OSError(
                     errno.EOPNOTSUPP,
                     "this store has no create-only PUT (conditional writes), which overwrite=False needs to "
                     "never replace an object that appears meanwhile: pass overwrite=True (for S3-compatible "
                     "stores that support If-None-Match, storage_options={'conditional_put': 'etag'})",
                     redact(self.url),
-                ) from None
-            raise translate(e, self.url, "writing the object (PUT)") from None
+                )
+            else:
+                error = translate(e, self.url, "writing the object (PUT)")
+                if error is e:
+                    raise
+        raise error  # (outside the except block: it holds no reference to obstore's error)
 
     def abort(self) -> None:
         """Drop the buffer; nothing was sent, so the object is as it was."""

@@ -185,9 +185,10 @@ def translate_boto(e: BaseException, url: str, what: str) -> BaseException:
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return PermissionError(
             errno.EACCES,
-            f"no usable credentials while {what}: give the workers AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "(or a profile or role), or storage_options access_key_id/secret_access_key, or "
-            "skip_signature=True for a public bucket",
+            f"no credentials were found while {what}: give the processes that write (the workers) "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in their environment (or a profile or role), or "
+            "storage_options access_key_id/secret_access_key; writing needs Put rights (s3:PutObject, "
+            "s3:AbortMultipartUpload)",
             redact(url),
         )
     if "Timeout" in name:
@@ -202,7 +203,10 @@ def _call(spec: StoreSpec, url: str, what: str, method: str, **kwargs: Any) -> A
     try:
         return getattr(client_for(spec), method)(Bucket=bucket, Key=key, **_payer(spec), **kwargs)
     except Exception as e:
-        raise translate_boto(e, url, what) from None
+        error = translate_boto(e, url, what)
+        if error is e:
+            raise
+    raise error  # (outside the except block: it holds no reference to boto3's error)
 
 
 def object_exists(spec: StoreSpec, url: str) -> bool:
@@ -269,3 +273,35 @@ def abort_upload(spec: StoreSpec, url: str, upload_id: str, attempts: int = 3) -
                 return  # gone, parts and all
             raise
         time.sleep(0.2 * (attempt + 1))
+
+
+def list_objects(spec: StoreSpec, url: str, prefix: str) -> list[dict[str, Any]]:
+    """Every object under ``prefix`` through boto3, as obstore's ``ObjectMeta`` dicts (any key, unlike obstore).
+
+    Raises
+    ------
+    ImportError
+        Without boto3.
+    OSError
+        As :func:`translate_boto` translates the request's failure.
+    """
+    client = client_for(spec)
+    bucket = spec.base.partition("://")[2]
+
+    def pages() -> list[dict[str, Any]]:
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **_payer(spec)):
+            for item in page.get("Contents", ()):
+                found.append({
+                    "path": item["Key"], "size": int(item["Size"]), "e_tag": item.get("ETag"),
+                    "last_modified": item.get("LastModified"),
+                })
+        return found
+
+    try:
+        return pages()
+    except Exception as e:
+        error = translate_boto(e, url, "listing the prefix")
+        if error is e:
+            raise
+    raise error

@@ -24,11 +24,13 @@ install command.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import timedelta
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlsplit
 
 from npydask import config
 from npydask.storage.urls import OBJECT_SCHEMES, redact
@@ -69,6 +71,27 @@ CLIENT_KEYS = frozenset(
     )
 )
 """``storage_options`` keys that go to obstore's ``client_options`` (every other key goes to its store config)."""
+
+OWN_KEYS = frozenset(("identity",))
+"""``storage_options`` keys npydask reads itself (never passed to obstore): see :data:`IDENTITY_MODES`."""
+
+IDENTITY_MODES = ("etag", "last-modified", "none")
+"""Values of ``storage_options["identity"]``: what tells an object from its replacement
+(``"etag"``, the default: the ETag, required; ``"last-modified"``: the ETag, else ``Last-Modified``;
+``"none"``: nothing but the size)."""
+
+FSSPEC_KEYS = {
+    "key": "'access_key_id'",
+    "secret": "'secret_access_key'",
+    "endpoint_url": "'endpoint'",
+    "client_kwargs": "'endpoint' and 'region' as keys of their own (client_kwargs={'endpoint_url': ..., "
+    "'region_name': ...} of s3fs)",
+    "anon": "'skip_signature': True",
+}
+"""s3fs/fsspec ``storage_options`` names and obstore's keys for them."""
+
+ENDPOINT_KEYS = frozenset(("endpoint", "aws_endpoint", "aws_endpoint_url", "google_service_endpoint", "azure_endpoint"))
+"""``storage_options`` keys holding an endpoint URL (checked before obstore sees them: it panics on some)."""
 
 PUBLIC_KEYS = ("endpoint", "region")
 """The only ``storage_options`` that enter a lazy array's name (with the bucket)."""
@@ -119,6 +142,9 @@ class StoreSpec(NamedTuple):
         ------
         TypeError
             If ``storage_options`` is not a dict of str keys.
+        ValueError
+            For s3fs/fsspec-style keys, an unknown ``identity`` or an endpoint that is no URL
+            (see :func:`check_options`).
         """
         if storage_options is None:
             storage_options = {}
@@ -128,6 +154,7 @@ class StoreSpec(NamedTuple):
                 f"(e.g. {{'endpoint': 'http://127.0.0.1:8333', 'region': 'us-east-1'}}), "
                 f"found {type(storage_options).__name__}"
             )
+        check_options(base, storage_options)
         pairs = []
         for k, v in sorted(storage_options.items()):
             if isinstance(v, dict):
@@ -144,11 +171,69 @@ class StoreSpec(NamedTuple):
         """What may be shown and hashed into names: the base and the endpoint and region, never credentials."""
         shown = dict(self.options)
         extra = "".join(f"|{k}={redact(str(shown[k]))}" for k in PUBLIC_KEYS if k in shown)
-        return f"{self.base}{extra}"
+        return f"{redact(self.base)}{extra}"  # (a URL's own store has the URL, query included, as its base)
 
     def option(self, name: str, default: Any = None) -> Any:
         """One of the ``storage_options``."""
         return dict(self.options).get(name, default)
+
+
+def check_options(base: str, storage_options: dict[str, Any]) -> None:
+    """Refuse what obstore would misread or panic on: s3fs/fsspec names, a bad ``identity``, a malformed endpoint.
+
+    Raises
+    ------
+    ValueError
+        Naming the key and what to pass instead (never a value that may be a credential).
+
+    Examples
+    --------
+    >>> check_options("s3://b", {"endpoint": "http://127.0.0.1:8333", "identity": "etag"})
+    >>> check_options("s3://b", {"key": "AK", "secret": "SK"})
+    Traceback (most recent call last):
+    ...
+    ValueError: s3://b: storage_options are obstore's store options, not s3fs/fsspec's: use 'access_key_id' for 'key', ...
+    """
+    where = redact(base)
+    names = {k.lower(): k for k in storage_options}
+    fsspec = [f"{FSSPEC_KEYS[k]} for {names[k]!r}" for k in FSSPEC_KEYS if k in names]
+    if fsspec:
+        raise ValueError(
+            f"{where}: storage_options are obstore's store options, not s3fs/fsspec's: use {', '.join(fsspec)}"
+        )
+    mode = storage_options.get(names.get("identity", "identity"), "etag")
+    if mode not in IDENTITY_MODES:
+        raise ValueError(
+            f"{where}: storage_options['identity'] must be one of {', '.join(map(repr, IDENTITY_MODES))}, "
+            f"found {mode!r}"
+        )
+    for k in ENDPOINT_KEYS & names.keys():
+        check_endpoint(where, f"storage_options[{names[k]!r}]", storage_options[names[k]])
+
+
+def check_endpoint(where: str, label: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is an ``http(s)://host[:port][/path]`` URL (no spaces, no controls).
+
+    Examples
+    --------
+    >>> check_endpoint("s3://b", "storage_options['endpoint']", "http://127.0.0.1:8333")
+    >>> check_endpoint("s3://b", "storage_options['endpoint']", "http://127.0.0.1: 8333")
+    Traceback (most recent call last):
+    ...
+    ValueError: s3://b: storage_options['endpoint'] must be an endpoint URL such as 'http://127.0.0.1:8333' or ...
+    """
+    text = value if isinstance(value, str) else ""
+    try:
+        parts = urlsplit(text)
+        fine = parts.scheme.lower() in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # (a port that is no number)
+        fine = False
+    if not fine or not text.isprintable() or any(c.isspace() for c in text):
+        shown = repr(redact(text)) if isinstance(value, str) else type(value).__name__
+        raise ValueError(
+            f"{where}: {label} must be an endpoint URL such as 'http://127.0.0.1:8333' or "
+            f"'https://s3.example.com' (a scheme and host, no spaces), found {shown}"
+        )
 
 
 _lock = threading.Lock()
@@ -220,9 +305,15 @@ def _build(spec: StoreSpec) -> Any:
     store_config: dict[str, Any] = {}
     client: dict[str, Any] = {}
     for k, v in spec.options:
+        if k in OWN_KEYS:
+            continue
         if k == "default_headers" and isinstance(v, tuple):
             v = dict(v)
         (client if k in CLIENT_KEYS else store_config)[k] = v
+    env_prefix = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_"}.get(spec.kind, "-")
+    for name in _ENDPOINT_ENV:
+        if name.startswith(env_prefix) and os.environ.get(name):
+            check_endpoint(spec.public(), f"the environment variable {name}", os.environ[name])
     s = spec.settings
     client.setdefault("connect_timeout", f"{s.connect_timeout}s")
     client.setdefault("timeout", f"{s.timeout}s")
@@ -235,13 +326,17 @@ def _build(spec: StoreSpec) -> Any:
     }
     try:
         return from_url(spec.base, config=store_config or None, client_options=client, retry_config=retry)
-    except Exception as e:  # obstore's configuration errors embed no request, but name only obstore's view
+    except BaseException as e:  # (obstore's configuration errors embed no request; its panics are BaseExceptions)
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         kind = type(e).__name__
-        raise ValueError(
-            f"{spec.public()}: the object store client refused storage_options with keys "
-            f"{sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}); see obstore's store and "
-            "client options for the accepted keys"
-        ) from None
+        error = ValueError(
+            f"{spec.public()}: the object store client (obstore) could not build a store for this bucket or "
+            f"host with storage_options keys {sorted(k for k, _ in spec.options)} ({kind}: {_first_line(e)}): "
+            "check the URL's bucket, host and port, and see obstore's store and client options for the "
+            "accepted keys"
+        )
+    raise error  # (outside the except block: it holds no reference to obstore's error)
 
 
 _ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3", "GOOGLE_SERVICE_ENDPOINT", "AZURE_ENDPOINT")
@@ -257,9 +352,13 @@ def _http_allowed(spec: StoreSpec, store_config: dict[str, Any]) -> bool:
     return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in _ALLOW_HTTP_ENV)
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
+
+
 def _first_line(e: BaseException) -> str:
+    """The first line of ``e``'s message, any URL in it elided (it may hold a query string)."""
     text = str(e).strip().splitlines()
-    return text[0][:300] if text else ""
+    return _URL.sub("<url>", text[0][:300]) if text else ""
 
 
 def _pool(concurrency: int, name: str = "npydask-remote") -> ThreadPoolExecutor:

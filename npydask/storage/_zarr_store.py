@@ -69,8 +69,11 @@ class SpecObjectStore(ObjectStore):  # type: ignore[type-arg]
     async def _guard(self, key: str, what: str, call: Awaitable[T]) -> T:
         try:
             return await call
-        except Exception as e:
-            raise translate(e, f"{self.spec.base}/{key}", what) from None
+        except BaseException as e:  # (obstore's panics are BaseExceptions)
+            error = translate(e, f"{self.spec.base}/{key}", what)
+            if error is e:
+                raise
+        raise error  # (outside the except block: it holds no reference to obstore's error)
 
     async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
         """zarr's ``get``; obstore's errors translated."""

@@ -23,8 +23,15 @@ Requests, per operation:
 Every GET after the first carries ``If-Match`` with the ETag the object had
 when it was opened, and every response's size and ETag are compared too
 (plain HTTP servers ignore ``If-Match``): a replaced object fails with
-:class:`~npydask.errors.FileChangedError` naming the URL. Where a server sends
-no ETag, its ``Last-Modified`` stands in (and is compared, not sent).
+:class:`~npydask.errors.FileChangedError` naming the URL. An object whose
+server sends no ETag is refused when opened: ``Last-Modified`` has
+one-second resolution and need not change when an object is replaced. The
+``storage_options`` entry ``identity`` (:data:`~npydask.storage._stores.IDENTITY_MODES`) changes
+that per store: ``"last-modified"`` accepts ``Last-Modified`` where there is
+no ETag (compared, not sent), ``"none"`` compares sizes only.
+
+An ``http(s)://`` URL's request target is sent as written and its
+``user:password@`` as HTTP Basic auth (:func:`~npydask.storage.urls.http_target`).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from npydask.npz import Member
 from npydask.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
-from npydask.storage._remote_errors import translate
+from npydask.storage._remote_errors import call
 from npydask.storage._stores import (
     StoreSpec,
     check_not_forked,
@@ -54,10 +61,13 @@ from npydask.storage._stores import (
     run_files,
     store_for,
 )
-from npydask.storage.base import Item, Lister, Listing, Scanned, Source
-from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url
+from npydask.storage.base import Item, Scanned, Source
+from npydask.storage.urls import http_target, redact, split_url
 
-__all__ = ["ObjectIdentity", "ObjectLister", "ObjectSource", "RemoteFile", "source_for"]
+__all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
+
+_EPOCH = "1970-01-01T00:00:00+00:00"
+"""The ``last_modified`` obstore reports for a response without ``Last-Modified``."""
 
 _BLOCK = 64 * 1024
 """Read-ahead of a header's or zip directory's reads past the first GET."""
@@ -73,11 +83,17 @@ class ObjectIdentity(NamedTuple):
     """``Last-Modified`` (ISO 8601), compared only where the server sends no ETag."""
 
     @classmethod
-    def of(cls, meta: Any) -> ObjectIdentity:
-        """The identity in an obstore ``ObjectMeta``."""
-        etag = meta.get("e_tag")
+    def of(cls, meta: Any, mode: str = "etag") -> ObjectIdentity:
+        """The identity in an obstore ``ObjectMeta``, as the store's ``identity`` ``mode`` takes it."""
+        size = int(meta["size"])
+        if mode == "none":
+            return cls(size, None)
+        etag = meta.get("e_tag") or None
         modified = meta.get("last_modified")
-        return cls(int(meta["size"]), etag or None, None if etag or modified is None else modified.isoformat())
+        if etag is not None or modified is None or mode != "last-modified":
+            return cls(size, etag)
+        modified = modified.isoformat()
+        return cls(size, None, None if modified == _EPOCH else modified)
 
     def facts(self) -> str:
         """The text a task's token hashes."""
@@ -111,11 +127,39 @@ class ObjectSource(Source):
     def identity(self, path: str) -> ObjectIdentity:
         """One HEAD request."""
         store = self.store(path)
-        obstore = _obstore()
-        try:
-            return ObjectIdentity.of(obstore.head(store, self.key(path)))
-        except Exception as e:
-            raise translate(e, path, "asking for its size and ETag") from None
+        meta = call(path, "asking for its size and ETag", _obstore().head, store, self.key(path))
+        return self.opened(path, meta)
+
+    def opened(self, path: str, meta: Any) -> ObjectIdentity:
+        """The identity of an object being opened, from its ``ObjectMeta``; refused where it tells nothing.
+
+        Raises
+        ------
+        OSError
+            For an object without an ETag (unless the store's ``identity`` is
+            ``"last-modified"`` and it has a ``Last-Modified``, or ``"none"``).
+        """
+        mode = self.identity_mode
+        identity = ObjectIdentity.of(meta, mode)
+        if mode == "none" or identity.etag is not None or identity.modified is not None:
+            return identity
+        found = "nor a Last-Modified date" if mode == "last-modified" else (
+            "(Last-Modified has one-second resolution and need not change when an object is replaced)"
+        )
+        raise OSError(
+            errno.EPROTO,
+            f"the server sent no ETag {found}, so a replacement of the same size could not be told from the "
+            "object opened, and would be read silently: npydask refuses it. Pass storage_options="
+            "{'identity': 'last-modified'} to accept Last-Modified where there is no ETag (a replacement within "
+            "the same second, or one that keeps the date, is then missed), or {'identity': 'none'} to turn "
+            "identity checks off for this store (sizes only)",
+            redact(path),
+        )
+
+    @property
+    def identity_mode(self) -> str:
+        """The store's ``identity`` option (see :data:`IDENTITY_MODES`)."""
+        return str(self.spec.option("identity", "etag"))
 
     def identities(self, paths: Sequence[str]) -> list[ObjectIdentity]:
         """One HEAD per object, ``remote_concurrency`` in flight; the first failure raised."""
@@ -235,21 +279,27 @@ class ObjectSource(Source):
     def store(self, url: str) -> Any:
         """The obstore store (built once per process; raises in a forked child, naming ``url``).
 
-        An ``http(s)`` URL with a query string (a presigned or SAS URL) gets
-        a store of its own whose base is the whole URL, so the query is sent
-        verbatim with each request (and its key is ``""``).
+        An ``http(s)`` URL whose path the key form would change, or with a
+        query string (a presigned or SAS URL), gets a store of its own whose
+        base is the whole URL, so its target is sent verbatim with each
+        request (and its key is ``""``); one with ``user:password@`` gets a
+        store sending that Basic authorization.
         """
         check_not_forked(url)
-        if self.spec.kind == "http" and "?" in url:
-            return store_for(self.spec._replace(base=url.partition("#")[0]))
-        return store_for(self.spec)
+        if self.spec.kind != "http":
+            return store_for(self.spec)
+        target = http_target(url)
+        spec = self.spec if target.base == self.spec.base else self.spec._replace(base=target.base)
+        if target.authorization is not None:
+            spec = spec._replace(options=_with_header(spec.options, "Authorization", target.authorization))
+        return store_for(spec)
 
     def key(self, url: str) -> str:
-        """The object key ``url`` names in this store."""
-        if url.startswith(self._prefix) and self.spec.kind != "http":
+        """The object key ``url`` names in this store (for ``http(s)``: in :meth:`store`'s store for it)."""
+        if self.spec.kind == "http":
+            return http_target(url).key
+        if url.startswith(self._prefix):
             return url[len(self._prefix) :]
-        if self.spec.kind == "http" and "?" in url:
-            return ""  # (the URL is its store's base: see store())
         return split_url(url).key
 
     def _get(
@@ -261,14 +311,15 @@ class ObjectSource(Source):
         if identity is not None and identity.etag is not None:
             options["if_match"] = identity.etag
         what = f"{what} (bytes {start}..{stop})"
-        try:
-            result = obstore.get(self.store(path), self.key(path), options=options)
-            data = memoryview(result.bytes())
-            meta = result.meta
-        except Exception as e:
-            raise translate(e, path, what) from None
+        store, key = self.store(path), self.key(path)
+
+        def get() -> tuple[memoryview, Any]:
+            result = obstore.get(store, key, options=options)
+            return memoryview(result.bytes()), result.meta
+
+        data, meta = call(path, what, get)
         if identity is not None:
-            found = ObjectIdentity.of(meta)
+            found = ObjectIdentity.of(meta, self.identity_mode)
             if found != identity:
                 raise changed(path, identity, found)
         if len(data) != stop - start:
@@ -294,15 +345,23 @@ class ObjectSource(Source):
         """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them."""
         first = self.spec.settings.header_bytes
         obstore = _obstore()
-        try:
-            result = obstore.get(self.store(path), self.key(path), options={"range": (0, first)})
-            data = bytes(result.bytes())
-            identity = ObjectIdentity.of(result.meta)
-        except Exception as e:
-            if not _unsatisfiable(e):
-                raise translate(e, path, "reading its header") from None
-            identity = self.identity(path)  # (an empty object: no range of it exists)
-            data = b""
+        store, key = self.store(path), self.key(path)
+
+        def get() -> tuple[bytes, Any] | None:
+            try:
+                result = obstore.get(store, key, options={"range": (0, first)})
+            except Exception as e:
+                if _unsatisfiable(e):
+                    return None  # (an empty object: no range of it exists)
+                raise
+            return bytes(result.bytes()), result.meta
+
+        found = call(path, "reading its header", get)
+        if found is None:
+            identity = self.identity(path)
+            return identity, _Blocks(self, path, identity, b"")
+        data, meta = found
+        identity = self.opened(path, meta)
         return identity, _Blocks(self, path, identity, data)
 
     def _scan(self, path: str, key: str | None) -> Scanned:
@@ -331,6 +390,15 @@ def source_for(spec: StoreSpec) -> ObjectSource:
     if found is None:
         found = _SOURCES.setdefault(spec, ObjectSource(spec))
     return found
+
+
+def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) -> tuple[tuple[str, Any], ...]:
+    """``options`` (a :class:`StoreSpec`'s) with ``default_headers`` holding ``name: value`` too."""
+    found = dict(options)
+    headers = dict(found.get("default_headers", ()))
+    headers[name] = value
+    found["default_headers"] = tuple(sorted(headers.items()))
+    return tuple(sorted(found.items()))
 
 
 def _obstore() -> Any:
@@ -469,67 +537,9 @@ class RangeReader:
         run_all(one, jobs, source.spec.settings.concurrency)
 
 
-class ObjectLister(Lister):
-    """The objects under a prefix, as DALI's traversal would find them in folders.
+def __getattr__(name: str) -> Any:
+    if name == "ObjectLister":  # (its home is npydask.storage.object_list)
+        from npydask.storage.object_list import ObjectLister
 
-    Without ``recursive``: the objects directly under the prefix, then those
-    directly under each immediate "folder" (one LIST with a delimiter, then one
-    per folder, in parallel); with it, every object at any depth (one paged
-    LIST). Zero-byte ``folder/`` marker keys are skipped. Sizes and
-    identities come with the listing.
-    """
-
-    def __init__(self, source: ObjectSource, url: str) -> None:
-        if source.spec.kind == "http":
-            raise ValueError(
-                f"{redact(url)}: plain http(s):// servers have no listing; pass the objects' URLs with "
-                "files=[...] or file_list=... (a text file of URLs, one per line)"
-            )
-        self.source = source
-        self.url = url
-        self.parsed: ObjectUrl = split_url(url)
-        self.prefix = prefix_of(self.parsed)
-
-    def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
-        """See :meth:`Lister.list` (relative paths joined with ``/``)."""
-        obstore = _obstore()
-        store = self.source.store(self.url)
-        paths: list[str] = []
-        sizes: list[int] = []
-        idents: list[ObjectIdentity] = []
-        cut = len(self.prefix)
-
-        def take(metas: Sequence[Any]) -> None:
-            for meta in metas:
-                key = meta["path"]
-                rel = key[cut:]
-                if not rel or rel.endswith("/"):
-                    continue  # (a "folder/" marker)
-                if match is not None and not match(rel.rpartition("/")[2]):
-                    continue
-                paths.append(rel)
-                sizes.append(int(meta["size"]))
-                idents.append(ObjectIdentity.of(meta))
-
-        try:
-            if recursive:
-                for page in obstore.list(store, self.prefix or None, chunk_size=1000):
-                    take(page)
-            else:
-                top = obstore.list_with_delimiter(store, self.prefix or None)
-                take(top["objects"])
-                folders = sorted(top["common_prefixes"])
-                pages = run_all(
-                    lambda p: obstore.list_with_delimiter(store, p)["objects"],
-                    folders,
-                    self.source.spec.settings.concurrency,
-                )
-                for page in pages:
-                    take(page)
-        except Exception as e:
-            raise translate(e, self.url, "listing the prefix") from None
-        return Listing(paths, sizes, idents)
-
-    def join(self, rel: str) -> str:
-        """The URL of a listed relative path."""
-        return join_url(self.url, rel)
+        return ObjectLister
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,10 @@ ones, rather than read as a local folder named ``ftp:``.
 The key of an ``s3://``, ``gs://`` or ``az://`` URL is taken as written,
 ``?`` and ``#`` included (``s3://b/a b/é.npy`` names the key ``a b/é.npy``,
 as the AWS CLI reads it);
-the path of an ``http(s)://`` URL is percent-decoded, because the store
-encodes it again. Query strings and fragments (presigned and SAS URLs carry
+the path of an ``http(s)://`` URL is sent as written (:func:`http_target`):
+percent-encoded octets unchanged (``%2F`` stays ``%2F``, ``%25`` stays
+``%25``), characters not allowed in a request target (a space, non-ASCII)
+percent-encoded, ``+`` as ``+``. Query strings and fragments (presigned and SAS URLs carry
 credentials in them) and ``user:password@`` of ``http(s)://`` URLs never appear in what
 :func:`redact` returns, which is what npydask shows in ``ds.files``, reprs
 and messages.
@@ -28,14 +30,18 @@ ObjectUrl(scheme='s3', bucket='bucket', key='scans/a.npy', query='')
 
 from __future__ import annotations
 
+import base64
+import functools
 import os
 import re
 from typing import NamedTuple
-from urllib.parse import unquote
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 __all__ = [
     "OBJECT_SCHEMES",
+    "HttpTarget",
     "ObjectUrl",
+    "http_target",
     "is_url",
     "join_url",
     "local_path",
@@ -43,6 +49,7 @@ __all__ = [
     "redact",
     "split_url",
     "to_local",
+    "unlistable",
 ]
 
 OBJECT_SCHEMES = {
@@ -157,6 +164,104 @@ def redact(url: str) -> str:
     rest = url[len(scheme) + 3 :].partition("#")[0].partition("?")[0]
     host, sep, path = rest.partition("/")
     return f"{url[: len(scheme) + 3]}{host.rpartition('@')[2]}{sep}{path}"
+
+
+_PATH_SAFE = "/%!$&'()*+,;=:@"
+"""What a request target's path keeps as written (besides letters, digits and ``-._~``): RFC 3986's pchar."""
+_SEGMENT_SAFE = "!$&'()*+,;=:@[]^|"
+"""What the store client keeps as written in one segment of a key (the URL standard's path-segment set:
+it encodes the rest of ASCII's punctuation, ``/`` and ``%`` included)."""
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class HttpTarget(NamedTuple):
+    """How an ``http(s)://`` URL is requested: the store's base URL, the key asked of it, and Basic auth."""
+
+    base: str
+    """``scheme://host[:port]`` (a store shared by the host's URLs), or the whole URL, query included,
+    when the key form would change the request target (a store of its own)."""
+    key: str
+    """The key the store is asked for (``""`` for a store of its own)."""
+    authorization: str | None
+    """The ``Authorization`` header for the URL's ``user:password@`` (HTTP Basic), or ``None``."""
+
+
+@functools.lru_cache(maxsize=4096)  # (asked for each request: a store and a key)
+def http_target(url: str) -> HttpTarget:
+    """The store base, key and authorization that send ``url``'s request target as written.
+
+    The store client percent-encodes each segment of a key it is given,
+    ``%`` included, so a path is handed over as a key only where decoding
+    and that encoding give back the path as written; otherwise (``%2F`` in a
+    segment, lower-case or needless escapes, a query string) the URL itself
+    is the store's base, and the client sends its path unchanged. Characters
+    not allowed in a request target (a space, non-ASCII, a ``%`` that starts
+    no escape) are percent-encoded first.
+
+    Examples
+    --------
+    >>> http_target("https://host/d/a b+c.npy")
+    HttpTarget(base='https://host', key='d/a b+c.npy', authorization=None)
+    >>> http_target("https://u:p%40ss@host:8/d/a%2Fb.npy")
+    HttpTarget(base='https://host:8/d/a%2Fb.npy', key='', authorization='Basic dTpwQHNz')
+
+    Raises
+    ------
+    ValueError
+        For a path holding an empty segment, a control character or percent-encoded bytes that are
+        not UTF-8 (the client cannot send them).
+    """
+    scheme = _scheme(url) or ""
+    rest = url[len(scheme) + 3 :].partition("#")[0]
+    rest, qmark, query = rest.partition("?")
+    authority, _, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    authorization = None
+    if at:
+        user, _, password = userinfo.partition(":")
+        token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+        authorization = f"Basic {token}"
+    target = quote(_LONE_PERCENT.sub("%25", path), safe=_PATH_SAFE)
+    root = f"{scheme}://{host}"
+    segments = target.split("/")
+    decoded = [unquote(seg) for seg in segments]
+    try:
+        for seg in segments:
+            unquote_to_bytes(seg).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{redact(url)}: the URL's path holds percent-encoded bytes that are not UTF-8, which the object "
+            "store client (obstore) cannot request: rename the file"
+        ) from None
+    if path and "" in segments:
+        raise ValueError(
+            f"{redact(url)}: the URL's path has an empty segment ('//', or a trailing '/'), which the object "
+            "store client (obstore) cannot request: remove it"
+        )
+    if any(_CONTROL.search(d) for d in decoded):
+        raise ValueError(
+            f"{redact(url)}: the URL's path holds a control character (e.g. a tab or newline, written or "
+            "percent-encoded), which the object store client (obstore) cannot request: rename the file"
+        )
+    keyed = not qmark and all(
+        d not in (".", "..") and "/" not in d and quote(d, safe=_SEGMENT_SAFE) == seg
+        for seg, d in zip(segments, decoded)
+    )
+    if keyed:
+        return HttpTarget(root, "/".join(decoded), authorization)
+    return HttpTarget(f"{root}/{target}{qmark}{query}", "", authorization)
+
+
+def unlistable(key: str) -> bool:
+    """Whether obstore may not represent ``key``: it holds a control character (a tab, a newline, DEL).
+
+    Examples
+    --------
+    >>> unlistable("a/b.npy"), unlistable("a/b\\tc.txt")
+    (False, True)
+    """
+    return _CONTROL.search(key) is not None
 
 
 def local_path(url: str) -> str:

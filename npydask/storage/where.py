@@ -70,6 +70,6 @@ def lister_for(root: str, source: Source) -> Lister:
     """The lister of the folder or prefix ``root`` (already resolved by :func:`resolve`)."""
     if source is LOCAL:
         return LocalLister(root)
-    from npydask.storage.object import ObjectLister
+    from npydask.storage.object_list import ObjectLister
 
     return ObjectLister(source, root)  # type: ignore[arg-type]

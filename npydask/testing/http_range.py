@@ -11,6 +11,13 @@
 - ``If-Match``: ignored, as plain file servers do (the default), or honoured
   (``honour_if_match=True``: ``412`` when no listed tag matches).
 - ``ranges=False`` ignores ``Range`` (always ``200``, the whole file), as some servers do.
+- ``send_last_modified=False`` leaves ``Last-Modified`` out (with ``send_etag=False``:
+  no version of any kind).
+- ``fault="wrong-range"`` answers a range with the same number of bytes from
+  the start of the file (and a ``Content-Range`` saying so); ``fault="short-body"``
+  promises the range's length but sends half of it and closes the connection.
+- ``basic_auth=("user", "password")`` answers ``401`` to a request without
+  that HTTP Basic ``Authorization`` header.
 - ``404`` for a missing file, a folder, or a path leaving the root.
 
 It counts requests and body bytes sent, and logs each request, so tests can
@@ -34,6 +41,7 @@ Examples
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import os
 import re
@@ -60,6 +68,10 @@ class RequestRecord:
     ----------
     method, path
         The request line's method and decoded path (``"/a b.npy"``).
+    target
+        The request target exactly as received (``"/a%20b.npy?x=1"``): how the client encoded it.
+    authorization
+        The ``Authorization`` header as received, or ``None``.
     range
         The ``Range`` header as sent, or ``None``.
     status
@@ -74,6 +86,8 @@ class RequestRecord:
     range: str | None
     status: int
     bytes_sent: int
+    target: str = ""
+    authorization: str | None = None
 
 
 @dataclass
@@ -109,6 +123,14 @@ class RangeHTTPServer:
         ``False``: ignore ``Range`` and send whole files.
     send_etag
         ``False``: send no ``ETag`` (``Last-Modified`` only).
+    send_last_modified
+        ``False``: send no ``Last-Modified``.
+    fault
+        ``None`` (default), ``"wrong-range"`` (a range answered with bytes from
+        the start of the file) or ``"short-body"`` (half the promised body,
+        then the connection closed).
+    basic_auth
+        ``(user, password)``: refuse (``401``) requests without that HTTP Basic authorization.
 
     Attributes
     ----------
@@ -125,8 +147,16 @@ class RangeHTTPServer:
         honour_if_match: bool = False,
         ranges: bool = True,
         send_etag: bool = True,
+        send_last_modified: bool = True,
+        fault: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
     ) -> None:
+        if fault not in (None, "wrong-range", "short-body"):
+            raise ValueError(f"fault must be None, 'wrong-range' or 'short-body', found {fault!r}")
         self.root = Path(root).resolve()
+        self.send_last_modified = send_last_modified
+        self.fault = fault
+        self.authorization = None if basic_auth is None else _basic(*basic_auth)
         self.honour_if_match = honour_if_match
         self.ranges = ranges
         self.send_etag = send_etag
@@ -204,6 +234,10 @@ class RangeHTTPServer:
         return f"RangeHTTPServer({str(self.root)!r}, {where})"
 
 
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+
+
 def _etag(st: os.stat_result) -> str:
     return f'"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"'
 
@@ -243,6 +277,9 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server_state
         relative = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
         range_header = self.headers.get("Range")
+        if state.authorization is not None and self.headers.get("Authorization") != state.authorization:
+            challenge = {"WWW-Authenticate": 'Basic realm="npydask"'}
+            return self._finish(HTTPStatus.UNAUTHORIZED, relative, range_header, challenge)
         path = (state.root / relative).resolve()
         try:
             if not path.is_relative_to(state.root):
@@ -255,10 +292,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not stat.S_ISREG(st.st_mode):
                 return self._finish(HTTPStatus.NOT_FOUND, relative, range_header)
             etag = _etag(st)
-            headers = {
-                "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-                "Accept-Ranges": "bytes" if state.ranges else "none",
-            }
+            headers = {"Accept-Ranges": "bytes" if state.ranges else "none"}
+            if state.send_last_modified:
+                headers["Last-Modified"] = email.utils.formatdate(st.st_mtime, usegmt=True)
             if state.send_etag:
                 headers["ETag"] = etag
             if_match = self.headers.get("If-Match")
@@ -276,17 +312,28 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 assert isinstance(span, tuple)
                 status, (start, stop) = HTTPStatus.PARTIAL_CONTENT, span
+                if state.fault == "wrong-range":
+                    start, stop = 0, stop - start
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+            length = stop - start
+            if body and state.fault == "short-body" and status == HTTPStatus.PARTIAL_CONTENT:
+                stop = start + length // 2
+                self.close_connection = True
             sent = stop - start if body else 0
-            state._record(RequestRecord(self.command, "/" + relative, range_header, int(status), sent))
+            state._record(self._record_of(relative, range_header, int(status), sent))
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(stop - start))
+            self.send_header("Content-Length", str(length))
             self.end_headers()
             if body:
                 self._send_body(f, start, stop)
+
+    def _record_of(self, relative: str, range_header: str | None, status: int, sent: int) -> RequestRecord:
+        return RequestRecord(
+            self.command, "/" + relative, range_header, status, sent, self.path, self.headers.get("Authorization")
+        )
 
     def _send_body(self, f: BinaryIO, start: int, stop: int) -> None:
         fd = f.fileno()
@@ -305,9 +352,7 @@ class _Handler(BaseHTTPRequestHandler):
         range_header: str | None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        self.server_state._record(
-            RequestRecord(self.command, "/" + relative, range_header, int(status), 0)
-        )
+        self.server_state._record(self._record_of(relative, range_header, int(status), 0))
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
