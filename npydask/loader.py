@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
 from npydask.multikey import MultiKeyDataset, pick
@@ -251,6 +252,7 @@ class Loader:
     ([[6, 7, 8], [9, 9, 9]], 1)
     """
 
+    @suggest_keywords
     def __init__(
         self,
         dataset: Any,

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import dask.array as da
 
 from npydask._pickle_values import UnexpectedPickle, plain_values
+from npydask._keywords import suggest_keywords
 from npydask.opening import open_dataset
 from npydask.errors import NpyDaskWarning
 from npydask.storage._handles import open_regular
@@ -149,6 +150,7 @@ def stack_files(names: Sequence[str], where: str) -> list[str]:
     return [numbered[i] for i in range(last + 1)]
 
 
+@suggest_keywords
 def from_npy_stack(
     dirname: str | os.PathLike[str], *, axis: int | None = None, storage_options: dict[str, Any] | None = None
 ) -> da.Array:

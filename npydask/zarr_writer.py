@@ -61,6 +61,7 @@ import dask.array as da
 import numpy as np
 
 from npydask.paths import absolute
+from npydask._keywords import suggest_keywords
 from npydask.storage.urls import is_url, split_url, to_local
 
 __all__ = ["INSTALL_HINT", "ZarrLayout", "check_zarr_dtype", "covers_whole_units", "plan_zarr_layout", "to_zarr"]
@@ -454,6 +455,7 @@ def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs:
     return SpecObjectStore(StoreSpec.of(root, storage_options))  # (rooted at the URL: zarr writes nothing above it)
 
 
+@suggest_keywords(also=lambda: require_zarr().create_array)
 def to_zarr(
     x: Any, store: Any, *, compute: bool = True, storage_options: dict[str, Any] | None = None, **zarr_kwargs: Any
 ) -> Any:
