@@ -41,7 +41,7 @@ def test_help_opens_with_what_npydask_does_and_its_entry_points():
 
     listed = set(re.findall(r"^ {8}([A-Za-z_]+)\(", head, flags=re.M))
     assert listed == {"from_npy", "from_npy_stack", "read_region", "read_header", "open_dataset", "Loader", "to_npy",
-                      "to_npy_files", "to_zarr"}, listed
+                      "to_npy_files", "to_zarr", "zarr_store"}, listed
     assert listed <= set(npydask.__all__)
 
 
