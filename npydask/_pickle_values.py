@@ -166,6 +166,7 @@ def _why(e: BaseException) -> str:
 
 
 _CONTAINERS = (tuple, list, dict)
+_END = object()  # (a container's children are exhausted)
 
 
 def _children(value: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> Iterator[Any]:
@@ -181,8 +182,8 @@ def _check_size(value: Any, limit: int) -> None:
     path = [(value, _children(value))]
     while path:
         container, children = path[-1]
-        child = next(children, _MARK)
-        if child is _MARK:
+        child = next(children, _END)
+        if child is _END:
             path.pop()
             entered.discard(id(container))
             continue

@@ -52,19 +52,19 @@ from typing import Any
 
 import numpy as np
 
-INSTALL = "pip install 'npydask[torch]'"
-
 try:
     import torch
     import torch.utils.data
 except ImportError as e:  # (names the extra, as npydask.ray, to_zarr and device="gpu" do)
     if isinstance(e, ModuleNotFoundError) and (e.name or "torch").split(".")[0] == "torch":
         raise ModuleNotFoundError(
-            f"npydask.torch needs PyTorch, which is not installed: {INSTALL} (or see pytorch.org for a "
-            "build matching your CUDA version)",
+            "npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]' (or see "
+            "pytorch.org for a build matching your CUDA version)",
             name="torch",
         ) from e
-    raise ImportError(f"npydask.torch: PyTorch is installed but fails to import ({e}); {INSTALL}") from e
+    raise ImportError(
+        f"npydask.torch: PyTorch is installed but fails to import ({e}); pip install 'npydask[torch]'"
+    ) from e
 
 from npydask.dataset import file_index
 from npydask.loader import check_process, read_batch, warn_if_resharded
