@@ -19,6 +19,7 @@ Main entry points (``help(npydask.<name>)`` for each)::
     to_npy(x, path)                    write a dask array as one .npy file, chunks in parallel
     to_npy_files(arrays, folder)       one .npy file per array (or per file of a dataset)
     to_zarr(x, store)                  zarr v3, dask chunks aligned to zarr shards
+    zarr_store(url, storage_options)   the zarr store to_zarr wrote through, to read it back
 
 ``config`` holds the read settings (environment-variable twins, usable as a
 context manager). Errors: ``NpyFormatError`` (a ``ValueError``: not a valid
@@ -52,6 +53,7 @@ from npydask.loader import Loader
 from npydask.npy_stack import from_npy_stack
 from npydask.reader import read_header, read_region
 from npydask.writer import to_npy, to_npy_files
+from npydask.zarr_stores import zarr_store
 from npydask.zarr_writer import to_zarr
 
 __version__ = "0.1.0"
@@ -76,4 +78,5 @@ __all__ = [
     "to_npy",
     "to_npy_files",
     "to_zarr",
+    "zarr_store",
 ]

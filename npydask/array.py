@@ -25,6 +25,7 @@ from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
 from npydask.backends._pool import empty
+from npydask._keywords import suggest_keywords
 from npydask.reader import BACKENDS, FileRef
 from npydask.region import Box, raw
 from npydask.roi import FileRoi, fill_like
@@ -239,6 +240,7 @@ def check_device(device: str) -> None:
         require_gpu()
 
 
+@suggest_keywords
 def from_npy(
     path: str | os.PathLike[str],
     chunks: Any = "auto",

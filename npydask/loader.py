@@ -12,7 +12,8 @@ epoch; :meth:`Loader.state_dict` records that count with the epoch, and a
 loader given it with :meth:`Loader.load_state_dict` yields exactly the
 remaining batches of that epoch, then goes on with the next. The state also
 records a fingerprint of the dataset (:func:`dataset_fingerprint`), so a
-state is refused by a loader over other files, even of the same number.
+state is refused by a loader over other files, even of the same number, or
+over the same files read otherwise (another ROI, ``.npz`` key or fill value).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
 from npydask.multikey import MultiKeyDataset, pick
@@ -42,35 +44,87 @@ _FINGERPRINT = "dataset_fingerprint"
 
 
 def dataset_fingerprint(dataset: Any) -> dict[str, str]:
-    """Two short hashes that tell a dataset's file list and its samples' layout from another's.
+    """Short facts that tell a dataset's file list and what its samples hold from another's.
 
     ``"files"`` hashes the file names relative to their common folder, in
     order (so a dataset copied to another disk or node keeps it, while
     another selection, order or shard does not); ``"layout"`` hashes the
-    dtype and each output shape (after ROI). Sizes and mtimes are left out:
-    a resumed job may run on a copy of its files.
+    dtype and each output shape (after ROI); ``"roi"`` hashes each file's
+    ROI as resolved (start and end per axis, after the policy, so per-file
+    ROIs and ROIs of equal shapes at other starts differ), described in
+    ``"roi_shown"``; ``"key"`` is the ``.npz`` member(s) read; ``"fill"`` the
+    fill value of the cells a ``"pad"`` ROI puts outside a file (``"none"``
+    when no cell is outside). Sizes and mtimes are left out (a resumed job
+    may run on a copy of its files), and so are ``device``, ``backend`` and
+    ``headers``, which change where and how samples are read, not what they hold.
 
     Examples
     --------
     >>> import numpy as np, npydask, tempfile, os
     >>> root = tempfile.mkdtemp()
-    >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.zeros(2))
+    >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.zeros(4))
     >>> ds = npydask.open_dataset(root)
     >>> dataset_fingerprint(ds) == dataset_fingerprint(ds[:]), dataset_fingerprint(ds) == dataset_fingerprint(ds[::-1])
     (True, False)
+    >>> moved = npydask.open_dataset(root, roi_start=1, roi_shape=2)
+    >>> dataset_fingerprint(moved)["roi_shown"], dataset_fingerprint(ds)["roi_shown"]
+    ('start (1,) end (3,) for every file', 'whole files')
     """
     files = dataset.files
     prefix = os.path.commonprefix(files) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
     cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
     names = "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
-    if isinstance(dataset, MultiKeyDataset):  # (every member's dtype and shapes, in key order)
-        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in dataset.members.items()).encode()
+    if isinstance(dataset, MultiKeyDataset):  # (every member's dtype, shapes and ROIs, in key order)
+        members = dataset.members
+        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in members.items()).encode()
+        key = repr(list(members))
     else:
+        members = {"": dataset}
         layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
+        key = repr(dataset.views.context.key)
+    rois = [_rois(d.table) for d in members.values()]
     return {
-        "files": hashlib.blake2b(names, digest_size=16).hexdigest(),
-        "layout": hashlib.blake2b(layout, digest_size=16).hexdigest(),
+        "files": _hash(names),
+        "layout": _hash(layout),
+        "roi": _hash(b"|".join(r[0] for r in rois)),
+        "roi_shown": rois[0][1] if len(rois) == 1 else "; ".join(f"{k}: {r[1]}" for k, r in zip(members, rois)),
+        "key": key,
+        "fill": ", ".join(sorted({f for r in rois for f in r[2]})) or "none",
     }
+
+
+def _hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _rois(table: Any) -> tuple[bytes, str, set[str]]:
+    """A table's per-file ROIs as bytes to hash, a description, and the fill values of padded ones.
+
+    The bytes are the distinct resolved ROIs ``(start, end)`` (``None``: the
+    whole file) in order of first use and each row's number among them, so
+    equal datasets agree however their tables number their ROIs (a slice,
+    a pickled copy, a table opened again).
+    """
+    ids = table.roi_ids()
+    used, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    found = [table.rois[int(u)] for u in used.tolist()]
+    facts = [None if r is None else (tuple(map(int, r.start)), tuple(map(int, r.end))) for r in found]
+    number: dict[Any, int] = {}
+    canon = np.empty(len(used), np.int64)
+    for k in np.argsort(first, kind="stable").tolist():
+        canon[k] = number.setdefault(facts[k], len(number))
+    data = repr(list(number)).encode() + b"|" + canon[inverse.reshape(-1)].astype("<i8").tobytes()
+    first_roi = next(iter(number))
+    if len(number) > 1:
+        shown = f"{len(number)} different ROIs, the first file's {'whole' if first_roi is None else _roi_text(first_roi)}"
+    else:
+        shown = "whole files" if first_roi is None else f"{_roi_text(first_roi)} for every file"
+    fills = {repr(np.asarray(r.fill_value).tolist()) for r in found if r is not None and r.padded}
+    return data, shown, fills
+
+
+def _roi_text(roi: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    return f"start {roi[0]} end {roi[1]}"
 
 
 def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) -> None:
@@ -198,6 +252,7 @@ class Loader:
     ([[6, 7, 8], [9, 9, 9]], 1)
     """
 
+    @suggest_keywords
     def __init__(
         self,
         dataset: Any,
@@ -282,7 +337,9 @@ class Loader:
         A state saved before npydask recorded ``stick_to_shard`` is taken as
         ``stick_to_shard=True`` (the only behaviour then). A state saved
         before it recorded the dataset's fingerprint is accepted with an
-        :class:`~npydask.errors.NpyDaskWarning`, since it cannot be checked.
+        :class:`~npydask.errors.NpyDaskWarning`, since it cannot be checked;
+        one saved before the fingerprint held ROIs, keys and fill values is
+        checked for the rest, with a warning.
 
         Raises
         ------
@@ -290,7 +347,8 @@ class Loader:
             If the state was taken from a loader with another plan (dataset
             length, batch size, shuffling, seed, shards or padding) or over
             another dataset (other files, order, shapes or dtype, even of the
-            same length), whose remaining batches would differ.
+            same length, or the same files at other ROIs, with another
+            ``.npz`` key or fill value), whose remaining batches would differ.
         """
         missing = [k for k in (*_STATE_KEYS, "epoch", "batches_done") if k not in state]
         if missing:
@@ -318,16 +376,22 @@ class Loader:
             )
             return
         mine = self.fingerprint()
-        what = {
-            "files": "its file names (relative to their common folder, in order) differ",
-            "layout": "its samples' dtype or shapes (after ROI) differ",
-        }
-        differ = [what[k] for k in what if not isinstance(saved, dict) or saved.get(k) != mine[k]]
+        saved = saved if isinstance(saved, dict) else {}
+        if "roi" not in saved and "files" in saved:
+            warnings.warn(
+                "this Loader state records no ROI, .npz key or fill value (saved by an npydask that did not record "
+                "them), so npydask checks only its files, dtype and shapes; resuming anyway. Save a new state with "
+                "Loader.state_dict() to get the whole check",
+                NpyDaskWarning,
+                stacklevel=3,
+            )
+            saved = {**mine, "files": saved["files"], "layout": saved.get("layout")}
+        differ = [_differs(k, saved, mine) for k in _CHECKED if saved.get(k) != mine[k]]
         if differ:
             raise ValueError(
                 f"the state was saved for another dataset of {self.plan.n} files: {' and '.join(differ)}. "
-                "Resume with the dataset the state was saved over (same files, filter, order, shard and ROI), "
-                "or start without load_state_dict"
+                "Resume with the dataset the state was saved over (same files, filter, order, shard, ROI, "
+                "out_of_bounds_policy, fill_value and key), or start without load_state_dict"
             )
 
     def __iter__(self) -> Iterator[Any]:
@@ -358,6 +422,25 @@ class Loader:
             for _, future in pending:
                 fetch.cancel(future)
             fetch.close()
+
+
+_CHECKED = ("files", "layout", "roi", "key", "fill")
+
+
+def _differs(what: str, saved: dict[str, Any], mine: dict[str, str]) -> str:
+    """How the saved fingerprint's ``what`` differs from this dataset's, for a message."""
+    if what == "files":
+        return "its file names (relative to their common folder, in order) differ"
+    if what == "layout":
+        return "its samples' dtype or shapes (after ROI) differ"
+    if what == "roi":
+        return f"its ROIs differ (the state's: {saved.get('roi_shown')}; this dataset's: {mine['roi_shown']})"
+    if what == "key":
+        return f"it reads another .npz key (the state's: {saved.get('key')}; this dataset's: {mine['key']})"
+    return (
+        f"its fill value for cells outside the files differs (the state's: {saved.get('fill')}; "
+        f"this dataset's: {mine['fill']})"
+    )
 
 
 class _LocalFetch:

@@ -16,7 +16,9 @@ file, so a folder from elsewhere can run code when it is opened (dask#12578).
   values only; nothing imported or called) and whose ``chunks`` must then
   agree with the files (a leftover ``7.npy`` from an earlier, longer stack is
   reported, not read); else the one axis along which the files' shapes
-  differ. An ``info`` that names anything but numpy's dtype is ignored with a
+  differ. An ``info`` that names anything but numpy's dtype, or describes more
+  than :class:`~npydask._pickle_values.Limits` lets through (a few kilobytes
+  of memo references can describe millions of chunk sizes), is ignored with a
   :class:`~npydask.errors.NpyDaskWarning`, never run.
 """
 
@@ -32,6 +34,7 @@ from typing import Any, NamedTuple
 import dask.array as da
 
 from npydask._pickle_values import UnexpectedPickle, plain_values
+from npydask._keywords import suggest_keywords
 from npydask.opening import open_dataset
 from npydask.errors import NpyDaskWarning
 from npydask.storage._handles import open_regular
@@ -92,7 +95,7 @@ def parse_info(data: bytes) -> StackInfo:
     ):
         raise UnexpectedPickle("info's 'chunks' is not a tuple of tuples of sizes")
     if not 0 <= axis < len(chunks):
-        raise UnexpectedPickle(f"info's 'axis' {axis} is not one of the {len(chunks)} axes of its 'chunks'")
+        raise UnexpectedPickle(f"info's 'axis' {_int(axis)} is not one of the {len(chunks)} axes of its 'chunks'")
     return StackInfo(axis, chunks)
 
 
@@ -147,6 +150,7 @@ def stack_files(names: Sequence[str], where: str) -> list[str]:
     return [numbered[i] for i in range(last + 1)]
 
 
+@suggest_keywords
 def from_npy_stack(
     dirname: str | os.PathLike[str], *, axis: int | None = None, storage_options: dict[str, Any] | None = None
 ) -> da.Array:
@@ -191,7 +195,8 @@ def from_npy_stack(
     -----
     NpyDaskWarning
         ``info`` is not what ``to_npy_stack`` writes (it names another
-        callable, is malformed or too large): it is ignored, never run.
+        callable, is malformed, or is too large in bytes or in the work its
+        pickle describes): it is ignored, never run.
 
     Examples
     --------
@@ -219,7 +224,7 @@ def from_npy_stack(
     if axis is None:
         axis = info.axis if info is not None else _axis_from_shapes(shapes, shown)
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{shown}: axis {axis} is out of range for the files' {ndim} dimensions")
+        raise ValueError(f"{shown}: axis {_int(axis)} is out of range for the files' {ndim} dimensions")
     axis %= ndim
     lengths = tuple(s[axis] for s in shapes)
     if info is not None:
@@ -324,11 +329,25 @@ def _agree(info: StackInfo, shapes: list[tuple[int, ...]], lengths: tuple[int, .
     for d, (extents, n) in enumerate(zip(info.chunks, shapes[0])):
         if d != info.axis and sum(extents) != n:
             raise ValueError(
-                f"{shown}: info records an extent of {sum(extents)} along axis {d} but the files have {n}; {fix}"
+                f"{shown}: info records an extent of {_int(sum(extents))} along axis {d} but the files have {n}; {fix}"
             )
     for i, (want, got) in enumerate(zip(recorded, lengths)):
         if want != got:
             raise ValueError(
-                f"{shown}: info records block {i} with {want} along axis {info.axis}, but {i}.npy has shape "
+                f"{shown}: info records block {i} with {_int(want)} along axis {info.axis}, but {i}.npy has shape "
                 f"{shapes[i]}; {fix}"
             )
+
+
+def _int(n: int) -> str:
+    """An int from ``info`` for a message: its digits, or its size in bits when it has too many to print.
+
+    (Python refuses to print an int of more than 4,300 digits, and printing one
+    takes time that grows with the square of its length.)
+
+    Examples
+    --------
+    >>> _int(12), _int(-(2**80)), _int(10**5000)
+    ('12', '-1208925819614629174706176', 'an integer of 16,610 bits')
+    """
+    return str(n) if n.bit_length() <= 128 else f"an integer of {n.bit_length():,} bits"

@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from npydask.array import check_device
+from npydask._keywords import suggest_keywords
 from npydask.config import read_options
 from npydask.dali_args import refuse_dali_arguments
 from npydask.dataset import NpyDataset
@@ -69,6 +70,7 @@ def _gc_paused(fn: Callable[..., _T]) -> Callable[..., _T]:
     return paused
 
 
+@suggest_keywords
 @_gc_paused
 def open_dataset(
     file_root: str | os.PathLike[str] | None = None,

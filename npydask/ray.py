@@ -42,6 +42,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from npydask.dataset import NpyDataset, _layout
+from npydask._keywords import suggest_keywords
 from npydask.opening import open_dataset
 from npydask.multikey import MultiKeyDataset
 from npydask.region import Box
@@ -63,6 +64,7 @@ _NAMED_REMOTE_ARGS = ("num_cpus", "num_gpus", "memory", "concurrency", "label_se
                       "max_calls", "resources", "accelerator_type", "runtime_env")
 
 
+@suggest_keywords(also=lambda: open_dataset)
 def read_npy(
     file_root: str | os.PathLike[str] | None = None,
     *,

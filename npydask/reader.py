@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from npydask import backends
+from npydask._keywords import suggest_keywords
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile
 from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
@@ -47,6 +48,7 @@ def _check_key(key: str | None) -> None:
         raise TypeError(f"key must be the name of an .npz member (a str), found {key!r}")
 
 
+@suggest_keywords
 def read_header(
     path: str | os.PathLike[str], *, key: str | None = None, storage_options: dict[str, Any] | None = None
 ) -> NpyHeader:
@@ -195,6 +197,7 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, path: s
         )
 
 
+@suggest_keywords
 def read_region(
     path: str | os.PathLike[str],
     start: Sequence[int] | None = None,

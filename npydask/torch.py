@@ -51,8 +51,20 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import torch
-import torch.utils.data
+
+try:
+    import torch
+    import torch.utils.data
+except ImportError as e:  # (names the extra, as npydask.ray, to_zarr and device="gpu" do)
+    if isinstance(e, ModuleNotFoundError) and (e.name or "torch").split(".")[0] == "torch":
+        raise ModuleNotFoundError(
+            "npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]' (or see "
+            "pytorch.org for a build matching your CUDA version)",
+            name="torch",
+        ) from e
+    raise ImportError(
+        f"npydask.torch: PyTorch is installed but fails to import ({e}); pip install 'npydask[torch]'"
+    ) from e
 
 from npydask.dataset import file_index
 from npydask.loader import check_process, read_batch, warn_if_resharded

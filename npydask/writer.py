@@ -38,6 +38,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import ensure_dict, parse_bytes
 
 from npydask.backends.base import as_bytes, raw_copy
+from npydask._keywords import suggest_keywords
 from npydask.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.storage.local import LOCAL
 from npydask.storage.where import fspath, resolve
@@ -268,6 +269,7 @@ def _file_graph(src: _Source, target: FileTarget, key: str) -> dict:
     return dsk
 
 
+@suggest_keywords
 def to_npy(
     x: Any,
     path: str | os.PathLike[str],
@@ -387,6 +389,7 @@ def to_npy(
     return None
 
 
+@suggest_keywords
 def to_npy_files(
     arrays: Any,
     folder: str | os.PathLike[str],

@@ -60,12 +60,10 @@ import dask
 import dask.array as da
 import numpy as np
 
-from npydask.paths import absolute
-from npydask.storage.urls import is_url, split_url, to_local
+from npydask._keywords import suggest_keywords
+from npydask.zarr_stores import INSTALL_HINT, object_store, require_zarr, where_to
 
 __all__ = ["INSTALL_HINT", "ZarrLayout", "check_zarr_dtype", "covers_whole_units", "plan_zarr_layout", "to_zarr"]
-
-INSTALL_HINT = "install the zarr extra with: pip install 'npydask[zarr]'"
 
 #: Inner chunks picked inside a given shard aim at this many bytes (zarr's own target with shards).
 INNER_CHUNK_BYTES = 1 << 20
@@ -269,18 +267,6 @@ def plan_zarr_layout(
     return ZarrLayout(shape, zchunks, zshards, aligned, aligned != sizes_in)
 
 
-def require_zarr() -> Any:
-    """Import zarr (version 3 or later), or raise ``ImportError`` with the install hint."""
-    try:
-        import zarr
-    except ImportError as e:
-        raise ImportError(f"to_zarr needs zarr>=3.0, which is not installed; {INSTALL_HINT}") from e
-    version = getattr(zarr, "__version__", "0")
-    if int(version.split(".")[0]) < 3:
-        raise ImportError(f"to_zarr writes zarr v3 and needs zarr>=3.0, found zarr {version}; {INSTALL_HINT}")
-    return zarr
-
-
 def check_zarr_dtype(dtype: Any) -> np.dtype:
     """Refuse a dtype zarr v3 cannot store exactly; return it as a numpy dtype.
 
@@ -423,37 +409,23 @@ def _finish(written: np.ndarray, expected: int) -> None:
 def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs: dict[str, Any]) -> Any:
     """The store to give zarr: an absolute local path, npydask's store rooted at an object URL, or ``store``.
 
-    ``storage_options`` for other URLs go to zarr in ``zarr_kwargs``.
+    ``storage_options`` for other URLs go to zarr in ``zarr_kwargs``. (The
+    same places as :func:`npydask.zarr_store`'s, built by the same
+    :func:`~npydask.zarr_stores.object_store`.)
     """
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
     if not isinstance(store, str):
         return store
-    store = to_local(store)
-    if "://" not in store:
-        if storage_options:
-            raise ValueError(
-                f"{store}: storage_options apply to URLs (s3://, gs://, az://, ...); this is a local path: "
-                "drop storage_options"
-            )
-        return absolute(store)  # a local folder: the write tasks may run in another working directory
-    try:
-        remote = is_url(store)
-    except ValueError:  # a scheme npydask does not read (memory://, ...): fsspec's, through zarr
-        remote = False
-    if not remote:
-        if storage_options is not None:
-            zarr_kwargs["storage_options"] = storage_options
-        return store
-    from npydask.storage._stores import StoreSpec, import_obstore
-    from npydask.storage._zarr_store import SpecObjectStore
-
-    import_obstore()
-    url = split_url(store)
-    root = url.base + ("/" + url.key.strip("/") if url.key.strip("/") else "")
-    return SpecObjectStore(StoreSpec.of(root, storage_options))  # (rooted at the URL: zarr writes nothing above it)
+    kind, where = where_to(store, storage_options)
+    if kind == "object":
+        return object_store(where, storage_options)
+    if kind == "other" and storage_options is not None:
+        zarr_kwargs["storage_options"] = storage_options
+    return where
 
 
+@suggest_keywords(also=lambda: require_zarr().create_array)
 def to_zarr(
     x: Any, store: Any, *, compute: bool = True, storage_options: dict[str, Any] | None = None, **zarr_kwargs: Any
 ) -> Any:

@@ -41,7 +41,7 @@ def test_help_opens_with_what_npydask_does_and_its_entry_points():
 
     listed = set(re.findall(r"^ {8}([A-Za-z_]+)\(", head, flags=re.M))
     assert listed == {"from_npy", "from_npy_stack", "read_region", "read_header", "open_dataset", "Loader", "to_npy",
-                      "to_npy_files", "to_zarr"}, listed
+                      "to_npy_files", "to_zarr", "zarr_store"}, listed
     assert listed <= set(npydask.__all__)
 
 
@@ -80,3 +80,25 @@ def test_without_xarray_npydask_works_and_to_xarray_names_the_install_command(tm
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "ImportError:" in out.stdout and "pip install 'npydask[xarray]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_npydask_torch_without_torch_names_the_install_command():
+    """Hidden behind a meta-path blocker (as if never installed), torch's absence names the extra."""
+    code = (
+        "import sys\n"
+        "class Blocker:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Blocker())\n"
+        "for m in [m for m in sys.modules if m.split('.')[0] == 'torch']: del sys.modules[m]\n"
+        "import npydask\n"
+        "try:\n"
+        "    import npydask.torch\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(type(e).__name__, e.name, e, sep='|')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    kind, name, message = out.stdout.strip().split("|")
+    assert (kind, name) == ("ModuleNotFoundError", "torch"), out.stdout + out.stderr
+    assert "npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]'" in message

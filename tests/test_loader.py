@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import pickle
+import re
 import warnings
 
 import numpy as np
@@ -315,3 +317,74 @@ def test_an_old_state_without_a_fingerprint_resumes_with_a_warning(folder):
     with pytest.warns(npydask.NpyDaskWarning, match="no dataset fingerprint"):
         loader.load_state_dict(dict(old, batches_done=4))
     assert epoch(loader) == [[8, 9]]
+
+
+def _refused(ds, other, match):
+    """``other``'s loader refuses the state of ``ds``'s, naming ``match``; ``ds``'s own takes it."""
+    loader = npydask.Loader(ds, 2, shuffle=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError, match=match):
+        npydask.Loader(other, 2, shuffle=True).load_state_dict(state)
+    fresh = npydask.Loader(ds, 2, shuffle=True)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == 4
+
+
+def test_a_state_of_the_same_files_at_other_roi_starts_is_refused(folder):
+    ds = npydask.open_dataset(folder, roi_start=[0, 0], roi_shape=[1, 3])
+    moved = npydask.open_dataset(folder, roi_start=[1, 0], roi_shape=[1, 3])
+    assert moved.shapes == ds.shapes and moved.dtype == ds.dtype
+    _refused(ds, moved, re.escape(
+        "its ROIs differ (the state's: start (0, 0) end (1, 3) for every file; "
+        "this dataset's: start (1, 0) end (2, 3) for every file)"
+    ))
+    _refused(ds, npydask.open_dataset(folder, rel_roi_start=[0.5, 0], roi_shape=[1, 3]), "its ROIs differ")
+
+
+def test_a_state_with_one_per_file_roi_moved_is_refused(folder):
+    starts = [[0, 0]] * 10
+    ds = npydask.open_dataset(folder, roi_start=starts, roi_shape=[1, 2])
+    one_moved = npydask.open_dataset(folder, roi_start=starts[:7] + [[0, 1]] + starts[8:], roi_shape=[1, 2])
+    _refused(ds, one_moved, r"its ROIs differ \(the state's: start \(0, 0\) end \(1, 2\) for every file; "
+             r"this dataset's: 2 different ROIs, the first file's start \(0, 0\) end \(1, 2\)\)")
+
+
+def test_a_state_with_another_fill_value_or_key_is_refused(folder, tmp_path_factory):
+    pad = {"roi_start": [1, 0], "roi_shape": [2, 3], "out_of_bounds_policy": "pad"}
+    ds = npydask.open_dataset(folder, **pad)
+    _refused(ds, npydask.open_dataset(folder, **pad, fill_value=7), r"fill value .*the state's: 0; this dataset's: 7")
+    root = tmp_path_factory.mktemp("npz")
+    for i in range(10):
+        np.savez(root / f"{i:02d}.npz", a=np.full((2, 3), i, "<i4"), b=np.full((2, 3), -i, "<i4"))
+    a = npydask.open_dataset(root, file_filter="*.npz", key="a")
+    _refused(a, npydask.open_dataset(root, file_filter="*.npz", key="b"), "another .npz key .*'a'.*'b'")
+    both = npydask.open_dataset(root, file_filter="*.npz", key=["a", "b"])
+    _refused(both, npydask.open_dataset(root, file_filter="*.npz", key=["b", "a"]), r"\['a', 'b'\].*\['b', 'a'\]")
+
+
+def test_a_state_resumes_where_the_samples_hold_the_same(folder):
+    """Arguments that do not change a sample (policy or fill value with every ROI inside, the device) pass."""
+    roi = {"roi_start": [1, 0], "roi_shape": [1, 3]}
+    ds = npydask.open_dataset(folder, **roi, out_of_bounds_policy="pad", fill_value=5)
+    state = npydask.Loader(ds, 2, shuffle=True).state_dict()
+    for same in [
+        npydask.open_dataset(folder, **roi),
+        npydask.open_dataset(folder, roi_start=[[1, 0]] * 10, roi_end=[2, 3], out_of_bounds_policy="trim_to_shape"),
+        npydask.open_dataset(folder, **roi, headers="first", backend="pread"),
+        pickle.loads(pickle.dumps(ds))[:],
+    ]:
+        npydask.Loader(same, 2, shuffle=True).load_state_dict(state)
+
+
+def test_an_older_state_without_rois_resumes_with_a_warning_and_checks_the_rest(folder):
+    ds = npydask.open_dataset(folder, roi_start=[1, 0], roi_shape=[1, 3])
+    state = npydask.Loader(ds, 2).state_dict()
+    state["dataset_fingerprint"] = {k: state["dataset_fingerprint"][k] for k in ("files", "layout")}
+    loader = npydask.Loader(npydask.open_dataset(folder, roi_shape=[1, 3]), 2)
+    with pytest.warns(npydask.NpyDaskWarning, match="records no ROI, .npz key or fill value"):
+        loader.load_state_dict(dict(state, batches_done=4))
+    with pytest.warns(npydask.NpyDaskWarning), pytest.raises(ValueError, match="file names"):
+        npydask.Loader(ds[::-1], 2).load_state_dict(state)

@@ -199,6 +199,47 @@ def test_oversized_info_is_ignored_unread(tmp_path, monkeypatch):
         npydask.from_npy_stack(tmp_path / "s")
 
 
+def test_an_info_of_shared_references_is_refused_by_the_size_bound(tmp_path):
+    """48 KB describing 144 million chunk sizes: refused after a bounded walk, the files read as they are."""
+    n = 12_000
+    info = (
+        b"\x80\x04K\x05q\x000"  # 5, memo 0, popped
+        + b"(" + b"h\x00" * n + b"tq\x010"  # T = (5,) * n through n memo references, memo 1, popped
+        + b"}(\x8c\x04axisK\x00\x8c\x06chunks(" + b"h\x01" * n + b"tu."  # {"axis": 0, "chunks": (T,) * n}
+    )  # fmt: skip
+    assert len(info) < 50_000
+    array = _values((5, 3), "<f8")
+    _write(tmp_path / "s", array, (2, 3), 0)
+    (tmp_path / "s" / "info").write_bytes(info)
+    with pytest.warns(NpyDaskWarning, match=r"/s/info is not the info file .*more than 131,072 values counted as a"):
+        got = npydask.from_npy_stack(tmp_path / "s")
+    np.testing.assert_array_equal(got.compute(), array)
+
+
+@pytest.mark.parametrize(
+    ("meta", "match"),
+    [
+        ({"chunks": ((2, 10**5000, 1), (3,)), "axis": 0}, r"block 1 with an integer of 16,610 bits along axis 0"),
+        ({"chunks": ((2, 2, 1), (-(10**5000),)), "axis": 0}, r"not a tuple of tuples of sizes"),
+        ({"chunks": ((2, 2, 1), (10**5000, 1)), "axis": 0}, r"extent of an integer of 16,610 bits along axis 1"),
+        ({"chunks": ((2, 2, 1), (3,)), "axis": 10**5000}, r"'axis' an integer of 16,610 bits is not one of the 2"),
+    ],
+)
+def test_an_info_integer_beyond_pythons_digit_limit_is_named_not_printed(tmp_path, meta, match):
+    array = _values((5, 3), "<f8")
+    _write(tmp_path / "s", array, (2, 3), 0)
+    (tmp_path / "s" / "info").write_bytes(pickle.dumps(meta))
+    if "axis 1" in match or "block" in match:  # info readable, disagreeing with the files: refused, naming the folder
+        with pytest.raises(ValueError, match=re.escape(str(tmp_path / "s")) + ": info records .*" + match):
+            npydask.from_npy_stack(tmp_path / "s")
+    else:  # info unusable: ignored, naming it
+        with pytest.warns(NpyDaskWarning, match=r"/s/info is not the info file .*" + match):
+            got = npydask.from_npy_stack(tmp_path / "s")
+        np.testing.assert_array_equal(got.compute(), array)
+    with pytest.raises(ValueError, match=r"axis an integer of 16,610 bits is out of range"):
+        npydask.from_npy_stack(tmp_path / "s", axis=10**5000)
+
+
 def test_info_that_is_a_fifo_is_refused_at_once(tmp_path):
     if not hasattr(os, "mkfifo"):
         pytest.skip("POSIX FIFOs")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from npydask._pickle_values import Global, Opaque, UnexpectedPickle, plain_values
+from npydask._pickle_values import Global, Limits, Opaque, UnexpectedPickle, plain_values
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 DTYPE = {("numpy", "dtype"), ("_codecs", "encode")}
@@ -153,3 +153,83 @@ def test_every_opcode_is_either_replayed_or_refused():
             continue
         with pytest.raises(UnexpectedPickle, match=f"opcode {opcode.name}|not a readable pickle"):
             plain_values(_ops(opcode.code.encode("latin-1") + b"\x00" * 8), DTYPE)
+
+
+# -- bounded work: a few kilobytes of memo references must not describe days of work ------------
+
+
+def _shared(n: int, axis: bytes = b"K\x00") -> bytes:
+    """``{"axis": 0, "chunks": (T,) * n}`` with ``T = (5,) * n``, written with memo references only.
+
+    About 4 bytes per ``n``, and ``n * n + n + 5`` values to whoever walks it.
+    """
+    return (
+        b"\x80\x04K\x05q\x000"  # 5, memo 0, popped
+        + b"(" + b"h\x00" * n + b"tq\x010"  # T: n references to memo 0, memo 1, popped
+        + b"}(\x8c\x04axis" + axis + b"\x8c\x06chunks(" + b"h\x01" * n + b"tu."  # n references to T
+    )  # fmt: skip
+
+
+def test_a_pickle_of_shared_references_is_refused_by_the_size_bound():
+    data = _shared(12_000)  # 48 KB: 144 million ints when walked (10 s in parse_info before the bound)
+    assert len(data) < 50_000
+    with pytest.raises(UnexpectedPickle, match=r"more than 131,072 values counted as a tree"):
+        plain_values(data)
+
+
+def test_the_size_bound_counts_every_reference_exactly():
+    n = 50
+    data = _shared(n)
+    size = n * n + n + 5  # the dict, its 2 keys and 2 values, n tuples, n * n ints
+    got = plain_values(data, limits=Limits(size=size))
+    assert got == pickle.loads(data) == {"axis": 0, "chunks": ((5,) * n,) * n}
+    with pytest.raises(UnexpectedPickle, match=rf"more than {size - 1:,} values counted as a tree"):
+        plain_values(data, limits=Limits(size=size - 1))
+
+
+def test_a_self_containing_value_counts_once_per_turn():
+    data = _ops(b"]q\x00h\x00a" + b"h\x00a" * 3)  # L = [L, L, L, L]
+    got = plain_values(data, limits=Limits(size=5))
+    assert len(got) == 4 and all(v is got for v in got)
+    with pytest.raises(UnexpectedPickle, match="more than 4 values"):
+        plain_values(data, limits=Limits(size=4))
+
+
+def test_memo_references_are_bounded():
+    n = 70_000  # each reference is one small tuple: few values, many references
+    data = _ops(b"K\x05q\x000(" + b"h\x00" * n + b"t")
+    with pytest.raises(UnexpectedPickle, match=r"more than 65,536 memo references"):
+        plain_values(data, limits=Limits(opcodes=10**6, size=10**6))
+    assert plain_values(data, limits=Limits(opcodes=10**6, size=10**6, memo_gets=n)) == (5,) * n
+
+
+def test_opcodes_are_bounded():
+    data = _ops(b"N0" * 70_000 + b"N")  # 140,003 opcodes building nothing that stays
+    with pytest.raises(UnexpectedPickle, match=r"more than 131,072 opcodes"):
+        plain_values(data)
+    assert plain_values(data, limits=Limits(opcodes=140_003)) is None
+
+
+def test_long_dict_keys_are_refused():
+    key = "k" * 1025
+    with pytest.raises(UnexpectedPickle, match="a key of 1,025 characters, more than 1,024"):
+        plain_values(pickle.dumps({key: 1}))
+    with pytest.raises(UnexpectedPickle, match="a key of 17 64-bit words, more than 16"):
+        plain_values(pickle.dumps({2**1025: 1}), limits=Limits(key_length=16))
+    longest = {key[1:]: 1, 2**1025: 2, b"b" * 1024: 3}
+    assert plain_values(pickle.dumps(longest)) == longest
+
+
+def test_deep_nesting_is_walked_without_recursion():
+    depth = 50_000
+    got = plain_values(_ops(b"]" * depth + b"a" * (depth - 1)))
+    for _ in range(depth - 1):
+        (got,) = got
+    assert got == []
+
+
+@pytest.mark.parametrize("opcode", [b"I", b"L"])
+def test_a_decimal_integer_beyond_pythons_digit_limit_is_named(opcode):
+    data = opcode + b"9" * 5000 + (b"L" if opcode == b"L" else b"") + b"\n."
+    with pytest.raises(UnexpectedPickle, match=r"an integer in decimal with more than 4,300 digits"):
+        plain_values(data)

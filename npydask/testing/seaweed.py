@@ -28,6 +28,10 @@ Stopping sends SIGTERM to the server's process group, then SIGKILL after
 grace is short by default), removes the gRPC sockets ``weed`` leaves in
 ``/tmp`` under its own port numbers, and deletes the temporary folder.
 
+``python -m npydask.testing.seaweed`` runs one as a local S3 sandbox until
+Ctrl-C, printing the environment and ``storage_options`` that reach it
+(:mod:`npydask.testing.sandbox`).
+
 Example (not run as a doctest: it starts a server)::
 
     from npydask.testing.seaweed import SeaweedServer
@@ -677,3 +681,9 @@ def _create_bucket(client: Any, name: str) -> str:
 
 class _PortTaken(Exception):
     """weed could not bind a port another process took after free_ports() chose it."""
+
+
+if __name__ == "__main__":  # python -m npydask.testing.seaweed: a local S3 sandbox until Ctrl-C
+    from npydask.testing.sandbox import main
+
+    sys.exit(main())
