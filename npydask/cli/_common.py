@@ -54,6 +54,7 @@ __all__ = [
     "compute",
     "duration",
     "expand_globs",
+    "is_npz",
     "npz_members",
     "number",
     "on_threads",
@@ -297,8 +298,19 @@ def _reason(path: str, error: object) -> str:
     return text if path in text else f"{path}: {text}"
 
 
+def is_npz(path: str) -> bool:
+    """Whether ``path`` names an ``.npz`` archive (a URL's query string, which presigned URLs carry, aside).
+
+    Examples
+    --------
+    >>> is_npz("a.npz"), is_npz("https://host/a.npz?X-Amz-Signature=s"), is_npz("a.npy")
+    (True, True, False)
+    """
+    return redact(path).endswith(".npz")
+
+
 def _npz_hint(path: str, key: str | None) -> str:
-    if key is None and path.endswith(".npz"):
+    if key is None and is_npz(path):
         return " (an .npz archive: name a member with --key)"
     return ""
 

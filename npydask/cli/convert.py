@@ -67,6 +67,7 @@ from npydask.cli._common import (
     client,
     cluster_compute,
     compute,
+    is_npz,
     npz_members,
     on_threads,
     report_bad,
@@ -335,7 +336,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         return _plan_folder(args, kind, src_abs, dest_abs, run)
     if args.layout is not None:
         raise UsageError(f"--layout applies to a folder SRC; {redact(src)} is a file")
-    if src.endswith(".npz") and args.key is None:
+    if is_npz(src) and args.key is None:
         return _plan_npz(redact(src), dest, kind, src_abs, dest_abs, args.overwrite, run)
     select(src_abs, key=args.key, storage_options=src_options)  # one line naming the problem (not .npy, no member)
     x = npydask.from_npy(src_abs, key=args.key, **_so(src_abs, src_options))

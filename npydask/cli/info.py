@@ -19,6 +19,7 @@ from npydask.cli._common import (
     add_selection_options,
     emit_json,
     expand_globs,
+    is_npz,
     npz_members,
     number,
     report_errors,
@@ -125,7 +126,7 @@ def _collect(args: argparse.Namespace) -> tuple[Found, int]:
     found: Found = ([], [], [])
     seen = 0
     for path in paths:
-        if args.key is None and path.endswith(".npz") and not os.path.isdir(path):
+        if args.key is None and is_npz(path) and not os.path.isdir(path):
             parts = [_archive(path, redact(path), options, lenient=lenient)]
             seen += 1
         else:
@@ -135,7 +136,7 @@ def _collect(args: argparse.Namespace) -> tuple[Found, int]:
             parts = [_from_selection(selection, args.key)]
             # an archive in a folder, read without --key: list its members
             parts += [_archive(p, selection.name(p), options, lenient=True)
-                      for p, _ in selection.bad if args.key is None and p.endswith(".npz")]
+                      for p, _ in selection.bad if args.key is None and is_npz(p)]
         for part in parts:
             for mine, theirs in zip(found, part):
                 mine += theirs  # type: ignore[operator]
@@ -146,7 +147,7 @@ def _from_selection(selection: Selection, key: str | None) -> Found:
     return (
         [_record(selection.name(p), s, key) for p, s in selection.good],
         [_dtype_name(s) for _, s in selection.good],
-        [(selection.name(p), reason) for p, reason in selection.bad if key is not None or not p.endswith(".npz")],
+        [(selection.name(p), reason) for p, reason in selection.bad if key is not None or not is_npz(p)],
     )
 
 
