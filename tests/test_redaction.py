@@ -99,3 +99,13 @@ def test_command_line_output_holds_no_query_string(presigned, capsys):
     out, err = capsys.readouterr()
     assert status == 2 and "missing.npy" in err
     _clean(out, err)
+
+
+def test_a_header_index_keeps_no_query_string(presigned, tmp_path):
+    """The index is a listing written to disk (or an object store): names without the presigned part."""
+    arrays, urls, _ = presigned
+    index = tmp_path / "index.json"
+    for _ in range(2):  # built, then reused
+        ds = npydask.open_dataset(files=urls, index=str(index))
+        np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays))
+        _clean(index.read_text())
