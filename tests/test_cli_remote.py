@@ -338,3 +338,17 @@ def test_an_index_is_built_once_and_then_costs_no_header_get(many, proxied, caps
     status, out, err = run(capsys, "info", url, "--json", "--index", index, *options)
     assert status == 0 and proxy.counts.count("GET") == 0, (err, proxy.counts.requests)
     assert [tuple(f["shape"]) for f in json.loads(out)["files"]] == [a.shape for a in arrays]
+
+
+def test_info_of_a_prefix_of_archives_says_what_it_found_and_how_to_read_them(s3, env, capsys):
+    space = s3.space()
+    for i in range(2):
+        buf = io.BytesIO()
+        np.savez(buf, x=np.zeros(3), y=np.ones(2))
+        s3.put(f"{space}/z/{i}.npz", buf.getvalue())
+    status, out, err = run(capsys, "info", f"s3://{space}/z/", *env)
+    assert status == 2 and out == ""
+    assert "found 2 .npz" in err and "--filter '*.npz' --key NAME" in err and "(e.g. x, y)" in err, err
+    status, out, err = run(capsys, "info", f"s3://{space}/z/", "--filter", "*.npz", "--key", "y", "--json", *env)
+    assert status == 0, err
+    assert [(f["path"], f["shape"]) for f in json.loads(out)["files"]] == [("0.npz", [2]), ("1.npz", [2])]

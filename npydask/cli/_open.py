@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.cli._common import UsageError, say
+from npydask.cli._common import UsageError, number, say
 from npydask.cli._select import Selection, root_of, select
 from npydask.cli._remote import source_of, url_or_none
 from npydask.dataset import NpyDataset
@@ -109,7 +109,7 @@ def selection_for(
         header, check = t.headers[h]
         good.append((p, (identity, header, None if check is None else check.raw, deflated)))
     if args.headers == "first" and len(ds) > 1 and not quiet:
-        say(f"--headers first: {len(ds):,} files given the first file's header, each checked where it is read")
+        say(f"--headers first: {number(len(ds))} files given the first file's header, each checked where it is read")
     return Selection(root, [p for p, _ in good], good, [], storage_options if ds._context.source is not LOCAL else None,
                      dataset=ds)
 

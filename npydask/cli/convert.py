@@ -562,5 +562,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         with client(args.scheduler, args.workers, quiet=args.quiet) as c:
             cluster_compute(c, _build(plan), quiet=args.quiet)
-    print(f"wrote {args.dest}")
+    print(f"wrote {redact(args.dest)}")
     return 0
