@@ -76,7 +76,7 @@ class NpyFileArray:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"NpyFileArray({self.ref.path!r}, shape={self.shape}, dtype={self.dtype.str})"
+        return f"NpyFileArray({redact(self.ref.path)!r}, shape={self.shape}, dtype={self.dtype.str})"
 
     def __dask_tokenize__(self) -> Any:
         roi = self.roi

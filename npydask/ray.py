@@ -49,6 +49,7 @@ from npydask.region import Box
 from npydask.grouping import RowRange, plan_row_ranges
 from npydask.ray_columns import check_arrow_dtype, column_type, ragged_column, tensor_column
 from npydask.stacking import FileGroup, joined_dtype
+from npydask.storage.urls import redact
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -316,7 +317,7 @@ class Read:
     @property
     def input_files(self) -> tuple[str, ...]:
         """The files this task reads."""
-        return tuple(v.ref.path for v in self.group.views)
+        return tuple(redact(v.ref.path) for v in self.group.views)  # (Ray lists them: no query string)
 
     def __call__(self) -> list[pa.Table]:
         import pyarrow as pa

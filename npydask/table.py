@@ -74,6 +74,7 @@ from npydask.header import NpyHeader
 from npydask.roi import FileRoi
 from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.object import ObjectIdentity
+from npydask.storage.urls import redact
 
 __all__ = ["FileTable", "Layout", "Strings", "TableBuilder", "common_root"]
 
@@ -596,7 +597,7 @@ class FileTable:
         return ("npydask.FileTable", self.token())
 
     def __repr__(self) -> str:
-        shown = f": {self.path(0)}" + (f" .. {self.path(-1)}" if len(self) > 1 else "") if len(self) else ""
+        shown = f": {redact(self.path(0))}" + (f" .. {redact(self.path(-1))}" if len(self) > 1 else "") if len(self) else ""
         return f"FileTable({len(self)} files, {len(self.headers)} header(s), {len(self.rois)} ROI(s){shown})"
 
 

@@ -10,6 +10,10 @@ from hypothesis import HealthCheck, settings
 
 from npydask.storage import _handles
 
+# Before any test imports Ray (nothing above does): Ray posts usage statistics to an outside host
+# about a minute after ray.init unless this is 0, and no test may send traffic beyond 127.0.0.1.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 settings.register_profile(
     "ci",
     deadline=None,

@@ -553,3 +553,83 @@ def test_info_verify_of_a_folder_without_archives_is_one_line(tmp_path):
     assert out.returncode == 2
     line = one_line(out)
     assert "no file found" in line and "*.npz" in line
+
+
+# -- what a user new to the command line runs into ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", "<f2", "<f8"])
+def test_stats_table_prints_minima_and_maxima_that_read_back_as_the_files_values(tmp_path, capsys, dtype):
+    """float32's largest value below 1 is 0.99999994, not 1: the table shows what the file holds."""
+    below_one = np.nextafter(np.array(1, dtype), np.array(0, dtype))
+    a = np.array([below_one, 0.1, 1 / 3, -np.nextafter(np.array(2, dtype), np.array(3, dtype))], dtype)
+    np.save(tmp_path / "m.npy", a)
+    np.save(tmp_path / "n.npy", a[::-1] * 2)
+    status, out, err = run_here(capsys, "stats", str(tmp_path), "--per-file", "-q")
+    assert status == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    for name, values in (("m.npy", a), ("n.npy", a[::-1] * 2), ("all", np.concatenate([a, a * 2]))):
+        lo, hi = rows[name][-4:-2]
+        assert np.array(lo, dtype) == values.min() and np.array(hi, dtype) == values.max(), (name, lo, hi)
+    assert rows["m.npy"][-3] != "1"
+
+
+def test_info_of_a_folder_of_archives_says_what_it_found_and_how_to_read_them(tmp_path):
+    for i in range(3):
+        np.savez(tmp_path / f"p{i}.npz", image=np.zeros(3), label=np.ones(2))
+    (tmp_path / "notes.txt").write_text("x")
+    out = run("info", str(tmp_path))
+    assert out.returncode == 2
+    line = one_line(out)
+    assert "no file matching --filter '*.npy'" in line and "found 3 .npz, 1 .txt" in line, line
+    assert "--filter '*.npz' --key NAME" in line and "image, label" in line, line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run("info", str(empty))
+    assert out.returncode == 2 and "no other file is there" in one_line(out)
+
+
+def test_info_of_one_archive_counts_one_file_of_several_members(tmp_path, capsys):
+    np.savez(tmp_path / "a.npz", x=np.zeros(3), y=np.ones(4), z=np.ones(1))
+    np.save(tmp_path / "b.npy", np.zeros(2))
+    status, out, err = run_here(capsys, "info", str(tmp_path / "a.npz"))
+    assert status == 0, err
+    assert out.splitlines()[-1].startswith("1 archive (3 members), 64 B of data"), out
+    status, out, err = run_here(capsys, "info", str(tmp_path / "a.npz"), str(tmp_path / "b.npy"), "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert len(data["files"]) == 4
+    assert (data["totals"]["files"], data["totals"]["archives"], data["totals"]["members"]) == (2, 1, 3)
+
+
+def test_headers_first_reads_one_header_and_a_file_that_differs_fails_naming_it(tmp_path, capsys):
+    for i in range(4):
+        np.save(tmp_path / f"{i}.npy", np.full((3, 4), i, "<f4"))
+    status, out, err = run_here(capsys, "stats", str(tmp_path), "--headers", "first", "--json", "-q")
+    assert status == 0, err
+    assert json.loads(out)["max"] == 3 and json.loads(out)["count"] == 48
+    np.save(tmp_path / "4.npy", np.zeros((3, 5), "<f4"))
+    for argv in (["stats", str(tmp_path)], ["convert", str(tmp_path), str(tmp_path / "out.npy")]):
+        status, out, err = run_here(capsys, *argv, "--headers", "first", "-q")
+        assert status == 2 and "4.npy" in err and "--headers all" in err, err
+    status, out, err = run_here(capsys, "info", str(tmp_path), "--headers", "first", "--json")
+    assert status == 0 and {tuple(f["shape"]) for f in json.loads(out)["files"]} == {(3, 4)}  # assumed, as said:
+    assert "given the first file's header" in err
+    status, out, err = run_here(capsys, "stats", str(tmp_path), "--headers", "first", "--key", "x")
+    assert status == 2 and "--headers first" in err and "--key" in err, err
+
+
+def test_an_index_is_written_then_reused_and_belongs_to_one_dataset(tmp_path, capsys):
+    data = tmp_path / "d"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", np.full((3, 4), i, "<i2"))
+    index = tmp_path / "d.index.json"
+    for _ in range(2):
+        status, out, err = run_here(capsys, "stats", str(data), "--index", str(index), "--json", "-q")
+        assert status == 0 and json.loads(out)["max"] == 3, err
+        assert index.exists()
+    status, out, err = run_here(capsys, "info", str(data), "--index", str(index), "--json")
+    assert status == 0 and [f["shape"] for f in json.loads(out)["files"]] == [[3, 4]] * 4
+    status, out, err = run_here(capsys, "info", str(data), str(data / "0.npy"), "--index", str(index))
+    assert status == 2 and "--index keeps the headers of one dataset" in err

@@ -229,3 +229,126 @@ def test_a_damaged_npz_object_gives_a_clear_error(objects, env, capsys, s3):
     assert status == 1 and "member 'notes.txt'" in err and "not a valid .npy file" in err, err
     status, out, err = run(capsys, "info", f"s3://{space}/odd/plain.npz", *env)
     assert status == 2 and "plain.npz: not a readable .npz archive" in err and err.count("\n") == 1, err
+
+
+# -- each object's header is read once (the scan), not again when the dataset is built -----------------
+
+
+@pytest.fixture(scope="module")
+def many(s3):
+    """``bucket/prefix/`` of 24 small objects of one shape (header and payload fit one GET each)."""
+    space = s3.space()
+    arrays = [np.full((3, 4), i, "<i4") + np.arange(12, dtype="<i4").reshape(3, 4) for i in range(24)]
+    for i, a in enumerate(arrays):
+        s3.put_npy(f"{space}/m/{i:02d}.npy", a)
+    return space, arrays
+
+
+@pytest.fixture
+def proxied(s3, monkeypatch):
+    """The environment's credentials and the CLI's options pointing at a request-counting proxy of the server."""
+    from npydask.testing.counting_proxy import CountingProxy
+
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    with CountingProxy(s3.endpoint) as proxy:
+        yield proxy, ["--storage-option", f"endpoint={proxy.endpoint}", "--storage-option", "region=us-east-1"]
+
+
+@pytest.mark.parametrize("command", ["stats", "convert-zarr", "convert-npy", "convert-folder"])
+def test_a_prefix_is_scanned_once_one_get_per_object_for_its_header(many, proxied, capsys, tmp_path, command):
+    """The header scan costs one GET per object; reading the payload of a small object costs one more, no third.
+
+    (The command used to read every header twice: once to list the readable files, again to open the dataset.)
+    """
+    space, arrays = many
+    proxy, options = proxied
+    url = f"s3://{space}/m/"
+    argv = {
+        "stats": ["stats", url, "--json"],
+        "convert-zarr": ["convert", url, str(tmp_path / "out.zarr")],
+        "convert-npy": ["convert", url, str(tmp_path / "out.npy")],
+        "convert-folder": ["convert", url, str(tmp_path / "out")],
+    }[command]
+    if command == "convert-zarr":
+        pytest.importorskip("zarr")
+    proxy.reset()
+    status, out, err = run(capsys, *argv, *options)
+    assert status == 0, err
+    counts = proxy.counts
+    assert counts.unframed == 0
+    n = len(arrays)
+    assert counts.count("GET") == 2 * n, counts.requests  # n for the scan, n for the payloads
+    assert counts.count("HEAD") == 0 and counts.count("LIST") <= 2, counts.requests
+    stacked = np.stack(arrays)
+    if command == "stats":
+        s = json.loads(out)
+        assert (s["count"], s["min"], s["max"]) == (stacked.size, stacked.min(), stacked.max())
+    elif command == "convert-npy":
+        np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), stacked)
+    elif command == "convert-folder":
+        for i, a in enumerate(arrays):
+            np.testing.assert_array_equal(np.load(tmp_path / "out" / f"{i:02d}.npy"), a)
+    else:
+        import zarr
+
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr"))[...], stacked)
+
+
+@pytest.mark.parametrize("command", ["info", "stats", "convert"])
+def test_headers_first_reads_one_header_of_a_prefix(many, proxied, capsys, tmp_path, command):
+    """``--headers first``: the LIST and the first object's header at open; each payload read checks its own."""
+    space, arrays = many
+    proxy, options = proxied
+    url = f"s3://{space}/m/"
+    argv = {"info": ["info", url, "--json"], "stats": ["stats", url, "--json"],
+            "convert": ["convert", url, str(tmp_path / "out.npy")]}[command]
+    proxy.reset()
+    status, out, err = run(capsys, *argv, "--headers", "first", *options)
+    assert status == 0, err
+    n = len(arrays)
+    reads = {"info": 0, "stats": n, "convert": n}[command]
+    assert proxy.counts.count("GET") == 1 + reads and proxy.counts.count("HEAD") == 0, proxy.counts.requests
+    stacked = np.stack(arrays)
+    if command == "info":
+        files = json.loads(out)["files"]
+        assert [f["path"] for f in files] == [f"{i:02d}.npy" for i in range(n)]
+        assert {(tuple(f["shape"]), f["dtype"]) for f in files} == {((3, 4), "<i4")}
+    elif command == "stats":
+        s = json.loads(out)
+        assert (s["count"], s["min"], s["max"], s["mean"]) == (stacked.size, stacked.min(), stacked.max(),
+                                                              stacked.astype("f8").mean())
+    else:
+        np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), stacked)
+
+
+def test_an_index_is_built_once_and_then_costs_no_header_get(many, proxied, capsys, tmp_path):
+    space, arrays = many
+    proxy, options = proxied
+    url, index = f"s3://{space}/m/", str(tmp_path / "m.index.json")
+    n = len(arrays)
+    stacked = np.stack(arrays)
+    for built in (True, False):
+        proxy.reset()
+        status, out, err = run(capsys, "stats", url, "--json", "--index", index, *options)
+        assert status == 0, err
+        assert proxy.counts.count("GET") == (2 * n if built else n), (built, proxy.counts.requests)
+        assert json.loads(out)["max"] == stacked.max() and os.path.exists(index)
+    proxy.reset()
+    status, out, err = run(capsys, "info", url, "--json", "--index", index, *options)
+    assert status == 0 and proxy.counts.count("GET") == 0, (err, proxy.counts.requests)
+    assert [tuple(f["shape"]) for f in json.loads(out)["files"]] == [a.shape for a in arrays]
+
+
+def test_info_of_a_prefix_of_archives_says_what_it_found_and_how_to_read_them(s3, env, capsys):
+    space = s3.space()
+    for i in range(2):
+        buf = io.BytesIO()
+        np.savez(buf, x=np.zeros(3), y=np.ones(2))
+        s3.put(f"{space}/z/{i}.npz", buf.getvalue())
+    status, out, err = run(capsys, "info", f"s3://{space}/z/", *env)
+    assert status == 2 and out == ""
+    assert "found 2 .npz" in err and "--filter '*.npz' --key NAME" in err and "(e.g. x, y)" in err, err
+    status, out, err = run(capsys, "info", f"s3://{space}/z/", "--filter", "*.npz", "--key", "y", "--json", *env)
+    assert status == 0, err
+    assert [(f["path"], f["shape"]) for f in json.loads(out)["files"]] == [("0.npz", [2]), ("1.npz", [2])]

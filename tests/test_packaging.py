@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,20 @@ def test_python_dash_m_npydask_runs_the_cli(tmp_path):
     assert done.returncode == 0, done.stderr
     (record,) = json.loads(done.stdout)["files"]
     assert (record["path"], record["shape"], record["dtype"]) == ("a.npy", list(data.shape), data.dtype.str)
+
+
+def test_the_ray_extra_brings_what_iter_torch_batches_needs():
+    """``pip install 'npydask[ray]'`` must run the README's example: ``iter_torch_batches`` imports pydantic."""
+    import tomllib
+
+    with open(PYPROJECT, "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[; ]", requirement, maxsplit=1)[0] for requirement in extras["ray"]}
+    assert {"ray", "pydantic"} <= names, extras["ray"]
+
+
+def test_ray_usage_statistics_are_off_in_tests_and_ci():
+    """Ray posts usage statistics to an outside host unless ``RAY_USAGE_STATS_ENABLED=0``."""
+    assert os.environ.get("RAY_USAGE_STATS_ENABLED") == "0"  # (tests/conftest.py sets it before any Ray import)
+    with open(ROOT / ".ci" / "run") as f:
+        assert "export RAY_USAGE_STATS_ENABLED=0" in f.read()

@@ -1,4 +1,6 @@
-"""What every command shares: one-line errors, file selection, tolerant scans, progress, compute, tables.
+"""What every command shares: one-line errors, numbers, progress, compute, tables, options.
+
+Choosing the files (and scanning their headers) is :mod:`npydask.cli._select`'s.
 
 Results go to stdout; progress and messages go to stderr. Input is checked
 before any cluster starts: a problem with the command line or a single
@@ -21,45 +23,31 @@ command line (``--recursive``).
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import math
-import os
 import re
 import sys
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from npydask.cli._progress import progress_line
-from npydask.cli._remote import add_storage_option, is_prefix, npz_members_at, source_of, url_or_none
+from npydask.cli._remote import add_storage_option
 from npydask.dataset import _human
-from npydask.scanning import scan_headers
-from npydask.discovery import SORTS, select_files
-from npydask.storage._batch import Scanned
-from npydask.storage.base import Source
-from npydask.storage.local import LOCAL
-from npydask.storage.urls import redact
-from npydask.storage.where import lister_for
+from npydask.discovery import SORTS
 
 __all__ = [
     "SCAN_COUNT_FROM",
     "TINY_BYTES",
     "TINY_FILES",
-    "Selection",
     "UsageError",
     "check_scheduler",
     "cli_words",
     "compute",
     "duration",
-    "expand_globs",
-    "npz_members",
     "number",
     "on_threads",
     "parse_list",
     "say",
-    "select",
     "size",
     "table",
 ]
@@ -129,6 +117,7 @@ _CLI_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\bout_of_bounds_policy='?(\w+)'?", r"--oob \1"),
         (r"\bkey=(['\"]?)([^'\" ]+)\1", r"--key \2"),
         (r"\bfile_filter\b", "--filter"),
+        (r"\bheaders='(\w+)'", r"--headers \1"),
         (r"\bfile_root\b", "PATH"),
         (r"\bfill_value\b", "--fill-value"),
         (r"\b(rel_)?roi_(start|end|shape|axes)\b", lambda m: "--" + m.group(0).replace("_", "-")),
@@ -172,159 +161,8 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, right: Se
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
-# -- choosing the files -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The files a command reads: ``root`` is the folder (or prefix URL) given, ``None`` for files given one by one.
-
-    ``storage_options`` are those the objects were read with (``None`` for local files).
-    """
-
-    root: str | None
-    paths: list[str]
-    good: list[tuple[str, Scanned]]
-    bad: list[tuple[str, str]]
-    storage_options: dict[str, Any] | None = None
-
-    def name(self, path: str) -> str:
-        """``path`` as shown: relative to the folder or prefix given, else as given (URLs without query strings)."""
-        if self.root is None:
-            return redact(path)
-        if url_or_none(self.root) is not None:
-            return path[len(self.root.rstrip("/")) + 1 :]
-        return os.path.relpath(path, self.root)
-
-
-_MAGIC = re.compile(r"[*?[]")
-
-
-def expand_globs(patterns: Sequence[str]) -> list[str]:
-    """The paths given, with shell patterns the shell did not expand (quoted, or on Windows) expanded.
-
-    A path that exists is taken as it is, even with ``*`` in its name; a
-    pattern (``*``, ``?``, ``[...]``; ``**`` spans folders) that matches
-    nothing is a :class:`UsageError`.
-    """
-    out: list[str] = []
-    for p in patterns:
-        if url_or_none(p) is not None or os.path.lexists(p) or not _MAGIC.search(p):  # (URLs: keys may hold '*')
-            out.append(p)
-            continue
-        found = sorted(glob.glob(p, recursive=True))
-        if not found:
-            raise UsageError(f"{p}: no file or folder matches this pattern")
-        out += found
-    return out
-
-
-def select(
-    path: str,
-    *,
-    file_filter: str = "*.npy",
-    recursive: bool = False,
-    key: str | None = None,
-    quiet: bool = False,
-    lenient: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    sort: str = "bytes",
-) -> Selection:
-    """The files under ``path`` (a file or a folder, an object or a prefix URL) with their headers; unreadable ones apart.
-
-    Scanning more than ``SCAN_COUNT_FROM`` files shows a running count on
-    stderr (unless ``quiet``). With ``lenient``, a single file that cannot
-    be read is listed in ``bad`` like a folder's files instead of raising.
-    ``storage_options`` reach the store of a URL (and are refused for a
-    local path). ``sort`` orders a folder's files (``"bytes"``, DALI's; or
-    ``"natural"``).
-
-    Raises
-    ------
-    UsageError
-        ``path`` does not exist, holds no matching file, or is a single file
-        that cannot be read as ``.npy`` (or as the ``.npz`` member ``key``).
-    """
-    source: Source = LOCAL
-    shown = redact(path)
-    if url_or_none(path) is not None:
-        source = source_of(path, storage_options)
-        root = path if is_prefix(path, file_filter, storage_options) else None
-    elif storage_options:
-        raise UsageError(f"{path}: --storage-option applies to object-store URLs (s3://, gs://, az://, http(s)://)")
-    elif not os.path.exists(path):
-        raise UsageError(f"{path}: no such file or folder")
-    else:
-        root = path if os.path.isdir(path) else None
-    if root is None:
-        paths = [path]
-    else:
-        lister = None if source is LOCAL else lister_for(root, source)
-        try:
-            paths = select_files(root, file_filter=file_filter, recursive=recursive, lister=lister, sort=sort)
-        except ValueError as e:
-            where = "at any depth" if recursive else "directly in it or one folder below (--recursive looks deeper)"
-            raise UsageError(f"{shown}: no file matching --filter {file_filter!r} {where}") from e
-        except OSError as e:
-            raise UsageError(str(e)) from e
-    good: list[tuple[str, Scanned]] = []
-    bad: list[tuple[str, str]] = []
-    for p, result in zip(paths, _scan(paths, key, quiet, source)):
-        if isinstance(result, BaseException):
-            reason = result.args[0] if isinstance(result, KeyError) and result.args else result
-            bad.append((p, _reason(redact(p), reason)))
-        else:
-            good.append((p, result))
-    if root is None and bad and not lenient:
-        raise UsageError(bad[0][1] + _npz_hint(path, key))
-    return Selection(root, paths, good, bad, storage_options if source is not LOCAL else None)
-
-
-def _scan(paths: list[str], key: str | None, quiet: bool, source: Source = LOCAL) -> list[Scanned | BaseException]:
-    if len(paths) <= SCAN_COUNT_FROM:
-        return scan_headers(paths, key=key, source=source)
-    with progress_line(quiet) as line:
-        if line is None:
-            return scan_headers(paths, key=key, source=source)
-        total = number(len(paths))
-        return scan_headers(
-            paths, key=key, source=source, progress=lambda n: line.update(f"scanned {number(n)} / {total} files")
-        )
-
-
-def _reason(path: str, error: object) -> str:
-    text = str(error.strerror if isinstance(error, OSError) and error.strerror else error)
-    return text if path in text else f"{path}: {text}"
-
-
-def _npz_hint(path: str, key: str | None) -> str:
-    if key is None and path.endswith(".npz"):
-        return " (an .npz archive: name a member with --key)"
-    return ""
-
-
-def npz_members(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """The member names of the ``.npz`` archive ``path`` (a file or an object URL; ``"x"`` for ``x.npy``), in archive order.
-
-    Raises
-    ------
-    UsageError
-        ``path`` is not a readable zip archive, or holds no member.
-    """
-    if url_or_none(path) is not None:
-        return npz_members_at(path, storage_options)
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = [n[: -len(".npy")] if n.endswith(".npy") else n for n in zf.namelist()]
-    except (zipfile.BadZipFile, OSError) as e:
-        raise UsageError(f"{path}: not a readable .npz archive ({e})") from e
-    if not names:
-        raise UsageError(f"{path}: the archive holds no arrays")
-    return names
-
-
-def report_bad(selection: Selection, *, summary: bool = False) -> int:
-    """List the files that could not be read on stderr; the exit status they call for."""
+def report_bad(selection: Any, *, summary: bool = False) -> int:
+    """List the files a :class:`~npydask.cli._select.Selection` could not read on stderr; the exit status they call for."""
     return report_errors(selection.bad, len(selection.paths), summary=summary)
 
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
 from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.storage.urls import redact
 from npydask.writer import check_names
@@ -67,12 +68,11 @@ from npydask.cli._common import (
     client,
     cluster_compute,
     compute,
-    npz_members,
     on_threads,
     report_bad,
     say,
-    select,
 )
+from npydask.cli._select import is_npz, npz_members, select
 
 __all__ = ["GROUP_FILES", "SMALL_BYTES", "add_parser", "destination_kind", "plan_batches", "run"]
 
@@ -119,6 +119,7 @@ def add_parser(sub: Any) -> None:
         "or one zarr array per file",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing DEST")
+    add_open_options(p)
     add_storage_option(p)
     add_cluster_options(p)
     add_quiet_option(p)
@@ -189,17 +190,16 @@ def plan_batches(sizes: Sequence[int], *, small: int = SMALL_BYTES, max_files: i
 # Task bodies: one task converts a group of small files.
 
 
-def write_npy_group(
-    items: Sequence[tuple[str, str]], folder: str, key: str | None, options: dict[str, Any] | None = None,
-    dest_options: dict[str, Any] | None = None,
-) -> int:
-    """Read each ``(path, name)`` and write it to ``folder/name`` (``.npy`` appended); return the count.
+def write_npy_group(items: Sequence[tuple[Any, str]], folder: str, dest_options: dict[str, Any] | None = None) -> int:
+    """Read each ``(view, name)`` and write it to ``folder/name`` (``.npy`` appended); return the count.
 
-    ``options`` are the sources' ``storage_options`` (URLs), ``dest_options`` the destination's.
+    A view (:class:`~npydask.array.NpyFileArray`) carries its file's header as the command scanned
+    it, so the file is not asked for its header again. ``dest_options`` are the destination's
+    ``storage_options``.
     """
     import dask
 
-    arrays = [npydask.read_region(path, key=key, **_so(path, options)) for path, _ in items]
+    arrays = [read_whole(view) for view, _ in items]
     writes = npydask.to_npy_files(arrays, folder, [name for _, name in items], compute=False, **_so(folder, dest_options))
     # local threads, never the cluster's client: each file waits on its fsync, so waits overlap
     dask.compute(writes, scheduler="threads", num_workers=_TASK_THREADS)
@@ -208,9 +208,9 @@ def write_npy_group(
 
 @dataclass(frozen=True)
 class ZarrItem:
-    """One small file to write as its own zarr array: source, array name, shape, dtype and chunks."""
+    """One small file to write as its own zarr array: its view (:func:`views_of`), array name, shape, dtype and chunks."""
 
-    path: str
+    view: Any
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -227,7 +227,7 @@ def _abs(path: str) -> str:
     return path if url_or_none(path) is not None else os.path.abspath(path)
 
 
-def write_zarr_group(items: Sequence[ZarrItem], store: str, key: str | None, options: dict[str, Any] | None = None) -> int:
+def write_zarr_group(items: Sequence[ZarrItem], store: str) -> int:
     """Create each item's zarr array and write its file into it, several at once; return the count.
 
     The first array of each layout (shape, dtype, chunks) is created with
@@ -236,10 +236,10 @@ def write_zarr_group(items: Sequence[ZarrItem], store: str, key: str | None, opt
     layout have the same document), which costs one store write instead of
     zarr's checks and encoding per array (measured 1.4x faster per file).
     """
-    return asyncio.run(_write_zarr_items(items, store, key, options))
+    return asyncio.run(_write_zarr_items(items, store))
 
 
-async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | None, options: dict[str, Any] | None) -> int:
+async def _write_zarr_items(items: Sequence[ZarrItem], store: str) -> int:
     import zarr
     import zarr.api.asynchronous as za
     from zarr.core.buffer import default_buffer_prototype
@@ -258,12 +258,12 @@ async def _write_zarr_items(items: Sequence[ZarrItem], store: str, key: str | No
         if document is None:
             raise RuntimeError(f"{store}: zarr wrote no {item.name}/zarr.json for a new array; please report this")
         templates[layout] = (z.metadata, document)
-        await z.setitem(Ellipsis, npydask.read_region(item.path, key=key, **_so(item.path, options)))
+        await z.setitem(Ellipsis, read_whole(item.view))
 
     async def one(item: ZarrItem) -> None:
         metadata, document = templates[item.shape, item.dtype, item.chunks]
         async with gate:  # (read inside the gate: at most _ZARR_CONCURRENCY files held at once)
-            data = npydask.read_region(item.path, key=key, **_so(item.path, options))
+            data = read_whole(item.view)
             await local.set(f"{item.name}/zarr.json", document)
             z = zarr.AsyncArray(metadata=metadata, store_path=StorePath(local, item.name))
             await z.setitem(Ellipsis, data)
@@ -335,10 +335,10 @@ def _plan(args: argparse.Namespace) -> Plan:
         return _plan_folder(args, kind, src_abs, dest_abs, run)
     if args.layout is not None:
         raise UsageError(f"--layout applies to a folder SRC; {redact(src)} is a file")
-    if src.endswith(".npz") and args.key is None:
+    if is_npz(src) and args.key is None:
         return _plan_npz(redact(src), dest, kind, src_abs, dest_abs, args.overwrite, run)
-    select(src_abs, key=args.key, storage_options=src_options)  # one line naming the problem (not .npy, no member)
-    x = npydask.from_npy(src_abs, key=args.key, **_so(src_abs, src_options))
+    selection = select(src_abs, key=args.key, storage_options=src_options)  # one line naming a problem (not .npy, ...)
+    x = lazy(views_of(selection, key=args.key)[0])  # (the header the selection read: not read again)
     shown = redact(src)
     if kind == "zarr":
         _check_zarr_dtypes([x.dtype], shown)
@@ -389,8 +389,8 @@ def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overw
 def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str, run: _Run) -> Plan:
     src, key = redact(args.src), args.key
     file_filter = args.filter or ("*.npz" if key else "*.npy")
-    selection = select(src_abs, file_filter=file_filter, recursive=args.recursive, sort=args.sort, key=key,
-                       quiet=args.quiet, storage_options=run.src)
+    selection = selection_for(src_abs, args, file_filter=file_filter, key=key, quiet=args.quiet,
+                              storage_options=run.src)
     if report_bad(selection):
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]
@@ -407,10 +407,10 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
             check_names(stems)
         except ValueError as e:
             raise UsageError(f"{src}: {e}") from e
-        items = list(zip(paths, stems))
         sizes = [h.nbytes for h in headers]
         return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)",
-                    lambda: _npy_folder_writes(items, sizes, dest_abs, key, run), total, len(paths))
+                    lambda: _npy_folder_writes(list(zip(views_of(selection, key=key), stems)), sizes, dest_abs, run),
+                    total, len(paths))
     if layout == "per-file":
         if kind == "npy":
             raise UsageError(f"{args.dest}: --layout per-file writes one array per file: give a .zarr store or a folder")
@@ -420,7 +420,8 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
                              "upload it, or use the stacked layout (the default) for a zarr URL")
         stems = _zarr_names(names)
         return Plan(f"{count} to zarr {args.dest}, one array per file",
-                    lambda: _zarr_per_file_writes(paths, headers, stems, names, dest_abs, key, args.overwrite, run.src),
+                    lambda: _zarr_per_file_writes(views_of(selection, key=key), headers, stems, names, dest_abs,
+                                                  args.overwrite),
                     total, len(paths))
     _check_uniform(paths, headers)
     if kind == "zarr":
@@ -430,7 +431,7 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
     shape = (len(paths), *headers[0].shape)
 
     def build() -> list[Any]:
-        x = npydask.open_dataset(files=paths, key=key, storage_options=run.src).stack()
+        x = dataset_of(selection, range(len(paths)), key=key).stack()  # (from the headers read: no second read)
         if kind == "zarr":
             return [npydask.to_zarr(x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names},
                                     **run.dest)]
@@ -498,22 +499,21 @@ def _zarr_writes(arrays: list[Any], names: list[str] | None, dest: str, overwrit
             for x, n in zip(arrays, names)]
 
 
-def _npy_folder_writes(items: list[tuple[str, str]], sizes: list[int], dest: str, key: str | None, run: _Run) -> list[Any]:
+def _npy_folder_writes(items: list[tuple[Any, str]], sizes: list[int], dest: str, run: _Run) -> list[Any]:
     import dask
 
     groups, large = plan_batches(sizes, small=SMALL_BYTES)
     task = dask.delayed(write_npy_group, pure=False)
-    writes: list[Any] = [task([items[i] for i in g], dest, key, run.src, run.dest_options) for g in groups]
+    writes: list[Any] = [task([items[i] for i in g], dest, run.dest_options) for g in groups]
     done = dask.delayed(_all_done, pure=False)(writes, sum(map(len, groups)), dest)
     if not large:
         return [done]
-    arrays = [npydask.from_npy(items[i][0], key=key, **run.source(items[i][0])) for i in large]
+    arrays = [lazy(items[i][0]) for i in large]
     return [done, npydask.to_npy_files(arrays, dest, [items[i][1] for i in large], compute=False, **run.dest)]
 
 
 def _zarr_per_file_writes(
-    paths: list[str], headers: list[Any], stems: list[str], names: list[str], dest: str, key: str | None,
-    overwrite: bool, options: dict[str, Any] | None = None,
+    views: list[Any], headers: list[Any], stems: list[str], names: list[str], dest: str, overwrite: bool,
 ) -> list[Any]:
     import dask
     import zarr
@@ -528,15 +528,14 @@ def _zarr_per_file_writes(
     def item(i: int) -> ZarrItem:
         h = headers[i]
         chunks = plan_zarr_layout(h.shape, tuple((n,) for n in h.shape), h.dtype.itemsize).chunks
-        return ZarrItem(paths[i], stems[i], h.shape, h.dtype, chunks)
+        return ZarrItem(views[i], stems[i], h.shape, h.dtype, chunks)
 
     task = dask.delayed(write_zarr_group, pure=False)
-    writes: list[Any] = [task([item(i) for i in g], dest, key, options) for g in groups]
+    writes: list[Any] = [task([item(i) for i in g], dest) for g in groups]
     out = [dask.delayed(_all_done, pure=False)(writes, sum(map(len, groups)), dest)]
 
     def big(i: int) -> Any:  # to_zarr creates the array's metadata now: concurrently
-        x = npydask.from_npy(paths[i], key=key, **_so(paths[i], options))
-        return npydask.to_zarr(x, dest, name=stems[i], compute=False)
+        return npydask.to_zarr(lazy(views[i]), dest, name=stems[i], compute=False)
 
     with ThreadPoolExecutor(8, thread_name_prefix="npydask-zarr-meta") as pool:
         out += list(pool.map(big, large))
@@ -563,5 +562,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         with client(args.scheduler, args.workers, quiet=args.quiet) as c:
             cluster_compute(c, _build(plan), quiet=args.quiet)
-    print(f"wrote {args.dest}")
+    print(f"wrote {redact(args.dest)}")
     return 0

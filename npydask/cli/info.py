@@ -14,19 +14,17 @@ from collections import Counter
 from typing import Any
 
 from npydask.cli._common import (
-    Selection,
     UsageError,
     add_selection_options,
     emit_json,
-    expand_globs,
-    npz_members,
     number,
     report_errors,
     say,
-    select,
     size,
     table,
 )
+from npydask.cli._select import Selection, expand_globs, is_npz, npz_members
+from npydask.cli._open import add_open_options, selection_for
 from npydask.cli._remote import source_of, storage_options, url_or_none
 from npydask.scanning import scan_headers
 from npydask.storage.local import LOCAL
@@ -57,6 +55,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_selection_options(p, several=True)
+    add_open_options(p)
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--summary", action="store_true",
                    help="totals and the count of unreadable files only (for folders of many files)")
@@ -120,22 +119,24 @@ def _archive(path: str, name: str, options: dict[str, Any] | None, *, lenient: b
 def _collect(args: argparse.Namespace) -> tuple[Found, int]:
     """Records, dtype names and failures (shown name, reason) of every file or member; how many files."""
     paths = expand_globs(args.paths)
+    if args.index is not None and len(paths) > 1:
+        raise UsageError(f"--index keeps the headers of one dataset; found {len(paths)} paths: give one folder or prefix")
     options = storage_options(args)
     lenient = len(paths) > 1
     found: Found = ([], [], [])
     seen = 0
     for path in paths:
-        if args.key is None and path.endswith(".npz") and not os.path.isdir(path):
+        if args.key is None and is_npz(path) and not os.path.isdir(path):
             parts = [_archive(path, redact(path), options, lenient=lenient)]
             seen += 1
         else:
-            selection = select(path, file_filter=args.filter, recursive=args.recursive, sort=args.sort, key=args.key,
-                               quiet=args.quiet, lenient=lenient, storage_options=options)
+            selection = selection_for(path, args, file_filter=args.filter, key=args.key, quiet=args.quiet,
+                                      lenient=lenient, storage_options=options)
             seen += len(selection.paths)
             parts = [_from_selection(selection, args.key)]
             # an archive in a folder, read without --key: list its members
             parts += [_archive(p, selection.name(p), options, lenient=True)
-                      for p, _ in selection.bad if args.key is None and p.endswith(".npz")]
+                      for p, _ in selection.bad if args.key is None and is_npz(p)]
         for part in parts:
             for mine, theirs in zip(found, part):
                 mine += theirs  # type: ignore[operator]
@@ -146,8 +147,26 @@ def _from_selection(selection: Selection, key: str | None) -> Found:
     return (
         [_record(selection.name(p), s, key) for p, s in selection.good],
         [_dtype_name(s) for _, s in selection.good],
-        [(selection.name(p), reason) for p, reason in selection.bad if key is not None or not p.endswith(".npz")],
+        [(selection.name(p), reason) for p, reason in selection.bad if key is not None or not is_npz(p)],
     )
+
+
+def _counted(files: int, archives: int, members: int) -> str:
+    """``"5 files"``, ``"1 archive (2 members)"`` or ``"5 files and 1 archive (2 members)"``.
+
+    Examples
+    --------
+    >>> _counted(5, 0, 0), _counted(0, 1, 2), _counted(1, 2, 2)
+    ('5 files', '1 archive (2 members)', '1 file and 2 archives (2 members)')
+    """
+
+    def n(count: int, word: str) -> str:
+        return f"{number(count)} {word}{'s' if count != 1 else ''}"
+
+    parts = [n(files, "file")] if files or not archives else []
+    if archives:
+        parts.append(f"{n(archives, 'archive')} ({n(members, 'member')})")
+    return " and ".join(parts)
 
 
 def _shape(shape: list[int]) -> str:
@@ -187,13 +206,17 @@ def run(args: argparse.Namespace) -> int:
     (records, names, bad), seen = _collect(args)
     dtypes = Counter(names)
     shapes = Counter(tuple(r["shape"]) for r in records)
-    totals = {
-        "files": len(records),
+    plain = sum("key" not in r for r in records)
+    archives = len({r["path"] for r in records if "key" in r})
+    totals: dict[str, Any] = {
+        "files": plain + archives,
         "unreadable": len(bad),
         "nbytes": sum(r["nbytes"] for r in records),
         "dtypes": dict(Counter(r["dtype"] for r in records)),
         "shapes": len(shapes),
     }
+    if archives:  # (an archive is one file of several arrays, its members)
+        totals.update(archives=archives, members=len(records) - plain)
     if args.json:
         payload: dict[str, Any] = {"totals": totals}
         if not args.summary:
@@ -211,6 +234,6 @@ def run(args: argparse.Namespace) -> int:
         common = ", ".join(_shape(list(s)) for s, _ in shapes.most_common(3))
         more = f" (most common: {common})" if len(shapes) > 1 else f" ({common})" if shapes else ""
         unreadable = f"; {number(len(bad))} unreadable" if bad else ""
-        print(f"{number(len(records))} files, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
+        print(f"{_counted(plain, archives, len(records) - plain)}, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
               f"{number(len(shapes))} distinct shape{'s' if len(shapes) != 1 else ''}{more}{unreadable}")
     return report_errors(bad, max(seen, len(records) + len(bad)), summary=args.summary)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-import npydask
+from npydask.cli._open import add_open_options, dataset_of, kinds_of, selection_for
 from npydask.cli._remote import storage_options
 from npydask.cli._common import (
     UsageError,
@@ -32,11 +32,10 @@ from npydask.cli._common import (
     on_threads,
     parse_list,
     report_bad,
-    select,
     table,
 )
 
-__all__ = ["add_parser", "block_partials", "combine", "partials", "run"]
+__all__ = ["add_parser", "block_partials", "combine", "extreme", "partials", "run"]
 
 HELP = """\
 examples:
@@ -58,6 +57,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_selection_options(p)
+    add_open_options(p)
     p.add_argument("--per-file", action="store_true", help="also one row per file")
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="read into NumPy or CuPy chunks")
@@ -139,25 +139,20 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    selection = select(args.path, file_filter=args.filter, recursive=args.recursive, sort=args.sort, key=args.key,
-                       quiet=args.quiet, storage_options=storage_options(args))
+    roi = _roi_kwargs(args)
+    selection = selection_for(args.path, args, file_filter=args.filter, key=args.key, quiet=args.quiet,
+                              storage_options=storage_options(args), roi=roi, device=args.device)
     status = report_bad(selection)
     if not selection.good:
         raise UsageError(f"{args.path}: no readable file")
     paths = [p for p, _ in selection.good]
-    # A dataset holds one dtype and ndim: files of each (dtype, ndim) form their own, and files of
-    # one shape within it are stacked (one task for many small files).
-    kinds: dict[tuple[str, int], list[int]] = {}
-    for i, (_, (_, header, _, _)) in enumerate(selection.good):
-        kinds.setdefault((header.dtype.str, header.ndim), []).append(i)
+    # A dataset holds one dtype and ndim: files of each (dtype, ndim) form their own, built from the
+    # headers the selection read (no second read), and files of one shape within it are stacked
+    # (one task for many small files).
     groups: list[list[int]] = []
     arrays = []
-    for members in kinds.values():
-        try:
-            ds = npydask.open_dataset(files=[paths[i] for i in members], key=args.key, device=args.device,
-                                      storage_options=selection.storage_options, **_roi_kwargs(args))
-        except (ValueError, TypeError) as e:
-            raise UsageError(str(e)) from e
+    for members in kinds_of(selection):
+        ds = dataset_of(selection, members, key=args.key, device=args.device, roi=roi)
         _check_dtype(ds.dtype)
         by_shape: dict[tuple[int, ...], list[int]] = {}
         for j, shape in enumerate(ds.shapes):
@@ -173,8 +168,10 @@ def run(args: argparse.Namespace) -> int:
         for i, rows in zip(members, result):
             per_file[i] = rows
     total = combine(np.concatenate(per_file))
-    files = [dict(zip(FIELDS, combine(rows)), path=selection.name(p)) for p, rows in zip(paths, per_file)]
-    _print(args, total, files)
+    dtypes = [header.dtype for _, (_, header, _, _) in selection.good]
+    files = [dict(zip(FIELDS, combine(rows)), path=selection.name(p), dtype=dtype)
+             for p, rows, dtype in zip(paths, per_file, dtypes)]
+    _print(args, total, files, np.result_type(*set(dtypes)))
     return status
 
 
@@ -185,17 +182,42 @@ def _json(field: str, v: float, count: float) -> float | int | str | None:
     return None if count == 0 else json_number(v)
 
 
-def _print(args: argparse.Namespace, total: tuple[float, ...], files: list[dict[str, Any]]) -> None:
-    summary = dict(zip(FIELDS, total))
+def extreme(x: float, dtype: np.dtype) -> str:
+    """A min or max as a table shows it: every digit that tells it apart in ``dtype`` (float32 ``0.99999994`` is not ``1``).
+
+    Whole numbers print whole, with thousands separators; other floats as numpy's shortest
+    text that reads back as the same value of ``dtype`` (positional from 1e-4 to 1e16, else
+    scientific).
+
+    Examples
+    --------
+    >>> extreme(0.9999999403953552, np.dtype("f4")), extreme(0.1, np.dtype("f8")), extreme(3.0, np.dtype("f2"))
+    ('0.99999994', '0.1', '3')
+    >>> extreme(65504.0, np.dtype("f2")), extreme(3e38, np.dtype("f4")), extreme(-70000.0, np.dtype("i4"))
+    ('65,504', '3e+38', '-70,000')
+    """
+    if not math.isfinite(x):
+        return number(x)
+    if dtype.kind in "biu" or (x.is_integer() and abs(x) < 1e16):  # (whole: every digit, 65504 not 65500)
+        return number(int(x))
+    value = dtype.type(x) if dtype.kind == "f" else np.float64(x)
+    if x == 0 or 1e-4 <= abs(x) < 1e16:
+        return np.format_float_positional(value, unique=True, trim="-")
+    return np.format_float_scientific(value, unique=True, trim="-")
+
+
+def _print(args: argparse.Namespace, total: tuple[float, ...], files: list[dict[str, Any]], dtype: np.dtype) -> None:
+    summary = dict(zip(FIELDS, total), dtype=dtype)
     if args.json:
-        payload: dict[str, Any] = {k: _json(k, v, summary["count"]) for k, v in summary.items()}
+        payload: dict[str, Any] = {k: _json(k, summary[k], summary["count"]) for k in FIELDS}
         if args.per_file:
             payload["files"] = [{"path": f["path"], **{k: _json(k, f[k], f["count"]) for k in FIELDS}} for f in files]
         emit_json(payload)
         return
 
     def row(name: str, s: dict[str, Any]) -> list[str]:
-        return [name, number(int(s["count"])), *(number(s[k]) if s["count"] else "-" for k in FIELDS[1:])]
+        shown = [extreme(s["min"], s["dtype"]), extreme(s["max"], s["dtype"]), number(s["mean"]), number(s["std"])]
+        return [name, number(int(s["count"])), *(shown if s["count"] else ["-"] * 4)]
 
     rows = [row(f["path"], f) for f in files] if args.per_file else []
     rows.append(row(f"all {number(len(files))} files", summary))
