@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dali_args import refuse_dali_arguments
-from npydask.dataset import NpyDataset
+from npydask.errors import NpyFormatError
+from npydask._warn import warn
+from npydask.dataset import NpyDataset, Skipped
 from npydask.discovery import Selected, select_listed, shard_range
 from npydask.file_views import Context
 from npydask.paths import absolute_all
@@ -93,7 +95,8 @@ def open_dataset(
     device: str = "cpu",
     backend: str = "auto",
     headers: str = "all",
-    sort: str = "bytes",
+    sort: str | None = None,
+    on_error: str = "raise",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
 ) -> NpyDataset | MultiKeyDataset:
@@ -155,12 +158,29 @@ def open_dataset(
         mode (size and mtime are unknown). Not with ``index`` (which
         keeps per-file headers) nor ``key`` (``.npz`` members sit at a
         different offset in each archive).
-    sort : {"bytes", "natural"}, default ``"bytes"``
+    sort : {"bytes", "natural"} or None, default None
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
         ``slice_2``), or ``"natural"``, runs of digits by value (``slice_2``
         before ``slice_10``; :func:`npydask.discovery.natural_key`).
-        ``files`` and ``file_list`` keep their order either way.
+        ``None`` is ``"bytes"`` and, when natural order would differ, warns
+        once (an :class:`~npydask.errors.NpyDaskWarning` naming two files
+        that swap); passing either value silences it. The check compares
+        adjacent names only, and only those whose digits sit differently,
+        sampling them in very long lists
+        (:func:`npydask.discovery.natural_swap`): a few percent of opening
+        a million files. ``files`` and ``file_list`` keep their order
+        either way and never warn.
+    on_error : {"raise", "skip"}, default ``"raise"``
+        What a file whose header cannot be read at open does: ``"raise"``
+        its error, or ``"skip"``: the file is left out, all the skipped
+        files are named with their reasons in one
+        :class:`~npydask.errors.NpyDaskWarning`, and ``ds.skipped`` lists
+        them (:class:`~npydask.dataset.Skipped`). Files are skipped before
+        sharding, so shards split the files kept, and a 2-D (per-file) ROI
+        keeps the rows of the files kept. Not with ``headers="first"`` nor
+        ``index`` (their headers are checked in tasks, not at open), nor
+        ``key`` as a list.
     storage_options : dict, optional
         For an object-store ``file_root`` or URLs in ``files``/``file_list``:
         obstore's store and client options (see :func:`npydask.from_npy`).
@@ -175,9 +195,10 @@ def open_dataset(
     TypeError
         A DALI reader argument npydask has elsewhere, an unknown keyword, a ``key`` that is not a str or list of str.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort`` or
-        ``headers``, ``headers="first"`` with ``index`` or ``key``, an empty ``key`` list or one
-        naming a member twice.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``,
+        ``headers`` or ``on_error``, ``headers="first"`` with ``index`` or ``key``,
+        ``on_error="skip"`` with ``headers="first"``, ``index`` or a ``key`` list, every file
+        skipped, an empty ``key`` list or one naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -201,6 +222,7 @@ def open_dataset(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     first = check_headers(headers, index, key)
+    skip = _check_on_error(on_error, first, index, key)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
@@ -222,9 +244,13 @@ def open_dataset(
         fill_value=fill_value,
         n_files=len(paths),
     )
+    sharding = (shard_id, num_shards) if num_shards > 1 else None
+    if skip:  # every header read before sharding, so that shards split the files kept
+        table, start, skipped = _kept_table(paths, key, source, roi_args, shard_id, num_shards)
+        return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
+                          skipped=skipped)
     picked = shard_range(len(paths), shard_id, num_shards)
     chosen = paths[picked.start : picked.stop]  # (a range of step 1)
-    sharding = (shard_id, num_shards) if num_shards > 1 else None
     if keys is not None:  # several members: each archive's zip directory read once for all of them
         from npydask.multikey import MultiKeyDataset
 
@@ -260,7 +286,7 @@ def _select(
     files: Any,
     recursive: bool,
     storage_options: dict[str, Any] | None,
-    sort: str = "bytes",
+    sort: str | None = None,
     inodes: bool = False,
 ) -> tuple[Selected, Source]:
     """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
@@ -305,6 +331,91 @@ def _select(
                 "open a dataset per store"
             )
     return selected, source
+
+
+ON_ERROR = ("raise", "skip")
+"""What ``open_dataset`` does with a file whose header cannot be read: raise its error, or leave it out."""
+
+_SKIPPABLE = (NpyFormatError, OSError, KeyError)
+"""Errors of one file's header that ``on_error="skip"`` leaves the file out for: not a valid ``.npy`` file (or
+member), missing or unreadable, an archive without the ``key`` member."""
+
+_SHOWN_SKIPS = 20
+"""Skipped files the warning names one by one; ``ds.skipped`` lists them all."""
+
+
+def _check_on_error(on_error: object, first: bool, index: object, key: object) -> bool:
+    """Whether files whose header fails are skipped; an unknown ``on_error``, or one npydask cannot keep, refused."""
+    if not isinstance(on_error, str) or on_error not in ON_ERROR:
+        raise ValueError(
+            f"on_error must be 'raise' (a file whose header cannot be read fails the open) or 'skip' (such "
+            f"files are left out, named in a warning and in ds.skipped), found {on_error!r}"
+        )
+    if on_error == "raise":
+        return False
+    if first:
+        raise ValueError(
+            "on_error='skip' with headers='first': only the first file's header is read at open (the others "
+            "are checked where tasks read them), so there is nothing to skip at open; use headers='all'"
+        )
+    if index is not None:
+        raise ValueError(
+            "on_error='skip' with index=: a reused index's headers are checked where tasks read the files, "
+            "not at open; drop index= to read and check every header now"
+        )
+    if key is not None and not isinstance(key, str):
+        raise ValueError(
+            f"on_error='skip' with key={key!r}: skipping is for one member per archive; open each member "
+            "with key='name', or use on_error='raise'"
+        )
+    return True
+
+
+def _kept_table(
+    paths: Sequence[str], key: str | None, source: Source, roi_args: RoiArgs, shard_id: int, num_shards: int
+) -> tuple[FileTable, int, tuple[Skipped, ...]]:
+    """``on_error="skip"``: the shard's table of the files whose headers read, its start and the files left out.
+
+    Every file's header is read (not only the shard's), so each shard of
+    the same list splits the same kept files; a per-file ROI keeps the rows
+    of the files kept (rows stand for the whole list).
+    """
+    scanned = scan_headers(paths, key=key, source=source)
+    kept: list[int] = []
+    skipped: list[Skipped] = []
+    shown = (lambda p: p) if source.mappable else redact
+    for i, result in enumerate(scanned):
+        if not isinstance(result, BaseException):
+            kept.append(i)
+        elif isinstance(result, _SKIPPABLE):
+            path = shown(paths[i])
+            text = str(result)
+            text = text[len(path) + 2 :] if text.startswith(path + ": ") else text  # (the path is said once)
+            skipped.append(Skipped(path, f"{type(result).__name__}: {text}"))
+        else:
+            raise result
+    if not kept:
+        raise ValueError(
+            f"on_error='skip' left no file: the header of each of the {len(paths)} files failed to read "
+            f"({_skip_list(skipped)})"
+        )
+    if skipped:
+        warn(
+            f"on_error='skip': left out {len(skipped)} of {len(paths)} files whose header could not be read "
+            f"(ds.skipped lists them): {_skip_list(skipped)}"
+        )
+    picked = shard_range(len(kept), shard_id, num_shards)
+    rows = kept[picked.start : picked.stop]  # (each file's place in the whole list: its ROI row)
+    origin = ("the header read when the dataset was opened", "open the dataset again", True)
+    table = scan_table(rows, [paths[i] for i in rows], [scanned[i] for i in rows], origin, roi_args, key)
+    return table, picked.start, tuple(skipped)
+
+
+def _skip_list(skipped: Sequence[Skipped]) -> str:
+    """The first :data:`_SHOWN_SKIPS` skipped files with their reasons, and how many more."""
+    shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:_SHOWN_SKIPS])
+    more = len(skipped) - _SHOWN_SKIPS
+    return shown + (f"; and {more} more" if more > 0 else "")
 
 
 def _context(backend: str, key: str | None, source: Source) -> Context:
