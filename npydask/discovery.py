@@ -277,9 +277,7 @@ def select_listed(
     if order is not None and order:  # (a local folder: each folder sorted apart, identities by index)
         paths, ids = listing.paths, listing.identities
         if sort is None:
-            rel = [paths[i] for i in order]
-            _warn_if_natural_differs(root, rel, sep)
-            return Selected([prefix + p for p in rel], None if ids is None else [ids[i] for i in order])
+            _warn_if_natural_differs(root, _InOrder(paths, order), sep, paths)
         return Selected([prefix + paths[i] for i in order], None if ids is None else [ids[i] for i in order])
     # (before ordering: sorting a recursive listing sorts its paths in place)
     of = None if listing.identities is None else dict(zip(listing.paths, listing.identities))
@@ -545,6 +543,7 @@ def natural_key(name: str) -> tuple[bytes, bytes]:
 
 
 _DIGITS_ALIKE = str.maketrans("123456789", "000000000")
+_DIGIT_CHARS = frozenset("0123456789")
 
 
 def natural_swap(names: Sequence[str], sep: str | None = None) -> tuple[str, str] | None:
@@ -567,7 +566,8 @@ def natural_swap(names: Sequence[str], sep: str | None = None) -> tuple[str, str
       equal length compare as their digits do (one ``str.translate`` of
       the joined names, one scan and one comparison);
     * otherwise the remaining adjacent pairs whose digits sit differently
-      are compared by :func:`natural_key`, all of them when there are at
+      and whose first differing character is a digit (where else both
+      orders decide alike) are compared by :func:`natural_key`, all of them when there are at
       most :data:`SWAP_PAIRS` pairs, else ``SWAP_PAIRS // 2`` more evenly
       spread over the list: a sample, so a lone swapped pair far into a
       long list of names whose digits sit unalike can go unseen.
@@ -590,12 +590,17 @@ def natural_swap(names: Sequence[str], sep: str | None = None) -> tuple[str, str
     >>> natural_swap(["z9.npy", "s1/a.npy"], sep="/") is None  # (the root's files come first either way)
     True
     """
+    return _natural_swap(names, names, sep)
+
+
+def _natural_swap(names: Sequence[str], unordered: Sequence[str], sep: str | None) -> tuple[str, str] | None:
+    """:func:`natural_swap`, with ``unordered`` the same names in any order (a list joins in one C call)."""
     n = len(names)
     half = SWAP_PAIRS // 2
     swap = _first_swap(names, range(min(half, n - 1)), sep)  # (a list that differs mostly does so early on)
     if swap is not None or n - 1 <= half:
         return swap
-    masked = "\0".join(names).translate(_DIGITS_ALIKE)
+    masked = "\0".join(unordered).translate(_DIGITS_ALIKE)  # (whether digits sit alike: any order tells)
     if "0" not in masked:
         return None
     pattern = names[0].translate(_DIGITS_ALIKE)
@@ -612,6 +617,9 @@ def _first_swap(names: Sequence[str], pairs: Iterable[int], sep: str | None) -> 
         a, b = names[i], names[i + 1]
         if a.translate(_DIGITS_ALIKE) == b.translate(_DIGITS_ALIKE):
             continue  # (numbers of one length at the same places compare as their digits do)
+        at = len(os.path.commonprefix((a, b)))
+        if a[at : at + 1] not in _DIGIT_CHARS and b[at : at + 1] not in _DIGIT_CHARS:
+            continue  # (both orders decide at the first differing character, byte-wise, unless a digit is there)
         if sep is not None:
             nested = sep in a
             if nested != (sep in b):
@@ -625,9 +633,29 @@ def _first_swap(names: Sequence[str], pairs: Iterable[int], sep: str | None) -> 
     return None
 
 
-def _warn_if_natural_differs(root: str, names: Sequence[str], sep: str | None) -> None:
-    """``sort=None``: warn, naming two files, when natural order would differ from the byte-wise one."""
-    swap = natural_swap(names, sep)
+class _InOrder(Sequence[str]):
+    """``paths`` in the order ``order`` gives, without a list of them (only a few are ever looked at)."""
+
+    __slots__ = ("_order", "_paths")
+
+    def __init__(self, paths: list[str], order: list[int]) -> None:
+        self._paths, self._order = paths, order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        return self._paths[self._order[i]]
+
+
+def _warn_if_natural_differs(
+    root: str, names: Sequence[str], sep: str | None, unordered: Sequence[str] | None = None
+) -> None:
+    """``sort=None``: warn, naming two files, when natural order would differ from the byte-wise one.
+
+    ``unordered``: the same names as a list in any order (the listing's), joined faster than ``names``.
+    """
+    swap = _natural_swap(names, names if unordered is None else unordered, sep)
     if swap is None:
         return
     warn(
