@@ -29,6 +29,8 @@ import npydask.stacking
 from npydask.dataset import Skipped
 from npydask.errors import NpyDaskWarning
 
+from _s3 import s3  # noqa: F401  (the fixture)
+
 SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
 
 
@@ -1495,3 +1497,35 @@ def test_on_error_skip_names_at_most_twenty_files_in_the_warning(tmp_path):
         ds = npydask.open_dataset(tmp_path, on_error="skip")
     assert "bad19.npy" in str(record[0].message) and "bad20.npy" not in str(record[0].message)
     assert len(ds.skipped) == 25 and ds.files == [str(tmp_path / "ok.npy")]
+
+
+def test_a_prefix_warns_of_natural_order_and_skips_bad_objects(s3):  # noqa: F811
+    space = s3.space()
+    for i in (1, 2, 10):
+        s3.put_npy(f"{space}/day_{i}.npy", np.full(3, i, "<i2"))
+    s3.put(f"{space}/day_5.npy", b"not an array")
+    with pytest.warns(NpyDaskWarning) as record:
+        ds = npydask.open_dataset(f"s3://{space}/", storage_options=s3.options, on_error="skip")
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2 and all(w.filename == __file__ for w in record)
+    assert "puts 'day_10.npy' before 'day_2.npy'" in messages[0]
+    assert "left out 1 of 4" in messages[1] and f"s3://{space}/day_5.npy" in messages[1]
+    assert ds.files == [f"s3://{space}/day_{i}.npy" for i in (1, 10, 2)]
+    assert [s.path for s in ds.skipped] == [f"s3://{space}/day_5.npy"]
+    with pytest.warns(NpyDaskWarning, match="left out 1 of 4"):  # (only the skip: natural order asked for)
+        natural = npydask.open_dataset(f"s3://{space}", storage_options=s3.options, sort="natural", on_error="skip")
+    np.testing.assert_array_equal(natural.stack().compute()[:, 0], [1, 2, 10])
+
+
+def test_skipped_urls_show_no_query_string(tmp_path, http_server):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    (tmp_path / "b.npy").write_bytes(b"garbage")
+    server = http_server(tmp_path)
+    urls = [server.url(n) + "?X-Amz-Signature=s1gn" for n in ("a.npy", "b.npy", "gone.npy")]
+    with pytest.warns(NpyDaskWarning) as record:
+        ds = npydask.open_dataset(files=urls, on_error="skip")
+    shown = str(record[0].message) + repr(ds.skipped) + repr(ds)
+    assert "s1gn" not in shown and "left out 2 of 3" in shown
+    assert [s.path for s in ds.skipped] == [server.url("b.npy"), server.url("gone.npy")]
+    assert ds.skipped[1].reason.startswith("FileNotFoundError")
+    np.testing.assert_array_equal(ds[0].compute(), np.arange(3))
