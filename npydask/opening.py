@@ -178,9 +178,10 @@ def open_dataset(
         :class:`~npydask.errors.NpyDaskWarning`, and ``ds.skipped`` lists
         them (:class:`~npydask.dataset.Skipped`). Files are skipped before
         sharding, so shards split the files kept, and a 2-D (per-file) ROI
-        keeps the rows of the files kept. Not with ``headers="first"`` nor
-        ``index`` (their headers are checked in tasks, not at open), nor
-        ``key`` as a list.
+        keeps the rows of the files kept. With ``key`` (or a list of
+        members), an archive missing a member is skipped. Not with
+        ``headers="first"`` nor ``index`` (their headers are checked in
+        tasks, not at open).
     storage_options : dict, optional
         For an object-store ``file_root`` or URLs in ``files``/``file_list``:
         obstore's store and client options (see :func:`npydask.from_npy`).
@@ -197,8 +198,7 @@ def open_dataset(
     ValueError
         Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``,
         ``headers`` or ``on_error``, ``headers="first"`` with ``index`` or ``key``,
-        ``on_error="skip"`` with ``headers="first"``, ``index`` or a ``key`` list, every file
-        skipped, an empty ``key`` list or one naming a member twice.
+        ``on_error="skip"`` with ``headers="first"`` or ``index``, every file skipped, an empty ``key`` list or one naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -222,7 +222,7 @@ def open_dataset(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     first = check_headers(headers, index, key)
-    skip = _check_on_error(on_error, first, index, key)
+    skip = _check_on_error(on_error, first, index)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
@@ -245,25 +245,39 @@ def open_dataset(
         n_files=len(paths),
     )
     sharding = (shard_id, num_shards) if num_shards > 1 else None
+    origin = ("the header read when the dataset was opened", "open the dataset again", True)
+    kept: list[Any] | None = None  # (on_error="skip": the shard's scans of the files kept)
+    skipped: tuple[Skipped, ...] = ()
     if skip:  # every header read before sharding, so that shards split the files kept
-        table, start, skipped = _kept_table(paths, key, source, roi_args, shard_id, num_shards)
-        return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
-                          skipped=skipped)
-    picked = shard_range(len(paths), shard_id, num_shards)
-    chosen = paths[picked.start : picked.stop]  # (a range of step 1)
+        scans = scan_headers(paths, key=key, source=source) if keys is None else source.scan_members(paths, keys)
+        rows, skipped = _kept_rows(paths, scans, source)
+        cut = shard_range(len(rows), shard_id, num_shards)
+        picked: Sequence[int] = rows[cut.start : cut.stop]  # (each file's place in the whole list: its ROI row)
+        chosen = [paths[i] for i in picked]
+        kept, start = [scans[i] for i in picked], cut.start
+    else:
+        picked = shard_range(len(paths), shard_id, num_shards)
+        chosen = paths[picked.start : picked.stop]  # (a range of step 1)
+        start = picked.start
     if keys is not None:  # several members: each archive's zip directory read once for all of them
         from npydask.multikey import MultiKeyDataset
 
-        columns = scan_members_of(chosen, keys, source)
-        origin = ("the header read when the dataset was opened", "open the dataset again", True)
+        columns = scan_members_of(chosen, keys, source) if kept is None else [list(c) for c in zip(*kept)]
+        if not columns:
+            columns = [[] for _ in keys]
         members: dict[str, NpyDataset] = {}
         shared: FileTable | None = None  # (the first member's names and identities, shared by the others)
         for k, column in zip(keys, columns):
             t = scan_table(picked, chosen, column, origin, roi_args, k, member=True)
             shared = t if shared is None else shared.with_entries(t.headers, t.header_id, t.rois, t.roi_id, t.deflated)
             members[k] = NpyDataset(shared, _context(backend, k, source), device=device, sharding=sharding,
-                                    start=picked.start)
+                                    start=start, skipped=skipped)
         return MultiKeyDataset(members)
+    if kept is not None:
+        table = scan_table(picked, chosen, kept, origin, roi_args, key)
+        return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
+                          skipped=skipped)
+    assert isinstance(picked, range)
     if first:
         identities = listed[picked.start : picked.stop] if listed is not None else source.identities(chosen)
         table = first_table(picked, chosen, identities, roi_args, source)
@@ -344,7 +358,7 @@ _SHOWN_SKIPS = 20
 """Skipped files the warning names one by one; ``ds.skipped`` lists them all."""
 
 
-def _check_on_error(on_error: object, first: bool, index: object, key: object) -> bool:
+def _check_on_error(on_error: object, first: bool, index: object) -> bool:
     """Whether files whose header fails are skipped; an unknown ``on_error``, or one npydask cannot keep, refused."""
     if not isinstance(on_error, str) or on_error not in ON_ERROR:
         raise ValueError(
@@ -363,28 +377,20 @@ def _check_on_error(on_error: object, first: bool, index: object, key: object) -
             "on_error='skip' with index=: a reused index's headers are checked where tasks read the files, "
             "not at open; drop index= to read and check every header now"
         )
-    if key is not None and not isinstance(key, str):
-        raise ValueError(
-            f"on_error='skip' with key={key!r}: skipping is for one member per archive; open each member "
-            "with key='name', or use on_error='raise'"
-        )
     return True
 
 
-def _kept_table(
-    paths: Sequence[str], key: str | None, source: Source, roi_args: RoiArgs, shard_id: int, num_shards: int
-) -> tuple[FileTable, int, tuple[Skipped, ...]]:
-    """``on_error="skip"``: the shard's table of the files whose headers read, its start and the files left out.
+def _kept_rows(paths: Sequence[str], scans: Sequence[Any], source: Source) -> tuple[list[int], tuple[Skipped, ...]]:
+    """``on_error="skip"``: the places of the files whose headers read, and the files left out (warned of once).
 
     Every file's header is read (not only the shard's), so each shard of
     the same list splits the same kept files; a per-file ROI keeps the rows
     of the files kept (rows stand for the whole list).
     """
-    scanned = scan_headers(paths, key=key, source=source)
     kept: list[int] = []
     skipped: list[Skipped] = []
     shown = (lambda p: p) if source.mappable else redact
-    for i, result in enumerate(scanned):
+    for i, result in enumerate(scans):
         if not isinstance(result, BaseException):
             kept.append(i)
         elif isinstance(result, _SKIPPABLE):
@@ -404,11 +410,7 @@ def _kept_table(
             f"on_error='skip': left out {len(skipped)} of {len(paths)} files whose header could not be read "
             f"(ds.skipped lists them): {_skip_list(skipped)}"
         )
-    picked = shard_range(len(kept), shard_id, num_shards)
-    rows = kept[picked.start : picked.stop]  # (each file's place in the whole list: its ROI row)
-    origin = ("the header read when the dataset was opened", "open the dataset again", True)
-    table = scan_table(rows, [paths[i] for i in rows], [scanned[i] for i in rows], origin, roi_args, key)
-    return table, picked.start, tuple(skipped)
+    return kept, tuple(skipped)
 
 
 def _skip_list(skipped: Sequence[Skipped]) -> str:

@@ -1529,3 +1529,29 @@ def test_skipped_urls_show_no_query_string(tmp_path, http_server):
     assert [s.path for s in ds.skipped] == [server.url("b.npy"), server.url("gone.npy")]
     assert ds.skipped[1].reason.startswith("FileNotFoundError")
     np.testing.assert_array_equal(ds[0].compute(), np.arange(3))
+
+
+def test_on_error_skip_with_npz_members_skips_archives_missing_one(tmp_path):
+    for i in range(6):
+        members = {"x": np.full((2, 2), i), "y": np.arange(i + 1.0)}
+        if i == 2:
+            del members["y"]
+        np.savez(tmp_path / f"p{i}.npz", **members)
+    (tmp_path / "p4.npz").write_bytes(b"not a zip")
+    with pytest.raises(KeyError, match="'y'"):
+        npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"])
+    with pytest.warns(NpyDaskWarning, match=r"left out 2 of 6.*p2\.npz: KeyError.*p4\.npz: NpyFormatError"):
+        both = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip")
+    assert both.files == [str(tmp_path / f"p{i}.npz") for i in (0, 1, 3, 5)]
+    assert [s.path for s in both.skipped] == [str(tmp_path / "p2.npz"), str(tmp_path / "p4.npz")]
+    samples = [{k: v.compute() for k, v in both[i].items()} for i in range(len(both))]
+    for sample, i in zip(samples, (0, 1, 3, 5)):
+        np.testing.assert_array_equal(sample["x"], np.full((2, 2), i))
+        np.testing.assert_array_equal(sample["y"], np.arange(i + 1.0))
+    with pytest.warns(NpyDaskWarning, match="left out 2 of 6"):
+        shard = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip", shard_id=1,
+                                     num_shards=2)
+    assert shard.files == both.files[2:] and shard.start_index == 2 and len(shard.skipped) == 2
+    with pytest.warns(NpyDaskWarning, match="left out 1 of 6"):  # (one member: only the broken archive)
+        xs = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x", on_error="skip")
+    np.testing.assert_array_equal(xs.stack()[:, 0, 0].compute(), [0, 1, 2, 3, 5])
