@@ -1555,3 +1555,18 @@ def test_on_error_skip_with_npz_members_skips_archives_missing_one(tmp_path):
     with pytest.warns(NpyDaskWarning, match="left out 1 of 6"):  # (one member: only the broken archive)
         xs = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x", on_error="skip")
     np.testing.assert_array_equal(xs.stack()[:, 0, 0].compute(), [0, 1, 2, 3, 5])
+
+
+@pytest.mark.parametrize("headers", ["all", "first"])
+def test_sort_none_warns_once_for_every_listing_of_a_folder(tmp_path, headers):
+    for rel in ["v2.npy", "v10.npy", "s2/a.npy", "s10/a.npy"]:
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        np.save(tmp_path / rel, np.zeros(2))
+    for recursive in (False, True):
+        with pytest.warns(NpyDaskWarning) as record:
+            ds = npydask.open_dataset(tmp_path, headers=headers, recursive=recursive)
+        assert len(record) == 1, [str(w.message) for w in record]
+        assert ds.files == npydask.open_dataset(tmp_path, headers=headers, recursive=recursive, sort="bytes").files
+    assert npydask.open_dataset(tmp_path, headers=headers, sort="natural").files == [
+        str(tmp_path / r) for r in ["v2.npy", "v10.npy", "s2/a.npy", "s10/a.npy"]
+    ]
