@@ -275,13 +275,12 @@ def open_dataset(
         return MultiKeyDataset(members)
     if kept is not None:
         table = scan_table(picked, chosen, kept, origin, roi_args, key)
-        return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
-                          skipped=skipped)
-    assert isinstance(picked, range)
-    if first:
+    elif first:
+        assert isinstance(picked, range)
         identities = listed[picked.start : picked.stop] if listed is not None else source.identities(chosen)
         table = first_table(picked, chosen, identities, roi_args, source)
     else:
+        assert isinstance(picked, range)
         table = _scanned_table(
             picked, chosen, None if listed is None else listed[picked.start : picked.stop], roi_args,
             key, source, index, storage_options,
@@ -290,7 +289,8 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
-    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=picked.start)
+    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
+                      skipped=skipped)
 
 
 def _select(
