@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
@@ -26,7 +27,19 @@ from npydask.stacking import join
 from npydask.storage.urls import redact
 from npydask.table import FileTable, Layout
 
-__all__ = ["NpyDataset", "file_index"]
+__all__ = ["NpyDataset", "Skipped", "file_index"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file ``open_dataset(..., on_error="skip")`` left out: its path (as ``ds.files`` shows it) and why.
+
+    ``reason`` is the error its header gave, as text: the exception's
+    type name and message (``"NpyFormatError: ... not an .npy file ..."``).
+    """
+
+    path: str
+    reason: str
 
 
 class NpyDataset:
@@ -45,7 +58,7 @@ class NpyDataset:
     ``npydask.torch.NpyMapDataset`` and ``NpyIterableDataset``.
     """
 
-    __slots__ = ("_context", "_device", "_sharding", "_start", "_table")
+    __slots__ = ("_context", "_device", "_sharding", "_skipped", "_start", "_table")
 
     def __init__(
         self,
@@ -55,12 +68,14 @@ class NpyDataset:
         device: str = "cpu",
         sharding: tuple[int, int] | None = None,
         start: int | None = 0,
+        skipped: tuple[Skipped, ...] = (),
     ) -> None:
         object.__setattr__(self, "_table", table)
         object.__setattr__(self, "_context", context)
         object.__setattr__(self, "_device", device)
         object.__setattr__(self, "_sharding", sharding)
         object.__setattr__(self, "_start", start)
+        object.__setattr__(self, "_skipped", tuple(skipped))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"NpyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
@@ -69,7 +84,7 @@ class NpyDataset:
         raise AttributeError(f"NpyDataset is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._table, self._context, self._device, self._sharding, self._start))
+        return (_rebuild, (self._table, self._context, self._device, self._sharding, self._start, self._skipped))
 
     # -- facts ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -145,6 +160,16 @@ class NpyDataset:
         return self._start
 
     @property
+    def skipped(self) -> tuple[Skipped, ...]:
+        """The files ``open_dataset(..., on_error="skip")`` left out, in list order, with why (:class:`Skipped`).
+
+        Empty when none was (and always with ``on_error="raise"``). Files are
+        skipped before sharding, so every shard (and every selection made
+        from the dataset) lists all of them.
+        """
+        return self._skipped
+
+    @property
     def table(self) -> FileTable:
         """The files' facts as columns (:class:`~npydask.table.FileTable`)."""
         return self._table
@@ -167,7 +192,8 @@ class NpyDataset:
         )
 
     def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
-        return NpyDataset(table, self._context, device=self._device, sharding=sharding, start=start)
+        return NpyDataset(table, self._context, device=self._device, sharding=sharding, start=start,
+                          skipped=self._skipped)
 
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
@@ -465,9 +491,14 @@ def file_index(i: Any, n: int, kinds: str) -> int:
 
 
 def _rebuild(
-    table: FileTable, context: Context, device: str, sharding: tuple[int, int] | None = None, start: int | None = 0
+    table: FileTable,
+    context: Context,
+    device: str,
+    sharding: tuple[int, int] | None = None,
+    start: int | None = 0,
+    skipped: tuple[Skipped, ...] = (),
 ) -> NpyDataset:
-    return NpyDataset(table, context, device=device, sharding=sharding, start=start)
+    return NpyDataset(table, context, device=device, sharding=sharding, start=start, skipped=skipped)
 
 
 def _human(n: int) -> str:

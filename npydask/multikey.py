@@ -133,6 +133,11 @@ class MultiKeyDataset:
         return self._first().start_index
 
     @property
+    def skipped(self) -> tuple[Any, ...]:
+        """The archives ``open_dataset(..., on_error="skip")`` left out, with why (:class:`~npydask.dataset.Skipped`)."""
+        return self._first().skipped
+
+    @property
     def sharding(self) -> tuple[int, int] | None:
         """As :attr:`NpyDataset.sharding`."""
         return self._first().sharding

@@ -17,12 +17,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from npydask.array import check_device
 from npydask._keywords import suggest_keywords
+from npydask._warn import warn
+from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dali_args import refuse_dali_arguments
-from npydask.dataset import NpyDataset
+from npydask.dataset import NpyDataset, Skipped
 from npydask.discovery import Selected, select_listed, shard_range
+from npydask.errors import NpyFormatError
 from npydask.file_views import Context
 from npydask.paths import absolute_all
 from npydask.reader import BACKENDS, _check_key
@@ -95,7 +97,8 @@ def open_dataset(
     device: str = "cpu",
     backend: str = "auto",
     headers: str = "all",
-    sort: str = "bytes",
+    sort: str | None = None,
+    on_error: str = "raise",
     storage_options: dict[str, Any] | None = None,
     **dali_only: Any,
 ) -> NpyDataset | MultiKeyDataset:
@@ -171,12 +174,30 @@ def open_dataset(
         for the others: those files' headers are read at open. Not with
         ``index`` (which keeps per-file headers) nor ``key`` (``.npz``
         members sit at a different offset in each archive).
-    sort : {"bytes", "natural"}, default ``"bytes"``
+    sort : {"bytes", "natural"} or None, default None
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
         ``slice_2``), or ``"natural"``, runs of digits by value (``slice_2``
         before ``slice_10``; :func:`npydask.discovery.natural_key`).
-        ``files`` and ``file_list`` keep their order either way.
+        ``None`` is ``"bytes"`` and, when natural order would differ, warns
+        once (an :class:`~npydask.errors.NpyDaskWarning` naming two files
+        that swap); passing either value silences it. The check compares
+        adjacent names only, and only those whose digits sit differently,
+        sampling them in very long lists
+        (:func:`npydask.discovery.natural_swap`): a few percent of opening
+        a million files. ``files`` and ``file_list`` keep their order
+        either way and never warn.
+    on_error : {"raise", "skip"}, default ``"raise"``
+        What a file whose header cannot be read at open does: ``"raise"``
+        its error, or ``"skip"``: the file is left out, all the skipped
+        files are named with their reasons in one
+        :class:`~npydask.errors.NpyDaskWarning`, and ``ds.skipped`` lists
+        them (:class:`~npydask.dataset.Skipped`). Files are skipped before
+        sharding, so shards split the files kept, and a 2-D (per-file) ROI
+        keeps the rows of the files kept. With ``key`` (or a list of
+        members), an archive missing a member is skipped. Not with
+        ``headers="first"`` nor ``index`` (their headers are checked in
+        tasks, not at open).
     storage_options : dict, optional
         For an object-store ``file_root`` or URLs in ``files``/``file_list``:
         obstore's store and client options (see :func:`npydask.from_npy`).
@@ -191,9 +212,9 @@ def open_dataset(
     TypeError
         A DALI reader argument npydask has elsewhere, an unknown keyword, a ``key`` that is not a str or list of str.
     ValueError
-        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort`` or
-        ``headers``, ``headers="first"`` with ``index`` or ``key``, an empty ``key`` list or one
-        naming a member twice.
+        Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``,
+        ``headers`` or ``on_error``, ``headers="first"`` with ``index`` or ``key``,
+        ``on_error="skip"`` with ``headers="first"`` or ``index``, every file skipped, an empty ``key`` list or one naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -217,6 +238,7 @@ def open_dataset(
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
     first = check_headers(headers, index, key)
+    skip = _check_on_error(on_error, first, index)
     keys = None
     if key is not None and not isinstance(key, str):
         from npydask.multikey import member_keys
@@ -238,26 +260,43 @@ def open_dataset(
         fill_value=fill_value,
         n_files=len(paths),
     )
-    picked = shard_range(len(paths), shard_id, num_shards)
-    chosen = paths[picked.start : picked.stop]  # (a range of step 1)
     sharding = (shard_id, num_shards) if num_shards > 1 else None
+    origin = ("the header read when the dataset was opened", "open the dataset again", True)
+    kept: list[Any] | None = None  # (on_error="skip": the shard's scans of the files kept)
+    skipped: tuple[Skipped, ...] = ()
+    if skip:  # every header read before sharding, so that shards split the files kept
+        scans = scan_headers(paths, key=key, source=source) if keys is None else source.scan_members(paths, keys)
+        rows, skipped = _kept_rows(paths, scans, source)
+        cut = shard_range(len(rows), shard_id, num_shards)
+        picked: Sequence[int] = rows[cut.start : cut.stop]  # (each file's place in the whole list: its ROI row)
+        chosen = [paths[i] for i in picked]
+        kept, start = [scans[i] for i in picked], cut.start
+    else:
+        picked = shard_range(len(paths), shard_id, num_shards)
+        chosen = paths[picked.start : picked.stop]  # (a range of step 1)
+        start = picked.start
     if keys is not None:  # several members: each archive's zip directory read once for all of them
         from npydask.multikey import MultiKeyDataset
 
-        columns = scan_members_of(chosen, keys, source)
-        origin = ("the header read when the dataset was opened", "open the dataset again", True)
+        columns = scan_members_of(chosen, keys, source) if kept is None else [list(c) for c in zip(*kept)]
+        if not columns:
+            columns = [[] for _ in keys]
         members: dict[str, NpyDataset] = {}
         shared: FileTable | None = None  # (the first member's names and identities, shared by the others)
         for k, column in zip(keys, columns):
             t = scan_table(picked, chosen, column, origin, roi_args, k, member=True)
             shared = t if shared is None else shared.with_entries(t.headers, t.header_id, t.rois, t.roi_id, t.deflated)
             members[k] = NpyDataset(shared, _context(backend, k, source), device=device, sharding=sharding,
-                                    start=picked.start)
+                                    start=start, skipped=skipped)
         return MultiKeyDataset(members)
-    if first:
+    if kept is not None:
+        table = scan_table(picked, chosen, kept, origin, roi_args, key)
+    elif first:
+        assert isinstance(picked, range)
         identities = listed[picked.start : picked.stop] if listed is not None else source.identities(chosen)
         table = first_table(picked, chosen, identities, roi_args, source)
     else:
+        assert isinstance(picked, range)
         table = _scanned_table(
             picked, chosen, None if listed is None else listed[picked.start : picked.stop], roi_args,
             key, source, index, storage_options,
@@ -268,7 +307,8 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
-    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=picked.start)
+    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
+                      skipped=skipped)
 
 
 def _select(
@@ -278,7 +318,7 @@ def _select(
     files: Any,
     recursive: bool,
     storage_options: dict[str, Any] | None,
-    sort: str = "bytes",
+    sort: str | None = None,
     inodes: bool = False,
 ) -> tuple[Selected, Source]:
     """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
@@ -323,6 +363,79 @@ def _select(
                 "open a dataset per store"
             )
     return selected, source
+
+
+ON_ERROR = ("raise", "skip")
+"""What ``open_dataset`` does with a file whose header cannot be read: raise its error, or leave it out."""
+
+_SKIPPABLE = (NpyFormatError, OSError, KeyError)
+"""Errors of one file's header that ``on_error="skip"`` leaves the file out for: not a valid ``.npy`` file (or
+member), missing or unreadable, an archive without the ``key`` member."""
+
+_SHOWN_SKIPS = 20
+"""Skipped files the warning names one by one; ``ds.skipped`` lists them all."""
+
+
+def _check_on_error(on_error: object, first: bool, index: object) -> bool:
+    """Whether files whose header fails are skipped; an unknown ``on_error``, or one npydask cannot keep, refused."""
+    if not isinstance(on_error, str) or on_error not in ON_ERROR:
+        raise ValueError(
+            f"on_error must be 'raise' (a file whose header cannot be read fails the open) or 'skip' (such "
+            f"files are left out, named in a warning and in ds.skipped), found {on_error!r}"
+        )
+    if on_error == "raise":
+        return False
+    if first:
+        raise ValueError(
+            "on_error='skip' with headers='first': only the first file's header is read at open (the others "
+            "are checked where tasks read them), so there is nothing to skip at open; use headers='all'"
+        )
+    if index is not None:
+        raise ValueError(
+            "on_error='skip' with index=: a reused index's headers are checked where tasks read the files, "
+            "not at open; drop index= to read and check every header now"
+        )
+    return True
+
+
+def _kept_rows(paths: Sequence[str], scans: Sequence[Any], source: Source) -> tuple[list[int], tuple[Skipped, ...]]:
+    """``on_error="skip"``: the places of the files whose headers read, and the files left out (warned of once).
+
+    Every file's header is read (not only the shard's), so each shard of
+    the same list splits the same kept files; a per-file ROI keeps the rows
+    of the files kept (rows stand for the whole list).
+    """
+    kept: list[int] = []
+    skipped: list[Skipped] = []
+    shown = (lambda p: p) if source.mappable else redact
+    for i, result in enumerate(scans):
+        if not isinstance(result, BaseException):
+            kept.append(i)
+        elif isinstance(result, _SKIPPABLE):
+            path = shown(paths[i])
+            text = str(result)
+            text = text[len(path) + 2 :] if text.startswith(path + ": ") else text  # (the path is said once)
+            skipped.append(Skipped(path, f"{type(result).__name__}: {text}"))
+        else:
+            raise result
+    if not kept:
+        raise ValueError(
+            f"on_error='skip' left no file: the header of each of the {len(paths)} files failed to read "
+            f"({_skip_list(skipped)})"
+        )
+    if skipped:
+        warn(
+            f"on_error='skip': left out {len(skipped)} of {len(paths)} files whose header could not be read "
+            f"(ds.skipped lists them): {_skip_list(skipped)}"
+        )
+    return kept, tuple(skipped)
+
+
+def _skip_list(skipped: Sequence[Skipped]) -> str:
+    """The first :data:`_SHOWN_SKIPS` skipped files with their reasons, and how many more."""
+    shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:_SHOWN_SKIPS])
+    more = len(skipped) - _SHOWN_SKIPS
+    return shown + (f"; and {more} more" if more > 0 else "")
 
 
 def _context(backend: str, key: str | None, source: Source) -> Context:

@@ -136,7 +136,7 @@ def scan_members_of(paths: Sequence[str], keys: Sequence[str], source: Source) -
 
 
 def scan_table(
-    picked: range,
+    picked: Sequence[int],
     chosen: Sequence[str],
     scanned: Sequence[Scanned | BaseException],
     origin: tuple[str, str, bool],
@@ -146,6 +146,10 @@ def scan_table(
     member: bool = False,
 ) -> FileTable:
     """The scanned files as a table: one dtype and ndim checked, ROIs resolved (``member``: errors name the member).
+
+    ``picked`` holds each file's place in the whole selected list (the row
+    of a per-file ROI): a shard's range, or the files kept by
+    ``on_error="skip"``.
 
     Distinct headers (with their :class:`HeaderCheck`) and ROIs are numbered
     as the loop meets them; per file it keeps only the identity and two ids.

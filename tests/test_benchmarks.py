@@ -16,7 +16,9 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("script", ["bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py"])
+@pytest.mark.parametrize(
+    "script", ["bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py", "bench_order.py"]
+)
 def test_benchmark_runs_at_tiny_size(tmp_path, script):
     stdout, data = _run_tiny(script, tmp_path, 2, 200)
     assert "goal" in stdout

@@ -26,6 +26,10 @@ from hypothesis import strategies as st
 
 import npydask
 import npydask.stacking
+from npydask.dataset import Skipped
+from npydask.errors import NpyDaskWarning
+
+from _s3 import s3  # noqa: F401  (the fixture)
 
 SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
 
@@ -507,13 +511,14 @@ def _check_order(ds, root, rels, value_of):
 def test_discovery_order_through_open_dataset(tree):
     root, value_of = tree
     flat = [".h.npy", "B.npy", "a.npy", "a10.npy", "a2.npy", "b.npy", "sub1/a.npy", "sub1/z.npy", "sub2/x.npy"]
-    _check_order(npydask.open_dataset(root), str(root), flat, value_of)
-    _check_order(npydask.open_dataset(str(root)), str(root), flat, value_of)
+    with pytest.warns(NpyDaskWarning, match="puts 'a10.npy' before 'a2.npy'"):  # (the default: DALI's, said)
+        _check_order(npydask.open_dataset(root), str(root), flat, value_of)
+    _check_order(npydask.open_dataset(str(root), sort="bytes"), str(root), flat, value_of)
     deep = [".h.npy", "B.npy", "a.npy", "a10.npy", "a2.npy", "b.npy", "sub1/a.npy", "sub1/deep/q.npy",
             "sub1/z.npy", "sub2/x.npy"]  # fmt: skip
-    _check_order(npydask.open_dataset(root, recursive=True), str(root), deep, value_of)
+    _check_order(npydask.open_dataset(root, recursive=True, sort="bytes"), str(root), deep, value_of)
     a_star = ["a.npy", "a10.npy", "a2.npy", "sub1/a.npy"]
-    _check_order(npydask.open_dataset(root, file_filter="a*.npy"), str(root), a_star, value_of)
+    _check_order(npydask.open_dataset(root, file_filter="a*.npy", sort="bytes"), str(root), a_star, value_of)
     _check_order(npydask.open_dataset(root, file_filter="*.NPY"), str(root), ["A.NPY"], value_of)
     with pytest.raises(ValueError, match="no file found"):
         npydask.open_dataset(root, file_filter="*.npz")
@@ -531,10 +536,15 @@ def test_natural_sort_concatenates_slices_in_numeric_order(tmp_path, dtype, n):
     ds = npydask.open_dataset(tmp_path, file_filter="slice_*.npy", sort="natural")
     assert ds.files == [str(tmp_path / f"slice_{i}.npy") for i in range(n)]
     np.testing.assert_array_equal(ds.concatenate(axis=0).compute(), np.concatenate(slices))
-    dali = npydask.open_dataset(tmp_path, file_filter="slice_*.npy")  # the default stays DALI's
-    assert dali.files == sorted(ds.files)
-    if n > 10:
+    if n > 10:  # the default stays DALI's, and says natural order differs
+        with pytest.warns(NpyDaskWarning, match=r"puts 'slice_1\d+\.npy' before 'slice_\d+\.npy'") as record:
+            dali = npydask.open_dataset(tmp_path, file_filter="slice_*.npy")
+        assert len(record) == 1 and record[0].filename == __file__
         assert dali.files != ds.files
+    else:
+        dali = npydask.open_dataset(tmp_path, file_filter="slice_*.npy")
+    assert dali.files == sorted(ds.files)
+    assert npydask.open_dataset(tmp_path, file_filter="slice_*.npy", sort="bytes").files == dali.files
     natural_shard = npydask.open_dataset(tmp_path, sort="natural", shard_id=1, num_shards=3)
     assert natural_shard.files == ds.files[n // 3 : 2 * n // 3]  # shards cut the sorted list, as DALI
 
@@ -1391,3 +1401,172 @@ def test_dataset_pickles_its_rows_compactly(tmp_path):
     assert back.files == [ds.files[7], ds.files[1400], ds.files[7]] and back.start_index is None
     np.testing.assert_array_equal(back.stack().compute(), np.stack([arrays[7], arrays[1400], arrays[7]]))
     assert repr(ds).count(str(tmp_path)) == 2  # first and last file named once each
+
+
+# -- on_error="skip" ----------------------------------------------------------------------------
+
+
+def _folder_with_bad_files(root):
+    """Files 0..9 as ``f{i:02d}.npy`` holding ``i``; 2 is garbage, 5 a truncated header, 7 an object array."""
+    for i in range(10):
+        np.save(root / f"f{i:02d}.npy", np.full((3, 4), i, "i4"))
+    (root / "f02.npy").write_bytes(b"not an array at all")
+    (root / "f05.npy").write_bytes((root / "f05.npy").read_bytes()[:20])
+    np.save(root / "f07.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    return [0, 1, 3, 4, 6, 8, 9]
+
+
+def test_on_error_skip_leaves_out_bad_headers_in_one_warning(tmp_path):
+    kept = _folder_with_bad_files(tmp_path)
+    with pytest.raises(npydask.NpyFormatError, match=r"f02\.npy"):
+        npydask.open_dataset(tmp_path)  # (the default raises)
+    with pytest.warns(NpyDaskWarning) as record:
+        ds = npydask.open_dataset(tmp_path, on_error="skip")
+    assert len(record) == 1 and record[0].filename == __file__
+    message = str(record[0].message)
+    assert "left out 3 of 10 files" in message and "ds.skipped" in message
+    for i in (2, 5, 7):
+        assert str(tmp_path / f"f{i:02d}.npy") in message
+    assert ds.files == [str(tmp_path / f"f{i:02d}.npy") for i in kept]
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack([np.full((3, 4), i, "i4") for i in kept]))
+    assert [s.path for s in ds.skipped] == [str(tmp_path / f"f{i:02d}.npy") for i in (2, 5, 7)]
+    assert all(isinstance(s, Skipped) and s.reason.startswith("NpyFormatError: ") for s in ds.skipped)
+    assert "magic" in ds.skipped[0].reason and "object" in ds.skipped[2].reason
+    assert str(tmp_path) not in ds.skipped[0].reason  # (the path is said once, in .path)
+    with pytest.raises(AttributeError):
+        ds.skipped[0].reason = "x"  # (frozen)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.skipped == ds.skipped and again.files == ds.files
+    assert ds[1:3].skipped == ds.skipped and ds.shard(0, 2).skipped == ds.skipped
+    assert npydask.open_dataset(tmp_path, file_filter="f0[01].npy", on_error="skip").skipped == ()  # (no warning)
+
+
+def test_on_error_skip_missing_and_special_files_of_a_list(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    os.mkdir(tmp_path / "sub")
+    with pytest.warns(NpyDaskWarning, match="left out 2 of 3"):
+        ds = npydask.open_dataset(tmp_path, files=["nope.npy", "a.npy", "sub"], on_error="skip")
+    assert ds.files == [str(tmp_path / "a.npy")]
+    assert [s.path for s in ds.skipped] == [str(tmp_path / "nope.npy"), str(tmp_path / "sub")]
+    assert ds.skipped[0].reason.startswith("FileNotFoundError")
+    assert isinstance(ds.skipped[1].reason, str) and ds.skipped[1].reason
+
+
+def test_on_error_skip_removes_files_before_sharding_keeping_their_roi_rows(tmp_path):
+    kept = _folder_with_bad_files(tmp_path)
+    starts = [[i % 3, i % 4] for i in range(10)]  # one row per file of the whole list, bad files included
+    rows = {i: np.full((3, 4), i, "i4")[s0:, s1:] for i, (s0, s1) in enumerate(starts)}
+    with pytest.warns(NpyDaskWarning):
+        whole = npydask.open_dataset(tmp_path, roi_start=starts, on_error="skip")
+    assert [a.compute().tolist() for a in whole.arrays()] == [rows[i].tolist() for i in kept]
+    got = []
+    for k in range(3):
+        with pytest.warns(NpyDaskWarning, match="left out 3 of 10"):  # (every shard reads every header)
+            shard = npydask.open_dataset(tmp_path, roi_start=starts, shard_id=k, num_shards=3, on_error="skip")
+        lo, hi = len(kept) * k // 3, len(kept) * (k + 1) // 3
+        assert shard.files == whole.files[lo:hi] and shard.start_index == lo and shard.sharding == (k, 3)
+        assert len(shard.skipped) == 3
+        got += [a.compute().tolist() for a in shard.arrays()]
+    assert got == [rows[i].tolist() for i in kept]
+
+
+def test_on_error_skip_keeps_other_errors_and_refuses_what_it_cannot_keep(tmp_path):
+    kept = _folder_with_bad_files(tmp_path)
+    np.save(tmp_path / f"f{kept[-1]:02d}.npy", np.zeros((3, 4), "f8"))  # another dtype: not a header failure
+    with pytest.raises(ValueError, match="one dtype"), pytest.warns(NpyDaskWarning):
+        npydask.open_dataset(tmp_path, on_error="skip")
+    with pytest.raises(npydask.RoiError), pytest.warns(NpyDaskWarning):
+        npydask.open_dataset(tmp_path, file_filter="f0[0-5].npy", roi_start=[5, 0], on_error="skip")
+    with pytest.raises(ValueError, match="headers='first'"):
+        npydask.open_dataset(tmp_path, headers="first", on_error="skip")
+    with pytest.raises(ValueError, match="index="):
+        npydask.open_dataset(tmp_path, index=tmp_path / "index.json", on_error="skip")
+    assert not (tmp_path / "index.json").exists()
+    for bad in ("ignore", "Skip", None, True):
+        with pytest.raises(ValueError, match=r"on_error must be 'raise'.*'skip'.*found " + re.escape(repr(bad))):
+            npydask.open_dataset(tmp_path, on_error=bad)
+    with pytest.raises(ValueError, match=r"left no file.*f02\.npy"):
+        npydask.open_dataset(tmp_path, file_filter="f0[257].npy", on_error="skip")
+
+
+def test_on_error_skip_names_at_most_twenty_files_in_the_warning(tmp_path):
+    for i in range(25):
+        (tmp_path / f"bad{i:02d}.npy").write_bytes(b"x")
+    np.save(tmp_path / "ok.npy", np.arange(2))
+    with pytest.warns(NpyDaskWarning, match="left out 25 of 26.*and 5 more") as record:
+        ds = npydask.open_dataset(tmp_path, on_error="skip")
+    assert "bad19.npy" in str(record[0].message) and "bad20.npy" not in str(record[0].message)
+    assert len(ds.skipped) == 25 and ds.files == [str(tmp_path / "ok.npy")]
+
+
+def test_a_prefix_warns_of_natural_order_and_skips_bad_objects(s3):  # noqa: F811
+    space = s3.space()
+    for i in (1, 2, 10):
+        s3.put_npy(f"{space}/day_{i}.npy", np.full(3, i, "<i2"))
+    s3.put(f"{space}/day_5.npy", b"not an array")
+    with pytest.warns(NpyDaskWarning) as record:
+        ds = npydask.open_dataset(f"s3://{space}/", storage_options=s3.options, on_error="skip")
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2 and all(w.filename == __file__ for w in record)
+    assert "puts 'day_10.npy' before 'day_2.npy'" in messages[0]
+    assert "left out 1 of 4" in messages[1] and f"s3://{space}/day_5.npy" in messages[1]
+    assert ds.files == [f"s3://{space}/day_{i}.npy" for i in (1, 10, 2)]
+    assert [s.path for s in ds.skipped] == [f"s3://{space}/day_5.npy"]
+    with pytest.warns(NpyDaskWarning, match="left out 1 of 4"):  # (only the skip: natural order asked for)
+        natural = npydask.open_dataset(f"s3://{space}", storage_options=s3.options, sort="natural", on_error="skip")
+    np.testing.assert_array_equal(natural.stack().compute()[:, 0], [1, 2, 10])
+
+
+def test_skipped_urls_show_no_query_string(tmp_path, http_server):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    (tmp_path / "b.npy").write_bytes(b"garbage")
+    server = http_server(tmp_path)
+    urls = [server.url(n) + "?X-Amz-Signature=s1gn" for n in ("a.npy", "b.npy", "gone.npy")]
+    with pytest.warns(NpyDaskWarning) as record:
+        ds = npydask.open_dataset(files=urls, on_error="skip")
+    shown = str(record[0].message) + repr(ds.skipped) + repr(ds)
+    assert "s1gn" not in shown and "left out 2 of 3" in shown
+    assert [s.path for s in ds.skipped] == [server.url("b.npy"), server.url("gone.npy")]
+    assert ds.skipped[1].reason.startswith("FileNotFoundError")
+    np.testing.assert_array_equal(ds[0].compute(), np.arange(3))
+
+
+def test_on_error_skip_with_npz_members_skips_archives_missing_one(tmp_path):
+    for i in range(6):
+        members = {"x": np.full((2, 2), i), "y": np.arange(i + 1.0)}
+        if i == 2:
+            del members["y"]
+        np.savez(tmp_path / f"p{i}.npz", **members)
+    (tmp_path / "p4.npz").write_bytes(b"not a zip")
+    with pytest.raises(KeyError, match="'y'"):
+        npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"])
+    with pytest.warns(NpyDaskWarning, match=r"left out 2 of 6.*p2\.npz: KeyError.*p4\.npz: NpyFormatError"):
+        both = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip")
+    assert both.files == [str(tmp_path / f"p{i}.npz") for i in (0, 1, 3, 5)]
+    assert [s.path for s in both.skipped] == [str(tmp_path / "p2.npz"), str(tmp_path / "p4.npz")]
+    samples = [{k: v.compute() for k, v in both[i].items()} for i in range(len(both))]
+    for sample, i in zip(samples, (0, 1, 3, 5)):
+        np.testing.assert_array_equal(sample["x"], np.full((2, 2), i))
+        np.testing.assert_array_equal(sample["y"], np.arange(i + 1.0))
+    with pytest.warns(NpyDaskWarning, match="left out 2 of 6"):
+        shard = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip", shard_id=1,
+                                     num_shards=2)
+    assert shard.files == both.files[2:] and shard.start_index == 2 and len(shard.skipped) == 2
+    with pytest.warns(NpyDaskWarning, match="left out 1 of 6"):  # (one member: only the broken archive)
+        xs = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x", on_error="skip")
+    np.testing.assert_array_equal(xs.stack()[:, 0, 0].compute(), [0, 1, 2, 3, 5])
+
+
+@pytest.mark.parametrize("headers", ["all", "first"])
+def test_sort_none_warns_once_for_every_listing_of_a_folder(tmp_path, headers):
+    for rel in ["v2.npy", "v10.npy", "s2/a.npy", "s10/a.npy"]:
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        np.save(tmp_path / rel, np.zeros(2))
+    for recursive in (False, True):
+        with pytest.warns(NpyDaskWarning) as record:
+            ds = npydask.open_dataset(tmp_path, headers=headers, recursive=recursive)
+        assert len(record) == 1, [str(w.message) for w in record]
+        assert ds.files == npydask.open_dataset(tmp_path, headers=headers, recursive=recursive, sort="bytes").files
+    assert npydask.open_dataset(tmp_path, headers=headers, sort="natural").files == [
+        str(tmp_path / r) for r in ["v2.npy", "v10.npy", "s2/a.npy", "s10/a.npy"]
+    ]

@@ -14,8 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npydask.discovery import (
-    DEFAULT_FILE_FILTER, SORTS, _matcher, dali_order, folder_order, natural_key, select_files, select_listed, shard_range,
+    DEFAULT_FILE_FILTER, SORTS, SWAP_PAIRS, _matcher, dali_order, folder_order, natural_key, natural_swap, select_files,
+    select_listed, shard_range,
 )  # fmt: skip
+from npydask.errors import NpyDaskWarning
 from npydask.storage.local import LocalLister
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="POSIX symlinks")
@@ -254,12 +256,89 @@ def test_listed_files_keep_their_order_whatever_sort(tmp_path):
         ]  # fmt: skip
 
 
-@pytest.mark.parametrize("sort", ["Natural", "numeric", "", None, 1, ("natural",)])
+@pytest.mark.parametrize("sort", ["Natural", "numeric", "", 1, ("natural",)])
 def test_unknown_sort_lists_the_choices(tmp_path, sort):
     touch(tmp_path, "a.npy")
     for kwargs in ({}, {"files": ["a.npy"]}):
         with pytest.raises(ValueError, match=r"sort must be one of \('bytes', 'natural'\).*found " + re.escape(repr(sort))):
             select_files(tmp_path, sort=sort, **kwargs)
+
+
+# -- sort=None: byte-wise order, and a warning when natural order would differ ----------------
+
+
+_SWAP_NAME = st.text(st.sampled_from("ab0129._"), min_size=1, max_size=5)
+
+
+@given(st.lists(st.one_of(_SWAP_NAME, st.tuples(_SWAP_NAME, _SWAP_NAME).map("/".join)), min_size=0, max_size=40,
+                unique=True))
+def test_natural_swap_is_exact_for_dali_order(names):
+    """Within SWAP_PAIRS pairs it reports a pair exactly when natural order differs, and that pair swaps."""
+    ordered = dali_order(list(names), sep="/")
+    swap = natural_swap(ordered, sep="/")
+    natural = dali_order(list(names), sep="/", sort="natural")
+    assert (swap is None) == (natural == ordered)
+    if swap is not None:
+        a, b = swap
+        assert ordered.index(b) == ordered.index(a) + 1 and natural.index(b) < natural.index(a)
+
+
+@given(st.lists(st.one_of(_SWAP_NAME, st.tuples(_SWAP_NAME, _SWAP_NAME).map("/".join)), max_size=40, unique=True))
+def test_natural_swap_is_exact_for_whole_paths(names):
+    ordered = sorted(names, key=os.fsencode)
+    swap = natural_swap(ordered)
+    natural = sorted(names, key=natural_key)
+    assert (swap is None) == (natural == ordered)
+    if swap is not None:
+        assert natural.index(swap[1]) < natural.index(swap[0])
+
+
+def test_natural_swap_a_million_names_early_uniform_and_sampled():
+    n = 1_000_000
+    assert natural_swap(sorted(f"vol_{i}.npy" for i in range(n))) == ("vol_100009.npy", "vol_10001.npy")
+    assert natural_swap(sorted(f"vol_{i:07d}.npy" for i in range(n))) is None  # (digits all sit alike)
+    no_digits = sorted(f"vol_{i:o}".translate(str.maketrans("01234567", "abcdefgh")) for i in range(n))
+    assert natural_swap(no_digits) is None
+    # Past SWAP_PAIRS pairs of unlike digits, the rest is sampled: a swap where the sample looks is found.
+    names = [f"{i:06d}_{'x' * (i % 2)}1.npy" for i in range(4 * SWAP_PAIRS)]
+    assert natural_swap(names) is None
+    spread = (len(names) - 1 - SWAP_PAIRS // 2) // (SWAP_PAIRS // 2)
+    at = SWAP_PAIRS // 2 + 10 * spread
+    names[at], names[at + 1] = names[at][:7] + "10.npy", names[at][:7] + "9.npy"  # (byte-wise order, swapped)
+    assert natural_swap(names) == (names[at], names[at + 1])
+    names[at - 1], names[at] = names[at - 1][:7] + "10.npy", names[at - 1][:7] + "9.npy"
+    names[at + 1] = names[at + 1][:7] + "1.npy"
+    assert natural_swap(names) is None  # (a pair the sample skips goes unseen, as documented)
+
+
+def test_sort_none_warns_once_naming_two_files_that_swap(tmp_path):
+    touch(tmp_path, *(f"day_{i}.npy" for i in range(1, 13)))
+    with pytest.warns(NpyDaskWarning) as record:
+        got = select_files(tmp_path, sort=None)
+    assert rel(got, tmp_path) == sorted(f"day_{i}.npy" for i in range(1, 13))  # byte-wise, as DALI
+    assert len(record) == 1 and record[0].filename == __file__
+    message = str(record[0].message)
+    assert re.search(r"puts 'day_1[0-2]\.npy' before 'day_2\.npy'", message), message
+    for part in ("sort='natural'", "sort='bytes'", str(tmp_path)):
+        assert part in message, (part, message)
+    for sort in SORTS:  # (an explicit order never warns)
+        select_files(tmp_path, sort=sort)
+    select_files(tmp_path, files=["day_10.npy", "day_2.npy"], sort=None)  # (a list keeps its order)
+    (tmp_path / "l.txt").write_text("day_10.npy\nday_2.npy\n")
+    select_files(tmp_path, file_list=tmp_path / "l.txt", sort=None)
+
+
+def test_sort_none_warns_in_every_discovery_mode_and_not_for_zero_padding(tmp_path):
+    touch(tmp_path / "pad", *(f"day_{i:03d}.npy" for i in range(1, 366)))
+    select_files(tmp_path / "pad", sort=None)  # (no warning: filterwarnings turns one into an error)
+    select_files(tmp_path / "pad", sort=None, recursive=True)
+    touch(tmp_path / "sub", "s2/a.npy", "s10/a.npy")
+    with pytest.warns(NpyDaskWarning, match="'s10/a.npy' before 's2/a.npy'"):
+        select_files(tmp_path / "sub", sort=None)
+    with pytest.warns(NpyDaskWarning, match="'s10/a.npy' before 's2/a.npy'"):
+        select_files(tmp_path / "sub", sort=None, recursive=True)
+    touch(tmp_path / "top", "z9.npy", "a/x.npy")  # (root files first in both orders: nothing to say)
+    select_files(tmp_path / "top", sort=None)
 
 
 # -- the filter --------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def test_dtypes_cupy_cannot_hold_are_refused_at_call_time(save, numpy_device, dt
         npydask.from_npy(p, device="gpu")
     with pytest.raises(TypeError, match="cannot be held by CuPy"):
         npydask.open_dataset(files=[p], device="gpu")  # at open, before any array is built
+    with pytest.raises(TypeError, match="cannot be held by CuPy"):
+        npydask.open_dataset(files=[p], device="gpu", on_error="skip")  # (skipping reads headers its own way)
 
 
 def test_check_gpu_dtype_table():

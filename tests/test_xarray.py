@@ -19,7 +19,7 @@ xr = pytest.importorskip("xarray", reason="xarray is not installed: pip install 
 
 import npydask  # noqa: E402
 from npydask.array import NpyFileArray  # noqa: E402
-from npydask.errors import FileChangedError, RoiError  # noqa: E402
+from npydask.errors import FileChangedError, NpyDaskWarning, RoiError  # noqa: E402
 from npydask.storage.local import LocalSource  # noqa: E402
 from npydask.xarray import NpyBackendArray, NpyBackendEntrypoint  # noqa: E402
 
@@ -91,11 +91,13 @@ def test_guess_can_open_takes_npy_and_npz_paths_and_urls_only(tmp_path):
 
 def test_open_dataset_parameters_name_what_open_dataset_takes():
     params = NpyBackendEntrypoint.open_dataset_parameters
-    assert params[:5] == ("filename_or_obj", "drop_variables", "dims", "key", "storage_options")
+    assert params[:7] == ("filename_or_obj", "drop_variables", "dims", "key", "storage_options", "file_coord",
+                          "coord_name")
     import inspect
 
     taken = {n for n, p in inspect.signature(npydask.open_dataset).parameters.items() if p.kind is p.KEYWORD_ONLY}
-    assert set(params[5:]) == taken - {"key", "device", "storage_options"}
+    assert set(params[7:]) == taken - {"key", "device", "storage_options"}
+    assert {"sort", "on_error"} <= set(params)
     assert {"file_filter", "recursive", "roi_start", "roi_shape", "out_of_bounds_policy", "fill_value", "index"} <= set(params)
     assert NpyBackendEntrypoint.description
     assert "npy" in repr(NpyBackendEntrypoint())
@@ -492,6 +494,115 @@ def test_folder_of_npz_archives_with_a_key(tmp_path):
     np.testing.assert_array_equal(ds["data"].values, np.stack([np.full((2, 2), i) for i in range(3)]))
     with pytest.raises(ValueError, match="different shapes"):
         open_npy(tmp_path, file_filter="*.npz", key="y")
+
+
+def _days(root, n=12, shape=(2, 3)):
+    """``day_1.npy .. day_n.npy`` holding their day number: byte-wise order would put day_10 before day_2."""
+    for i in range(1, n + 1):
+        np.save(root / f"day_{i}.npy", np.full(shape, i, "i4"))
+    return np.stack([np.full(shape, i, "i4") for i in range(1, n + 1)])
+
+
+def test_folder_files_are_in_natural_order_by_default(tmp_path):
+    days = _days(tmp_path)
+    ds = open_npy(tmp_path)  # (no warning: the engine's default is natural order)
+    assert ds["file"].values.tolist() == [f"day_{i}.npy" for i in range(1, 13)]
+    np.testing.assert_array_equal(ds["data"].values, days)
+    dali = open_npy(tmp_path, sort="bytes")
+    assert dali["file"].values.tolist() == sorted(f"day_{i}.npy" for i in range(1, 13))
+    with pytest.warns(NpyDaskWarning, match="sort='natural'"):  # (None is open_dataset's default: it says so)
+        open_npy(tmp_path, sort=None)
+    with pytest.raises(ValueError, match="choose files in a folder"):
+        open_npy(tmp_path / "day_1.npy", sort="natural")
+
+
+def test_file_coord_from_a_named_group_a_plain_group_or_a_function(tmp_path):
+    days = _days(tmp_path)
+    ds = open_npy(tmp_path, file_coord=r"day_(?P<day>\d+)")
+    assert ds["day"].dims == ("file",) and ds["day"].values.tolist() == list(range(1, 13))
+    assert ds["day"].dtype == np.int64
+    np.testing.assert_array_equal(ds.swap_dims(file="day").sel(day=10)["data"].values, days[9])
+    indexed = open_npy(tmp_path, file_coord=r"day_(?P<day>\d+)", dims=["day", "y", "x"], chunks={})
+    assert indexed["data"].dims == ("day", "y", "x") and "day" in indexed.indexes
+    assert indexed["file"].dims == ("day",) and indexed["file"].values[0] == "day_1.npy"
+    np.testing.assert_array_equal(indexed.sel(day=[2, 10])["data"].values, days[[1, 9]])
+    plain = open_npy(tmp_path, file_coord=r"_(\d+)\.", coord_name="n")
+    assert plain["n"].values.tolist() == list(range(1, 13))
+    by_function = open_npy(tmp_path, file_coord=lambda name: name.upper(), coord_name="upper")
+    assert by_function["upper"].values.tolist() == [f"DAY_{i}.NPY" for i in range(1, 13)]
+    for bad, kwargs, match in [
+        (r"day_(\d+)", {}, "coord_name"),
+        (r"(day)_(\d+)", {"coord_name": "x"}, "2 groups"),
+        (r"day_(?P<day>\d+)", {"coord_name": "x"}, "drop coord_name"),
+        (lambda n: 1, {}, "coord_name"),
+        (r"week_(?P<week>\d+)", {}, r"does not match the file 'day_1.npy'"),
+        (r"day_(?P<file>\d+)", {}, "name it otherwise"),
+        (r"(?P<dim_0>\d+)", {}, "names a variable or axis"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            open_npy(tmp_path, file_coord=bad, **kwargs)
+    with pytest.raises(TypeError, match="regular expression"):
+        open_npy(tmp_path, file_coord=3)
+    with pytest.raises(ValueError, match="file_coord.*choose files in a folder"):
+        open_npy(tmp_path / "day_1.npy", file_coord=r"(?P<d>\d)")
+
+
+def test_file_coord_values_are_typed(tmp_path):
+    for name in ["t_2024-01-05_x1.5_a.npy", "t_2024-01-06_x-2_b.npy"]:
+        np.save(tmp_path / name, np.zeros(2))
+    ds = open_npy(tmp_path, file_coord=r"t_(?P<time>[\d-]+)_x(?P<x>[-\d.]+)_(?P<site>\w)")
+    assert ds["time"].dtype.kind == "M"
+    np.testing.assert_array_equal(ds["time"].values, np.array(["2024-01-05", "2024-01-06"], "datetime64[ns]"))
+    assert ds["x"].values.tolist() == [1.5, -2.0] and ds["site"].values.tolist() == ["a", "b"]
+
+
+def test_a_folder_of_npz_pairs_with_a_key_list_is_one_variable_per_member(tmp_path):
+    xs = [np.full((2, 3), i, ">i2") for i in range(10)]
+    ys = [np.arange(4.0) + i for i in range(10)]
+    for i in range(10):
+        np.savez(tmp_path / f"pair_{i}.npz", x=xs[i], y=ys[i], z=np.arange(i + 1))
+    ds = open_npy(tmp_path, file_filter="*.npz", key=["x", "y"], chunks={})
+    assert ds["x"].dims == ("file", "x_dim_0", "x_dim_1") and ds["y"].dims == ("file", "y_dim_0")
+    assert ds["file"].values.tolist() == [f"pair_{i}.npz" for i in range(10)]
+    np.testing.assert_array_equal(ds["x"].values, np.stack(xs))
+    np.testing.assert_array_equal(ds["y"].values, np.stack(ys))
+    named = open_npy(tmp_path, file_filter="*.npz", key=["x", "y"], dims={"x": ["t", "r", "c"], "y": ["t", "k"]},
+                     drop_variables=["x"])
+    assert list(named.data_vars) == ["y"] and named["y"].dims == ("t", "k")
+    assert named["t"].values.tolist() == [f"pair_{i}.npz" for i in range(10)]
+    with pytest.raises(ValueError, match="one name"):
+        open_npy(tmp_path, file_filter="*.npz", key=["x", "y"], dims={"x": ["a", "r", "c"], "y": ["t", "k"]})
+    with pytest.raises(TypeError, match="dims as a dict"):
+        open_npy(tmp_path, file_filter="*.npz", key=["x", "y"], dims=["a", "b"])
+    with pytest.raises(ValueError, match=r"member 'z': files of different shapes"):
+        open_npy(tmp_path, file_filter="*.npz", key=["x", "z"])
+
+
+@pytest.mark.parametrize("n", [10, 11, 13, 37])
+def test_folder_file_chunks_are_balanced(tmp_path, n):
+    """npydask groups these files (64 KiB each) 9 to a chunk at this chunk size: the engine evens them out."""
+    arrays = make_folder(tmp_path, [(32, 256)] * n, dtype="f8", names=[f"{i:02d}.npy" for i in range(n)])
+    with dask.config.set({"array.chunk-size": "576KiB"}):
+        grouped = npydask.open_dataset(tmp_path).stack().chunks[0]
+        ds = open_npy(tmp_path, chunks={})
+    chunks = ds["data"].chunks[0]
+    assert len(chunks) == len(grouped) and max(chunks) - min(chunks) <= 1 and sum(chunks) == n
+    assert ds["data"].encoding["preferred_chunks"]["file"] == chunks
+    np.testing.assert_array_equal(ds["data"].values, np.stack(list(arrays.values())))
+    if n == 10:
+        assert grouped == (9, 1) and chunks == (5, 5)
+
+
+def test_a_presigned_urls_query_is_not_in_the_lazy_arrays_repr(tmp_path, http_server):
+    np.save(tmp_path / "v.npy", np.arange(6.0).reshape(2, 3))
+    server = http_server(tmp_path)
+    url = server.url("v.npy") + "?X-Amz-Signature=s1gn&X-Amz-Credential=AKIA"
+    ds = open_npy(url)
+    lazy = ds["data"].variable._data  # (before the values are read: xarray then holds them in memory)
+    shown = repr(lazy) + repr(ds) + repr(ds["data"]) + str(ds["data"].encoding) + str(ds.encoding)
+    assert "NpyBackendArray('" + server.url("v.npy") + "', shape=(2, 3), dtype=<f8)" in repr(lazy)
+    assert "s1gn" not in shown and "AKIA" not in shown
+    np.testing.assert_array_equal(ds["data"].values, np.arange(6.0).reshape(2, 3))
 
 
 # -- pickling, threads ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from npydask.array import NpyFileArray
 from npydask.header import NpyHeader
 from npydask.paths import absolute
 from npydask.stacking import FileGroup
-from npydask.storage.urls import is_url
+from npydask.storage.urls import is_url, redact
 
 __all__ = ["NpyBackendArray", "axis_names", "file_names", "npy_attrs", "runs", "same_shapes"]
 
@@ -68,7 +68,11 @@ class NpyBackendArray(BackendArray):
         return (NpyBackendArray, (self.source,))
 
     def __repr__(self) -> str:
-        return f"NpyBackendArray({self.source!r})"
+        """The file (a URL's query string and userinfo removed), or the group's count, with shape and dtype."""
+        source = self.source
+        if isinstance(source, NpyFileArray):
+            return f"NpyBackendArray({redact(source.ref.path)!r}, shape={self.shape}, dtype={self.dtype.str})"
+        return f"NpyBackendArray({source!r})"  # (a FileGroup shows no path)
 
 
 def runs(indices: Sequence[int]) -> list[slice]:

@@ -26,6 +26,7 @@ from npydask.storage._handles import open_regular, reader
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, resolve
 from npydask.xarray._array import FILE_DIM, NpyBackendArray, axis_names, file_names, npy_attrs, same_shapes
+from npydask.xarray._coords import balanced, coords_from_names
 
 __all__ = ["DATASET_KEYWORDS", "FOLDER_ONLY", "dataset_to_xarray", "open_npy"]
 
@@ -36,8 +37,12 @@ DATASET_KEYWORDS = tuple(
 )
 """The keywords of :func:`npydask.open_dataset` the engine passes through (besides ``key`` and ``storage_options``)."""
 
-FOLDER_ONLY = frozenset(("file_filter", "file_list", "files", "recursive", "sort", "shard_id", "num_shards"))
+FOLDER_ONLY = frozenset(("file_filter", "file_list", "files", "recursive", "sort", "shard_id", "num_shards",
+                         "on_error"))
 """Keywords that choose files of a folder: refused for a single file or archive."""
+
+ENGINE_SORT = "natural"
+"""The engine's default ``sort``: numbered files (``day_1 .. day_365``) are a series, read by number."""
 
 DATA = "data"
 """The variable of a file or folder."""
@@ -50,6 +55,8 @@ def open_npy(
     dims: Any = None,
     key: str | Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    file_coord: Any = None,
+    coord_name: str | None = None,
     **dataset_kwargs: Any,
 ) -> xr.Dataset:
     """The lazy :class:`xarray.Dataset` of a ``.npy`` file, an ``.npz`` archive or a folder.
@@ -72,14 +79,16 @@ def open_npy(
     if unknown:
         raise TypeError(
             f"the npy engine takes no keyword {', '.join(map(repr, unknown))}; it takes dims, key, "
-            f"storage_options and npydask.open_dataset's {', '.join(DATASET_KEYWORDS)}"
+            f"storage_options, file_coord, coord_name and npydask.open_dataset's {', '.join(DATASET_KEYWORDS)}"
         )
     path = fspath(filename_or_obj)
     drop = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables or ())
     options = {"storage_options": storage_options, **dataset_kwargs}
     if _is_folder(path):
-        return _folder(path, drop, dims, key, options)
-    given = sorted(FOLDER_ONLY & set(dataset_kwargs))
+        return _folder(path, drop, dims, key, {"sort": ENGINE_SORT, **options}, (file_coord, coord_name))
+    given = sorted(FOLDER_ONLY & set(dataset_kwargs)) + [
+        k for k, v in (("file_coord", file_coord), ("coord_name", coord_name)) if v is not None
+    ]
     if given:
         raise ValueError(
             f"{redact(path)}: {', '.join(given)} choose files in a folder; this is one "
@@ -155,24 +164,74 @@ def _members(path: str, storage_options: dict[str, Any] | None) -> list[str]:
         return arrays_in(reader(f.fileno()), st.st_size, path)
 
 
-def _folder(path: str, drop: set[str], dims: Any, key: Any, options: dict[str, Any]) -> xr.Dataset:
-    """Variable ``data`` of dims ``("file", ...)`` stacking the folder's files, coordinate ``file``."""
-    if key is not None and not isinstance(key, str):
-        raise TypeError(f"{redact(path)}: key names the one .npz member to read of each file, found {key!r}")
-    ds = open_dataset(path, key=key, **options)
-    same_shapes(ds.files, ds.shapes)
-    names = stacked_names(dims, ds.ndim, f"{redact(path)} (files of shape {ds.shapes[0]})")
+def _folder(
+    path: str, drop: set[str], dims: Any, key: Any, options: dict[str, Any], naming: tuple[Any, str | None]
+) -> xr.Dataset:
+    """Variables of dims ``("file", ...)`` stacking the folder's files (one per member of a ``key`` list), coordinates."""
+    opened = open_dataset(path, key=key, **options)
     shown = _shown(path, options["storage_options"])
+    if isinstance(opened, NpyDataset):
+        members = {DATA: (opened, "dim_", dims)}
+    else:  # key=[...]: one variable per member, each file's axes named after it
+        if dims is not None and not isinstance(dims, dict):
+            raise TypeError(
+                f"{redact(path)}: with key={list(opened.keys)!r} each member has dims of its own: give dims as a "
+                f"dict {{member: names}}, found {dims!r}"
+            )
+        members = {k: (m, f"{k}_dim_", (dims or {}).get(k)) for k, m in opened.members.items()}
     variables = {}
-    if DATA not in drop:
-        group = FileGroup(ds.views, 0, stacked=True)  # what ds.stack() reads, as one array-like
-        variables[DATA] = _lazy(names, NpyBackendArray(group), ds.stack().chunks, ds.headers, shown)
-    coords = {} if names[0] in drop else {names[0]: file_names(ds.files, path)}
+    file_dim: Hashable | None = None
+    for name, (ds, prefix, member_dims) in members.items():
+        try:
+            same_shapes(ds.files, ds.shapes)
+        except ValueError as e:
+            if name == DATA:
+                raise
+            raise ValueError(f"member {name!r}: {e}") from None
+        names = stacked_names(member_dims, ds.ndim, f"{redact(path)} (files of shape {ds.shapes[0]})", prefix)
+        if file_dim is not None and names[0] != file_dim:
+            raise ValueError(
+                f"{redact(path)}: every member's file axis must have one name, found {file_dim!r} and {names[0]!r}"
+            )
+        file_dim = names[0]
+        if name not in drop:
+            chunks = ds.stack().chunks
+            chunks = (balanced(len(ds), len(chunks[0])), *chunks[1:])  # (no trailing one-file chunk)
+            group = FileGroup(ds.views, 0, stacked=True)  # what ds.stack() reads, as one array-like
+            variables[name] = _lazy(names, NpyBackendArray(group), chunks, ds.headers, shown)
+    assert file_dim is not None
+    relative = file_names(opened.files, path)
+    coords: dict[Hashable, Any] = {} if file_dim in drop else {file_dim: relative}
+    if naming[0] is not None:
+        coords.update(_named(coords, file_dim, relative, naming, variables, redact(path)))
     return _dataset(variables, coords, shown)
 
 
-def stacked_names(dims: Any, ndim: int, what: str) -> tuple[Hashable, ...]:
+def _named(
+    coords: dict[Hashable, Any], file_dim: Hashable, relative: list[str], naming: tuple[Any, str | None],
+    variables: dict[str, xr.Variable], shown: str,
+) -> dict[Hashable, Any]:
+    """``file_coord``'s coordinates along ``file_dim``; one named as the file axis becomes its index."""
+    out: dict[Hashable, Any] = {}
+    for name, values in coords_from_names(relative, *naming).items():
+        if name in variables or (name != file_dim and any(name in v.dims for v in variables.values())):
+            raise ValueError(f"{shown}: file_coord makes a coordinate {name!r}, which names a variable or axis already")
+        if name == file_dim:
+            if file_dim == FILE_DIM:
+                raise ValueError(
+                    f"{shown}: file_coord makes a coordinate {name!r}, the name of the files' paths; name it otherwise"
+                )
+            out[FILE_DIM] = (file_dim, coords.pop(file_dim, relative))  # (the paths stay, as "file")
+            out[name] = values
+        else:
+            out[name] = (file_dim, values)
+    return out
+
+
+def stacked_names(dims: Any, ndim: int, what: str, prefix: str = "dim_") -> tuple[Hashable, ...]:
     """Dims of a stack of files of ``ndim`` axes: ``("file", *dims)``, or ``dims`` naming the file axis too.
+
+    Without ``dims``: ``("file", "<prefix>0", ...)``.
 
     Examples
     --------
@@ -181,7 +240,7 @@ def stacked_names(dims: Any, ndim: int, what: str) -> tuple[Hashable, ...]:
     >>> stacked_names(["y", "x"], 2, "scans/"), stacked_names(["t", "y", "x"], 2, "scans/")
     (('file', 'y', 'x'), ('t', 'y', 'x'))
     """
-    default = [FILE_DIM, *(f"dim_{i}" for i in range(ndim))]
+    default = [FILE_DIM, *(f"{prefix}{i}" for i in range(ndim))]
     if dims is None:
         return tuple(default)
     if isinstance(dims, str) or not isinstance(dims, Sequence) or len(dims) not in (ndim, ndim + 1):
