@@ -10,7 +10,10 @@ the same tasks, ``getter_nofancy(source, slices, asarray=False, lock=False)``:
 - under dask's legacy engine, a ``HighLevelGraph`` of one lazy ``Blockwise``
   layer (plus the one-key layer holding the source when ``inline=False``), so
   ``optimize_blockwise`` fuses the reads with the operations after them and
-  culling needs no materialised graph, exactly as for ``from_array``;
+  culling needs no materialised graph, exactly as for ``from_array``; the
+  layer (:class:`npydask._graph_legacy.ReadLayer`) also materialises and culls
+  its one kind of task directly, where dask's generic ``Blockwise`` code took
+  about 125 us a layer at compute time;
 - under array query planning (``DASK_ARRAY__QUERY_PLANNING=True``), an
   :class:`NpyChunks` expression whose ``_layer`` makes those tasks, named
   ``name`` (where ``from_array``'s expression ignores the name it is given).
@@ -40,6 +43,8 @@ def query_planning() -> bool:
     from dask.array.core import Array
 
     return da.Array is not Array
+
+
 def chunk_array(
     source: Any,
     chunks: tuple[tuple[int, ...], ...],
