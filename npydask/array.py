@@ -1,12 +1,13 @@
-"""Lazy dask arrays over ``.npy`` files, through dask's public ``from_array``.
+"""Lazy dask arrays over ``.npy`` files: one graph layer of tiny read tasks.
 
-:func:`from_npy` wraps a :class:`NpyFileArray` (a tiny array-like holding a
-:class:`~npydask.reader.FileRef`) in ``dask.array.from_array`` with
-``inline_array=True``: each task is ``getter(NpyFileArray, slices)`` and
-reads exactly its chunk's bytes on whichever worker runs it. The array-like
-has no ``copy`` method and is no ndarray, so dask neither copies nor hashes
-data; its token is (path, size, mtime, inode, header, settings), which makes
-``x.name`` deterministic under both of dask's array engines.
+:func:`from_npy` puts a :class:`NpyFileArray` (a tiny array-like holding a
+:class:`~npydask.reader.FileRef`) into every task of a one-layer graph that
+:func:`npydask.graph.chunk_array` builds directly, the graph
+``dask.array.from_array(..., inline_array=True)`` would build, without its
+cost: each task is ``getter(NpyFileArray, slices)`` and reads exactly its
+chunk's bytes on whichever worker runs it. The array-like carries no data; its
+token is (path, size, mtime, inode, header, settings), which makes ``x.name``
+deterministic, and the same under both of dask's array engines.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
-from npydask.backends._pool import empty
 from npydask._keywords import suggest_keywords
+from npydask.backends._pool import empty
+from npydask.graph import chunk_array
 from npydask.reader import BACKENDS, FileRef
 from npydask.region import Box, raw
 from npydask.roi import FileRoi, fill_like
@@ -33,7 +35,7 @@ from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 from npydask.storage.where import fspath, resolve
 
-__all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy"]
+__all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy", "regular_grid"]
 
 DEVICES = ("cpu", "gpu")
 
@@ -221,13 +223,26 @@ def resolve_chunks(chunks: Any, source: NpyFileArray) -> tuple[tuple[int, ...], 
     would inflate the member's prefix again.
     """
     limit = chunk_limit(chunks)
-    if limit is not None:
-        ref = source.ref
-        if ref.compressed:
-            chunks = source.shape
-        else:
-            chunks = auto_chunks(source.shape, source.dtype, ref.header.fortran_order, limit)
-    return normalize_chunks(chunks, source.shape, dtype=source.dtype)
+    if limit is None:
+        return normalize_chunks(chunks, source.shape, dtype=source.dtype)
+    ref = source.ref
+    if ref.compressed:
+        return regular_grid(source.shape, source.shape)
+    return regular_grid(source.shape, auto_chunks(source.shape, source.dtype, ref.header.fortran_order, limit))
+
+
+def regular_grid(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``normalize_chunks(block, shape)`` for a block shape from :func:`auto_chunks`, without its checks.
+
+    Each axis is cut into blocks of ``block[i]`` and a shorter last one; an
+    empty axis has one chunk of 0.
+
+    Examples
+    --------
+    >>> regular_grid((10, 4, 0), (4, 4, 0))
+    ((4, 4, 2), (4,), (0,))
+    """
+    return tuple(((b,) * (n // b) + ((n % b,) if n % b else ())) if n else (0,) for n, b in zip(shape, block))
 
 
 def check_device(device: str) -> None:
@@ -387,9 +402,9 @@ def wrap(
     """A dask array over an npydask array-like, one small task per chunk.
 
     ``source`` (an :class:`NpyFileArray` or a group of files) is embedded in
-    every task (``inline_array=True``): it is a few hundred bytes and has no
-    ``copy`` method, so dask neither copies nor hashes data; its
-    ``__dask_tokenize__`` makes the name deterministic. With ``device="gpu"``
+    every task (:func:`npydask.graph.chunk_array`): it is a few hundred bytes
+    and carries no data; its ``__dask_tokenize__`` makes the name
+    deterministic. With ``device="gpu"``
     the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
     dtype is checked now) and the meta a ``cupy.ndarray``. With
     ``inline=False`` the source is one key of the graph that every task
@@ -408,4 +423,4 @@ def wrap(
     # repr with the chunks is ~10x cheaper than tokenize() walking the chunk tuples.
     facts = repr((source.__dask_tokenize__(), chunks, key, device, inline)).encode("utf8", "surrogateescape")
     name = "npy-" + hashlib.blake2b(facts, digest_size=16).hexdigest()
-    return da.from_array(source, chunks=chunks, name=name, fancy=False, inline_array=inline, meta=meta, asarray=False)
+    return chunk_array(source, chunks, name, meta, inline=inline)

@@ -292,3 +292,103 @@ def test_from_npy_a_file_whose_name_looks_like_a_glob_is_read(tmp_path):
     with pytest.raises(FileNotFoundError) as info:  # a plain missing file gets no glob advice
         npydask.from_npy(tmp_path / "missing.npy")
     assert "open_dataset" not in str(info.value)
+
+
+# -- the graph: one layer built directly (npydask.graph), the same under both array engines --------
+
+
+def test_from_npy_builds_its_graph_without_from_array(save, monkeypatch):
+    """The graph is built directly (dask's from_array spent most of from_npy's time); values still equal numpy."""
+    a = np.arange(60.0).reshape(6, 10)
+    p = save(a)
+    npydask.from_npy(p)  # (the one-time check against from_array runs before the patch)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_npy called dask.array.from_array")
+
+    monkeypatch.setattr(da, "from_array", refuse)
+    x = npydask.from_npy(p, chunks=(4, 5))
+    assert_eq(x, a, check_chunks=True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "pread"])
+def test_graph_is_one_layer_of_tiny_tasks(save, backend):
+    a = np.arange(60.0).reshape(6, 10)
+    p = save(a)
+    x = npydask.from_npy(p, chunks=(4, 5), backend=backend)
+    graph = dict(x.__dask_graph__())
+    assert set(graph) == {(x.name, i, j) for i in range(2) for j in range(2)}
+    if not da.array_expr_enabled():
+        assert list(x.dask.layers) == [x.name] and x.dask.dependencies == {x.name: set()}
+    task = graph[(x.name, 1, 1)]
+    source, region = (arg.value for arg in task.args)
+    assert isinstance(source, NpyFileArray) and source.ref.path == os.path.abspath(p)
+    assert region == (slice(4, 6, None), slice(5, 10, None))
+    assert_eq(x, a, check_chunks=True)  # (validates x.dask: keys, layers, chunk shapes and dtypes)
+
+
+def test_name_is_the_same_rebuilt_and_under_either_engine(save):
+    """Same file and arguments, same name: rebuilt in this process, and in processes running either engine."""
+    import subprocess
+    import sys
+
+    p = save(np.arange(12.0).reshape(3, 4))
+    x = npydask.from_npy(p, chunks=(2, 4))
+    assert npydask.from_npy(p, chunks=(2, 4)).name == x.name
+    code = "import sys, npydask; print(npydask.from_npy(sys.argv[1], chunks=(2, 4)).name)"
+    names = set()
+    for engine in ("False", "True"):
+        env = dict(os.environ, DASK_ARRAY__QUERY_PLANNING=engine)
+        run = subprocess.run([sys.executable, "-c", code, p], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        names.add(run.stdout.strip())
+    assert names == {x.name}
+    assert x.name.startswith("npy-")
+
+
+@pytest.mark.parametrize("chunks", [(4, 5), (6, 10)])
+def test_pickled_array_and_graph_compute_equal(save, chunks):
+    a = np.arange(60, dtype=">i4").reshape(6, 10)
+    p = save(a)
+    x = npydask.from_npy(p, chunks=chunks)
+    y = pickle.loads(pickle.dumps(x, protocol=5))
+    assert y.name == x.name and y.chunks == x.chunks
+    same(y.compute(), a)
+    graph = pickle.loads(pickle.dumps(dict(x.__dask_graph__()), protocol=5))
+    from dask.local import get_sync
+
+    blocks = get_sync(graph, list(graph))
+    assert sum(b.size for b in blocks) == a.size
+
+
+def test_optimize_fuses_reads_with_what_follows(save):
+    """dask.optimize treats the reads as from_array's: under the legacy engine they fuse into the next task."""
+    a = np.arange(60.0).reshape(6, 10)
+    p = save(a)
+    x = npydask.from_npy(p, chunks=(3, 10))
+    y = (2 * x + 1)[1:5]
+    (optimized,) = dask.optimize(y)
+    same(optimized.compute(), (2 * a + 1)[1:5])
+    if not da.array_expr_enabled():
+        graph = dict(optimized.__dask_graph__())
+        assert not any(isinstance(k, tuple) and k[0] == x.name for k in graph)  # no read left on its own
+        work = [task for task in graph.values() if type(task).__name__ != "Alias"]
+        assert len(work) == 2  # one task per chunk of y: read, scale, shift and slice together
+    with dask.config.set({"optimization.fuse.active": False}):
+        same(dask.optimize(y)[0].compute(), (2 * a + 1)[1:5])
+
+
+def test_stacked_files_graph_validates_and_pickles(tmp_path):
+    """Many files: open_dataset's stack holds its source under one key (the same builder, inline=False)."""
+    arrays = [np.full((4, 3), i, "<f4") for i in range(5)]
+    paths = []
+    for i, arr in enumerate(arrays):
+        paths.append(str(tmp_path / f"{i}.npy"))
+        np.save(paths[-1], arr)
+    x = npydask.open_dataset(files=paths).stack()
+    assert_eq(x, np.stack(arrays))
+    y = pickle.loads(pickle.dumps(x))
+    same(y.compute(), np.stack(arrays))
+    per_file = da.stack([npydask.from_npy(p) for p in paths])
+    assert_eq(per_file, np.stack(arrays))
+    same(per_file.sum().compute(), np.stack(arrays).sum())

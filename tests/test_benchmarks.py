@@ -56,6 +56,12 @@ def test_remote_benchmark_runs_at_tiny_size(tmp_path):
     # the ROI read through the counting proxy: one LIST, the header GETs and the range GETs, some bytes
     assert roi["traffic"]["requests"]["LIST"] == 1 and roi["traffic"]["downstream"] > data["facts"]["roi spans bytes (all volumes)"]
     assert all(g["verdict"] in ("PASS", "FAIL", "n/a", "info") for g in data["goals"])
+    # R1's time goals: loopback against the raw per-plane range GETs; the link goal is defined at 1,000 Mbit/s
+    verdicts = {g["goal"]: g["verdict"] for g in data["goals"]}
+    loopback = [text for text in verdicts if text.startswith("R1 roi, loopback") and "raw per-plane range GETs" in text]
+    assert len(loopback) == 2 and all(verdicts[text] in ("PASS", "FAIL") for text in loopback), verdicts
+    assert [verdicts[t] for t in verdicts if t.startswith("R1 roi over an emulated 1000 Mbit/s link")] == ["n/a"]
+    assert any(t.startswith("(info) R1 roi over an emulated 200 Mbit/s link") for t in verdicts)
 
 
 def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server):
