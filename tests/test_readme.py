@@ -2,9 +2,9 @@
 
 Each block is one test (its id is the line of its fence). It runs as written, in a fresh namespace,
 with one temporary working directory shared by every block, which holds the files the examples name
-(:func:`workdir`: ``scans/`` of 16 volumes ``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``vol/``,
+(:func:`workdir`: ``scans/`` of 16 volumes ``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
 ``stack/``, ``vol.npy``, ``volume.npy``, ``pair.npz``). A block may use, without defining them, the
-names a reader brings from the prose around it (:data:`GIVEN`): ``np`` and ``npydask`` (imported),
+names a reader brings from the prose around it (a block indented in a list item is dedented first) (:data:`GIVEN`): ``np`` and ``npydask`` (imported),
 ``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``a`` and ``b``
 (small arrays), ``train_step`` (takes anything), ``labels`` (one per file of ``scans/``), ``rank`` 0
 and ``world`` 1.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def readme_blocks(text: str) -> list[Block]:
                 j += 1
             before = lines[i - 1].strip() if i else ""
             match = _MARKER.match(before)
-            blocks.append(Block(i + 1, "\n".join(lines[i + 1 : j]) + "\n", match.group(1) if match else None))
+            blocks.append(Block(i + 1, textwrap.dedent("\n".join(lines[i + 1 : j]) + "\n"), match.group(1) if match else None))
             i = j
         i += 1
     return blocks
@@ -91,6 +92,10 @@ def workdir(tmp_path_factory):
     for i in range(1, 13):
         _save(root / "slices" / f"slice_{i}.npy", np.full((4, 4), i, "f4"))
         _save(root / "slabs" / f"slab_{i}.npy", np.full((i % 3 + 1, 4), i, "f4"))
+    for i in range(1, 13):  # (a time series named without zero padding, and runs in subfolders)
+        _save(root / "days" / f"day_{i}.npy", np.full((4, 4), i, "f4"))
+    for run in ("run_a", "run_b"):
+        _save(root / "runs" / run / "0.npy", np.zeros((4, 4), "f4"))
     _save(root / "vol" / "0.npy", rng.random((20, 8), dtype="f4"))
     _save(root / "vol" / "1.npy", rng.random((12, 8), dtype="f4"))
     _save(root / "vol.npy", rng.random((16, 32, 32), dtype="f4"))
