@@ -6,6 +6,8 @@ CI runs this file under both engines (legacy, and ``DASK_ARRAY__QUERY_PLANNING=T
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import dask
 import dask.array as da
@@ -70,6 +72,22 @@ def test_this_dask_takes_the_direct_build():
     assert graph._builder is not None
     assert graph._builder is not graph._through_from_array
     assert graph._builder.__module__ == ("npydask._graph_expr" if graph.query_planning() else "npydask._graph_legacy")
+
+
+def test_the_one_time_check_imports_no_scheduler(tmp_path):
+    """A process's first from_npy makes the check without ``compute``, which imports ``distributed`` (5 MB of modules)."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.arange(12.0).reshape(3, 4))
+    code = (
+        "import sys, npydask\n"
+        f"x = npydask.from_npy({str(path)!r}, chunks=2)\n"
+        "from npydask import graph\n"
+        "assert graph._builder is not graph._through_from_array\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'distributed'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_query_planning_is_the_engine_dask_array_exports():
