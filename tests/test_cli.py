@@ -611,6 +611,7 @@ def test_headers_first_reads_one_header_and_a_file_that_differs_fails_naming_it(
     assert status == 0, err
     assert json.loads(out)["max"] == 3 and json.loads(out)["count"] == 48
     np.save(tmp_path / "4.npy", np.zeros((3, 5), "<f4"))
+    time.sleep(0.03)
     for argv in (["stats", str(tmp_path)], ["convert", str(tmp_path), str(tmp_path / "out.npy")]):
         status, out, err = run_here(capsys, *argv, "--headers", "first", "-q")
         assert status == 2 and "4.npy" in err and "--headers all" in err, err
