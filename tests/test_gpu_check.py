@@ -1,0 +1,108 @@
+"""The device check's CPU side: ``ci/gpu_check.sh --dry-run``, its probes, and the kit's requirement checker.
+
+The GPU machine runs ``ci/gpu_check.sh`` with wheels from ``ci/gpu_kit.sh``; neither can be
+exercised for real without a GPU and the package index. What can rot is checked here: the
+dry run (every stage's CPU part, numpy standing in for CuPy) exits 0 within OUTDIR's limits,
+a failing stage or probe is reported as FAIL without stopping the others, and
+``ci/wheel_requires.py`` refuses a wheel whose ``Requires-Dist`` the image and the kit do not
+meet (hand-made wheels in a temporary folder; nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --------------------------------------------------------------------------
+# ci/wheel_requires.py, on hand-made wheels.
+
+
+def _wheel(folder, name, version, requires=(), requires_python=None):
+    path = folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Python: {requires_python}"] if requires_python else []
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", "\n".join(meta) + "\n")
+    return path
+
+
+@pytest.fixture
+def kit(tmp_path):
+    image = tmp_path / "image.txt"
+    image.write_text("numpy 2.5.2\ncupy-cuda13x[ctk] 14.2.0  # CuPy\ntoolz\n")
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    return image, wheels
+
+
+def _requires(image, *paths, extra=()):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "ci", "wheel_requires.py"), "--image", str(image), *extra, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_wheel_requires_accepts_needs_met_by_the_image_and_the_kit(kit):
+    image, wheels = kit
+    _wheel(wheels, "kvikio-cu13", "26.10.0", ["cupy-cuda13x[ctk]!=14.1.0,>=14.0.1", "libkvikio-cu13==26.10.*",
+                                              "numpy<3,>=2", "boto3; extra == 'test'", "zipp; python_version < '3.12'"])
+    _wheel(wheels, "libkvikio-cu13", "26.10.0", ["toolz>=0.12"], requires_python=">=3.11")
+    r = _requires(image, wheels)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "requirements: all met" in r.stdout and "total: 2 wheels" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "requires, unmet",
+    [
+        (["zict>=3"], "needs zict>=3: missing from the image and the kit"),
+        (["numpy>=3"], "needs numpy>=3: image has 2.5.2"),
+        (["libdemo==2.*"], "needs libdemo==2.*: libdemo-1.0-py3-none-any.whl has 1.0"),
+        (["cupy-cuda13x[ctk,extra2]"], "needs cupy-cuda13x[ctk,extra2]: the image's cupy-cuda13x is not listed with extra(s) extra2"),
+    ],
+)
+def test_wheel_requires_refuses_an_unmet_requires_dist_naming_it(kit, requires, unmet):
+    image, wheels = kit
+    _wheel(wheels, "libdemo", "1.0")
+    _wheel(wheels, "demo", "1.0", requires)
+    r = _requires(image, wheels)
+    assert r.returncode == 1, r.stdout
+    assert f"UNMET demo-1.0-py3-none-any.whl: {unmet}" in r.stdout, r.stdout
+    assert "requirements: 1 unmet" in r.stdout
+
+
+def test_wheel_requires_refuses_shadowing_the_image_duplicates_python_and_size(kit):
+    image, wheels = kit
+    _wheel(wheels, "numpy", "2.4.0")
+    r = _requires(image, wheels)
+    assert r.returncode == 1 and "the image already has numpy 2.5.2; a wheel of it would shadow it" in r.stdout
+    other = kit[1].parent / "other"
+    other.mkdir()
+    a = _wheel(wheels, "demo", "1.0", requires_python=">=3.13")
+    b = _wheel(other, "demo", "1.1")
+    r = _requires(image, a, b)
+    assert "Requires-Python >=3.13 excludes Python 3.12.3" in r.stdout
+    assert "a second wheel of demo (also demo-1.0-py3-none-any.whl)" in r.stdout
+    r = _requires(image, b, extra=["--max-mib", "0.0001"])
+    assert r.returncode == 1 and "over the 0.0001 MiB limit" in r.stdout
+
+
+def test_wheel_requires_waives_a_named_package_with_its_reason(kit):
+    image, wheels = kit
+    _wheel(wheels, "demo", "1.0", ["bokeh<3.10"])
+    r = _requires(image, wheels, extra=["--waive", "bokeh=dashboard only"])
+    assert r.returncode == 0, r.stdout
+    assert (
+        "WAIVED demo-1.0-py3-none-any.whl: needs bokeh<3.10: missing from the image and the kit"
+        " (waived: dashboard only)"
+    ) in r.stdout
