@@ -10,6 +10,7 @@ meet (hand-made wheels in a temporary folder; nothing is downloaded).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +19,84 @@ import zipfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECK = os.path.join(ROOT, "ci", "gpu_check.sh")
+OUTDIR_FILES = {"summary.txt", "env.txt", "pytest.log", "probes.log", "bench.json", "bench.log"}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"ci_{name}", os.path.join(ROOT, "ci", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_check(outdir, *args, python=sys.executable):
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "PYTHONPATH")}
+    env["PYTHON"] = python
+    return subprocess.run(
+        ["bash", CHECK, str(outdir), *args], env=env, capture_output=True, text=True, timeout=170, cwd=ROOT
+    )
+
+
+def test_dry_run_passes_every_stage_within_the_outdir_limits(tmp_path):
+    out = tmp_path / "out"
+    r = _run_check(out, "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = {p.name: p for p in out.iterdir()}
+    assert set(files) <= OUTDIR_FILES and len(files) <= 6, sorted(files)
+    assert all(p.is_file() and p.stat().st_size < 16 * 2**20 for p in files.values())
+    for stage in ("env", "sanity", "pytest", "probes"):
+        assert f"PASS {stage}: " in r.stdout, (stage, r.stdout)
+    assert "XFAIL bench: benchmarks/bench_gpu.py not written yet" in r.stdout or "PASS bench: " in r.stdout
+    summary = (out / "summary.txt").read_text()
+    probes = _load("gpu_probes").PROBES
+    for name in probes:  # every probe ran and passed, dry
+        assert f"  probe PASS {name} (dry: numpy stands in for CuPy): " in summary, (name, summary)
+    table = summary[summary.index("stage    result") :].splitlines()
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["env", "PASS"],
+        ["sanity", "PASS"],
+        ["pytest", "PASS"],
+        ["probes", "PASS"],
+        ["bench", "XFAIL" if "XFAIL bench" in r.stdout else "PASS"],
+    ]
+    env = (out / "env.txt").read_text()
+    assert "O_DIRECT on the work folder: " in env and "npydask describe(): " in env
+
+
+def test_a_stage_that_fails_is_a_fail_line_and_exit_1_and_later_stages_still_run(tmp_path):
+    r = _run_check(tmp_path / "out", "--dry-run", "--only", "env,sanity", python="false")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL env: exit 1: no result line (env.txt)" in r.stdout
+    assert "FAIL sanity: " in r.stdout  # (a dry run never stops after sanity)
+
+
+def test_unknown_stage_or_option_is_refused_with_the_known_ones(tmp_path):
+    r = _run_check(tmp_path / "out", "--only", "nope")
+    assert r.returncode == 2 and "unknown stage nope; stages: env sanity pytest probes bench" in r.stderr
+    r = _run_check(tmp_path / "out", "--fast")
+    assert r.returncode == 2 and "unknown option --fast" in r.stderr
+
+
+def test_a_failing_probe_is_reported_and_the_others_still_run(tmp_path, capsys):
+    probes = _load("gpu_probes")
+
+    def broken(ctx):
+        raise ValueError("wrong data")
+
+    probes.PROBES["broken"] = broken
+    ctx = probes.Context(str(tmp_path), dry=True, scale=1)
+    try:
+        failed = probes.run(["broken", "zero_d_and_empty"], ctx)
+    finally:
+        from npydask import gpu
+
+        importlib.reload(gpu)  # the dry context patched npydask.gpu for numpy
+    lines = capsys.readouterr().out.splitlines()
+    assert failed == 1
+    assert lines[0].startswith("FAIL broken (dry: numpy stands in for CuPy): ValueError: wrong data")
+    assert lines[1].startswith("PASS zero_d_and_empty (dry: numpy stands in for CuPy): zero_d float64() equal")
 
 
 # --------------------------------------------------------------------------
