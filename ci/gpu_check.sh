@@ -120,7 +120,7 @@ stage_env() {
     echo "nvidia-smi -L: not run (dry run)"
   else
     nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
-    echo "nvidia_fs module: $(grep -c '^nvidia_fs ' /proc/modules 2>/dev/null || echo 0)"
+    echo "nvidia_fs module: $(grep -q "^nvidia_fs " /proc/modules 2>/dev/null && echo loaded || echo "not loaded (kvikio can only run in compat mode)")"
   fi
   timeout 20 "$python_" - <<'PY'
 import importlib, os, sys
@@ -132,10 +132,18 @@ for name in ("numpy", "cupy", "kvikio", "rmm", "dask", "distributed", "dask_cuda
         print(f"{name} {getattr(m, '__version__', '?')} {os.path.dirname(m.__file__)}")
     except Exception as e:
         print(f"{name}: not importable ({type(e).__name__}: {e})")
-from npydask.backends import kvikio as kb
-print("npydask describe():", kb.describe())
+problems = []
+try:  # before anything imports kvikio.defaults (kvikio's __init__ does not)
+    from npydask.backends import kvikio as kb
+
+    print("npydask describe():", kb.describe())
+except Exception as e:
+    print(f"npydask describe(): raised {type(e).__name__}: {e}")
+    problems.append(f"describe() raised {type(e).__name__}: {e}")
 try:
     import kvikio
+    import kvikio.cufile_driver
+    import kvikio.defaults
     d = kvikio.defaults
     for key in ("compat_mode", "num_threads", "task_size", "gds_threshold"):
         try:
@@ -150,8 +158,10 @@ try:
         print("kvikio GDS available:", kvikio.cufile_driver.get("is_gds_available"))
     except Exception as e:
         print("kvikio GDS available: ? (", type(e).__name__, e, ")")
-except ImportError:
-    print("kvikio: not installed" + (" (dry run)" if dry else ""))
+except ImportError as e:
+    print(f"kvikio: not importable ({e})" + (" (dry run)" if dry else ""))
+    if not dry:
+        problems.append(f"kvikio does not import: {e}")
 work = os.environ["NPYD_WORK"]
 p = os.path.join(work, "odirect.probe")
 with open(p, "wb") as f:
@@ -164,8 +174,16 @@ except OSError as e:
     print(f"O_DIRECT on the work folder: no ({e})")
 os.unlink(p)
 if not dry:
-    import cupy
-    print("CUDA driver", cupy.cuda.runtime.driverGetVersion(), "runtime", cupy.cuda.runtime.runtimeGetVersion())
+    try:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        print("CUDA driver", rt.driverGetVersion(), "runtime", rt.runtimeGetVersion())
+    except Exception as e:
+        problems.append(f"CuPy: {type(e).__name__}: {e}")
+if problems:
+    print("FAIL env: " + "; ".join(problems)[:400])
+    sys.exit(1)
 print("PASS env: versions and modes recorded")
 PY
 }
