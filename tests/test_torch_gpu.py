@@ -69,6 +69,7 @@ def test_a_worker_forked_after_the_parent_used_cuda_names_what_works(folder, num
         monkeypatch.setattr(gpu_process, "_CUDA_PID", parent)  # as the parent's first device read records it
     else:
         monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: os.getpid() != parent)
-    with pytest.raises(GpuUnavailableError, match=rf"{who} initialised CUDA.*num_workers=0.*multiprocessing_context=\"spawn\""):
+    said = rf"{who} initialised CUDA.*num_workers=0.*multiprocessing_context=\"spawn\""
+    with pytest.raises(GpuUnavailableError, match=said):
         _load(adapter, 2)
     assert _load(adapter, 0).shape == (12, 6)  # the parent itself reads on
