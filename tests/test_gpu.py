@@ -694,6 +694,7 @@ def test_a_client_without_cupy_or_a_gpu_is_told_to_build_the_graph_on_a_worker(s
         npydask.from_npy(p, device="gpu")
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")  # (3.12+)
 def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(save, monkeypatch, tmp_path):
     import multiprocessing
 

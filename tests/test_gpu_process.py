@@ -113,6 +113,7 @@ def _check_in_child() -> str:
     return "allowed"
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")  # (3.12+)
 @pytest.mark.parametrize("parent_used_cuda", [True, False])
 def test_a_child_forked_after_cuda_was_used_is_refused_clearly(monkeypatch, parent_used_cuda):
     monkeypatch.setattr(gpu_process, "_CUDA_PID", None)

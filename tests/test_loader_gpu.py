@@ -145,6 +145,7 @@ def _iterate_in_child(loader):
     return "read"
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")  # (3.12+)
 def test_a_loader_iterated_in_a_child_forked_after_cuda_was_used_is_refused(folder, fake_cupy, monkeypatch):
     import multiprocessing
 

@@ -22,6 +22,10 @@ from npydask import gpu, gpu_process  # noqa: E402
 from npydask.errors import GpuUnavailableError  # noqa: E402
 from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings(  # (Python 3.12+ warns on a fork while other threads run)
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+
 
 @pytest.fixture
 def folder(tmp_path):
