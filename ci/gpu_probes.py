@@ -203,7 +203,7 @@ def probe_zero_d_and_empty(c: Context) -> str:
 
 
 def probe_stats_gpu(c: Context) -> str:
-    """``npydask stats --device gpu --json`` equals ``--device cpu`` (C1 crashes with a TypeError)."""
+    """``npydask stats --device gpu --json`` equals ``--device cpu`` (blocks reduced on the device, no host array mixed)."""
     from npydask.cli import main
 
     folder = os.path.dirname(c.path("stats/0.npy"))
@@ -220,6 +220,117 @@ def probe_stats_gpu(c: Context) -> str:
     if results["gpu"] != results["cpu"]:
         raise AssertionError(f"--device gpu {results['gpu']} differs from --device cpu {results['cpu']}")
     return "stats --device gpu --json equals --device cpu"
+
+
+def _loader_files(c: Context) -> tuple[str, list[np.ndarray]]:
+    """Ten files of one shape (some Fortran) for the loader probes; the folder and the arrays."""
+    arrays = [data((8 * c.scale, 16), "<f4", 70 + i) for i in range(10)]
+    for i, a in enumerate(arrays):
+        np.save(c.path(f"loader/{i}.npy"), np.asfortranarray(a) if i % 3 == 0 else a)
+    return os.path.dirname(c.path("loader/0.npy")), arrays
+
+
+def probe_loader_torch_gpu(c: Context) -> str:
+    """``Loader`` and both torch adapters with ``device="gpu"``: values, device, hand-off, forked workers.
+
+    The Loader is consumed on a non-blocking stream (the hand-off's event must order it after the
+    prefetch thread's copies: a pass proves little, a failure proves the race); the adapters run under
+    a DataLoader with ``num_workers=0``; a worker forked after this process used CUDA must raise
+    npydask's ``GpuUnavailableError`` naming ``num_workers=0``, not CUDA's "initialization error".
+    """
+    import torch
+
+    import npydask
+    from npydask import gpu_process
+    from npydask.errors import GpuUnavailableError
+    from npydask.torch import NpyIterableDataset, NpyMapDataset
+
+    folder, arrays = _loader_files(c)
+    ds = npydask.open_dataset(folder, device="gpu")
+    xp, out = c.xp, []
+    stream = contextlib.nullcontext() if c.dry else xp.cuda.Stream(non_blocking=True)
+    seen = 0
+    with stream:  # (the consumer's current stream while the loader hands batches over)
+        for batch, idx in npydask.Loader(ds, 3, device="gpu", prefetch=2, with_index=True):
+            if not c.dry and batch.device.id != xp.cuda.runtime.getDevice():
+                current = xp.cuda.runtime.getDevice()
+                raise AssertionError(f"a batch on device {batch.device.id}, the current is {current}")
+            same(c.host(batch * 1), np.stack([arrays[i] for i in idx]), "batch")
+            seen += len(idx)
+    if seen != len(arrays):
+        raise AssertionError(f"the Loader gave {seen} samples of {len(arrays)}")
+    where = "" if c.dry else ", on the current device, consumed on a non-blocking stream"
+    out.append(f"Loader: {seen} samples equal{where}")
+    if not c.dry and gpu_process._CUDA_PID != os.getpid():
+        raise AssertionError(f"the first device use recorded pid {gpu_process._CUDA_PID}, not {os.getpid()}")
+    for adapter in (NpyIterableDataset(ds, device="gpu", with_index=True),
+                    NpyMapDataset(ds, device="gpu", with_index=True)):
+        seen = 0
+        for batch, idx in torch.utils.data.DataLoader(adapter, batch_size=4, num_workers=0, pin_memory=False):
+            if batch.is_cuda == c.dry:
+                raise AssertionError(f"{type(adapter).__name__} gave a tensor on {batch.device}")
+            same(batch.cpu().numpy(), np.stack([arrays[i] for i in idx.tolist()]), "tensor batch")
+            seen += len(idx)
+        if seen != len(arrays):
+            raise AssertionError(f"{type(adapter).__name__} gave {seen} samples of {len(arrays)}")
+    out.append("both adapters (num_workers=0) equal" + ("" if c.dry else ", CUDA tensors"))
+    recorded = gpu_process._CUDA_PID
+    if c.dry:
+        gpu_process._CUDA_PID = os.getpid()  # (what the first device read records on a GPU)
+    try:
+        forked = torch.utils.data.DataLoader(NpyMapDataset(ds, device="gpu"), batch_size=4, num_workers=1,
+                                             multiprocessing_context=torch.multiprocessing.get_context("fork"),
+                                             pin_memory=False)  # fmt: skip
+        next(iter(forked))
+    except GpuUnavailableError as e:
+        if "num_workers=0" not in str(e) or "spawn" not in str(e):
+            raise AssertionError(f"the forked worker's error names neither num_workers=0 nor spawn: {e}") from e
+    else:
+        raise AssertionError("a DataLoader worker forked after CUDA was used read without npydask's error")
+    finally:
+        gpu_process._CUDA_PID = recorded
+    out.append("a worker forked after CUDA was used: GpuUnavailableError naming num_workers=0 and spawn")
+    return "; ".join(out)
+
+
+_FRESH = """
+import os, sys
+import numpy as np, torch, npydask
+from npydask import gpu, gpu_process
+from npydask.torch import NpyMapDataset
+dry, folder = sys.argv[1] == "dry", sys.argv[2]
+if dry:
+    gpu.require_gpu = lambda: None
+    gpu._array_module = lambda: np
+adapter = NpyMapDataset(npydask.open_dataset(folder, device="gpu"), device="gpu", with_index=True)
+assert gpu_process._CUDA_PID is None and not torch.cuda.is_initialized(), "the checks initialised CUDA"
+ctx = torch.multiprocessing.get_context("fork")
+seen = 0
+for batch, idx in torch.utils.data.DataLoader(adapter, batch_size=4, num_workers=2, multiprocessing_context=ctx,
+                                              pin_memory=False):
+    assert batch.is_cuda != dry, batch.device
+    want = np.stack([np.load(adapter.dataset.files[i]) for i in idx.tolist()])
+    assert np.array_equal(batch.cpu().numpy(), want), "values differ from numpy.load"
+    seen += len(idx)
+assert seen == len(adapter), (seen, len(adapter))
+print(seen)
+"""
+
+
+def probe_torch_fork_before_cuda(c: Context) -> str:
+    """In a fresh process: making the adapter initialises no CUDA, so DataLoader workers forked after it read.
+
+    The workers create their own CUDA contexts and hand their collated batches to the parent
+    through CUDA IPC; values must equal ``numpy.load``.
+    """
+    import subprocess
+
+    folder, _ = _loader_files(c)
+    run = subprocess.run([sys.executable, "-c", _FRESH, "dry" if c.dry else "gpu", folder], capture_output=True,
+                         text=True, timeout=PROBE_SECONDS - 10)  # fmt: skip
+    if run.returncode != 0:
+        raise AssertionError(f"exit {run.returncode}: {run.stderr.strip()[-600:]}")
+    return f"fresh process, 2 forked workers: {run.stdout.strip()} samples equal" + ("" if c.dry else ", CUDA tensors")
 
 
 def probe_to_npy_of_device_array(c: Context) -> str:
@@ -241,12 +352,12 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "concatenate": probe_concatenate,
     "zero_d_and_empty": probe_zero_d_and_empty,
     "stats_gpu": probe_stats_gpu,
+    "loader_torch_gpu": probe_loader_torch_gpu,
+    "torch_fork_before_cuda": probe_torch_fork_before_cuda,
     "to_npy_device": probe_to_npy_of_device_array,
 }
 
-KNOWN: dict[str, tuple[str, str]] = {
-    "stats_gpu": ("TypeError", "C1: stats stacks a host np.full with device arrays"),
-}
+KNOWN: dict[str, tuple[str, str]] = {}
 """Probe name -> (text in the error, finding): a failure matching it is XFAIL until the fix lands."""
 
 

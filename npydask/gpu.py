@@ -11,14 +11,15 @@ inflated on the host and copied over.
 
 Everything is checked where the lazy array is built, not in the tasks:
 
-- CuPy must import (else ``ImportError`` with ``pip install 'npydask[gpu]'``)
-  and see a CUDA device (else :class:`~npydask.errors.GpuUnavailableError`).
-  CuPy imports on machines without a driver, so ``cupy.cuda.is_available()``
-  decides. A client without a GPU therefore cannot build a ``device="gpu"``
-  graph for GPU workers, even though only the workers would read: dask needs
-  a ``cupy.ndarray`` meta on the client, and SPEC wants the failure at call
+- CuPy must import (else ``ImportError`` with :data:`INSTALL_HINT`) and a CUDA
+  device must be visible (else :class:`~npydask.errors.GpuUnavailableError`),
+  found through NVML or the driver's device files without initialising CUDA
+  (:mod:`npydask.gpu_process`), so a fork after the check stays safe. A client
+  without a GPU therefore cannot build a ``device="gpu"`` graph for GPU
+  workers, even though only the workers would read: dask needs a
+  ``cupy.ndarray`` meta on the client, and SPEC wants the failure at call
   time rather than inside a task. Build the graph where a GPU is (a GPU client,
-  or a function submitted to a GPU worker).
+  or a function submitted to a GPU worker: :data:`WORKER_HINT`).
 - The dtype must be one CuPy holds (:func:`check_gpu_dtype`).
 
 ``import npydask`` imports none of this module's heavy dependencies: CuPy and
@@ -30,52 +31,78 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from npydask.errors import GpuUnavailableError
+from npydask.gpu_process import check_cuda_fork, note_cuda_use, visible_devices
 from npydask.gpu_plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read
 from npydask.region import Box
 
-__all__ = ["INSTALL_HINT", "DeviceArray", "check_gpu_dtype", "on_device", "require_gpu"]
+__all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "check_gpu_dtype", "on_device", "require_gpu"]
 
-INSTALL_HINT = "install the GPU extra with: pip install 'npydask[gpu]' (CuPy and kvikio for CUDA 12)"
+INSTALL_HINT = (
+    "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): "
+    "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]'"
+)
+
+WORKER_HINT = (
+    'A client without a GPU drives GPU workers by building and reducing the graph on a worker: '
+    'client.submit(fn).result(), where fn opens the data with device="gpu" and returns its (small) result'
+)
+"""What works for a CPU-only client of GPU workers (dask needs CuPy where the graph is built)."""
+
+_CHECKED: tuple[int, str | None] | None = None
+"""``(pid, CUDA_VISIBLE_DEVICES)`` when this process last found a device (tasks check again: no second count)."""
 
 _ITEMSIZES = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "c": (8, 16)}
 """The dtypes CuPy holds: bool, signed and unsigned ints, float16/32/64, complex64/128."""
 
 
 def require_gpu() -> None:
-    """Raise unless CuPy imports and sees a usable CUDA device.
+    """Raise unless CuPy imports and a CUDA device is visible, without initialising CUDA.
+
+    A device is visible when NVML (``nvidia-ml-py``) or, without it, the
+    driver's device files show one that ``CUDA_VISIBLE_DEVICES`` does not hide
+    (:func:`npydask.gpu_process.visible_devices`). Nothing here creates a
+    CUDA context, so a process forked after the check (a DataLoader worker)
+    can still use CUDA; a process forked after CUDA *was* used is refused
+    (:func:`npydask.gpu_process.check_cuda_fork`). A broken toolkit shows
+    at the first device read.
 
     Raises
     ------
     ImportError
         CuPy is not installed (or fails to import).
     GpuUnavailableError
-        CuPy is installed but no CUDA device or driver is usable (a ``RuntimeError``).
+        No CUDA device is visible, or this process was forked after CUDA
+        was initialised (a ``RuntimeError``).
     """
+    global _CHECKED
+    check_cuda_fork()
     try:
         found = importlib.util.find_spec("cupy") is not None
     except ValueError:  # a module in sys.modules without a spec (a stand-in): let the import decide
         found = True
     if not found:
-        raise ImportError(f'device="gpu" needs CuPy, which is not installed; {INSTALL_HINT}')
+        raise ImportError(f'device="gpu" needs CuPy, which is not installed; {INSTALL_HINT}. {WORKER_HINT}')
     try:
-        import cupy
+        import cupy  # noqa: F401  (importing CuPy does not initialise CUDA)
     except ImportError as e:
         raise ImportError(f'device="gpu": CuPy is installed but fails to import ({e}); {INSTALL_HINT}') from e
-    try:
-        usable = bool(cupy.cuda.is_available())
-    except Exception as e:  # a broken driver install raises from CuPy's C layer
-        raise GpuUnavailableError(f'device="gpu": CuPy cannot reach a CUDA device ({e}); {INSTALL_HINT}') from e
-    if not usable:
+    here = (os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if _CHECKED == here:  # (devices counted once per process: NVML's start costs milliseconds)
+        return
+    devices = visible_devices()
+    if not devices:
         raise GpuUnavailableError(
-            'device="gpu": CuPy is installed but sees no usable CUDA device or driver; '
-            f"run on a machine with an NVIDIA GPU, or use device='cpu'. ({INSTALL_HINT})"
+            f'device="gpu": CuPy is installed but sees no usable CUDA device ({devices.how}); run on a machine '
+            f"with an NVIDIA GPU, or use device='cpu'. {WORKER_HINT}. ({INSTALL_HINT})"
         )
+    _CHECKED = here
 
 
 def check_gpu_dtype(dtype: Any, path: str | None = None) -> np.dtype:
@@ -123,6 +150,7 @@ def _array_module() -> Any:
     require_gpu()
     import cupy
 
+    note_cuda_use()  # (a child forked from now on is refused before its first CUDA call)
     return cupy
 
 

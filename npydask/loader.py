@@ -31,6 +31,7 @@ import numpy as np
 from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
+from npydask.gpu_process import check_cuda_fork
 from npydask.multikey import MultiKeyDataset, pick
 from npydask.region import Box
 from npydask.sampling import EpochPlan, _check_int
@@ -238,7 +239,9 @@ class Loader:
         reads its files where it runs; the result is gathered once).
     device : {"cpu", "gpu"}
         NumPy or CuPy batches (the dataset's own device is not used: a
-        loader on a GPU host may read a CPU dataset to the device).
+        loader on a GPU host may read a CPU dataset to the device). CuPy
+        batches are read on the device current when iteration starts and
+        handed over complete on the consumer's stream (a CUDA event).
     with_index : bool
         Yield ``(batch, indices)``, the indices into ``dataset``.
 
@@ -403,6 +406,8 @@ class Loader:
         dataset = self.dataset
         if self.client is None:
             check_process(pick(dataset, [0]))  # (before a thread starts: in a forked child, a clear error, not a hang)
+            if self.device == "gpu":
+                check_cuda_fork()  # (a child forked after CUDA was used: a clear error, not CUDA's)
         fetch = _ClusterFetch(self.client, self.device) if self.client is not None else _LocalFetch(self.prefetch, self.device)
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
@@ -443,21 +448,63 @@ def _differs(what: str, saved: dict[str, Any], mine: dict[str, str]) -> str:
     )
 
 
+class _DeviceHandOff:
+    """Device batches read on prefetch threads for the thread that iterates (``device="gpu"``).
+
+    A new thread's current CUDA device is 0 and its current stream its own:
+    each read runs under the device current in the iterating thread when
+    iteration started (under DDP, ``torch.cuda.set_device(rank)``'s), and
+    the batch is handed over with an event recorded after its last kernel on
+    the reading thread's stream, which the consumer's current stream waits
+    on (no host synchronisation). With numpy standing in for CuPy (the CPU
+    tests) there is nothing to order.
+    """
+
+    def __init__(self) -> None:
+        from npydask.gpu import _array_module
+
+        xp = _array_module()
+        self.cuda = None if xp is np else xp.cuda
+        self.device_id = None if self.cuda is None else int(self.cuda.runtime.getDevice())
+
+    def read(self, views: Any, device: str) -> tuple[Any, Any]:
+        """On a prefetch thread: the batch, read on the caller's device, and the event that ends it."""
+        if self.cuda is None:
+            return read_batch(views, device), None
+        with self.cuda.Device(self.device_id):
+            batch = read_batch(views, device)
+            event = self.cuda.Event(disable_timing=True)
+            event.record()  # (on this thread's current stream, after the batch's copy kernels)
+        return batch, event
+
+    def receive(self, done: tuple[Any, Any]) -> Any:
+        """On the consumer thread: its current stream waits for the batch's kernels; the batch."""
+        batch, event = done
+        if event is not None:
+            self.cuda.get_current_stream().wait_event(event)
+        return batch
+
+
 class _LocalFetch:
     """Batches read by threads of this process (or inline with ``prefetch=0``)."""
 
     def __init__(self, prefetch: int, device: str) -> None:
         self.device = device
+        self.handoff = _DeviceHandOff() if prefetch and device == "gpu" else None  # (the caller's device: now)
         self.pool = ThreadPoolExecutor(prefetch, thread_name_prefix="npydask-loader") if prefetch else None
 
     def submit(self, views: list[NpyFileArray]) -> Any:
         if self.pool is None:
             return views  # read in result(), when asked for
+        if self.handoff is not None:
+            return self.pool.submit(self.handoff.read, views, self.device)
         return self.pool.submit(read_batch, views, self.device)
 
     def result(self, future: Any) -> Any:
         if self.pool is None:
             return read_batch(future, self.device)
+        if self.handoff is not None:
+            return self.handoff.receive(future.result())
         return future.result()
 
     def cancel(self, future: Any) -> None:

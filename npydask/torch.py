@@ -29,6 +29,17 @@ hangs in a child forked from a process that used it (opening the dataset
 did), so a forked worker raises a ``RuntimeError`` before its first read,
 naming ``multiprocessing_context="spawn"`` and ``"forkserver"``, which work.
 
+With ``device="gpu"`` a forked worker can use CUDA only if the parent has
+not (CUDA does not survive a fork; the adapters' own check at construction
+initialises nothing). A worker forked after the parent used CUDA (through
+npydask, or PyTorch: ``model.cuda()``, or receiving a worker's CUDA tensors)
+raises :class:`~npydask.errors.GpuUnavailableError` before its first read,
+naming ``num_workers=0`` (device reads are asynchronous on kvikio's threads
+already) and ``multiprocessing_context="spawn"``. Use ``pin_memory=False``
+with ``device="gpu"``: the tensors are on the device already, and pinning a
+CUDA tensor raises. A CUDA tensor is made with ``torch.from_dlpack`` in the
+thread that read it, which orders PyTorch's current stream after CuPy's.
+
 Like ``DistributedSampler``, call :meth:`NpyIterableDataset.set_epoch`
 before each epoch to get a new shuffle. The epoch lives in shared memory
 (a ``multiprocessing`` value made with the dataset and inherited by every
@@ -67,6 +78,7 @@ except ImportError as e:  # (names the extra, as npydask.ray, to_zarr and device
     ) from e
 
 from npydask.dataset import file_index
+from npydask.gpu_process import check_cuda_fork
 from npydask.loader import check_process, read_batch, warn_if_resharded
 from npydask.multikey import MultiKeyDataset, pick
 from npydask.sampling import _check_int, epoch_order
@@ -227,7 +239,9 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         This process's share; by default ``torch.distributed``'s rank and
         world size when a process group is initialised, else 0 and 1.
     device : {"cpu", "gpu"}
-        CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu]``).
+        CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu-cu12]``
+        or ``npydask[gpu-cu13]``); then use ``num_workers=0`` (or spawned
+        workers) and ``pin_memory=False``.
     with_index : bool
         Yield ``(tensor, index)`` pairs, the index into ``dataset``.
     read_size : int
@@ -322,6 +336,8 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         dataset = self.dataset
         check_process(pick(dataset, [0]))  # (a forked DataLoader worker over URLs: a clear error, not a hang)
+        if self.device == "gpu":
+            check_cuda_fork()  # (a worker forked after the parent used CUDA: a clear error, not CUDA's)
         mine = self.indices().tolist()
         for at in range(0, len(mine), self.read_size):
             part = mine[at : at + self.read_size]
@@ -338,7 +354,8 @@ class NpyMapDataset(torch.utils.data.Dataset):
     loader's tight per-file loop), in the main process or a worker. As with
     :class:`NpyIterableDataset`, reading uses plain system calls, so forked
     workers are safe for local files (over URLs use ``"spawn"`` or
-    ``"forkserver"`` workers, as for :class:`NpyIterableDataset`).
+    ``"forkserver"`` workers, and with ``device="gpu"`` ``num_workers=0``
+    or ``"spawn"``, as for :class:`NpyIterableDataset`).
 
     Parameters
     ----------
@@ -346,7 +363,9 @@ class NpyMapDataset(torch.utils.data.Dataset):
         The files (after ROI); with ``key=[...]`` members, each sample is a
         dict of tensors.
     device : {"cpu", "gpu"}
-        CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu]``).
+        CPU tensors, or CUDA tensors read through CuPy (``npydask[gpu-cu12]``
+        or ``npydask[gpu-cu13]``); then use ``num_workers=0`` (or spawned
+        workers) and ``pin_memory=False``.
     with_index : bool
         Give ``(tensor, index)`` pairs (a DataLoader batches them into a
         batch and a tensor of indices).
@@ -385,6 +404,8 @@ class NpyMapDataset(torch.utils.data.Dataset):
         """The samples at ``indices``, read by one call (DataLoader calls this once per batch)."""
         picks = [self._index(i) for i in indices]
         check_process(pick(self.dataset, picks[:1]))
+        if self.device == "gpu":
+            check_cuda_fork()
         tensors = _samples(pick(self.dataset, picks), self.device) if picks else []
         return list(zip(tensors, picks)) if self.with_index else tensors
 

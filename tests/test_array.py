@@ -126,7 +126,7 @@ def test_gpu_without_cupy_says_how_to_install(save, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
-    with pytest.raises(ImportError, match=r"pip install 'npydask\[gpu\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'npydask\[gpu-cu12\]'"):
         npydask.from_npy(save(np.zeros(3)), device="gpu")
 
 

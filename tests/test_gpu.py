@@ -28,7 +28,7 @@ from dask.core import flatten
 from dask.local import get_sync
 
 import npydask
-from npydask import gpu
+from npydask import gpu, gpu_process
 from npydask.array import NpyFileArray
 from npydask.backends import kvikio as kvikio_backend
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
@@ -77,29 +77,39 @@ def no_cupy(monkeypatch):
 def test_without_cupy_every_entry_point_says_how_to_install(save, no_cupy, tmp_path):
     p = save(np.zeros(3))
     for call in (lambda: npydask.from_npy(p, device="gpu"), lambda: npydask.open_dataset(tmp_path, device="gpu")):
-        with pytest.raises(ImportError, match=r"pip install 'npydask\[gpu\]'"):
+        with pytest.raises(ImportError, match=r"pip install 'npydask\[gpu-cu12\]' or 'npydask\[gpu-cu13\]'"):
             call()
 
 
-def _fake_cupy(monkeypatch, is_available):
+def _fake_cupy(monkeypatch, tmp_path, nvml=None):
+    """A CuPy whose CUDA calls fail the test, no device files, and ``nvml`` as pynvml (None: not installed)."""
+    calls = []
     fake = types.ModuleType("cupy")  # no __spec__: find_spec raises ValueError for it
-    fake.cuda = types.SimpleNamespace(is_available=is_available)
+    fake.cuda = types.SimpleNamespace(is_available=lambda: calls.append("is_available"),
+                                      runtime=types.SimpleNamespace(getDeviceCount=lambda: calls.append("count")))
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(gpu_process, "DEV", str(tmp_path))
+    monkeypatch.setattr(gpu, "_CHECKED", None)
+    monkeypatch.setattr(gpu_process, "_CUDA_PID", None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return calls
 
 
-def test_cupy_without_a_device_is_a_runtime_error_with_the_hint(save, monkeypatch):
-    _fake_cupy(monkeypatch, lambda: False)
-    with pytest.raises(GpuUnavailableError, match=r"no usable CUDA device.*npydask\[gpu\]"):
+def test_cupy_without_a_device_is_a_runtime_error_with_the_hint(save, monkeypatch, tmp_path):
+    calls = _fake_cupy(monkeypatch, tmp_path)
+    with pytest.raises(GpuUnavailableError, match=r"no usable CUDA device.*npydask\[gpu-cu12\]"):
         npydask.from_npy(save(np.zeros(3)), device="gpu")
     assert issubclass(GpuUnavailableError, RuntimeError)
+    assert calls == []  # CUDA is never initialised by the check
 
 
-def test_a_broken_driver_is_a_runtime_error_too(save, monkeypatch):
+def test_a_broken_driver_is_a_runtime_error_too(save, monkeypatch, tmp_path):
     def boom():
-        raise OSError("libcuda.so.1: cannot open shared object file")
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    _fake_cupy(monkeypatch, boom)
-    with pytest.raises(GpuUnavailableError, match="libcuda.so.1"):
+    _fake_cupy(monkeypatch, tmp_path, types.SimpleNamespace(nvmlInit=boom))
+    with pytest.raises(GpuUnavailableError, match="libnvidia-ml.so.1"):
         npydask.from_npy(save(np.zeros(3)), device="gpu")
 
 
@@ -623,3 +633,84 @@ def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeyp
     how = {"kvikio": FakeKvikio()} if branch == "kvikio" else {}
     with pytest.raises(NpyFormatError, match="tampered header index"):
         kvikio_backend.read_to_device([job], np, **how)
+
+
+# --------------------------------------------------------------------------
+# The call-time check initialises no CUDA (a fork after it stays safe); a fork after CUDA was used is refused.
+
+
+class _Nvml:
+    def __init__(self, count):
+        self.count, self.calls = count, []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlDeviceGetCount(self):
+        self.calls.append("count")
+        return self.count
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+
+@pytest.mark.parametrize("spec, ok", [(None, True), ("0", True), ("GPU-0e2f", True), ("", False), ("-1", False),
+                                      ("NoDevFiles", False), ("1", False)])  # fmt: skip
+def test_require_gpu_counts_devices_by_nvml_without_initialising_cuda(monkeypatch, tmp_path, spec, ok):
+    calls = _fake_cupy(monkeypatch, tmp_path, nvml := _Nvml(1))
+    if spec is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    if ok:
+        gpu.require_gpu()
+        gpu.require_gpu()  # (counted once per process)
+        assert nvml.calls == ["init", "count", "shutdown"]
+    else:
+        with pytest.raises(GpuUnavailableError, match=f"CUDA_VISIBLE_DEVICES={spec!r} names none"):
+            gpu.require_gpu()
+    assert calls == []  # neither cupy.cuda.is_available() nor getDeviceCount(): no cuInit in this process
+    assert gpu_process._CUDA_PID is None  # nor counted as a use of CUDA
+
+
+def test_require_gpu_falls_back_to_the_drivers_device_files(monkeypatch, tmp_path):
+    calls = _fake_cupy(monkeypatch, tmp_path)
+    with pytest.raises(GpuUnavailableError, match="nvidiactl"):
+        gpu.require_gpu()
+    (tmp_path / "nvidiactl").touch()
+    (tmp_path / "nvidia0").touch()
+    gpu.require_gpu()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # (another setting: counted again)
+    with pytest.raises(GpuUnavailableError, match="'-1' names none"):
+        gpu.require_gpu()
+    assert calls == []
+
+
+def test_a_client_without_cupy_or_a_gpu_is_told_to_build_the_graph_on_a_worker(save, no_cupy, monkeypatch, tmp_path):
+    p = save(np.zeros(3))
+    with pytest.raises(ImportError, match=r"client\.submit\(fn\)\.result\(\).*device=\"gpu\""):
+        npydask.from_npy(p, device="gpu")
+    monkeypatch.undo()
+    _fake_cupy(monkeypatch, tmp_path)
+    with pytest.raises(GpuUnavailableError, match=r"client\.submit\(fn\)\.result\(\).*device=\"gpu\""):
+        npydask.from_npy(p, device="gpu")
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")  # (3.12+)
+def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(save, monkeypatch, tmp_path):
+    import multiprocessing
+
+    _fake_cupy(monkeypatch, tmp_path, _Nvml(1))
+    gpu.require_gpu()
+    assert gpu_process._CUDA_PID is None  # the check is no use of CUDA
+    gpu._array_module()  # the first device use
+    assert gpu_process._CUDA_PID == os.getpid()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        said = pool.apply(_from_npy_in_child, (save(np.zeros(3)),))
+    assert said.startswith("GpuUnavailableError") and "was forked from it" in said and "num_workers=0" in said
+
+
+def _from_npy_in_child(path):
+    try:
+        npydask.from_npy(path, device="gpu")
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "built"

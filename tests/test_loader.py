@@ -174,7 +174,7 @@ def test_gpu_without_cupy_fails_at_construction(folder, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
-    with pytest.raises(ImportError, match=r"npydask\[gpu\]"):
+    with pytest.raises(ImportError, match=r"npydask\[gpu-cu12\]"):
         npydask.Loader(npydask.open_dataset(folder), 2, device="gpu")
 
 

@@ -76,6 +76,9 @@ def add_parser(sub: Any) -> None:
 def block_partials(block: Any) -> np.ndarray:
     """Rows ``(count, min, max, mean, M2)`` per file of a stacked block, shaped ``(n, 1, ..., 1, 5)``.
 
+    A device (CuPy) block is reduced on the device, without a host array in the
+    mix; the rows are a host ``numpy.ndarray`` either way.
+
     Examples
     --------
     >>> block_partials(np.array([[1.0, 3.0], [2.0, 2.0]])).tolist()  # two files of two values each
@@ -90,8 +93,10 @@ def block_partials(block: Any) -> np.ndarray:
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as numpy's mean and std say
             mean = flat.mean(axis=1)
             m2 = ((flat - mean[:, None]) ** 2).sum(axis=1)
-        rows = np.stack([np.full(n, float(count)), flat.min(axis=1), flat.max(axis=1), mean, m2], axis=1)
-        rows = rows.get() if hasattr(rows, "get") else rows  # CuPy: back to the host (a few numbers)
+        # Every column on the block's own array module (full_like dispatches on ``mean``): CuPy refuses
+        # a host array among device ones. The rows then come back to the host whole (5 numbers a file).
+        rows = np.stack([np.full_like(mean, float(count)), flat.min(axis=1), flat.max(axis=1), mean, m2], axis=1)
+        rows = rows.get() if hasattr(rows, "get") else rows
     return np.asarray(rows).reshape((n,) + (1,) * (block.ndim - 1) + (5,))
 
 

@@ -1,0 +1,79 @@
+"""The PyTorch adapters with ``device="gpu"`` in DataLoader workers, on the CPU (numpy stands in for CuPy).
+
+A worker forked after its parent used CUDA (through npydask, or through
+PyTorch) must fail with npydask's error naming what works, before its first
+read, instead of CUDA's "initialization error"; one forked from a parent that
+never touched CUDA reads. Real CUDA tensors, ``torch.from_dlpack`` and the
+error CUDA itself gives in a forked child only a GPU shows: the device probe
+``loader_torch_gpu`` in ``ci/gpu_probes.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import npydask  # noqa: E402
+from npydask import gpu, gpu_process  # noqa: E402
+from npydask.errors import GpuUnavailableError  # noqa: E402
+from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(  # (Python 3.12+ warns on a fork while other threads run)
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for i in range(12):
+        np.save(tmp_path / f"{i:02d}.npy", np.arange(6, dtype="<f4").reshape(2, 3) + 10 * i)
+    return tmp_path
+
+
+@pytest.fixture
+def numpy_device(monkeypatch):
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    monkeypatch.setattr(gpu_process, "_CUDA_PID", None)
+
+
+def _adapters(ds):
+    return {"iterable": NpyIterableDataset(ds, device="gpu"), "map": NpyMapDataset(ds, device="gpu")}
+
+
+def _load(adapter, workers):
+    ctx = torch.multiprocessing.get_context("fork") if workers else None
+    loader = torch.utils.data.DataLoader(adapter, batch_size=4, num_workers=workers, multiprocessing_context=ctx,
+                                         pin_memory=False)  # fmt: skip
+    return torch.cat([b.reshape(-1, 6) for b in loader])
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.timeout(120)
+def test_workers_forked_from_a_parent_that_never_used_cuda_read(folder, numpy_device, kind, workers):
+    ds = npydask.open_dataset(folder)
+    got = _load(_adapters(ds)[kind], workers)
+    want = np.stack([np.load(f).reshape(-1) for f in ds.files])
+    np.testing.assert_array_equal(np.sort(got.numpy(), axis=0), want)
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize("who", ["npydask", "PyTorch"])
+@pytest.mark.timeout(120)
+def test_a_worker_forked_after_the_parent_used_cuda_names_what_works(folder, numpy_device, monkeypatch, kind, who):
+    ds = npydask.open_dataset(folder)
+    adapter = _adapters(ds)[kind]
+    parent = os.getpid()
+    if who == "npydask":
+        monkeypatch.setattr(gpu_process, "_CUDA_PID", parent)  # as the parent's first device read records it
+    else:
+        monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: os.getpid() != parent)
+    said = rf"{who} initialised CUDA.*num_workers=0.*multiprocessing_context=\"spawn\""
+    with pytest.raises(GpuUnavailableError, match=said):
+        _load(adapter, 2)
+    assert _load(adapter, 0).shape == (12, 6)  # the parent itself reads on
