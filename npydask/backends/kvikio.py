@@ -5,15 +5,20 @@ Two ways to get the bytes onto the device, picked per call:
 ``kvikio`` (installed with ``pip install 'npydask[gpu]'``)
     ``kvikio.CuFile(path, "r").pread(buf, size, file_offset)`` futures straight
     into an aligned device staging buffer, all issued before any is waited on
-    (kvikio runs them on its thread pool: ``KVIKIO_NTHREADS``, default 1).
-    With GPUDirect Storage the bytes go from the disk to the GPU by DMA;
-    without it (no ``libcufile``, an unsupported file system, a container
-    without ``/run/udev``) kvikio's *compatibility mode* reads with POSIX
-    ``pread`` through its own pinned bounce buffers. kvikio decides that
-    itself; ``KVIKIO_COMPAT_MODE=ON`` forces POSIX reads and
-    ``kvikio.defaults.get("compat_mode")`` (``kvikio.defaults.compat_mode()``
-    before kvikio 25.04) tells which is on; :func:`describe` reports it.
-    Reads under ``KVIKIO_GDS_THRESHOLD`` (1 MiB) use POSIX even with GDS.
+    (kvikio runs them on its process-wide thread pool). kvikio's pool has one
+    thread unless ``KVIKIO_NTHREADS`` (or ``KVIKIO_NUM_THREADS``) says
+    otherwise; where neither is set, the first device read of the process
+    raises it to :data:`IO_THREADS` (at most one per CPU core), and never
+    lowers a count set before. With GPUDirect Storage the bytes go from the
+    disk to the GPU by DMA; without it (no ``nvidia-fs`` kernel module, no
+    ``libcufile``, an unsupported file system, a container without
+    ``/run/udev``) kvikio's *compatibility mode* reads with POSIX ``pread``
+    through its own pinned bounce buffers. kvikio decides that itself
+    (``compat_mode`` ``AUTO``); ``KVIKIO_COMPAT_MODE=ON`` forces POSIX reads.
+    :func:`describe` says which path reads, and the first device read of a
+    process logs it once (logger ``npydask.backends.kvikio``, level INFO).
+    Reads under ``KVIKIO_GDS_THRESHOLD`` (16 KiB since kvikio 25.04, 1 MiB
+    before) run synchronously through POSIX even with GDS.
 
 pinned host memory (CuPy without kvikio)
     ``os.preadv`` into page-locked host memory
@@ -25,41 +30,77 @@ through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
 the host path; on the path and then on kvikio's own descriptor with kvikio. A
 file replaced after the graph was built fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
-kvikio's C++ errors (bare ``RuntimeError`` s, such as a missing
-``libcuda.so.1``) come out as :class:`~npydask.errors.GpuUnavailableError`
-naming the file and the fix.
+kvikio's C++ errors (bare ``RuntimeError`` s) are translated by the system
+error their text carries, as the host path reports them: too many open files
+is ``OSError`` (``EMFILE``/``ENFILE``), a missing file ``FileNotFoundError``,
+an I/O error ``OSError`` (``EIO``), each naming the file; kvikio's end of file
+(its POSIX reads raise there instead of returning short) is
+:class:`~npydask.errors.FileChangedError` when the file changed after it was
+opened and :class:`~npydask.errors.NpyFormatError` (truncated) otherwise. Only
+driver, device and cuFile failures are
+:class:`~npydask.errors.GpuUnavailableError`, naming the file and the fix.
 
 Files are read in windows of :data:`FILES_IN_FLIGHT`: one staging buffer and
 every read of the window issued at once, then one wait, then the device steps.
+Each ``CuFile`` holds two descriptors, so the ``CuFile`` s open at once in
+the whole process are bounded by :func:`cufile_limit` (derived from
+``RLIMIT_NOFILE`` beside the host handle cache's share): a window waits for
+room rather than failing with ``EMFILE``.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.storage._handles import FileIdentity, _changed, check_unchanged, differs, pread_exact
-from npydask.errors import GpuUnavailableError
+from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
+from npydask.storage._handles import FileIdentity, _changed, _nofile_soft, check_unchanged, differs, pread_exact
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
 
-__all__ = ["FILES_IN_FLIGHT", "DeviceRead", "describe", "read_to_device"]
+__all__ = ["FILES_IN_FLIGHT", "IO_THREADS", "DeviceRead", "cufile_limit", "describe", "read_to_device", "translate"]
 
 FILES_IN_FLIGHT = 64
 """Files whose reads are in flight together (kvikio holds two descriptors per open file)."""
+
+IO_THREADS = 16
+"""kvikio threads the first device read asks for where ``KVIKIO_NTHREADS``/``KVIKIO_NUM_THREADS`` are unset.
+
+At most one per CPU core, and never fewer than kvikio already has. kvikio's
+own default is one thread. Raw ``CuFile.pread`` of a 1 GiB file (page cache
+warm, kvikio's POSIX compatibility mode, an H200) into a device buffer:
+1 thread 5.5 GB/s, 4 threads 21, 8 threads 37, 16 threads 44, 32 threads 42.
+"""
+
+_THREAD_VARS = ("KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS")
+"""kvikio's environment variables for its thread count: when one is set, npydask leaves the count alone."""
 
 _AUTO: Any = object()
 
 _DRIVER_WORDS = ("libcuda", "cuInit", "CUDA driver", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_INITIALIZED",
                  "no CUDA-capable")  # fmt: skip
 """Words in a kvikio error that mean the driver or device is missing, not GDS."""
+
+_EOF_WORDS = ("pread: EOF", "unexpected EOF")
+"""Words in a kvikio error raised where the file ended before the bytes asked for (its POSIX reads never return short)."""
+
+_SYSTEM_ERRORS = (errno.ENFILE, errno.EMFILE, errno.ENOENT, errno.EIO)
+"""System errors recognised in kvikio's messages by their ``strerror`` text (``ENFILE``'s contains ``EMFILE``'s: first)."""
+
+_COMPAT_MODES = {0: "OFF", 1: "ON", 2: "AUTO"}
+"""kvikio's ``CompatMode`` values, as ``kvikio.defaults.get("compat_mode")`` may give them."""
+
+log = logging.getLogger(__name__)
 
 
 class DeviceRead(NamedTuple):
@@ -71,13 +112,27 @@ class DeviceRead(NamedTuple):
 
 
 def _import_kvikio(path: str) -> Any:
-    """kvikio, or ``None`` where it is not installed."""
+    """kvikio with its ``defaults`` (and, where it has one, ``cufile_driver``) imported, or ``None`` where not installed.
+
+    kvikio's ``__init__`` imports neither submodule, so ``kvikio.defaults``
+    is an ``AttributeError`` until something imports it.
+    """
     try:
         import kvikio
     except ImportError:
         return None
     except RuntimeError as e:  # its C++ library failing to load
         raise unavailable(path, e, "load") from e
+    if not hasattr(kvikio, "defaults"):
+        try:
+            import kvikio.defaults
+        except (ImportError, RuntimeError) as e:
+            raise unavailable(path, e, "load its settings (kvikio.defaults)") from e
+    if not hasattr(kvikio, "cufile_driver"):
+        try:
+            import kvikio.cufile_driver  # noqa: F401  (kvikio 24.12 and later)
+        except (ImportError, RuntimeError):
+            pass  # (describe() then reports GDS availability as unknown)
     return kvikio
 
 
@@ -94,21 +149,237 @@ def unavailable(path: str, error: BaseException, what: str) -> GpuUnavailableErr
     return GpuUnavailableError(f"{path}: kvikio could not {what} ({type(error).__name__}: {text}); {fix}")
 
 
-def describe() -> str:
-    """How this process would read onto the device, in words (for logs and examples).
+def translate(
+    path: str, error: BaseException, what: str, fd: int = -1, identity: FileIdentity | None = None
+) -> Exception:
+    """A kvikio ``RuntimeError`` as the error the host path gives for the same cause, naming the file.
+
+    kvikio's C++ errors carry the system error as its ``strerror`` text:
+    ``EMFILE``/``ENFILE`` become ``OSError`` naming the open-file limit,
+    ``ENOENT`` ``FileNotFoundError``, ``EIO`` ``OSError``. kvikio's end of
+    file (raised, never a short count) becomes
+    :class:`~npydask.errors.FileChangedError` when the open file ``fd``
+    no longer has ``identity`` (it shrank after opening), else
+    :class:`~npydask.errors.NpyFormatError` (the file is shorter than its
+    header says). Anything else is :func:`unavailable`.
 
     Examples
     --------
-    >>> describe().split(":")[0] in ("kvikio", "pinned host memory")
+    >>> e = translate("a.npy", RuntimeError("Unable to open file. Linux system/library function call "
+    ...                                     "error at: file_utils.cpp:160: No such file or directory"), "open the file")
+    >>> type(e).__name__, e.filename
+    ('FileNotFoundError', 'a.npy')
+    """
+    text = str(error)
+    said = f"kvikio could not {what} ({type(error).__name__}: {text})"
+    if any(word in text for word in _EOF_WORDS):
+        if fd >= 0 and identity is not None:
+            st = os.fstat(fd)
+            if differs(identity, st):
+                return _changed(path, identity, st, during=True)
+        return NpyFormatError(
+            f"{path}: truncated .npy file: it ended before the bytes its header promises ({said}); "
+            "rewrite the file, or open it again if it is being replaced"
+        )
+    for code in _SYSTEM_ERRORS:
+        if os.strerror(code) in text:
+            if code in (errno.EMFILE, errno.ENFILE):
+                advice = (
+                    f"the process's open-file limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used "
+                    "up; raise it, or read fewer files at once (fewer scheduler threads)"
+                )
+            elif code == errno.ENOENT:
+                advice = "the file was removed or renamed after the dataset was opened; open it again"
+            else:
+                advice = "the storage failed to deliver the bytes; check the disk or file system"
+            cls = FileNotFoundError if code == errno.ENOENT else OSError
+            return cls(code, f"{os.strerror(code)}: {said}; {advice}", path)
+    return unavailable(path, error, what)
+
+
+# --------------------------------------------------------------------------
+# kvikio's settings: read for describe(), the thread count raised once per process.
+
+_lock = threading.Lock()
+_prepared_for: Any = None
+"""The kvikio module whose thread count this process has seen to (at its first device read)."""
+_threads_note = ""
+"""What npydask did to kvikio's thread count, for :func:`describe`."""
+_logged: set[str] = set()
+"""The paths already logged by :func:`_log_once` in this process."""
+
+
+def _setting(kvikio: Any, name: str) -> Any:
+    """``kvikio.defaults.get(name)`` (kvikio >= 25.04), else the older ``kvikio.defaults.<name>()``; ``None`` if neither."""
+    defaults = getattr(kvikio, "defaults", None)
+    try:
+        if hasattr(defaults, "get"):
+            return defaults.get(name)
+        old = {"num_threads": "get_num_threads"}.get(name, name)
+        getter = getattr(defaults, old, None) or getattr(defaults, name, None)
+        return getter() if callable(getter) else None
+    except Exception:  # noqa: BLE001 - a setting kvikio cannot tell is reported as unknown
+        return None
+
+
+def _set_threads(kvikio: Any, n: int) -> None:
+    defaults = kvikio.defaults
+    if hasattr(defaults, "set"):
+        defaults.set("num_threads", n)  # (its context manager unused: the setting stays)
+    else:
+        defaults.num_threads_reset(n)
+
+
+def _see_to_threads(kvikio: Any) -> None:
+    """Once per process (per kvikio module): raise kvikio's thread count to :data:`IO_THREADS` unless the user set it."""
+    global _prepared_for, _threads_note
+    with _lock:
+        if _prepared_for is kvikio:
+            return
+        _prepared_for = kvikio
+        target = min(IO_THREADS, os.cpu_count() or 1)
+        current = _setting(kvikio, "num_threads")
+        named = [f"{v}={os.environ[v]}" for v in _THREAD_VARS if os.environ.get(v)]
+        if named:
+            _threads_note = f"from {named[0]}"
+        elif isinstance(current, int) and current < target:
+            try:
+                _set_threads(kvikio, target)
+            except Exception as e:  # noqa: BLE001 - fewer threads only reads slower
+                _threads_note = f"npydask could not raise it to {target}: {type(e).__name__}: {e}"
+            else:
+                _threads_note = f"raised from {current} by npydask; KVIKIO_NTHREADS sets it"
+        else:
+            _threads_note = "left as set"
+
+
+def _path(kvikio: Any) -> tuple[str, str]:
+    """Which path kvikio reads by, and the compat mode's name (``ON``/``OFF``/``AUTO``)."""
+    mode = _setting(kvikio, "compat_mode")
+    name = getattr(mode, "name", None) or (
+        ("ON" if mode else "OFF") if isinstance(mode, bool) else _COMPAT_MODES.get(mode, str(mode))  # type: ignore[arg-type]
+    )
+    try:
+        preferred = bool(kvikio.defaults.is_compat_mode_preferred())  # kvikio >= 25.04
+    except Exception:  # noqa: BLE001 - older kvikio: from the mode alone
+        preferred = {"ON": True, "OFF": False}.get(name)  # type: ignore[assignment]
+    if preferred is None:
+        return "kvikio (GPUDirect Storage or its POSIX compatibility mode, decided per file)", name
+    return ("kvikio POSIX compatibility mode" if preferred else "GPUDirect Storage"), name
+
+
+def _gds_available(kvikio: Any) -> str:
+    try:
+        return "yes" if kvikio.cufile_driver.get("is_gds_available") else "no"
+    except Exception:  # noqa: BLE001 - no cufile_driver (kvikio < 25.04), or its driver refused
+        return "unknown"
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def describe() -> str:
+    """How this process reads onto the device, in words (for logs, examples and bug reports).
+
+    It starts with the path: ``GPUDirect Storage``, ``kvikio POSIX
+    compatibility mode`` or ``pinned host memory (kvikio not installed)``,
+    then kvikio's version, compat mode, whether GDS is available, its
+    thread count (and who set it), task size and GDS threshold.
+
+    Examples
+    --------
+    >>> describe().split(":")[0] in ("GPUDirect Storage", "kvikio POSIX compatibility mode",
+    ...                              "pinned host memory (kvikio not installed)") or describe().startswith("kvikio")
     True
     """
     kvikio = _import_kvikio("<describe>")
-    if kvikio is None:
-        return "pinned host memory: kvikio is not installed (os.preadv, then one host-to-device copy)"
-    defaults = kvikio.defaults
-    mode = defaults.get("compat_mode") if hasattr(defaults, "get") else defaults.compat_mode()
-    version = getattr(kvikio, "__version__", "?")
-    return f"kvikio: version {version}, compat_mode={mode} (ON: POSIX reads; OFF: GPUDirect Storage)"
+    return _PINNED if kvikio is None else _describe(kvikio)
+
+
+_PINNED = "pinned host memory (kvikio not installed): os.preadv, then one host-to-device copy"
+
+
+def _describe(kvikio: Any) -> str:
+    """:func:`describe` of this kvikio module."""
+    path, mode = _path(kvikio)
+    threads = _setting(kvikio, "num_threads")
+    if _prepared_for is kvikio:
+        who = _threads_note
+    elif any(os.environ.get(v) for v in _THREAD_VARS):
+        who = "from " + next(f"{v}={os.environ[v]}" for v in _THREAD_VARS if os.environ.get(v))
+    else:
+        who = f"npydask raises it to at least {min(IO_THREADS, os.cpu_count() or 1)} at the first device read"
+    return (
+        f"{path}: kvikio {getattr(kvikio, '__version__', '?')}, compat_mode {mode}, "
+        f"GDS available: {_gds_available(kvikio)}, num_threads {threads} ({who}), "
+        f"task_size {_size(_setting(kvikio, 'task_size'))}, gds_threshold {_size(_setting(kvikio, 'gds_threshold'))}"
+    )
+
+
+def _log_once(key: str, message: str) -> None:
+    """Log ``message`` at INFO the first time ``key`` comes up in this process."""
+    with _lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    log.info("npydask reads onto the device with %s", message)
+
+
+# --------------------------------------------------------------------------
+# A process-wide bound on open CuFiles (two descriptors each).
+
+_open_cond = threading.Condition()
+_open_now = 0
+"""``CuFile`` s open (or reserved for a window) in this process now."""
+_open_peak = 0
+"""The most ``CuFile`` s reserved at once in this process (for tests and probes)."""
+
+
+def cufile_limit() -> int:
+    """How many ``CuFile`` s the process may hold open at once: 3/16 of the soft ``RLIMIT_NOFILE``.
+
+    The host handle cache takes at most a quarter of the limit's descriptors
+    (see :func:`npydask.storage._handles.cache_limit`); each ``CuFile``
+    holds two (buffered and ``O_DIRECT``), and takes half of what is left,
+    leaving the rest to the process (sockets, libraries, reads in flight).
+    Read at every window, so a limit lowered at run time is followed.
+
+    Examples
+    --------
+    >>> import resource
+    >>> cufile_limit() == max(1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] * 3 // 16)
+    True
+    """
+    soft = _nofile_soft()
+    return 1 << 30 if soft < 0 else max(1, soft * 3 // 16)
+
+
+def _reserve(n: int) -> int:
+    """Wait until ``n`` more ``CuFile`` s fit under :func:`cufile_limit` (``n`` at most the limit), then take them.
+
+    A window takes all its room at once, so no window holds part of it while
+    waiting for the rest (which could deadlock).
+    """
+    global _open_now, _open_peak
+    with _open_cond:
+        while _open_now and _open_now + n > cufile_limit():
+            _open_cond.wait()
+        _open_now += n
+        _open_peak = max(_open_peak, _open_now)
+    return n
+
+
+def _release(n: int) -> None:
+    global _open_now
+    with _open_cond:
+        _open_now -= n
+        _open_cond.notify_all()
 
 
 def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> list[Any]:
@@ -143,13 +414,20 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
         return results
     if kvikio is _AUTO:
         kvikio = None if xp is np else _import_kvikio(jobs[todo[0]].ref.path)
-    for first in range(0, len(todo), FILES_IN_FLIGHT):
-        window = [jobs[k] for k in todo[first : first + FILES_IN_FLIGHT]]
+    step = FILES_IN_FLIGHT
+    if kvikio is not None:
+        _see_to_threads(kvikio)  # (before the first read, once per process)
+        _log_once("kvikio", _describe(kvikio))
+        step = min(step, cufile_limit())  # (a window takes room for all its CuFiles at once)
+    elif xp is not np:
+        _log_once("pinned", _PINNED)
+    for first in range(0, len(todo), step):
+        window = [jobs[k] for k in todo[first : first + step]]
         if kvikio is not None and all(job.ref.source.mappable for job in window):
             done = _read_window_kvikio(window, xp, kvikio)
         else:
             done = _read_window_host(window, xp)
-        for k, block in zip(todo[first : first + FILES_IN_FLIGHT], done):
+        for k, block in zip(todo[first : first + step], done):
             results[k] = block
     return results
 
@@ -209,18 +487,22 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
 
 
 class _KvikioRead:
-    """A kvikio ``IOFuture`` whose C++ errors come out as :class:`GpuUnavailableError`."""
+    """A kvikio ``IOFuture`` whose C++ errors come out as the host path's errors (:func:`translate`)."""
 
-    __slots__ = ("future", "offset", "path", "size")
+    __slots__ = ("fd", "future", "identity", "offset", "path", "size")
 
-    def __init__(self, future: Any, path: str, offset: int, size: int) -> None:
+    def __init__(
+        self, future: Any, path: str, offset: int, size: int, fd: int = -1, identity: FileIdentity | None = None
+    ) -> None:
         self.future, self.path, self.offset, self.size = future, path, offset, size
+        self.fd, self.identity = fd, identity
 
     def get(self) -> int:
         try:
             return int(self.future.get())
         except RuntimeError as e:
-            raise unavailable(self.path, e, f"read bytes {self.offset}..{self.offset + self.size}") from e
+            what = f"read bytes {self.offset}..{self.offset + self.size}"
+            raise translate(self.path, e, what, self.fd, self.identity) from e
 
 
 def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
@@ -235,7 +517,7 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:
-        raise unavailable(ref.path, e, "open the file") from e
+        raise translate(ref.path, e, "open the file") from e
     try:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
@@ -250,14 +532,16 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
 def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
     """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps."""
     offsets, total, alignment = _layout(window)
-    if xp is not np:
-        # Staging memory may come back from the pool while kernels queued on this stream still
-        # read it; kvikio writes outside the stream order, so let those finish first.
-        xp.cuda.get_current_stream().synchronize()
     staging = aligned_empty(xp, total, alignment)
+    if xp is not np:
+        # The staging block may come from a pool that handed it over while kernels queued on
+        # this or another stream still read it (RMM orders that on the device only); kvikio's
+        # threads write outside any stream order, so let those finish first, after allocating.
+        xp.cuda.get_current_stream().synchronize()
     handles: list[Any] = []
     found: list[FileIdentity] = []  # (each file's whole identity: an inode-only one says too little after the read)
     issued: list[tuple[Pending, str]] = []
+    room = _reserve(len(window))  # (waits while other windows hold the process's CuFile bound)
     try:
         try:
             for job, at in zip(window, offsets):
@@ -266,11 +550,14 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                 found.append(identity)
                 path = job.ref.path
 
-                def read_span(offset: int, size: int, dest: Any, handle: Any = handle, path: str = path) -> _KvikioRead:
-                    try:
-                        return _KvikioRead(handle.pread(dest, size, offset), path, offset, size)
+                def read_span(
+                    offset: int, size: int, dest: Any, handle: Any = handle, path: str = path, found: Any = identity
+                ) -> _KvikioRead:
+                    try:  # (kvikio reads under its gds_threshold here, synchronously: errors come at once)
+                        return _KvikioRead(handle.pread(dest, size, offset), path, offset, size, handle.fileno(), found)
                     except RuntimeError as e:
-                        raise unavailable(path, e, f"start reading bytes {offset}..{offset + size}") from e
+                        what = f"start reading bytes {offset}..{offset + size}"
+                        raise translate(path, e, what, handle.fileno(), found) from e
 
                 issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
         except BaseException:
@@ -286,6 +573,9 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                     drain(rest)
                 raise
     finally:
-        for handle in handles:
-            handle.close()
+        try:
+            for handle in handles:
+                handle.close()
+        finally:
+            _release(room)
     return _finish_all(window, staging, offsets, xp)
