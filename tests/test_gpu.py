@@ -941,3 +941,23 @@ def test_kvikio_staging_is_synchronised_after_it_is_allocated(save):
     first_read = events.index("pread")
     last_alloc = max(i for i, e in enumerate(events[:first_read]) if e == "alloc")
     assert "sync" in events[last_alloc:first_read], events
+
+
+def test_kvikio_open_past_the_limit_empties_the_host_cache_and_tries_again(save, monkeypatch):
+    from npydask.storage import _handles
+
+    p = save(np.arange(30.0))
+    fake = FakeKvikio()
+    real, calls = fake.CuFile.__init__, []
+
+    def once_too_many(self, path, flags="r"):
+        calls.append(path)
+        if len(calls) == 1:
+            raise RuntimeError(kvikio_system_error(errno.EMFILE))
+        real(self, path, flags)
+
+    fake.CuFile.__init__ = once_too_many
+    cleared = []
+    monkeypatch.setattr(kvikio_backend, "clear_cache", lambda: (cleared.append(1), _handles.clear_cache()))
+    same(kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)[0], np.arange(30.0))
+    assert calls == [p, p] and cleared == [1] and fake.opened == fake.closed == 1

@@ -60,10 +60,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
+from npydask.errors import GpuUnavailableError, NpyFormatError
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
-from npydask.storage._handles import FileIdentity, _changed, _nofile_soft, check_unchanged, differs, pread_exact
+from npydask.storage._handles import (
+    FileIdentity,
+    _changed,
+    _nofile_soft,
+    check_unchanged,
+    clear_cache,
+    differs,
+    pread_exact,
+)
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
@@ -398,7 +406,11 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     Raises
     ------
     FileChangedError
-        A file's size, mtime or inode differs from when the graph was built.
+        A file's size, mtime or inode differs from when the graph was built,
+        or it shrank while being read.
+    OSError
+        Too many open files (``EMFILE``/``ENFILE``), a missing file
+        (``FileNotFoundError``), an I/O error (``EIO``): named as on the host path.
     GpuUnavailableError
         kvikio failed (no driver, GDS refused): the message names the file and the fix.
     """
@@ -517,7 +529,14 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:
-        raise translate(ref.path, e, "open the file") from e
+        error = translate(ref.path, e, "open the file")
+        if getattr(error, "errno", None) not in (errno.EMFILE, errno.ENFILE):
+            raise error from e
+        clear_cache()  # past the open-file limit: the host cache's descriptors go first, as on the host path
+        try:
+            handle = kvikio.CuFile(ref.path, "r")
+        except RuntimeError as again:
+            raise translate(ref.path, again, "open the file") from again
     try:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
