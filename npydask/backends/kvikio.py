@@ -214,7 +214,7 @@ _prepared_for: Any = None
 _threads_note = ""
 """What npydask did to kvikio's thread count, for :func:`describe`."""
 _logged: set[str] = set()
-"""The paths already logged by :func:`_log_once` in this process."""
+"""The paths already logged in this process (``"kvikio"``, ``"pinned"``)."""
 
 
 def _setting(kvikio: Any, name: str) -> Any:
@@ -238,13 +238,20 @@ def _set_threads(kvikio: Any, n: int) -> None:
         defaults.num_threads_reset(n)
 
 
-def _see_to_threads(kvikio: Any) -> None:
-    """Once per process (per kvikio module): raise kvikio's thread count to :data:`IO_THREADS` unless the user set it."""
+def _first_read(kvikio: Any) -> None:
+    """Before this process's first kvikio read: raise kvikio's threads (unless the user chose), then log the path once.
+
+    Once per kvikio module (a process has one). kvikio's thread count is
+    raised to :data:`IO_THREADS` (at most one per CPU core) where neither
+    ``KVIKIO_NTHREADS`` nor ``KVIKIO_NUM_THREADS`` is set and it has fewer;
+    every thread arriving meanwhile waits, so no read starts before.
+    """
     global _prepared_for, _threads_note
+    if _prepared_for is kvikio:
+        return
     with _lock:
         if _prepared_for is kvikio:
             return
-        _prepared_for = kvikio
         target = min(IO_THREADS, os.cpu_count() or 1)
         current = _setting(kvikio, "num_threads")
         named = [f"{v}={os.environ[v]}" for v in _THREAD_VARS if os.environ.get(v)]
@@ -259,6 +266,9 @@ def _see_to_threads(kvikio: Any) -> None:
                 _threads_note = f"raised from {current} by npydask; KVIKIO_NTHREADS sets it"
         else:
             _threads_note = "left as set"
+        _prepared_for = kvikio
+        _logged.add("kvikio")
+        log.info("npydask reads onto the device with %s", _describe(kvikio))
 
 
 def _path(kvikio: Any) -> tuple[str, str]:
@@ -332,6 +342,8 @@ def _describe(kvikio: Any) -> str:
 
 def _log_once(key: str, message: str) -> None:
     """Log ``message`` at INFO the first time ``key`` comes up in this process."""
+    if key in _logged:
+        return
     with _lock:
         if key in _logged:
             return
@@ -428,8 +440,7 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
         kvikio = None if xp is np else _import_kvikio(jobs[todo[0]].ref.path)
     step = FILES_IN_FLIGHT
     if kvikio is not None:
-        _see_to_threads(kvikio)  # (before the first read, once per process)
-        _log_once("kvikio", _describe(kvikio))
+        _first_read(kvikio)  # (threads and log, once per process)
         step = min(step, cufile_limit())  # (a window takes room for all its CuFiles at once)
     elif xp is not np:
         _log_once("pinned", _PINNED)
