@@ -100,10 +100,10 @@ _DRIVER_WORDS = ("libcuda", "cuInit", "CUDA driver", "CUDA_ERROR_NO_DEVICE", "CU
 """Words in a kvikio error that mean the driver or device is missing, not GDS."""
 
 _EOF_WORDS = ("pread: EOF", "unexpected EOF")
-"""Words in a kvikio error raised where the file ended before the bytes asked for (its POSIX reads never return short)."""
+"""Words in kvikio's error where the file ended before the bytes asked for (its POSIX reads never return short)."""
 
 _SYSTEM_ERRORS = (errno.ENFILE, errno.EMFILE, errno.ENOENT, errno.EIO)
-"""System errors recognised in kvikio's messages by their ``strerror`` text (``ENFILE``'s contains ``EMFILE``'s: first)."""
+"""System errors found in kvikio's messages by their ``strerror`` text (``ENFILE``'s holds ``EMFILE``'s: first)."""
 
 _COMPAT_MODES = {0: "OFF", 1: "ON", 2: "AUTO"}
 """kvikio's ``CompatMode`` values, as ``kvikio.defaults.get("compat_mode")`` may give them."""
@@ -120,7 +120,7 @@ class DeviceRead(NamedTuple):
 
 
 def _import_kvikio(path: str) -> Any:
-    """kvikio with its ``defaults`` (and, where it has one, ``cufile_driver``) imported, or ``None`` where not installed.
+    """kvikio with ``defaults`` (and ``cufile_driver``, where it has one) imported; ``None`` where not installed.
 
     kvikio's ``__init__`` imports neither submodule, so ``kvikio.defaults``
     is an ``AttributeError`` until something imports it.
@@ -218,7 +218,7 @@ _logged: set[str] = set()
 
 
 def _setting(kvikio: Any, name: str) -> Any:
-    """``kvikio.defaults.get(name)`` (kvikio >= 25.04), else the older ``kvikio.defaults.<name>()``; ``None`` if neither."""
+    """``kvikio.defaults.get(name)`` (kvikio >= 25.04), else the older ``defaults.<name>()``; ``None`` if neither."""
     defaults = getattr(kvikio, "defaults", None)
     try:
         if hasattr(defaults, "get"):
@@ -274,13 +274,15 @@ def _first_read(kvikio: Any) -> None:
 def _path(kvikio: Any) -> tuple[str, str]:
     """Which path kvikio reads by, and the compat mode's name (``ON``/``OFF``/``AUTO``)."""
     mode = _setting(kvikio, "compat_mode")
-    name = getattr(mode, "name", None) or (
-        ("ON" if mode else "OFF") if isinstance(mode, bool) else _COMPAT_MODES.get(mode, str(mode))  # type: ignore[arg-type]
-    )
+    if isinstance(mode, bool):  # (kvikio before 24.12)
+        name = "ON" if mode else "OFF"
+    else:
+        name = getattr(mode, "name", None) or _COMPAT_MODES.get(mode, str(mode))  # type: ignore[arg-type]
+    preferred: bool | None
     try:
         preferred = bool(kvikio.defaults.is_compat_mode_preferred())  # kvikio >= 25.04
     except Exception:  # noqa: BLE001 - older kvikio: from the mode alone
-        preferred = {"ON": True, "OFF": False}.get(name)  # type: ignore[assignment]
+        preferred = {"ON": True, "OFF": False}.get(name)
     if preferred is None:
         return "kvikio (GPUDirect Storage or its POSIX compatibility mode, decided per file)", name
     return ("kvikio POSIX compatibility mode" if preferred else "GPUDirect Storage"), name
