@@ -191,11 +191,13 @@ def translate(
         )
     for code in _SYSTEM_ERRORS:
         if os.strerror(code) in text:
-            if code in (errno.EMFILE, errno.ENFILE):
+            if code == errno.EMFILE:
                 advice = (
                     f"the process's open-file limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used "
                     "up; raise it, or read fewer files at once (fewer scheduler threads)"
                 )
+            elif code == errno.ENFILE:
+                advice = "the system's open-file table is full (fs.file-max); raise it, or close other programs' files"
             elif code == errno.ENOENT:
                 advice = "the file was removed or renamed after the dataset was opened; open it again"
             else:
