@@ -961,3 +961,33 @@ def test_kvikio_open_past_the_limit_empties_the_host_cache_and_tries_again(save,
     monkeypatch.setattr(kvikio_backend, "clear_cache", lambda: (cleared.append(1), _handles.clear_cache()))
     same(kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)[0], np.arange(30.0))
     assert calls == [p, p] and cleared == [1] and fake.opened == fake.closed == 1
+
+
+class _ObjectLike:
+    """A source read by range requests (not mappable), as object stores are: over a local file here."""
+
+    mappable = False
+
+    def open(self, path, identity, key=None, check=None):
+        class Reader:
+            def read_into(self, dest, offset):
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(len(dest))
+                dest[: len(data)] = np.frombuffer(data, np.uint8)
+
+        return types.SimpleNamespace(path=path, range_reader=Reader)
+
+
+def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, fresh_kvikio_state, caplog):
+    a = random_array((12, 9), ">i4", seed=6)
+    jobs = [job._replace(ref=job.ref._replace(source=_ObjectLike())) for job in _jobs([save(a), save(a)])]
+    fake = FakeKvikio()
+    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    for _ in range(2):
+        for got in kvikio_backend.read_to_device(jobs, _cupy_like(), kvikio=fake):
+            same(got, a)
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
+    assert logged[1] == "npydask reads onto the device with " + kvikio_backend._OBJECTS
+    assert fake.opened == 0

@@ -216,7 +216,7 @@ _prepared_for: Any = None
 _threads_note = ""
 """What npydask did to kvikio's thread count, for :func:`describe`."""
 _logged: set[str] = set()
-"""The paths already logged in this process (``"kvikio"``, ``"pinned"``)."""
+"""The paths already logged in this process (``"kvikio"``, ``"pinned"``, ``"objects"``)."""
 
 
 def _setting(kvikio: Any, name: str) -> Any:
@@ -325,6 +325,7 @@ def describe() -> str:
 
 
 _PINNED = "pinned host memory (kvikio not installed): os.preadv, then one host-to-device copy"
+_OBJECTS = "pinned host memory for objects (kvikio reads local files only): range requests, one host-to-device copy"
 
 
 def _describe(kvikio: Any) -> str:
@@ -453,6 +454,8 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
         if kvikio is not None and all(job.ref.source.mappable for job in window):
             done = _read_window_kvikio(window, xp, kvikio)
         else:
+            if kvikio is not None and xp is not np:
+                _log_once("objects", _OBJECTS)
             done = _read_window_host(window, xp)
         for k, block in zip(todo[first : first + step], done):
             results[k] = block
