@@ -244,6 +244,7 @@ def probe_kvikio_errors(c: Context) -> str:
     import resource
 
     import npydask
+    from npydask.backends import _kvikio_runtime as kr
     from npydask.backends import kvikio as kb
     from npydask.storage import _handles
 
@@ -307,7 +308,7 @@ def probe_kvikio_errors(c: Context) -> str:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         _handles.clear_cache()
-    out.append(same(got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kb._open_peak})"))
+    out.append(same(got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kr._open_peak})"))
     return "; ".join(out)
 
 

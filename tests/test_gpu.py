@@ -33,6 +33,7 @@ from dask.local import get_sync
 import npydask
 from npydask import gpu
 from npydask.array import NpyFileArray
+from npydask.backends import _kvikio_runtime as kvikio_runtime
 from npydask.backends import kvikio as kvikio_backend
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
 from npydask.gpu_plan import GpuReadOptions, plan_gpu_read
@@ -757,8 +758,8 @@ def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeyp
 @pytest.fixture
 def fresh_kvikio_state(monkeypatch):
     """Forget which kvikio this process saw to and what it logged (both are once per process)."""
-    monkeypatch.setattr(kvikio_backend, "_prepared_for", None, raising=False)
-    monkeypatch.setattr(kvikio_backend, "_logged", set(), raising=False)
+    monkeypatch.setattr(kvikio_runtime, "_prepared_for", None)
+    monkeypatch.setattr(kvikio_runtime, "_logged", set())
     for name in ("KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
 
@@ -800,7 +801,7 @@ def test_the_first_device_read_raises_kvikio_threads_once_and_logs_the_path(save
     logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
     assert len(logged) == 1 and "kvikio POSIX compatibility mode" in logged[0], logged
     assert f"num_threads {cores} (raised from 1 by npydask" in logged[0]
-    assert f"num_threads {cores} (raised from 1 by npydask" in kvikio_backend._describe(fake)
+    assert f"num_threads {cores} (raised from 1 by npydask" in kvikio_runtime._describe(fake)
 
 
 @pytest.mark.parametrize("how", ["KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS", "set before", "more already"])
@@ -816,7 +817,7 @@ def test_kvikio_threads_the_user_chose_are_left_alone(save, monkeypatch, fresh_k
     kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
     assert fake.defaults.get("num_threads") == before and fake.defaults.sets == []
     if how.startswith("KVIKIO"):
-        assert f"(from {how}=1)" in kvikio_backend._describe(fake)
+        assert f"(from {how}=1)" in kvikio_runtime._describe(fake)
 
 
 def test_the_pinned_path_is_logged_once(save, monkeypatch, fresh_kvikio_state, caplog):
@@ -989,5 +990,5 @@ def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, 
             same(got, a)
     logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
     assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
-    assert logged[1] == "npydask reads onto the device with " + kvikio_backend._OBJECTS
+    assert logged[1] == "npydask reads onto the device with " + kvikio_runtime.OBJECTS
     assert fake.opened == 0
