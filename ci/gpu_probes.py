@@ -343,6 +343,86 @@ def probe_to_npy_of_device_array(c: Context) -> str:
     return same(np.load(c.path("w/out.npy")), a, "to_npy round trip")
 
 
+def probe_kvikio_errors(c: Context) -> str:
+    """kvikio's errors, descriptors and settings: describe(), a file shrunk after opening, many files under a low ``ulimit -n``.
+
+    Real kvikio raises at end of file (its POSIX reads never return short): a
+    file truncated after kvikio opened it must give the CPU path's error class
+    (``FileChangedError``), not ``GpuUnavailableError``. A stack of many small
+    files read by 16 threads under a lowered soft ``RLIMIT_NOFILE`` (restored
+    after) must equal numpy with no ``EMFILE``.
+    """
+    import resource
+
+    import npydask
+    from npydask.backends import _kvikio_runtime as kr
+    from npydask.backends import kvikio as kb
+    from npydask.storage import _handles
+
+    text = kb.describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
+    paths = ("GPUDirect Storage:", "kvikio POSIX compatibility mode:", "pinned host memory (kvikio not installed)")
+    if not text.startswith(paths) or (not text.startswith(paths[2]) and not ("num_threads" in text and "GDS available" in text)):
+        raise AssertionError(f"describe() says {text!r}")
+    out = [f"describe(): {text}"]
+
+    a = data((256 * c.scale, 64), "<i4", 70)
+    p = c.path("kerr/shrinks.npy")
+    np.save(p, a)
+    errors = {}
+    for device in ("cpu", "gpu"):
+        np.save(p, a)
+        x = npydask.from_npy(p, device=device)
+        done: list[int] = []
+        real_open, real_pread = kb._open_checked, kb.pread_exact
+
+        def open_then_shrink(kvikio: Any, ref: Any) -> Any:  # after kvikio opened and checked it
+            opened = real_open(kvikio, ref)
+            if not done:
+                done.append(1)
+                os.truncate(p, 256)
+            return opened
+
+        def shrink_then_pread(fd: int, dest: Any, offset: int, path: str) -> None:  # (pinned path, dry run)
+            if not done and path == p:
+                done.append(1)
+                os.truncate(p, 256)
+            real_pread(fd, dest, offset, path)
+
+        if device == "gpu":
+            kb._open_checked, kb.pread_exact = open_then_shrink, shrink_then_pread
+        else:
+            os.truncate(p, 256)  # (the CPU path: after the graph was built)
+        try:
+            x.compute()
+        except Exception as e:  # noqa: BLE001 - the class is what is compared
+            errors[device] = e
+        finally:
+            kb._open_checked, kb.pread_exact = real_open, real_pread
+    if set(errors) != {"cpu", "gpu"} or type(errors["gpu"]) is not type(errors["cpu"]):
+        raise AssertionError(f"truncated after opening: cpu {errors.get('cpu')!r}, gpu {errors.get('gpu')!r}")
+    if os.path.basename(p) not in str(errors["gpu"]):
+        raise AssertionError(f"the error does not name the file: {errors['gpu']}")
+    out.append(f"shrunk after opening: {type(errors['gpu']).__name__} on both paths")
+
+    n = 40 * c.scale if c.scale > 1 else 300
+    small = [data((8, 8), "<f4", 1000 + i) for i in range(n)]
+    for i, s in enumerate(small):
+        np.save(c.path(f"kerr/many/{i:05d}.npy"), s)
+    ds = npydask.open_dataset(os.path.dirname(c.path("kerr/many/0.npy")), device="gpu")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, len(os.listdir("/proc/self/fd")) + 400)
+    _handles.clear_cache()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        got = c.host(ds.stack().compute(scheduler="threads", num_workers=16))
+        bound = kb.cufile_limit()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        _handles.clear_cache()
+    out.append(same(got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kr._open_peak})"))
+    return "; ".join(out)
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -355,6 +435,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "loader_torch_gpu": probe_loader_torch_gpu,
     "torch_fork_before_cuda": probe_torch_fork_before_cuda,
     "to_npy_device": probe_to_npy_of_device_array,
+    "kvikio_errors": probe_kvikio_errors,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {}

@@ -76,6 +76,8 @@ def wait_reads(pending: Pending, source: str = "<file>") -> None:
     ------
     FileChangedError
         A read returned fewer bytes than planned: the file shrank after it was opened.
+        (kvikio's POSIX reads raise at end of file instead of returning short; the
+        kvikio backend translates that into this same error.)
     """
     short = None
     for k, (r, result) in enumerate(pending):

@@ -13,12 +13,15 @@ Three layers:
 
 from __future__ import annotations
 
+import errno
+import importlib.abc
 import importlib.util
 import os
 import pickle
 import re
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -30,6 +33,7 @@ from dask.local import get_sync
 import npydask
 from npydask import gpu, gpu_process
 from npydask.array import NpyFileArray
+from npydask.backends import _kvikio_runtime as kvikio_runtime
 from npydask.backends import kvikio as kvikio_backend
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
 from npydask.gpu_plan import GpuReadOptions, plan_gpu_read
@@ -289,11 +293,24 @@ class _CupyLikeArray(np.ndarray):
         self[...] = host
 
 
-def _cupy_like():
-    """A module shaped like CuPy over host memory: exercises the device-only branches here."""
-    empty = lambda shape, dtype=float: np.empty(shape, dtype).view(_CupyLikeArray)  # noqa: E731
+def _cupy_like(events=None):
+    """A module shaped like CuPy over host memory: exercises the device-only branches here.
+
+    ``events``, when given, records ``"alloc"`` for each ``empty`` and ``"sync"`` for each stream synchronisation.
+    """
+    events = [] if events is None else events
+
+    def empty(shape, dtype=float):
+        events.append("alloc")
+        return np.empty(shape, dtype).view(_CupyLikeArray)
+
     synced = []
-    stream = types.SimpleNamespace(synchronize=lambda: synced.append(1))
+
+    def synchronize():
+        synced.append(1)
+        events.append("sync")
+
+    stream = types.SimpleNamespace(synchronize=synchronize)
     cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream)
     return types.SimpleNamespace(__name__="cupy", empty=empty, uint8=np.uint8, cuda=cuda, synced=synced,
                                  asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
@@ -341,13 +358,86 @@ class FakeFuture:
         return self.n
 
 
-class FakeKvikio:
-    """``kvikio.CuFile`` over ``os.pread``; records opens, closes and reads; fails on demand."""
+KVIKIO_EOF = "KvikIO failure at: /kvikio/cpp/include/kvikio/detail/posix_io.hpp:173: POSIX error on pread: EOF"
+"""What kvikio's POSIX reads raise where the file ends before the bytes asked for (they never return short)."""
 
-    def __init__(self, open_error=None, read_error=None, other_file=None, start_error_at=None):
+
+def kvikio_system_error(code):
+    """kvikio's text for a failed system call (``KVIKIO_SYSCALL_CHECK``: a ``std::system_error``)."""
+    return f"Unable to open file. Linux system/library function call error at: /kvikio/cpp/src/file_utils.cpp:160: {os.strerror(code)}"
+
+
+class FakeDefaults(types.ModuleType):
+    """``kvikio.defaults`` of kvikio 26.10: ``get``/``set`` (a context manager too), ``is_compat_mode_preferred``."""
+
+    def __init__(self, compat_mode, num_threads, gds):
+        super().__init__("kvikio.defaults")
+        self.values = {"compat_mode": compat_mode, "num_threads": num_threads, "task_size": 4 << 20,
+                       "gds_threshold": 16384}  # fmt: skip
+        self.gds, self.sets = gds, []
+
+    def get(self, name):
+        return self.values[name]
+
+    def set(self, *config):
+        items = config[0] if len(config) == 1 else {config[0]: config[1]}
+        old = {k: self.values[k] for k in items}
+        self.values.update(items)
+        self.sets.append(dict(items))
+        defaults = self
+
+        class Restore:
+            def __enter__(self):
+                return None
+
+            def __exit__(self, *exc):
+                defaults.values.update(old)
+
+        return Restore()
+
+    def is_compat_mode_preferred(self):
+        mode = self.values["compat_mode"]  # 0 OFF, 1 ON, 2 AUTO (kvikio's default)
+        return mode == 1 or (mode == 2 and not self.gds)
+
+
+class FakeCufileDriver(types.ModuleType):
+    def __init__(self, gds):
+        super().__init__("kvikio.cufile_driver")
+        self.gds = gds
+
+    def get(self, name):
+        return {"is_gds_available": self.gds, "major_version": 1, "minor_version": 16}[name]
+
+
+class FakeKvikio(types.ModuleType):
+    """kvikio 26.10 as far as npydask uses it: ``CuFile`` over ``os.pread``; ``defaults``; ``cufile_driver``.
+
+    Each ``CuFile`` holds two descriptors (kvikio opens the file buffered and
+    with ``O_DIRECT``) and the fake counts the ``CuFile`` s open at once; an
+    ``OSError`` opening one comes out as kvikio's ``RuntimeError`` text. As
+    kvikio's POSIX reads, a read past the end of the file raises
+    (:data:`KVIKIO_EOF`), never returns short: at once for reads under
+    ``gds_threshold`` (kvikio runs those synchronously), from ``get()``
+    otherwise. Records opens, closes, reads and, in ``events``, the order
+    of its reads among what else appends there. ``lazy``: ``defaults`` and
+    ``cufile_driver`` appear only once imported (``import kvikio.defaults``),
+    as with kvikio's own ``__init__`` (install it with :func:`install_kvikio`).
+    """
+
+    def __init__(self, open_error=None, read_error=None, other_file=None, start_error_at=None, *, lazy=False,
+                 compat_mode=2, num_threads=1, gds=False, before_read=None, events=None):  # fmt: skip
+        super().__init__("kvikio")
+        self.__path__ = []  # a package: its submodules import through install_kvikio's finder
+        self.__version__ = "26.10.00"
         self.open_error, self.read_error, self.other_file = open_error, read_error, other_file
-        self.start_error_at = start_error_at
+        self.start_error_at, self.before_read = start_error_at, before_read
         self.opened, self.closed, self.reads = 0, 0, []
+        self.open_now = self.open_peak = 0
+        self.events = [] if events is None else events
+        self.submodules = {"defaults": FakeDefaults(compat_mode, num_threads, gds), "cufile_driver": FakeCufileDriver(gds)}
+        if not lazy:
+            self.defaults, self.cufile_driver = self.submodules["defaults"], self.submodules["cufile_driver"]
+        lock = threading.Lock()
         fake = self
 
         class CuFile:
@@ -355,25 +445,72 @@ class FakeKvikio:
                 assert flags == "r"
                 if fake.open_error:
                     raise RuntimeError(fake.open_error)
-                self.fd = os.open(fake.other_file or path, os.O_RDONLY)
-                fake.opened += 1
+                time.sleep(0.0002)  # (lets other threads run, as kvikio's open does: opens of threads interleave)
+                try:
+                    self.fd = os.open(fake.other_file or path, os.O_RDONLY)
+                    try:
+                        self.fd_direct = os.open(fake.other_file or path, os.O_RDONLY)
+                    except OSError:
+                        os.close(self.fd)
+                        raise
+                except OSError as e:
+                    raise RuntimeError(kvikio_system_error(e.errno)) from None
+                with lock:
+                    fake.opened += 1
+                    fake.open_now += 1
+                    fake.open_peak = max(fake.open_peak, fake.open_now)
 
             def fileno(self):
                 return self.fd
 
             def close(self):
                 os.close(self.fd)
-                fake.closed += 1
+                os.close(self.fd_direct)
+                with lock:
+                    fake.closed += 1
+                    fake.open_now -= 1
 
             def pread(self, buf, size, file_offset, task_size=None):
                 if len(fake.reads) == fake.start_error_at:
                     raise RuntimeError("cuFileRead: invalid device pointer")
                 fake.reads.append((file_offset, size))
+                fake.events.append("pread")
+                if fake.before_read:
+                    fake.before_read(self)
                 data = os.pread(self.fd, size, file_offset)
                 buf[: len(data)] = np.frombuffer(data, np.uint8)
-                return FakeFuture(len(data), fake.read_error)
+                if len(data) < size:
+                    if size < fake.submodules["defaults"].values["gds_threshold"]:
+                        raise RuntimeError(KVIKIO_EOF)
+                    return FakeFuture(0, KVIKIO_EOF)
+                return FakeFuture(size, fake.read_error)
 
         self.CuFile = CuFile
+
+
+class _FakeSubmodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``kvikio.defaults`` and ``kvikio.cufile_driver`` of the :class:`FakeKvikio` in ``sys.modules``."""
+
+    def find_spec(self, name, path=None, target=None):
+        parent = sys.modules.get("kvikio")
+        if isinstance(parent, FakeKvikio) and name.startswith("kvikio.") and name[7:] in parent.submodules:
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return sys.modules["kvikio"].submodules[spec.name[7:]]
+
+    def exec_module(self, module):
+        pass
+
+
+def install_kvikio(monkeypatch, fake):
+    """Make ``import kvikio`` give ``fake``, and ``import kvikio.defaults`` its submodule (for this test)."""
+    monkeypatch.setitem(sys.modules, "kvikio", fake)
+    for name in ("kvikio.defaults", "kvikio.cufile_driver"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_FakeSubmodules(), *sys.meta_path])
+    return fake
 
 
 def _jobs(paths, box=None, options=None):
@@ -419,19 +556,6 @@ def test_kvikio_error_while_starting_reads_waits_for_the_started_ones(save):
     with pytest.raises(GpuUnavailableError, match=r"could not start reading bytes"):
         kvikio_backend.read_to_device(_jobs(paths), np, kvikio=fake)
     assert fake.opened == fake.closed == 3 and len(fake.reads) == 2
-
-
-@pytest.mark.parametrize("modern", [True, False])
-def test_describe_names_kvikio_and_its_compat_mode(monkeypatch, modern):
-    fake = types.ModuleType("kvikio")
-    fake.__version__ = "25.04.00"
-    if modern:
-        fake.defaults = types.SimpleNamespace(get=lambda name: {"compat_mode": "CompatMode.ON"}[name])
-    else:
-        fake.defaults = types.SimpleNamespace(compat_mode=lambda: True)
-    monkeypatch.setitem(sys.modules, "kvikio", fake)
-    text = kvikio_backend.describe()
-    assert text.startswith("kvikio: version 25.04.00") and ("CompatMode.ON" in text or "True" in text)
 
 
 def test_kvikio_opening_another_file_than_planned_is_a_changed_file(save):
@@ -549,6 +673,8 @@ def test_gpu_roi_pad_and_stack(cupy, tmp_path):
 @pytest.mark.gpu
 def test_gpu_kvikio_compat_mode(cupy, save):
     kvikio = pytest.importorskip("kvikio")
+    import kvikio.defaults  # (kvikio's __init__ does not import it)
+
     a = random_array((300, 400), ">i4", seed=9)
     p = save(a, order="F")
     defaults = kvikio.defaults
@@ -714,3 +840,245 @@ def _from_npy_in_child(path):
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "built"
+
+
+# kvikio as it is (26.10): its settings, its thread pool, its errors, its descriptors.
+
+
+@pytest.fixture
+def fresh_kvikio_state(monkeypatch):
+    """Forget which kvikio this process saw to and what it logged (both are once per process)."""
+    monkeypatch.setattr(kvikio_runtime, "_prepared_for", None)
+    monkeypatch.setattr(kvikio_runtime, "_logged", set())
+    for name in ("KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("compat_mode", "gds", "path"),
+    [(2, False, "kvikio POSIX compatibility mode"), (2, True, "GPUDirect Storage"), (1, True, "kvikio POSIX compatibility mode"),
+     (0, True, "GPUDirect Storage")],
+)  # fmt: skip
+def test_describe_says_which_path_reads_on_kvikio_26_10(monkeypatch, fresh_kvikio_state, compat_mode, gds, path):
+    install_kvikio(monkeypatch, FakeKvikio(lazy=True, compat_mode=compat_mode, gds=gds))  # no kvikio.defaults yet
+    text = kvikio_backend.describe()
+    mode = {0: "OFF", 1: "ON", 2: "AUTO"}[compat_mode]
+    assert text.startswith(f"{path}: kvikio 26.10.00, compat_mode {mode}, GDS available: {'yes' if gds else 'no'}, ")
+    cores = min(16, os.cpu_count())
+    assert f"num_threads 1 (npydask raises it to at least {cores} at the first device read)" in text
+    assert text.endswith("task_size 4 MiB, gds_threshold 16 KiB")
+
+
+def test_describe_of_an_older_kvikio_without_get(monkeypatch, fresh_kvikio_state):
+    fake = types.ModuleType("kvikio")
+    fake.__version__ = "24.12.00"
+    fake.defaults = types.SimpleNamespace(compat_mode=lambda: True, get_num_threads=lambda: 4, task_size=lambda: 1 << 22,
+                                          gds_threshold=lambda: 1 << 20)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "kvikio", fake)
+    text = kvikio_backend.describe()
+    assert text.startswith("kvikio POSIX compatibility mode: kvikio 24.12.00, compat_mode ON, GDS available: unknown")
+    assert "num_threads 4" in text and text.endswith("gds_threshold 1 MiB")
+
+
+def test_the_first_device_read_raises_kvikio_threads_once_and_logs_the_path(save, fresh_kvikio_state, caplog):
+    p = save(np.arange(1000.0))
+    fake = FakeKvikio()
+    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    for _ in range(2):
+        same(kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)[0], np.arange(1000.0))
+    cores = min(16, os.cpu_count())
+    assert fake.defaults.sets == [{"num_threads": cores}] and fake.defaults.get("num_threads") == cores
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    assert len(logged) == 1 and "kvikio POSIX compatibility mode" in logged[0], logged
+    assert f"num_threads {cores} (raised from 1 by npydask" in logged[0]
+    assert f"num_threads {cores} (raised from 1 by npydask" in kvikio_runtime._describe(fake)
+
+
+@pytest.mark.parametrize("how", ["KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS", "set before", "more already"])
+def test_kvikio_threads_the_user_chose_are_left_alone(save, monkeypatch, fresh_kvikio_state, how):
+    p = save(np.arange(100.0))
+    fake = FakeKvikio(num_threads=64 if how == "more already" else 1)
+    if how.startswith("KVIKIO"):
+        monkeypatch.setenv(how, "1")  # (kvikio read it at start: its count is 1; npydask must not raise it)
+    if how == "set before":  # (a count set with kvikio.defaults.set before, above IO_THREADS, is kept)
+        fake.defaults.set("num_threads", 24)
+        fake.defaults.sets.clear()
+    before = fake.defaults.get("num_threads")
+    kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
+    assert fake.defaults.get("num_threads") == before and fake.defaults.sets == []
+    if how.startswith("KVIKIO"):
+        assert f"(from {how}=1)" in kvikio_runtime._describe(fake)
+
+
+def test_the_pinned_path_is_logged_once(save, monkeypatch, fresh_kvikio_state, caplog):
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    p = save(np.arange(50.0))
+    for _ in range(2):
+        kvikio_backend.read_to_device(_jobs([p]), _cupy_like())
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    assert logged == ["npydask reads onto the device with " + kvikio_backend.describe()]
+    assert "pinned host memory (kvikio not installed)" in logged[0]
+
+
+def _truncate_once(path):
+    """A ``before_read`` hook: the first read finds ``path`` cut to its header (after it was opened and checked)."""
+    done = []
+
+    def hook(cufile):
+        if not done and os.path.samefile(path, f"/proc/self/fd/{cufile.fd}"):
+            done.append(1)
+            os.truncate(path, 200)
+
+    return hook
+
+
+@pytest.mark.parametrize("n", [100, 20_000])  # reads under kvikio's gds_threshold fail at once; larger ones in get()
+@pytest.mark.parametrize("branch", ["host", "kvikio"])
+def test_a_file_truncated_after_opening_is_a_changed_file_on_both_branches(save, monkeypatch, branch, n):
+    p = save(np.arange(float(n)))
+    jobs = _jobs([save(np.arange(10.0)), p])
+    if branch == "kvikio":
+        how = {"kvikio": FakeKvikio(before_read=_truncate_once(p))}
+    else:
+        real = kvikio_backend.pread_exact
+        monkeypatch.setattr(kvikio_backend, "pread_exact",
+                            lambda fd, dest, offset, path: (path != p or os.truncate(p, 200), real(fd, dest, offset, path)))  # fmt: skip
+        how = {}
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    with pytest.raises(FileChangedError, match=re.escape(os.path.basename(p))) as info:
+        kvikio_backend.read_to_device(jobs, np, **how)
+    assert info.value.filename == p
+    if how:
+        assert how["kvikio"].opened == how["kvikio"].closed == 2
+
+
+def test_kvikio_end_of_file_in_an_unchanged_file_is_a_truncated_file(save):
+    p = save(np.arange(10.0))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        from npydask.storage._handles import FileIdentity
+
+        error = kvikio_backend.translate(p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd)))
+    finally:
+        os.close(fd)
+    assert isinstance(error, NpyFormatError) and re.search(rf"{re.escape(p)}: truncated \.npy file.*EOF", str(error))
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [(errno.EMFILE, OSError), (errno.ENFILE, OSError), (errno.ENOENT, FileNotFoundError), (errno.EIO, OSError)],
+)
+def test_kvikio_system_errors_come_out_as_the_host_path_gives_them(save, code, cls):
+    p = save(np.arange(10.0))
+    fake = FakeKvikio(open_error=kvikio_system_error(code))
+    with pytest.raises(cls) as info:
+        kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
+    e = info.value
+    assert type(e) is cls and e.errno == code and e.filename == p and not isinstance(e, GpuUnavailableError)
+    assert os.strerror(code) in str(e)
+    if code == errno.EMFILE:
+        assert "RLIMIT_NOFILE" in str(e) and "raise it" in str(e)
+    if code == errno.ENFILE:
+        assert "fs.file-max" in str(e)
+
+
+def test_kvikio_io_error_while_reading_is_an_eio_os_error(save):
+    p = save(np.arange(5000.0))
+    fake = FakeKvikio(read_error="KvikIO failure at: posix_io.hpp:90: POSIX error on pread: Input/output error")
+    with pytest.raises(OSError, match=r"Input/output error: kvikio could not read bytes 0\.\.\d+") as info:
+        kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)
+    assert info.value.errno == errno.EIO and info.value.filename == p
+    assert not isinstance(info.value, GpuUnavailableError) and fake.opened == fake.closed == 1
+
+
+def test_kvikio_files_open_at_once_stay_under_the_open_file_limit(tmp_path):
+    import resource
+    from concurrent.futures import ThreadPoolExecutor
+
+    from npydask.storage._handles import clear_cache
+
+    arrays = [np.full((50,), i, "<i8") for i in range(150)]
+    paths = []
+    for i, a in enumerate(arrays):
+        paths.append(str(tmp_path / f"{i:03d}.npy"))
+        np.save(paths[-1], a)
+    jobs = _jobs(paths)
+    fake = FakeKvikio()
+    clear_cache()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = len(os.listdir("/proc/self/fd")) + 200
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        bound = low * 3 // 16  # (kvikio_backend.cufile_limit(): 3/16 of the soft limit)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda js: kvikio_backend.read_to_device(js, np, kvikio=fake), [jobs] * 8))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        clear_cache()
+    for got in results:
+        for g, a in zip(got, arrays):
+            same(g, a)
+    assert fake.opened == fake.closed == 8 * 150 and fake.open_now == 0
+    assert 1 < fake.open_peak <= bound, (fake.open_peak, bound)
+
+
+def test_kvikio_staging_is_synchronised_after_it_is_allocated(save):
+    events = []
+    xp = _cupy_like(events)
+    p = save(random_array((20, 30), ">f4", seed=3))
+    fake = FakeKvikio(events=events)
+    same(kvikio_backend.read_to_device(_jobs([p]), xp, kvikio=fake)[0], np.load(p))
+    first_read = events.index("pread")
+    last_alloc = max(i for i, e in enumerate(events[:first_read]) if e == "alloc")
+    assert "sync" in events[last_alloc:first_read], events
+
+
+def test_kvikio_open_past_the_limit_empties_the_host_cache_and_tries_again(save, monkeypatch):
+    from npydask.storage import _handles
+
+    p = save(np.arange(30.0))
+    fake = FakeKvikio()
+    real, calls = fake.CuFile.__init__, []
+
+    def once_too_many(self, path, flags="r"):
+        calls.append(path)
+        if len(calls) == 1:
+            raise RuntimeError(kvikio_system_error(errno.EMFILE))
+        real(self, path, flags)
+
+    fake.CuFile.__init__ = once_too_many
+    cleared = []
+    monkeypatch.setattr(kvikio_backend, "clear_cache", lambda: (cleared.append(1), _handles.clear_cache()))
+    same(kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)[0], np.arange(30.0))
+    assert calls == [p, p] and cleared == [1] and fake.opened == fake.closed == 1
+
+
+class _ObjectLike:
+    """A source read by range requests (not mappable), as object stores are: over a local file here."""
+
+    mappable = False
+
+    def open(self, path, identity, key=None, check=None):
+        class Reader:
+            def read_into(self, dest, offset):
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(len(dest))
+                dest[: len(data)] = np.frombuffer(data, np.uint8)
+
+        return types.SimpleNamespace(path=path, range_reader=Reader)
+
+
+def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, fresh_kvikio_state, caplog):
+    a = random_array((12, 9), ">i4", seed=6)
+    jobs = [job._replace(ref=job.ref._replace(source=_ObjectLike())) for job in _jobs([save(a), save(a)])]
+    fake = FakeKvikio()
+    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    for _ in range(2):
+        for got in kvikio_backend.read_to_device(jobs, _cupy_like(), kvikio=fake):
+            same(got, a)
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
+    assert logged[1] == "npydask reads onto the device with " + kvikio_runtime.OBJECTS
+    assert fake.opened == 0

@@ -1,8 +1,11 @@
-"""Host and device readers behind one small interface, found through a lazy registry.
+"""Host readers behind one small interface, found through a lazy registry.
 
-A backend turns a :class:`~npydask.region.ReadPlan` into an array. Each lives
-in its own module, imported only when first asked for, so ``import npydask``
-never imports CuPy or kvikio.
+A backend turns a :class:`~npydask.region.ReadPlan` into a NumPy array. Each
+lives in its own module, imported only when first asked for, so ``import
+npydask`` never imports CuPy or kvikio. The registry below is what the
+``backend=`` argument chooses from, for ``device="cpu"`` only: the device
+reader, :mod:`npydask.backends.kvikio`, is not a registered backend, and
+``device="gpu"`` reads with it whatever ``backend=`` says.
 
 ===========  =======================================================  ==========
 name         reads with                                               needs

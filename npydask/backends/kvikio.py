@@ -5,15 +5,20 @@ Two ways to get the bytes onto the device, picked per call:
 ``kvikio`` (installed with ``pip install 'npydask[gpu]'``)
     ``kvikio.CuFile(path, "r").pread(buf, size, file_offset)`` futures straight
     into an aligned device staging buffer, all issued before any is waited on
-    (kvikio runs them on its thread pool: ``KVIKIO_NTHREADS``, default 1).
-    With GPUDirect Storage the bytes go from the disk to the GPU by DMA;
-    without it (no ``libcufile``, an unsupported file system, a container
-    without ``/run/udev``) kvikio's *compatibility mode* reads with POSIX
-    ``pread`` through its own pinned bounce buffers. kvikio decides that
-    itself; ``KVIKIO_COMPAT_MODE=ON`` forces POSIX reads and
-    ``kvikio.defaults.get("compat_mode")`` (``kvikio.defaults.compat_mode()``
-    before kvikio 25.04) tells which is on; :func:`describe` reports it.
-    Reads under ``KVIKIO_GDS_THRESHOLD`` (1 MiB) use POSIX even with GDS.
+    (kvikio runs them on its process-wide thread pool). kvikio's pool has one
+    thread unless ``KVIKIO_NTHREADS`` (or ``KVIKIO_NUM_THREADS``) says
+    otherwise; where neither is set, the first device read of the process
+    raises it to :data:`IO_THREADS` (at most one per CPU core), and never
+    lowers a count set before. With GPUDirect Storage the bytes go from the
+    disk to the GPU by DMA; without it (no ``nvidia-fs`` kernel module, no
+    ``libcufile``, an unsupported file system, a container without
+    ``/run/udev``) kvikio's *compatibility mode* reads with POSIX ``pread``
+    through its own pinned bounce buffers. kvikio decides that itself
+    (``compat_mode`` ``AUTO``); ``KVIKIO_COMPAT_MODE=ON`` forces POSIX reads.
+    :func:`describe` says which path reads, and the first device read of a
+    process logs it once (logger ``npydask.backends.kvikio``, level INFO).
+    Reads under ``KVIKIO_GDS_THRESHOLD`` (16 KiB since kvikio 25.04, 1 MiB
+    before) run synchronously through POSIX even with GDS.
 
 pinned host memory (CuPy without kvikio)
     ``os.preadv`` into page-locked host memory
@@ -25,16 +30,27 @@ through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
 the host path; on the path and then on kvikio's own descriptor with kvikio. A
 file replaced after the graph was built fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
-kvikio's C++ errors (bare ``RuntimeError`` s, such as a missing
-``libcuda.so.1``) come out as :class:`~npydask.errors.GpuUnavailableError`
-naming the file and the fix.
+kvikio's C++ errors (bare ``RuntimeError`` s) are translated by the system
+error their text carries, as the host path reports them: too many open files
+is ``OSError`` (``EMFILE``/``ENFILE``), a missing file ``FileNotFoundError``,
+an I/O error ``OSError`` (``EIO``), each naming the file; kvikio's end of file
+(its POSIX reads raise there instead of returning short) is
+:class:`~npydask.errors.FileChangedError` when the file changed after it was
+opened and :class:`~npydask.errors.NpyFormatError` (truncated) otherwise. Only
+driver, device and cuFile failures are
+:class:`~npydask.errors.GpuUnavailableError`, naming the file and the fix.
 
 Files are read in windows of :data:`FILES_IN_FLIGHT`: one staging buffer and
 every read of the window issued at once, then one wait, then the device steps.
+Each ``CuFile`` holds two descriptors, so the ``CuFile`` s open at once in
+the whole process are bounded by :func:`cufile_limit` (derived from
+``RLIMIT_NOFILE`` beside the host handle cache's share): a window waits for
+room rather than failing with ``EMFILE``.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from collections.abc import Sequence
@@ -42,24 +58,42 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from npydask.storage._handles import FileIdentity, _changed, check_unchanged, differs, pread_exact
-from npydask.errors import GpuUnavailableError
+from npydask.backends._kvikio_runtime import (
+    IO_THREADS,
+    OBJECTS,
+    PINNED,
+    cufile_limit,
+    describe,
+    first_read,
+    import_kvikio,
+    log_once,
+    release_cufiles,
+    reserve_cufiles,
+    translate,
+    unavailable,
+)
 from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
+from npydask.storage._handles import FileIdentity, _changed, check_unchanged, clear_cache, differs, pread_exact
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
 
-__all__ = ["FILES_IN_FLIGHT", "DeviceRead", "describe", "read_to_device"]
+__all__ = [
+    "FILES_IN_FLIGHT",
+    "IO_THREADS",
+    "DeviceRead",
+    "cufile_limit",
+    "describe",
+    "read_to_device",
+    "translate",
+    "unavailable",
+]
 
 FILES_IN_FLIGHT = 64
 """Files whose reads are in flight together (kvikio holds two descriptors per open file)."""
 
 _AUTO: Any = object()
-
-_DRIVER_WORDS = ("libcuda", "cuInit", "CUDA driver", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_INITIALIZED",
-                 "no CUDA-capable")  # fmt: skip
-"""Words in a kvikio error that mean the driver or device is missing, not GDS."""
 
 
 class DeviceRead(NamedTuple):
@@ -68,47 +102,6 @@ class DeviceRead(NamedTuple):
     ref: FileRef
     plan: GpuReadPlan
     out: Any = None
-
-
-def _import_kvikio(path: str) -> Any:
-    """kvikio, or ``None`` where it is not installed."""
-    try:
-        import kvikio
-    except ImportError:
-        return None
-    except RuntimeError as e:  # its C++ library failing to load
-        raise unavailable(path, e, "load") from e
-    return kvikio
-
-
-def unavailable(path: str, error: BaseException, what: str) -> GpuUnavailableError:
-    """A kvikio failure as a :class:`GpuUnavailableError` naming the file, the cause and the fix."""
-    text = str(error)
-    if any(word in text for word in _DRIVER_WORDS):
-        fix = "run on a machine with an NVIDIA driver (libcuda.so.1) and a CUDA device, or use device='cpu'"
-    else:
-        fix = (
-            "set KVIKIO_COMPAT_MODE=ON to read with POSIX I/O instead of GPUDirect Storage, "
-            "uninstall kvikio to read through pinned host memory, or use device='cpu'"
-        )
-    return GpuUnavailableError(f"{path}: kvikio could not {what} ({type(error).__name__}: {text}); {fix}")
-
-
-def describe() -> str:
-    """How this process would read onto the device, in words (for logs and examples).
-
-    Examples
-    --------
-    >>> describe().split(":")[0] in ("kvikio", "pinned host memory")
-    True
-    """
-    kvikio = _import_kvikio("<describe>")
-    if kvikio is None:
-        return "pinned host memory: kvikio is not installed (os.preadv, then one host-to-device copy)"
-    defaults = kvikio.defaults
-    mode = defaults.get("compat_mode") if hasattr(defaults, "get") else defaults.compat_mode()
-    version = getattr(kvikio, "__version__", "?")
-    return f"kvikio: version {version}, compat_mode={mode} (ON: POSIX reads; OFF: GPUDirect Storage)"
 
 
 def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> list[Any]:
@@ -127,7 +120,11 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     Raises
     ------
     FileChangedError
-        A file's size, mtime or inode differs from when the graph was built.
+        A file's size, mtime or inode differs from when the graph was built,
+        or it shrank while being read.
+    OSError
+        Too many open files (``EMFILE``/``ENFILE``), a missing file
+        (``FileNotFoundError``), an I/O error (``EIO``): named as on the host path.
     GpuUnavailableError
         kvikio failed (no driver, GDS refused): the message names the file and the fix.
     """
@@ -142,14 +139,22 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     if not todo:
         return results
     if kvikio is _AUTO:
-        kvikio = None if xp is np else _import_kvikio(jobs[todo[0]].ref.path)
-    for first in range(0, len(todo), FILES_IN_FLIGHT):
-        window = [jobs[k] for k in todo[first : first + FILES_IN_FLIGHT]]
+        kvikio = None if xp is np else import_kvikio(jobs[todo[0]].ref.path)
+    step = FILES_IN_FLIGHT
+    if kvikio is not None:
+        first_read(kvikio)  # (threads and log, once per process)
+        step = min(step, cufile_limit())  # (a window takes room for all its CuFiles at once)
+    elif xp is not np:
+        log_once("pinned", PINNED)
+    for first in range(0, len(todo), step):
+        window = [jobs[k] for k in todo[first : first + step]]
         if kvikio is not None and all(job.ref.source.mappable for job in window):
             done = _read_window_kvikio(window, xp, kvikio)
         else:
+            if kvikio is not None and xp is not np:
+                log_once("objects", OBJECTS)
             done = _read_window_host(window, xp)
-        for k, block in zip(todo[first : first + FILES_IN_FLIGHT], done):
+        for k, block in zip(todo[first : first + step], done):
             results[k] = block
     return results
 
@@ -209,18 +214,22 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
 
 
 class _KvikioRead:
-    """A kvikio ``IOFuture`` whose C++ errors come out as :class:`GpuUnavailableError`."""
+    """A kvikio ``IOFuture`` whose C++ errors come out as the host path's errors (:func:`translate`)."""
 
-    __slots__ = ("future", "offset", "path", "size")
+    __slots__ = ("fd", "future", "identity", "offset", "path", "size")
 
-    def __init__(self, future: Any, path: str, offset: int, size: int) -> None:
+    def __init__(
+        self, future: Any, path: str, offset: int, size: int, fd: int = -1, identity: FileIdentity | None = None
+    ) -> None:
         self.future, self.path, self.offset, self.size = future, path, offset, size
+        self.fd, self.identity = fd, identity
 
     def get(self) -> int:
         try:
             return int(self.future.get())
         except RuntimeError as e:
-            raise unavailable(self.path, e, f"read bytes {self.offset}..{self.offset + self.size}") from e
+            what = f"read bytes {self.offset}..{self.offset + self.size}"
+            raise translate(self.path, e, what, self.fd, self.identity) from e
 
 
 def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
@@ -235,7 +244,14 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:
-        raise unavailable(ref.path, e, "open the file") from e
+        error = translate(ref.path, e, "open the file")
+        if getattr(error, "errno", None) not in (errno.EMFILE, errno.ENFILE):
+            raise error from e
+        clear_cache()  # past the open-file limit: the host cache's descriptors go first, as on the host path
+        try:
+            handle = kvikio.CuFile(ref.path, "r")
+        except RuntimeError as again:
+            raise translate(ref.path, again, "open the file") from again
     try:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
@@ -250,14 +266,16 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
 def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
     """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps."""
     offsets, total, alignment = _layout(window)
-    if xp is not np:
-        # Staging memory may come back from the pool while kernels queued on this stream still
-        # read it; kvikio writes outside the stream order, so let those finish first.
-        xp.cuda.get_current_stream().synchronize()
     staging = aligned_empty(xp, total, alignment)
+    if xp is not np:
+        # The staging block may come from a pool that handed it over while kernels queued on
+        # this or another stream still read it (RMM orders that on the device only); kvikio's
+        # threads write outside any stream order, so let those finish first, after allocating.
+        xp.cuda.get_current_stream().synchronize()
     handles: list[Any] = []
     found: list[FileIdentity] = []  # (each file's whole identity: an inode-only one says too little after the read)
     issued: list[tuple[Pending, str]] = []
+    room = reserve_cufiles(len(window))  # (waits while other windows hold the process's CuFile bound)
     try:
         try:
             for job, at in zip(window, offsets):
@@ -266,11 +284,14 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                 found.append(identity)
                 path = job.ref.path
 
-                def read_span(offset: int, size: int, dest: Any, handle: Any = handle, path: str = path) -> _KvikioRead:
-                    try:
-                        return _KvikioRead(handle.pread(dest, size, offset), path, offset, size)
+                def read_span(
+                    offset: int, size: int, dest: Any, handle: Any = handle, path: str = path, found: Any = identity
+                ) -> _KvikioRead:
+                    try:  # (kvikio reads under its gds_threshold here, synchronously: errors come at once)
+                        return _KvikioRead(handle.pread(dest, size, offset), path, offset, size, handle.fileno(), found)
                     except RuntimeError as e:
-                        raise unavailable(path, e, f"start reading bytes {offset}..{offset + size}") from e
+                        what = f"start reading bytes {offset}..{offset + size}"
+                        raise translate(path, e, what, handle.fileno(), found) from e
 
                 issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
         except BaseException:
@@ -286,6 +307,9 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                     drain(rest)
                 raise
     finally:
-        for handle in handles:
-            handle.close()
+        try:
+            for handle in handles:
+                handle.close()
+        finally:
+            release_cufiles(room)
     return _finish_all(window, staging, offsets, xp)
