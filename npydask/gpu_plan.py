@@ -7,9 +7,10 @@ A region of a file becomes a :class:`GpuReadPlan`:
    (:meth:`~npydask.region.ReadPlan.coalesce` with ``gap_bytes``), so a
    strided ROI is a few large reads, not thousands of tiny ones. Each span is
    rounded out to ``alignment`` (4 KiB, the GPUDirect Storage page), clamped
-   to the file's size (the last page of a file need not exist), and split into
-   pieces of at most ``task_bytes``, each one :class:`SpanRead`: its own
-   ``pread`` future.
+   to the file's size (the last page of a file need not exist): one
+   :class:`SpanRead` each, one ``pread`` future (kvikio splits a read into its
+   own ``task_size`` pieces on its thread pool; ``task_bytes`` > 0 splits
+   spans here too).
 2. **Staging.** Each read lands in one device buffer at an offset congruent to
    its file offset modulo the alignment, so every destination address is
    aligned too. Spans keep their file spacing up to the gap they skip, which
@@ -60,8 +61,8 @@ DEFAULT_ALIGNMENT = 4096
 """GPUDirect Storage page: file offsets, sizes and device addresses of reads are multiples of it."""
 DEFAULT_GAP_BYTES = 64 * 1024
 """Runs closer than this are read as one span (a pread future costs about as much as this many bytes)."""
-DEFAULT_TASK_BYTES = 4 * 1024 * 1024
-"""Largest single read: kvikio's default task size (``KVIKIO_TASK_SIZE``)."""
+DEFAULT_TASK_BYTES = 0
+"""Largest single read; 0: one read per span (kvikio splits it by its own ``KVIKIO_TASK_SIZE``)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ class GpuReadOptions:
         Runs whose gap is at most this are read as one span (never less than
         two alignments: aligned reads closer than that would overlap).
     task_bytes : int
-        Largest single read; longer spans are split.
+        Largest single read; longer spans are split. 0 (the default): one read
+        per span, which kvikio splits into ``KVIKIO_TASK_SIZE`` pieces itself
+        (a ``pread`` future per piece here would only add calls).
     max_span_bytes : int
         Largest span that merging runs may build (as the host reader's setting).
     """
@@ -88,7 +91,7 @@ class GpuReadOptions:
     max_span_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name, least in (("alignment", 1), ("task_bytes", 1), ("gap_bytes", 0), ("max_span_bytes", 0)):
+        for name, least in (("alignment", 1), ("task_bytes", 0), ("gap_bytes", 0), ("max_span_bytes", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"GpuReadOptions.{name} must be an int >= {least}, found {value!r}")
@@ -251,7 +254,7 @@ def plan_gpu_read(
     --------
     Ten columns of a ``(100, 100000)`` big-endian float32 file: rows are
     400 kB apart, so each is one aligned 4 KiB read; with a gap threshold
-    over the row stride they merge into one span, read as 4 MiB pieces.
+    over the row stride they merge into one span, one read (or ``task_bytes`` pieces).
 
     >>> h = NpyHeader((1, 0), (100, 100_000), np.dtype(">f4"), False, 128, 40_000_000)
     >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128)
@@ -259,6 +262,10 @@ def plan_gpu_read(
     (100, {(0, 4096)}, 4)
     >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128,
     ...                   options=GpuReadOptions(gap_bytes=1 << 20))
+    >>> len(p.reads), p.reads[0].size
+    (1, 39604224)
+    >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128,
+    ...                   options=GpuReadOptions(gap_bytes=1 << 20, task_bytes=4 << 20))
     >>> len(p.reads), max(r.size for r in p.reads)
     (10, 4194304)
     """
@@ -359,7 +366,9 @@ def _span_reads(
     alignment: int,
     task_bytes: int,
 ) -> tuple[SpanRead, ...]:
-    """Every span rounded out to the alignment, clamped to the file, split into tasks (vectorised)."""
+    """Every span rounded out to the alignment, clamped to the file, split into tasks (vectorised).
+
+    ``task_bytes`` 0: one read per span."""
     file_at = np.full((), offset, np.int64)
     staged_at = np.full((), base, np.int64)
     for n, fs, ss in zip(outer_shape, outer_strides, staging_strides):
@@ -375,7 +384,7 @@ def _span_reads(
         )
     dest = staged_at - (file_at - lo)
     piece = max(alignment, task_bytes - task_bytes % alignment)
-    if int((hi - lo).max()) <= piece:
+    if not task_bytes or int((hi - lo).max()) <= piece:
         return tuple(SpanRead(*r) for r in zip(lo.tolist(), (hi - lo).tolist(), dest.tolist()))
     reads = []
     for a, b, s in zip(lo.tolist(), hi.tolist(), dest.tolist()):
