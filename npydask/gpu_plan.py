@@ -52,6 +52,7 @@ __all__ = [
     "GpuReadPlan",
     "Pad",
     "SpanRead",
+    "c_contiguous",
     "gpu_read_options",
     "native_dtype",
     "plan_gpu_read",
@@ -212,12 +213,52 @@ class GpuReadPlan:
         return sum(r.size for r in self.reads)
 
     @property
+    def direct(self) -> tuple[int, int] | None:
+        """``(file_offset, nbytes)`` when the result is exactly those bytes of the file, else ``None``.
+
+        That is: one contiguous stretch of the file, stored native and
+        aligned to its itemsize, unpadded, in the result's C order. Such a
+        region may be read straight into its destination, without staging or
+        a device step.
+        """
+        cut = self.cut
+        if cut is None or self.pad is not None or self.swap_bytes or not self.aligned or not self.reads:
+            return None
+        delta = self.reads[0].file_offset - self.reads[0].staging_offset
+        if any(r.file_offset - r.staging_offset != delta for r in self.reads):
+            return None  # (spans kept apart: the staging buffer is not a copy of the file)
+        shape, strides = cut.shape, cut.strides
+        if self.transpose is not None:
+            shape = tuple(shape[a] for a in self.transpose)
+            strides = tuple(strides[a] for a in self.transpose)
+        itemsize = self.dtype.itemsize
+        if not c_contiguous(shape, strides, itemsize):
+            return None
+        return cut.offset + delta, math.prod(shape) * itemsize
+
+    @property
     def interior(self) -> tuple[slice, ...]:
         """Where the bytes read go in the result: all of it, or inside the padding."""
         if self.pad is None or self.cut is None:
             return tuple(slice(None) for _ in self.shape)
         data = self.cut.shape[::-1] if self.transpose is not None else self.cut.shape
         return tuple(slice(b, b + n) for b, n in zip(self.pad.before, data))
+
+
+def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Whether ``strides`` (bytes) lay ``shape`` out in C order without gaps (axes of extent 1 ignored).
+
+    Examples
+    --------
+    >>> c_contiguous((2, 3), (12, 4), 4), c_contiguous((2, 3), (4, 8), 4), c_contiguous((1, 3), (99, 4), 4)
+    (True, False, True)
+    """
+    expected = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n > 1 and s != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _clamp_box(shape: tuple[int, ...], lo: Sequence[int], hi: Sequence[int]) -> Box:

@@ -623,3 +623,62 @@ def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeyp
     how = {"kvikio": FakeKvikio()} if branch == "kvikio" else {}
     with pytest.raises(NpyFormatError, match="tampered header index"):
         kvikio_backend.read_to_device([job], np, **how)
+
+
+# --------------------------------------------------------------------------
+# Speed: what the device path reads, and where (counted here; timed on a GPU by benchmarks/bench_gpu.py).
+
+
+def _fake_kvikio(compat):
+    fake = FakeKvikio()
+    fake.defaults = types.SimpleNamespace(is_compat_mode_preferred=lambda: compat)
+    return fake
+
+
+def _staging_sizes(monkeypatch):
+    sizes = []
+    real = kvikio_backend.aligned_empty
+
+    def counted(xp, nbytes, alignment=4096):
+        sizes.append(nbytes)
+        return real(xp, nbytes, alignment)
+
+    monkeypatch.setattr(kvikio_backend, "aligned_empty", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_contiguous_native_regions_are_read_straight_into_out(save, monkeypatch, compat):
+    arrays = [random_array((7, 33), "<i4", seed=i) for i in range(4)]
+    paths = [save(a) for a in arrays]
+    jobs = _jobs(paths, Box((2, 0), (6, 33)))
+    out = np.empty((4, 4, 33), "<i4")
+    jobs = [job._replace(out=out[k]) for k, job in enumerate(jobs)]
+    sizes = _staging_sizes(monkeypatch)
+    fake = _fake_kvikio(compat)
+    got = kvikio_backend.read_to_device(jobs, np, kvikio=fake)
+    assert all(g is job.out for g, job in zip(got, jobs))
+    same(out, np.stack([a[2:6] for a in arrays]))
+    if compat:  # POSIX reads: one pread per file at its (unaligned) offset into out, no staging
+        assert fake.reads == [(128 + 2 * 33 * 4, 4 * 33 * 4)] * 4 and sizes == []
+    else:  # GPUDirect Storage: an unaligned offset is staged as before
+        assert all(off % 4096 == 0 for off, _ in fake.reads) and sizes and sum(sizes) > 0
+    assert fake.opened == fake.closed == 4
+
+
+def test_direct_reads_skip_staging_on_the_host_paths_too(save, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    arrays = [random_array((5, 9), "<f8", seed=i) for i in range(3)] + [random_array((5, 9), ">f8", seed=9)]
+    paths = [save(a) for a in arrays]
+    for xp in (np, _cupy_like()):
+        sizes = _staging_sizes(monkeypatch)
+        out = xp.empty((3, 5, 9), np.float64)
+        jobs = [j._replace(out=out[k]) for k, j in enumerate(_jobs(paths[:3]))]
+        got = kvikio_backend.read_to_device(jobs, xp)
+        same(out, np.stack(arrays[:3]))
+        assert all(g is job.out for g, job in zip(got, jobs))
+        assert not any(sizes)  # numpy: file -> out; pinned: host -> out; no staging bytes either way
+        mixed = _jobs(paths[2:])  # a big-endian file needs its device step: staged, the other is not
+        out = xp.empty((2, 5, 9), np.float64)
+        kvikio_backend.read_to_device([j._replace(out=out[k]) for k, j in enumerate(mixed)], xp)
+        same(out, np.stack([arrays[2], arrays[3].astype("<f8")]))

@@ -401,3 +401,21 @@ def test_an_error_while_issuing_waits_for_the_reads_already_issued():
     with pytest.raises(OSError, match="device gone"):
         execute_plan(plan, read_span, np)
     assert disk.gets == 3
+
+
+def test_direct_names_the_file_bytes_when_the_result_is_them_as_they_are():
+    a = random_array((6, 50), "<f4")
+    raw = npy_bytes(a)
+    h = parse_header(raw)
+    plan = plan_gpu_read(h, Box((2, 0), (5, 50)), file_size=len(raw))
+    assert plan.direct == (128 + 2 * 200, 3 * 200)
+    assert raw[plan.direct[0] : plan.direct[0] + plan.direct[1]] == a[2:5].tobytes()
+    assert plan_gpu_read(h, Box((2, 0), (5, 50)), file_size=len(raw), options=GpuReadOptions(task_bytes=1)).direct
+    assert plan_gpu_read(h, Box((0, 0), (6, 10)), file_size=len(raw)).direct is None  # strided
+    for other in (npy_bytes(a.astype(">f4")), npy_bytes(a, order="F")):  # swapped; transposed
+        assert plan_gpu_read(parse_header(other), Box((2, 0), (5, 50)), file_size=len(other)).direct is None
+    f = npy_bytes(a, order="F")  # a column of a Fortran file is contiguous in it and in C order
+    plan = plan_gpu_read(parse_header(f), Box((0, 3), (6, 4)), file_size=len(f))
+    assert plan.direct == (128 + 3 * 6 * 4, 24)
+    roi = _pad_roi(a.shape, a.dtype, [4, 0], [8, 50], 0)  # rows 4..8 of 6: padded
+    assert plan_gpu_read(h, Box((0, 0), (4, 50)), file_size=len(raw), roi=roi).direct is None

@@ -35,8 +35,10 @@ every read of the window issued at once, then one wait, then the device steps.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -44,7 +46,7 @@ import numpy as np
 
 from npydask.storage._handles import FileIdentity, _changed, check_unchanged, differs, pread_exact
 from npydask.errors import GpuUnavailableError
-from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
+from npydask.gpu_exec import Pending, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
@@ -154,26 +156,73 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     return results
 
 
-def _layout(window: Sequence[DeviceRead]) -> tuple[list[int], int, int]:
-    """Each job's staging offset in one shared buffer (aligned), the total, and the alignment."""
+def _layout(window: Sequence[DeviceRead], direct: Sequence[bool] = ()) -> tuple[list[int], int, int]:
+    """Each job's staging offset in one shared buffer (aligned), the total, and the alignment.
+
+    Jobs marked ``direct`` (read straight into their ``out``) take no room.
+    """
     alignment = math.lcm(*(job.plan.alignment for job in window))
     offsets, total = [], 0
-    for job in window:
+    for k, job in enumerate(window):
         offsets.append(total)
-        total += -(-job.plan.staging_nbytes // alignment) * alignment
+        if not (direct and direct[k]):
+            total += -(-job.plan.staging_nbytes // alignment) * alignment
     return offsets, total, alignment
 
 
-def _finish_all(window: Sequence[DeviceRead], staging: Any, offsets: list[int], xp: Any) -> list[Any]:
+def _finish_all(
+    window: Sequence[DeviceRead], staging: Any, offsets: list[int], xp: Any, direct: Sequence[bool] = ()
+) -> list[Any]:
     return [
-        finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out) for job, at in zip(window, offsets)
+        job.out if direct and direct[k] else finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out)
+        for k, (job, at) in enumerate(zip(window, offsets))
     ]
 
 
+def _posix_reads(kvikio: Any) -> bool:
+    """Whether kvikio reads through POSIX (compatibility mode), where aligned reads buy nothing.
+
+    ``False`` when it cannot tell (GPUDirect Storage is then assumed).
+    """
+    defaults = getattr(kvikio, "defaults", None)
+    if defaults is None and sys.modules.get("kvikio") is kvikio:
+        try:  # (kvikio 26.10's __init__ does not import its defaults module)
+            defaults = importlib.import_module("kvikio.defaults")
+        except ImportError:
+            return False
+    try:
+        preferred = getattr(defaults, "is_compat_mode_preferred", None)  # kvikio >= 25.04
+        if preferred is not None:
+            return bool(preferred())
+        older = getattr(defaults, "compat_mode", None)  # before: a bool
+        return bool(older()) if callable(older) else False
+    except RuntimeError:
+        return False
+
+
+def _direct(job: DeviceRead, posix: bool, xp: Any) -> bool:
+    """Whether ``job`` reads straight into its ``out``: a contiguous native region, and (with GPUDirect
+    Storage) its file offset and destination both aligned; through POSIX any offset will do."""
+    span = job.plan.direct
+    if job.out is None or span is None:  # (without out, the staging buffer is the result: no copy either)
+        return False
+    if posix:
+        return True
+    a = job.plan.alignment
+    return span[0] % a == 0 and address(as_bytes(job.out)) % a == 0
+
+
 def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
-    """``os.preadv`` into (pinned) host memory, one copy to the device, then the device steps."""
-    offsets, total, alignment = _layout(window)
+    """``os.preadv`` into (pinned) host memory, one copy to the device, then the device steps.
+
+    A job whose region is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
+    with an ``out`` skips the device staging buffer: its bytes go from the pinned
+    buffer straight into ``out`` (with numpy standing in for CuPy, from the file
+    straight into ``out``).
+    """
     on_device = xp is not np
+    direct = [_direct(job, True, xp) for job in window]
+    offsets, total, alignment = _layout(window, () if on_device else direct)
     if on_device:
         pinned = xp.cuda.alloc_pinned_memory(total + alignment)
         host = np.frombuffer(pinned, np.uint8, total + alignment)
@@ -181,31 +230,39 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
         host = host[shift : shift + total]
     else:
         host = aligned_empty(np, total, alignment)
-    for job, at in zip(window, offsets):
+    for k, (job, at) in enumerate(zip(window, offsets)):
         f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
         if not job.ref.source.mappable:  # an object: range requests into the pinned buffer (each checked)
             reader = f.range_reader()
 
-            def read_remote(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
+            def read_span(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
                 reader.read_into(dest, offset)
                 return size
 
-            wait_reads(issue_reads(job.plan, read_remote, host[at : at + job.plan.staging_nbytes]), f.path)
-            continue
-        fd, path = f.fd, f.path
+        else:
 
-        def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
-            pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
-            return size
+            def read_span(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
+                pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
+                return size
 
-        wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), path)
-        check_unchanged(fd, f.identity, path)  # a rewrite during the read: never other data
+        if direct[k] and not on_device:
+            wait_reads(issue_direct(job.plan, read_span, job.out), f.path)
+        else:
+            wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), f.path)
+        if job.ref.source.mappable:
+            check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
     if not on_device:
-        return _finish_all(window, host, offsets, xp)
-    staging = aligned_empty(xp, total, alignment)
-    staging.set(host)
+        return _finish_all(window, host, offsets, xp, direct)
+    for job, at, straight in zip(window, offsets, direct):
+        if straight:  # (one host-to-device copy into out: no staging, no device step)
+            begin = at + job.plan.cut.offset  # type: ignore[union-attr]
+            as_bytes(job.out).set(host[begin : begin + job.plan.direct[1]])  # type: ignore[index]
+    staging = None
+    if not all(direct):
+        staging = aligned_empty(xp, total, alignment)
+        staging.set(host)
     xp.cuda.get_current_stream().synchronize()  # the pinned buffer is reused once released
-    return _finish_all(window, staging, offsets, xp)
+    return _finish_all(window, staging, offsets, xp, direct)
 
 
 class _KvikioRead:
@@ -248,19 +305,26 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
 
 
 def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
-    """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps."""
-    offsets, total, alignment = _layout(window)
+    """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps.
+
+    A job whose region is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
+    with an ``out`` is read straight into ``out`` (one ``pread``, at any offset in
+    compatibility mode, where alignment buys nothing): no staging, no copy.
+    """
+    posix = _posix_reads(kvikio)
+    direct = [_direct(job, posix, xp) for job in window]
+    offsets, total, alignment = _layout(window, direct)
     if xp is not np:
         # Staging memory may come back from the pool while kernels queued on this stream still
         # read it; kvikio writes outside the stream order, so let those finish first.
         xp.cuda.get_current_stream().synchronize()
-    staging = aligned_empty(xp, total, alignment)
+    staging = aligned_empty(xp, total, alignment) if not all(direct) else None
     handles: list[Any] = []
     found: list[FileIdentity] = []  # (each file's whole identity: an inode-only one says too little after the read)
     issued: list[tuple[Pending, str]] = []
     try:
         try:
-            for job, at in zip(window, offsets):
+            for job, at, straight in zip(window, offsets, direct):
                 handle, identity = _open_checked(kvikio, job.ref)
                 handles.append(handle)
                 found.append(identity)
@@ -272,7 +336,10 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                     except RuntimeError as e:
                         raise unavailable(path, e, f"start reading bytes {offset}..{offset + size}") from e
 
-                issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
+                if straight:
+                    issued.append((issue_direct(job.plan, read_span, job.out), path))
+                else:
+                    issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
         except BaseException:
             for pending, _ in issued:
                 drain(pending)
@@ -288,4 +355,4 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
     finally:
         for handle in handles:
             handle.close()
-    return _finish_all(window, staging, offsets, xp)
+    return _finish_all(window, staging, offsets, xp, direct)
