@@ -27,6 +27,7 @@ kvikio are imported inside functions.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib.util
 import math
@@ -224,15 +225,19 @@ class DeviceArray:
 
     def _read_joined(self, box: Box, xp: Any) -> Any:
         """Files joined along ``axis``: each file's share of ``box`` into its slice of the block."""
-        views, axis = self.source.views, self.source.axis
+        views, axis, offsets = self.source.views, self.source.axis, self.source.offsets
         out = xp.empty(box.shape, dtype=self.dtype)
         lo, hi = box.start[axis], box.stop[axis]
-        items, places, end = [], [], 0
-        for view in views:
-            begin, end = end, end + view.shape[axis]
+        items, places = [], []
+        # only the files the box meets (bisected, as the host FileGroup does: a view is made per file over a table)
+        first = max(0, bisect.bisect_right(offsets, lo) - 1)
+        last = min(len(offsets) - 1, bisect.bisect_left(offsets, hi))
+        for k in range(first, last):
+            begin, end = offsets[k], offsets[k + 1]
             a, b = max(lo, begin), min(hi, end)
             if a >= b:
                 continue
+            view = views[k]
             start, stop = list(box.start), list(box.stop)
             start[axis], stop[axis] = a - begin, b - begin
             where = tuple(slice(a - lo, b - lo) if d == axis else slice(None) for d in range(len(box.shape)))

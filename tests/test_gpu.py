@@ -682,3 +682,40 @@ def test_direct_reads_skip_staging_on_the_host_paths_too(save, monkeypatch):
         out = xp.empty((2, 5, 9), np.float64)
         kvikio_backend.read_to_device([j._replace(out=out[k]) for k, j in enumerate(mixed)], xp)
         same(out, np.stack([arrays[2], arrays[3].astype("<f8")]))
+
+
+class _CountingViews:
+    """A group's views that count how many are made (a view per file over a table costs a construction)."""
+
+    def __init__(self, views):
+        self.views, self.made = list(views), 0
+
+    def __len__(self):
+        return len(self.views)
+
+    def __getitem__(self, k):
+        self.made += 1
+        return self.views[k]
+
+    def __iter__(self):
+        for k in range(len(self.views)):
+            yield self[k]
+
+
+def test_concatenate_on_the_device_bisects_the_files_a_block_meets(tmp_path, numpy_device):
+    from npydask.stacking import FileGroup
+
+    arrays = [random_array((2 + k % 3, 4), "<f4", seed=k) for k in range(300)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"f{k:03d}.npy", a)
+    views = [NpyFileArray(FileRef.open(tmp_path / f"f{k:03d}.npy")) for k in range(300)]
+    group = FileGroup(views, axis=0, stacked=False)
+    counting = _CountingViews(views)
+    source = types.SimpleNamespace(views=counting, axis=0, stacked=False, offsets=group.offsets, shape=group.shape,
+                                   dtype=group.dtype)  # fmt: skip
+    x = gpu.DeviceArray(source)
+    whole = np.concatenate(arrays)
+    lo, hi = group.offsets[150] + 1, group.offsets[153] + 1  # meets files 150..153
+    got = x.read(Box((lo, 0), (hi, 4)), np)
+    same(got, whole[lo:hi])
+    assert counting.made == 4  # the files the block meets, not all 300
