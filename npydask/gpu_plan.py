@@ -46,6 +46,7 @@ from npydask.roi import FileRoi
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "DEFAULT_GAP_BYTES",
+    "DEFAULT_HOST_BYTES",
     "DEFAULT_TASK_BYTES",
     "Cut",
     "GpuReadOptions",
@@ -53,6 +54,7 @@ __all__ = [
     "Pad",
     "SpanRead",
     "c_contiguous",
+    "through_host",
     "gpu_read_options",
     "native_dtype",
     "plan_gpu_read",
@@ -62,6 +64,10 @@ DEFAULT_ALIGNMENT = 4096
 """GPUDirect Storage page: file offsets, sizes and device addresses of reads are multiples of it."""
 DEFAULT_GAP_BYTES = 64 * 1024
 """Runs closer than this are read as one span (a pread future costs about as much as this many bytes)."""
+DEFAULT_HOST_BYTES = 1024 * 1024
+"""Reads averaging less than this go through host memory: kvikio runs a read under its
+``gds_threshold`` synchronously (a bounce copy and a stream sync each), and every file costs
+an open, ``fstat`` s and a copy kernel, where the host path reads in one tight loop."""
 DEFAULT_TASK_BYTES = 0
 """Largest single read; 0: one read per span (kvikio splits it by its own ``KVIKIO_TASK_SIZE``)."""
 
@@ -84,15 +90,20 @@ class GpuReadOptions:
         (a ``pread`` future per piece here would only add calls).
     max_span_bytes : int
         Largest span that merging runs may build (as the host reader's setting).
+    host_bytes : int
+        A task whose reads average fewer bytes is read through host memory
+        (:func:`through_host`); 0: never.
     """
 
     alignment: int = DEFAULT_ALIGNMENT
     gap_bytes: int = DEFAULT_GAP_BYTES
     task_bytes: int = DEFAULT_TASK_BYTES
     max_span_bytes: int = 64 * 1024 * 1024
+    host_bytes: int = DEFAULT_HOST_BYTES
 
     def __post_init__(self) -> None:
-        for name, least in (("alignment", 1), ("task_bytes", 0), ("gap_bytes", 0), ("max_span_bytes", 0)):
+        for name, least in (("alignment", 1), ("task_bytes", 0), ("gap_bytes", 0), ("max_span_bytes", 0),
+                            ("host_bytes", 0)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"GpuReadOptions.{name} must be an int >= {least}, found {value!r}")
@@ -102,7 +113,7 @@ def gpu_read_options(**overrides: int) -> GpuReadOptions:
     """Snapshot the current GPU read settings (``overrides`` win).
 
     ``max_span_bytes`` is the host reader's setting; ``gpu_gap_bytes``,
-    ``gpu_task_bytes`` and ``gpu_alignment`` are :mod:`npydask.config`'s.
+    ``gpu_task_bytes``, ``gpu_alignment`` and ``gpu_host_bytes`` are :mod:`npydask.config`'s.
 
     Examples
     --------
@@ -114,6 +125,7 @@ def gpu_read_options(**overrides: int) -> GpuReadOptions:
         "gap_bytes": int(config.get("gpu_gap_bytes")),
         "task_bytes": int(config.get("gpu_task_bytes")),
         "max_span_bytes": int(config.get("max_span_bytes")),
+        "host_bytes": int(config.get("gpu_host_bytes")),
     }
     values.update(overrides)
     return GpuReadOptions(**values)
@@ -259,6 +271,28 @@ def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
             return False
         expected *= n
     return True
+
+
+def through_host(plan: GpuReadPlan, options: GpuReadOptions) -> bool:
+    """Whether a task whose files plan like ``plan`` is cheaper read by the host path, then copied once.
+
+    The cost model: a kvikio read under its ``gds_threshold`` (16 KiB) runs
+    synchronously (a bounce copy and a stream sync each), and every file
+    costs an open, ``fstat`` s and a device copy kernel, while the host path
+    reads many small files or short runs in one tight loop; above about a
+    MiB per read, kvikio's parallel reads and no host copy win.
+
+    Examples
+    --------
+    >>> h = NpyHeader((1, 0), (64, 256, 256), np.dtype("<f4"), False, 128, 64 * 256 * 256 * 4)
+    >>> roi = plan_gpu_read(h, Box((0, 0, 0), (32, 32, 32)), file_size=128 + h.nbytes)  # a 32^3 ROI
+    >>> len(roi.reads), through_host(roi, GpuReadOptions())
+    (32, True)
+    >>> whole = plan_gpu_read(h, Box.whole(h.shape), file_size=128 + h.nbytes)
+    >>> through_host(whole, GpuReadOptions()), through_host(roi, GpuReadOptions(host_bytes=0))
+    (False, False)
+    """
+    return bool(plan.reads) and plan.read_nbytes < options.host_bytes * len(plan.reads)
 
 
 def _clamp_box(shape: tuple[int, ...], lo: Sequence[int], hi: Sequence[int]) -> Box:

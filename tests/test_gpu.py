@@ -105,7 +105,13 @@ def test_a_broken_driver_is_a_runtime_error_too(save, monkeypatch):
 
 @pytest.fixture
 def numpy_device(monkeypatch):
-    """numpy standing in for CuPy: the whole device path runs on the host."""
+    """numpy standing in for CuPy: the whole device path runs on the host.
+
+    Small tasks would go the host route (``gpu_host_bytes``): these tests' files are
+    small, so the route is turned off here to exercise the device plans; the
+    ``host_route`` fixture turns it back on.
+    """
+    monkeypatch.setenv("NPYDASK_GPU_HOST_BYTES", "0")
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
     monkeypatch.setattr(gpu, "_array_module", lambda: np)
 
@@ -713,9 +719,105 @@ def test_concatenate_on_the_device_bisects_the_files_a_block_meets(tmp_path, num
     counting = _CountingViews(views)
     source = types.SimpleNamespace(views=counting, axis=0, stacked=False, offsets=group.offsets, shape=group.shape,
                                    dtype=group.dtype)  # fmt: skip
-    x = gpu.DeviceArray(source)
+    x = gpu.DeviceArray(source, GpuReadOptions(host_bytes=0))
     whole = np.concatenate(arrays)
     lo, hi = group.offsets[150] + 1, group.offsets[153] + 1  # meets files 150..153
     got = x.read(Box((lo, 0), (hi, 4)), np)
     same(got, whole[lo:hi])
     assert counting.made == 4  # the files the block meets, not all 300
+
+
+@pytest.fixture
+def host_route(monkeypatch):
+    """numpy standing in for CuPy with the default ``gpu_host_bytes``; counts device reads and copies."""
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    seen = types.SimpleNamespace(device_reads=0, copies=[])
+    real_read, real_copy = kvikio_backend.read_to_device, gpu.to_device
+
+    def read_to_device(jobs, xp, *a, **k):
+        seen.device_reads += len(jobs)
+        return real_read(jobs, xp, *a, **k)
+
+    def to_device(host, xp):
+        assert host.flags.c_contiguous and host.dtype.isnative
+        seen.copies.append(host.shape)
+        return real_copy(host, xp)
+
+    monkeypatch.setattr(kvikio_backend, "read_to_device", read_to_device)
+    monkeypatch.setattr(gpu, "to_device", to_device)
+    return seen
+
+
+def test_many_small_files_go_through_the_host_loop_and_one_copy_per_task(tmp_path, host_route):
+    arrays = [random_array((8, 8), ">f4", seed=k) for k in range(300)]  # (big-endian: to native on the host)
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"s{k:03d}.npy", a)
+    ds = npydask.open_dataset(tmp_path, device="gpu")
+    x = ds.stack()
+    blocks = chunks(x)
+    same(np.concatenate(blocks), np.stack(arrays))
+    assert host_route.device_reads == 0  # no file planned and read one by one on the device
+    assert len(host_route.copies) == len(blocks)  # one host-to-device copy per task
+    same(ds.concatenate(axis=1).compute(), np.concatenate(arrays, axis=1))
+    same(ds.concatenate(axis=0).compute(), np.concatenate(arrays, axis=0))
+
+
+def test_a_roi_of_short_rows_goes_through_the_host_and_pads_as_numpy(tmp_path, host_route):
+    vols = [random_array((16, 64, 64), "<f4", seed=k) for k in range(6)]
+    for k, v in enumerate(vols):
+        np.save(tmp_path / f"v{k}.npy", v)
+    ds = npydask.open_dataset(tmp_path, roi_start=[4, 40, 8], roi_shape=[8, 32, 16], out_of_bounds_policy="pad",
+                              device="gpu")  # fmt: skip
+    expected = np.zeros((6, 8, 32, 16), "<f4")
+    expected[:, :, :24] = np.stack([v[4:12, 40:64, 8:24] for v in vols])
+    same(ds.stack().compute(), expected)
+    assert host_route.device_reads == 0 and host_route.copies
+    with npydask.config.set(gpu_host_bytes=0):  # the route off: the same values through the device plans
+        host_route.copies.clear()
+        ds = npydask.open_dataset(tmp_path, roi_start=[4, 40, 8], roi_shape=[8, 32, 16],
+                                  out_of_bounds_policy="pad", device="gpu")  # fmt: skip
+        same(ds.stack().compute(), expected)
+        assert host_route.device_reads == 6 and not host_route.copies
+
+
+def test_big_reads_stay_on_the_device_path(save, host_route):
+    a = random_array((600, 512), "<f4")  # 1.2 MB: one read of 600 KiB per chunk of 300 rows
+    p = save(a)
+    x = npydask.from_npy(p, device="gpu", chunks=(300, 512))
+    same(x.compute(), a)
+    assert host_route.device_reads == 0 and len(host_route.copies) == 2  # 600 KiB reads: under 1 MiB
+    with npydask.config.set(gpu_host_bytes="512KiB"):
+        host_route.copies.clear()
+        same(npydask.from_npy(p, device="gpu", chunks=(300, 512)).compute(), a)
+        assert host_route.device_reads == 2 and not host_route.copies
+
+
+def test_urls_on_the_device_keep_requests_in_flight_as_the_cpu_path(tmp_path, http_server, host_route, monkeypatch):
+    from npydask.testing import http_range
+
+    arrays = [random_array((64, 64), "<f4", seed=k) for k in range(24)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"u{k:02d}.npy", a)
+    server = http_server(tmp_path)
+    urls = [f"{server.endpoint}/u{k:02d}.npy" for k in range(24)]
+    with npydask.config.set(gpu_host_bytes=0):  # even with the small-read route off: objects never go one by one
+        x = npydask.open_dataset(files=urls, device="gpu").stack(chunks=(24, 64, 64))  # (headers read here)
+    flight = types.SimpleNamespace(now=0, most=0, lock=__import__("threading").Lock())
+    real = http_range._Handler.do_GET
+
+    def do_get(handler):
+        with flight.lock:
+            flight.now += 1
+            flight.most = max(flight.most, flight.now)
+        try:
+            time.sleep(0.02)  # (long enough for a concurrent client's requests to overlap)
+            real(handler)
+        finally:
+            with flight.lock:
+                flight.now -= 1
+
+    monkeypatch.setattr(http_range._Handler, "do_GET", do_get)
+    same(x.compute(scheduler="sync"), np.stack(arrays))
+    assert flight.most > 4, flight.most  # the CPU path's remote_concurrency, not one GET after another
+    assert host_route.device_reads == 0 and len(host_route.copies) == 1
