@@ -288,11 +288,22 @@ class _CupyLikeArray(np.ndarray):
 def _cupy_like():
     """A module shaped like CuPy over host memory: exercises the device-only branches here."""
     empty = lambda shape, dtype=float: np.empty(shape, dtype).view(_CupyLikeArray)  # noqa: E731
-    synced = []
+    synced, events = [], []
     stream = types.SimpleNamespace(synchronize=lambda: synced.append(1))
-    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream)
+
+    class Event:  # (copies are synchronous here: recording and waiting are only counted)
+        def __init__(self, **flags):
+            self.waited = 0
+
+        def record(self, stream=None):
+            events.append(self)
+
+        def synchronize(self):
+            self.waited += 1
+
+    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream, Event=Event)
     return types.SimpleNamespace(__name__="cupy", empty=empty, uint8=np.uint8, cuda=cuda, synced=synced,
-                                 asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
+                                 events=events, asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
 
 
 def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, monkeypatch):
@@ -305,7 +316,7 @@ def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, mo
         for g in got:
             assert isinstance(g, _CupyLikeArray)
             same(g, a[2:19, 3:28])
-        assert xp.synced  # a stream synchronisation before staging is reused / after the pinned copy
+        assert xp.synced or xp.events  # a stream sync before staging is reused / an event per pinned copy
         xp.synced.clear()
 
 
@@ -821,3 +832,25 @@ def test_urls_on_the_device_keep_requests_in_flight_as_the_cpu_path(tmp_path, ht
     same(x.compute(scheduler="sync"), np.stack(arrays))
     assert flight.most > 4, flight.most  # the CPU path's remote_concurrency, not one GET after another
     assert host_route.device_reads == 0 and len(host_route.copies) == 1
+
+
+def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, monkeypatch):
+    from npydask import gpu_pinned
+
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 4096)
+    monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())  # (a fresh ring for this test)
+    xp = _cupy_like()
+    pinned = []
+    xp.cuda.alloc_pinned_memory = lambda n: pinned.append(n) or bytearray(n)
+    arrays = [random_array((50, 70 + 9 * k), ">f8" if k % 2 else "<f8", seed=k) for k in range(5)]
+    paths = [save(a) for a in arrays]
+    for _ in range(2):  # windows of every size: always the same two slots
+        got = kvikio_backend.read_to_device(_jobs(paths, Box((3, 1), (47, 60))), xp)
+        for g, a in zip(got, arrays):
+            same(g, a[3:47, 1:60])
+    block = gpu.to_device(np.arange(10_000, dtype="<i8"), xp)  # (the host route's one copy: the same ring)
+    same(block, np.arange(10_000, dtype="<i8"))
+    assert pinned == [4096] * gpu_pinned.SLOTS
+    assert len(xp.events) > 2 * gpu_pinned.SLOTS  # one per piece copied
+    assert all(e.waited <= 1 for e in xp.events) and sum(e.waited for e in xp.events) >= len(xp.events) - 2

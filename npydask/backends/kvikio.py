@@ -46,7 +46,7 @@ import numpy as np
 
 from npydask.storage._handles import FileIdentity, _changed, check_unchanged, differs, pread_exact
 from npydask.errors import GpuUnavailableError
-from npydask.gpu_exec import Pending, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
+from npydask.gpu_exec import Pending, ReadSpan, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
@@ -213,26 +213,22 @@ def _direct(job: DeviceRead, posix: bool, xp: Any) -> bool:
 
 
 def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
-    """``os.preadv`` into (pinned) host memory, one copy to the device, then the device steps.
+    """``os.preadv`` into host memory, copies to the device, then the device steps.
 
-    A job whose region is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
-    with an ``out`` skips the device staging buffer: its bytes go from the pinned
-    buffer straight into ``out`` (with numpy standing in for CuPy, from the file
-    straight into ``out``).
+    On a device every read goes piece by piece through the thread's ring of
+    pinned buffers (:func:`~npydask.gpu_pinned.upload`: a piece is read while
+    the one before is copied) into a device staging buffer. A job whose region
+    is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
+    with an ``out`` skips staging: its bytes go straight into ``out`` (with numpy
+    standing in for CuPy, from the file straight into ``out``).
     """
     on_device = xp is not np
     direct = [_direct(job, True, xp) for job in window]
-    offsets, total, alignment = _layout(window, () if on_device else direct)
-    if on_device:
-        pinned = xp.cuda.alloc_pinned_memory(total + alignment)
-        host = np.frombuffer(pinned, np.uint8, total + alignment)
-        shift = -host.ctypes.data % alignment
-        host = host[shift : shift + total]
-    else:
-        host = aligned_empty(np, total, alignment)
+    offsets, total, alignment = _layout(window, direct)
+    staging = aligned_empty(xp, total, alignment) if not all(direct) else None
     for k, (job, at) in enumerate(zip(window, offsets)):
         f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
-        if not job.ref.source.mappable:  # an object: range requests into the pinned buffer (each checked)
+        if not job.ref.source.mappable:  # an object: range requests (each checked)
             reader = f.range_reader()
 
             def read_span(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
@@ -245,24 +241,26 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
                 pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
                 return size
 
-        if direct[k] and not on_device:
+        if on_device:
+            read_span = _through_ring(read_span, xp)
+        if direct[k]:
             wait_reads(issue_direct(job.plan, read_span, job.out), f.path)
         else:
-            wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), f.path)
+            wait_reads(issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), f.path)
         if job.ref.source.mappable:
             check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
-    if not on_device:
-        return _finish_all(window, host, offsets, xp, direct)
-    for job, at, straight in zip(window, offsets, direct):
-        if straight:  # (one host-to-device copy into out: no staging, no device step)
-            begin = at + job.plan.cut.offset  # type: ignore[union-attr]
-            as_bytes(job.out).set(host[begin : begin + job.plan.direct[1]])  # type: ignore[index]
-    staging = None
-    if not all(direct):
-        staging = aligned_empty(xp, total, alignment)
-        staging.set(host)
-    xp.cuda.get_current_stream().synchronize()  # the pinned buffer is reused once released
     return _finish_all(window, staging, offsets, xp, direct)
+
+
+def _through_ring(read_span: ReadSpan, xp: Any) -> ReadSpan:
+    """``read_span`` into host memory made a reader into device memory, through the pinned ring."""
+    from npydask.gpu_pinned import upload
+
+    def read_to_device_bytes(offset: int, size: int, dest: Any) -> int:
+        upload(xp, dest, lambda buf, at: read_span(offset + at, buf.size, buf))
+        return size
+
+    return read_to_device_bytes
 
 
 class _KvikioRead:
