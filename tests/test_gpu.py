@@ -854,3 +854,15 @@ def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, mon
     assert pinned == [4096] * gpu_pinned.SLOTS
     assert len(xp.events) > 2 * gpu_pinned.SLOTS  # one per piece copied
     assert all(e.waited <= 1 for e in xp.events) and sum(e.waited for e in xp.events) >= len(xp.events) - 2
+
+
+def test_the_pinned_ring_waits_on_the_stream_without_events(monkeypatch):
+    from npydask import gpu_pinned
+
+    monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 1024)
+    monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())
+    xp = _cupy_like()
+    del xp.cuda.Event
+    host = random_array((10, 300), ">u2", seed=3).astype("<u2")
+    same(gpu.to_device(host, xp), host)
+    assert len(xp.synced) == 6 and not xp.events  # one wait per 1 KiB piece of 6000 bytes
