@@ -16,9 +16,14 @@ Two ways to get the bytes onto the device, picked per call:
     Reads under ``KVIKIO_GDS_THRESHOLD`` (1 MiB) use POSIX even with GDS.
 
 pinned host memory (CuPy without kvikio)
-    ``os.preadv`` into page-locked host memory
-    (``cupy.cuda.alloc_pinned_memory``), one host-to-device copy, then the
-    same device steps.
+    ``os.preadv`` piece by piece through the thread's small ring of
+    page-locked buffers (:mod:`npydask.gpu_pinned`), each piece copied to the
+    device while the next is read, then the same device steps.
+
+A region that is the file's bytes as they are (contiguous, native, C order,
+unpadded) with an ``out`` slab goes straight into it either way: one
+``pread`` (at any offset in kvikio's compatibility mode), no staging buffer
+and no copy kernel.
 
 Either way the file's identity (size, mtime, inode) is checked before reading:
 through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
