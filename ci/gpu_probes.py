@@ -423,6 +423,69 @@ def probe_kvikio_errors(c: Context) -> str:
     return "; ".join(out)
 
 
+def probe_read_routes(c: Context) -> str:
+    """Each read route on the device against numpy: straight into the stack's slabs (kvikio), the host route
+    for small files and a padded ROI of short rows, and the device plans for the same with the route off."""
+    import npydask
+    from npydask.backends import kvikio as kvikio_backend
+
+    out = []
+    big = [data((8 * c.scale, 1024), "<f4", 70 + i) for i in range(4)]  # 2 MiB files on a GPU: straight reads
+    for i, a in enumerate(big):
+        np.save(c.path(f"routes/big/{i}.npy"), a)
+    ds = npydask.open_dataset(os.path.dirname(c.path("routes/big/0.npy")), device="gpu")
+    out.append(same(c.host(ds.stack().compute()), np.stack(big), "stack read straight into slabs"))
+    small = [data((16, 16), ">f4", 80 + i) for i in range(50 * c.scale)]
+    for i, a in enumerate(small):
+        np.save(c.path(f"routes/small/{i:05d}.npy"), a)
+    folder = os.path.dirname(c.path("routes/small/00000.npy"))
+    for host_bytes in ("1MiB", 0):  # the host route, then every file planned on the device
+        with npydask.config.set(gpu_host_bytes=host_bytes):
+            ds = npydask.open_dataset(folder, device="gpu")
+            out.append(same(c.host(ds.stack().compute()), np.stack(small), f"{len(small)} small files ({host_bytes})"))
+            roi = npydask.open_dataset(os.path.dirname(c.path("routes/big/0.npy")), roi_start=[3, 1000],
+                                       roi_shape=[4 * c.scale, 40], out_of_bounds_policy="pad", device="gpu")  # fmt: skip
+            want = np.zeros((4, 4 * c.scale, 40), "<f4")
+            rows = min(4 * c.scale, 8 * c.scale - 3)
+            want[:, :rows, :24] = np.stack([a[3 : 3 + rows, 1000:] for a in big])
+            out.append(same(c.host(roi.stack().compute()), want, f"padded ROI of short rows ({host_bytes})"))
+    kvikio = None if c.dry else kvikio_backend._import_kvikio("<probe>")
+    mode = "no kvikio" if kvikio is None else f"kvikio posix={kvikio_backend._posix_reads(kvikio)}"
+    return f"{mode}; " + "; ".join(out)
+
+
+def probe_pinned_ring(c: Context) -> str:
+    """Without kvikio: reads through the pinned ring (pieces of 8 MiB, more than its two slots) equal numpy."""
+    import npydask
+    from npydask import gpu_pinned
+
+    a = data((256 * c.scale, 1024), ">i4", 90)  # 64 MiB on a GPU: eight pieces per chunk
+    np.save(c.path("ring/be.npy"), a)
+    b = [data((64 * c.scale, 512), "<i2", 91 + i) for i in range(3)]
+    for i, x in enumerate(b):
+        np.save(c.path(f"ring/s/{i}.npy"), x)
+    real = sys.modules.get("kvikio", False)
+    sys.modules["kvikio"] = None  # type: ignore[assignment]  # as where kvikio is not installed
+    try:
+        with npydask.config.set(gpu_host_bytes=0):
+            x = npydask.from_npy(c.path("ring/be.npy"), device="gpu", chunks=(128 * c.scale, 1024))
+            out = [same(c.host(x.compute(scheduler="sync")), a, "big-endian through the ring")]
+            ds = npydask.open_dataset(os.path.dirname(c.path("ring/s/0.npy")), device="gpu")
+            got = ds.stack().compute(scheduler="sync")  # (in this thread: its ring is the one counted below)
+            out.append(same(c.host(got), np.stack(b), "stack straight from the ring"))
+    finally:
+        if real is False:
+            del sys.modules["kvikio"]
+        else:
+            sys.modules["kvikio"] = real
+    slots = len(getattr(gpu_pinned._local, "ring", ()))
+    if not c.dry and slots != gpu_pinned.SLOTS:
+        raise AssertionError(f"{slots} pinned slots in this thread, expected {gpu_pinned.SLOTS}")
+    pool = None if c.dry else c.xp.get_default_pinned_memory_pool()
+    free = getattr(pool, "n_free_blocks", lambda: "?")() if pool is not None else "-"
+    return "; ".join(out) + f"; ring: {slots} slots of {gpu_pinned.SLOT_BYTES >> 20} MiB, pinned pool free blocks {free}"
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -436,6 +499,8 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "torch_fork_before_cuda": probe_torch_fork_before_cuda,
     "to_npy_device": probe_to_npy_of_device_array,
     "kvikio_errors": probe_kvikio_errors,
+    "read_routes": probe_read_routes,
+    "pinned_ring": probe_pinned_ring,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {}

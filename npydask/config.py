@@ -11,8 +11,10 @@ setting                environment variable         default    meaning
                                                                (see :mod:`npydask.read_strategy`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``    64 KiB     GPU reads: runs closer than this are one read
-``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   4 MiB      GPU reads: largest single kvikio ``pread``
+``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   0          GPU reads: largest single kvikio ``pread`` (0: one per span)
 ``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``    4096       GPU reads: offsets and sizes aligned for GDS
+``gpu_host_bytes``     ``NPYDASK_GPU_HOST_BYTES``   1 MiB      GPU reads: a task whose reads average less goes
+                                                               through host memory (one copy); 0: never
 ``pool_bytes``         ``NPYDASK_POOL_BYTES``       256 MiB    idle chunk buffers kept for reuse (0: none)
 =====================  ===========================  =========  ==============================================
 
@@ -107,8 +109,9 @@ _SETTINGS: dict[str, _Setting] = {
     "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _parse_strategy),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
     "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
-    "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 4 * 1024 * 1024, _parse_size),
+    "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 0, _parse_size),
     "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
+    "gpu_host_bytes": _Setting("NPYDASK_GPU_HOST_BYTES", 1024 * 1024, _parse_size),
     "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * 1024 * 1024, _parse_size),
     "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * 1024, _parse_size),
     "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * 1024 * 1024, _parse_size),

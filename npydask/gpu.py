@@ -28,6 +28,7 @@ kvikio are imported inside functions.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib.util
 import math
@@ -39,7 +40,7 @@ import numpy as np
 
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_process import check_cuda_fork, note_cuda_use, visible_devices
-from npydask.gpu_plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read
+from npydask.gpu_plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read, through_host
 from npydask.region import Box
 
 __all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "check_gpu_dtype", "on_device", "require_gpu"]
@@ -239,40 +240,85 @@ class DeviceArray:
         return block
 
     def read(self, box: Box, xp: Any) -> Any:
-        """Read ``box`` (in this array's coordinates) as a C-contiguous ``xp`` array."""
-        source = self.source
-        if not hasattr(source, "views"):
-            return self._read([(source, box, None)], xp)[0]
-        if source.stacked:
-            out = xp.empty(box.shape, dtype=self.dtype)
-            inner = Box(box.start[1:], box.stop[1:])
-            self._read([(source.views[k], inner, out[k - box.start[0]]) for k in range(box.start[0], box.stop[0])], xp)
-            return out
-        return self._read_joined(box, xp)
+        """Read ``box`` (in this array's coordinates) as a C-contiguous ``xp`` array.
 
-    def _read_joined(self, box: Box, xp: Any) -> Any:
-        """Files joined along ``axis``: each file's share of ``box`` into its slice of the block."""
-        views, axis = self.source.views, self.source.axis
+        A block whose first file plans small reads (:func:`~npydask.gpu_plan.through_host`),
+        or lies in object storage, is read by the host path (its tight loop,
+        per-header memo and request concurrency) and copied to the device once.
+        """
+        source = self.source
+        plans: dict[tuple[Any, ...], Any] = {}  # per distinct (header, ROI, size, box): its plan
+        if not hasattr(source, "views"):
+            met: list[tuple[Any, Box, Any]] = [(source, box, None)]
+        elif source.stacked:
+            inner = Box(box.start[1:], box.stop[1:])
+            met = [(source.views[box.start[0]], inner, None)] if box.stop[0] > box.start[0] else []
+        else:
+            parts = self._met(box)
+            met = [(view, part, None) for view, part, _ in parts[:1]]
+        if met and math.prod(box.shape) and self._through_host(met[0][0], met[0][1], plans):
+            return self._read_host(box, xp)
+        if not hasattr(source, "views"):
+            return self._read([(source, box, None)], xp, plans)[0]
         out = xp.empty(box.shape, dtype=self.dtype)
+        if source.stacked:
+            views = source.views
+            self._read([(views[k], inner, out[k - box.start[0]]) for k in range(box.start[0], box.stop[0])], xp, plans)
+            return out
+        direct = source.axis == 0  # a slab along axis 0 of a C-contiguous block is C-contiguous
+        items = [(view, part, out[where] if direct else None) for view, part, where in parts]
+        for (_, _, where), block in zip(parts, self._read(items, xp, plans)):
+            if not direct:
+                out[where] = block
+        return out
+
+    def _met(self, box: Box) -> list[tuple[Any, Box, tuple[slice, ...]]]:
+        """Files joined along ``axis``: ``(view, part, where)`` for each file ``box`` meets (bisected,
+        as the host FileGroup does: a view is made per file over a table), ``where`` in the block."""
+        views, axis, offsets = self.source.views, self.source.axis, self.source.offsets
         lo, hi = box.start[axis], box.stop[axis]
-        items, places, end = [], [], 0
-        for view in views:
-            begin, end = end, end + view.shape[axis]
+        items = []
+        first = max(0, bisect.bisect_right(offsets, lo) - 1)
+        last = min(len(offsets) - 1, bisect.bisect_left(offsets, hi))
+        for k in range(first, last):
+            begin, end = offsets[k], offsets[k + 1]
             a, b = max(lo, begin), min(hi, end)
             if a >= b:
                 continue
             start, stop = list(box.start), list(box.stop)
             start[axis], stop[axis] = a - begin, b - begin
             where = tuple(slice(a - lo, b - lo) if d == axis else slice(None) for d in range(len(box.shape)))
-            direct = axis == 0  # a slab along axis 0 of a C-contiguous block is C-contiguous
-            items.append((view, Box(tuple(start), tuple(stop)), out[where] if direct else None))
-            places.append(None if direct else where)
-        for where, block in zip(places, self._read(items, xp)):
-            if where is not None:
-                out[where] = block
-        return out
+            items.append((views[k], Box(tuple(start), tuple(stop)), where))
+        return items
 
-    def _read(self, items: Sequence[tuple[Any, Box, Any]], xp: Any) -> list[Any]:
+    def _plan(self, view: Any, box: Box, plans: dict[tuple[Any, ...], Any]) -> Any:
+        """The plan of ``box`` of ``view``, worked out once per distinct header, ROI, size and box."""
+        ref = view.ref
+        size = getattr(ref.identity, "size", None)  # (headers="first" knows only the inode: the header's size)
+        size = ref.header.data_offset + ref.header.nbytes if size is None else size
+        key = (id(ref.header), id(view.roi), size, box)  # (the views live as long as the dict: ids are safe)
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = plan_gpu_read(ref.header, box, file_size=size, roi=view.roi, options=self.options)
+        return plan
+
+    def _through_host(self, view: Any, box: Box, plans: dict[tuple[Any, ...], Any]) -> bool:
+        """Whether a block whose first file is ``view`` is read on the host and copied once."""
+        ref = view.ref
+        if ref.compressed or not ref.source.mappable:  # inflated on the host; fetched with the CPU's concurrency
+            return True
+        return through_host(self._plan(view, box, plans), self.options)
+
+    def _read_host(self, box: Box, xp: Any) -> Any:
+        """``box`` read by the host path (the CPU reader: its loops, memo, concurrency), then one copy."""
+        source = self.source
+        if hasattr(source, "views"):
+            host = source[tuple(slice(a, b) for a, b in zip(box.start, box.stop))]
+        else:
+            host = source.read(box)
+        return to_device(np.asarray(host, dtype=self.dtype, order="C"), xp)
+
+    def _read(self, items: Sequence[tuple[Any, Box, Any]], xp: Any, plans: dict[tuple[Any, ...], Any]) -> list[Any]:
         """Read each ``(view, box, out)``: planned files through the device reader, deflated ones on the host."""
         from npydask.backends.kvikio import DeviceRead, read_to_device
 
@@ -281,18 +327,24 @@ class DeviceArray:
         for k, (view, box, out) in enumerate(items):
             ref = view.ref
             if ref.compressed:  # a deflated .npz member: only the host can inflate it
-                host = np.asarray(view.read(box), dtype=native_dtype(ref.header.dtype), order="C")
-                block = xp.asarray(host)
+                block = to_device(np.asarray(view.read(box), dtype=native_dtype(ref.header.dtype), order="C"), xp)
                 if out is not None:
                     out[...] = block
                     block = out
                 results[k] = block
                 continue
-            size = getattr(ref.identity, "size", None)  # (headers="first" knows only the inode: the header's size)
-            size = ref.header.data_offset + ref.header.nbytes if size is None else size
-            plan = plan_gpu_read(ref.header, box, file_size=size, roi=view.roi, options=self.options)
-            jobs.append(DeviceRead(ref, plan, out))
+            jobs.append(DeviceRead(ref, self._plan(view, box, plans), out))
             where.append(k)
         for k, block in zip(where, read_to_device(jobs, xp)):
             results[k] = block
         return results
+
+
+def to_device(host: np.ndarray, xp: Any) -> Any:
+    """A C-contiguous host array copied to ``xp``'s device (one host-to-device copy, through the
+    thread's ring of pinned buffers: :mod:`npydask.gpu_pinned`); numpy standing in keeps it."""
+    if xp is np:
+        return host
+    from npydask.gpu_pinned import upload_array
+
+    return upload_array(host, xp)

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from npydask.errors import FileChangedError
-from npydask.gpu_plan import DEFAULT_ALIGNMENT, GpuReadPlan, SpanRead
+from npydask.gpu_plan import DEFAULT_ALIGNMENT, GpuReadPlan, SpanRead, c_contiguous
 
-__all__ = ["Pending", "ReadSpan", "aligned_empty", "drain", "execute_plan", "fill_staging", "finish", "issue_reads", "wait_reads"]
+__all__ = ["Pending", "ReadSpan", "address", "aligned_empty", "as_bytes", "drain", "execute_plan", "fill_staging", "finish",
+           "issue_direct", "issue_reads", "wait_reads"]  # fmt: skip
 
 
 
@@ -30,7 +31,8 @@ ReadSpan = Callable[[int, int, Any], "int | _Waitable"]
 buffer) and returns the bytes read, or a future whose ``get()`` does (a kvikio ``IOFuture``)."""
 
 
-def _address(a: Any) -> int:
+def address(a: Any) -> int:
+    """The address of ``a``'s first byte (a CuPy or a numpy array)."""
     iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
     return int(iface["data"][0])
 
@@ -45,7 +47,7 @@ def aligned_empty(xp: Any, nbytes: int, alignment: int = DEFAULT_ALIGNMENT) -> A
     ((10000,), 0)
     """
     raw = xp.empty(nbytes + alignment, dtype=xp.uint8)
-    shift = -_address(raw) % alignment
+    shift = -address(raw) % alignment
     return raw[shift : shift + nbytes]
 
 
@@ -67,6 +69,24 @@ def issue_reads(plan: GpuReadPlan, read_span: ReadSpan, staging: Any) -> Pending
         drain(pending)
         raise
     return pending
+
+
+def as_bytes(out: Any) -> Any:
+    """A C-contiguous ``out`` as a 1-D ``uint8`` view of its memory (what a ``pread`` fills)."""
+    return out.reshape(-1).view(np.uint8)
+
+
+def issue_direct(plan: GpuReadPlan, read_span: ReadSpan, out: Any) -> Pending:
+    """Read a :attr:`~npydask.gpu_plan.GpuReadPlan.direct` region straight into ``out``: one read, no staging.
+
+    ``out`` is C-contiguous, of the plan's shape and native dtype; the file's
+    bytes are the answer as they are, so nothing is left to do on the device.
+    """
+    span = plan.direct
+    if span is None:
+        raise ValueError("issue_direct needs a plan whose region is one contiguous native stretch of the file")
+    offset, nbytes = span
+    return [(SpanRead(offset, nbytes, 0), read_span(offset, nbytes, as_bytes(out)))]
 
 
 def wait_reads(pending: Pending, source: str = "<file>") -> None:
@@ -125,15 +145,6 @@ def _strided(xp: Any, buf: Any, offset: int, shape: tuple[int, ...], strides: tu
     return xp.ndarray(shape, dtype, memptr=buf.data + offset, strides=strides)
 
 
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    expected = itemsize
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n > 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
 def finish(plan: GpuReadPlan, staging: Any, xp: Any, out: Any = None) -> Any:
     """Cut, transpose, byte-swap and pad the staged bytes into a C-contiguous native-order array.
 
@@ -154,7 +165,7 @@ def finish(plan: GpuReadPlan, staging: Any, xp: Any, out: Any = None) -> Any:
         src = _strided(xp, staging, cut.offset, cut.shape, cut.strides, dtype)
         if axes is not None:
             src = src.transpose(axes)
-        if out is None and plan.pad is None and _c_contiguous(src.shape, src.strides, dtype.itemsize):
+        if out is None and plan.pad is None and c_contiguous(src.shape, src.strides, dtype.itemsize):
             return src  # already the answer: no copy
     result = xp.empty(plan.shape, dtype=dtype) if out is None else out
     if plan.pad is not None:

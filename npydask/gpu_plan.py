@@ -7,9 +7,10 @@ A region of a file becomes a :class:`GpuReadPlan`:
    (:meth:`~npydask.region.ReadPlan.coalesce` with ``gap_bytes``), so a
    strided ROI is a few large reads, not thousands of tiny ones. Each span is
    rounded out to ``alignment`` (4 KiB, the GPUDirect Storage page), clamped
-   to the file's size (the last page of a file need not exist), and split into
-   pieces of at most ``task_bytes``, each one :class:`SpanRead`: its own
-   ``pread`` future.
+   to the file's size (the last page of a file need not exist): one
+   :class:`SpanRead` each, one ``pread`` future (kvikio splits a read into its
+   own ``task_size`` pieces on its thread pool; ``task_bytes`` > 0 splits
+   spans here too).
 2. **Staging.** Each read lands in one device buffer at an offset congruent to
    its file offset modulo the alignment, so every destination address is
    aligned too. Spans keep their file spacing up to the gap they skip, which
@@ -45,12 +46,15 @@ from npydask.roi import FileRoi
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "DEFAULT_GAP_BYTES",
+    "DEFAULT_HOST_BYTES",
     "DEFAULT_TASK_BYTES",
     "Cut",
     "GpuReadOptions",
     "GpuReadPlan",
     "Pad",
     "SpanRead",
+    "c_contiguous",
+    "through_host",
     "gpu_read_options",
     "native_dtype",
     "plan_gpu_read",
@@ -60,8 +64,12 @@ DEFAULT_ALIGNMENT = 4096
 """GPUDirect Storage page: file offsets, sizes and device addresses of reads are multiples of it."""
 DEFAULT_GAP_BYTES = 64 * 1024
 """Runs closer than this are read as one span (a pread future costs about as much as this many bytes)."""
-DEFAULT_TASK_BYTES = 4 * 1024 * 1024
-"""Largest single read: kvikio's default task size (``KVIKIO_TASK_SIZE``)."""
+DEFAULT_HOST_BYTES = 1024 * 1024
+"""Reads averaging less than this go through host memory: kvikio runs a read under its
+``gds_threshold`` synchronously (a bounce copy and a stream sync each), and every file costs
+an open, ``fstat`` s and a copy kernel, where the host path reads in one tight loop."""
+DEFAULT_TASK_BYTES = 0
+"""Largest single read; 0: one read per span (kvikio splits it by its own ``KVIKIO_TASK_SIZE``)."""
 
 
 @dataclass(frozen=True)
@@ -77,18 +85,25 @@ class GpuReadOptions:
         Runs whose gap is at most this are read as one span (never less than
         two alignments: aligned reads closer than that would overlap).
     task_bytes : int
-        Largest single read; longer spans are split.
+        Largest single read; longer spans are split. 0 (the default): one read
+        per span, which kvikio splits into ``KVIKIO_TASK_SIZE`` pieces itself
+        (a ``pread`` future per piece here would only add calls).
     max_span_bytes : int
         Largest span that merging runs may build (as the host reader's setting).
+    host_bytes : int
+        A task whose reads average fewer bytes is read through host memory
+        (:func:`through_host`); 0: never.
     """
 
     alignment: int = DEFAULT_ALIGNMENT
     gap_bytes: int = DEFAULT_GAP_BYTES
     task_bytes: int = DEFAULT_TASK_BYTES
     max_span_bytes: int = 64 * 1024 * 1024
+    host_bytes: int = DEFAULT_HOST_BYTES
 
     def __post_init__(self) -> None:
-        for name, least in (("alignment", 1), ("task_bytes", 1), ("gap_bytes", 0), ("max_span_bytes", 0)):
+        for name, least in (("alignment", 1), ("task_bytes", 0), ("gap_bytes", 0), ("max_span_bytes", 0),
+                            ("host_bytes", 0)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"GpuReadOptions.{name} must be an int >= {least}, found {value!r}")
@@ -98,7 +113,7 @@ def gpu_read_options(**overrides: int) -> GpuReadOptions:
     """Snapshot the current GPU read settings (``overrides`` win).
 
     ``max_span_bytes`` is the host reader's setting; ``gpu_gap_bytes``,
-    ``gpu_task_bytes`` and ``gpu_alignment`` are :mod:`npydask.config`'s.
+    ``gpu_task_bytes``, ``gpu_alignment`` and ``gpu_host_bytes`` are :mod:`npydask.config`'s.
 
     Examples
     --------
@@ -110,6 +125,7 @@ def gpu_read_options(**overrides: int) -> GpuReadOptions:
         "gap_bytes": int(config.get("gpu_gap_bytes")),
         "task_bytes": int(config.get("gpu_task_bytes")),
         "max_span_bytes": int(config.get("max_span_bytes")),
+        "host_bytes": int(config.get("gpu_host_bytes")),
     }
     values.update(overrides)
     return GpuReadOptions(**values)
@@ -209,12 +225,74 @@ class GpuReadPlan:
         return sum(r.size for r in self.reads)
 
     @property
+    def direct(self) -> tuple[int, int] | None:
+        """``(file_offset, nbytes)`` when the result is exactly those bytes of the file, else ``None``.
+
+        That is: one contiguous stretch of the file, stored native and
+        aligned to its itemsize, unpadded, in the result's C order. Such a
+        region may be read straight into its destination, without staging or
+        a device step.
+        """
+        cut = self.cut
+        if cut is None or self.pad is not None or self.swap_bytes or not self.aligned or not self.reads:
+            return None
+        delta = self.reads[0].file_offset - self.reads[0].staging_offset
+        if any(r.file_offset - r.staging_offset != delta for r in self.reads):
+            return None  # (spans kept apart: the staging buffer is not a copy of the file)
+        shape, strides = cut.shape, cut.strides
+        if self.transpose is not None:
+            shape = tuple(shape[a] for a in self.transpose)
+            strides = tuple(strides[a] for a in self.transpose)
+        itemsize = self.dtype.itemsize
+        if not c_contiguous(shape, strides, itemsize):
+            return None
+        return cut.offset + delta, math.prod(shape) * itemsize
+
+    @property
     def interior(self) -> tuple[slice, ...]:
         """Where the bytes read go in the result: all of it, or inside the padding."""
         if self.pad is None or self.cut is None:
             return tuple(slice(None) for _ in self.shape)
         data = self.cut.shape[::-1] if self.transpose is not None else self.cut.shape
         return tuple(slice(b, b + n) for b, n in zip(self.pad.before, data))
+
+
+def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Whether ``strides`` (bytes) lay ``shape`` out in C order without gaps (axes of extent 1 ignored).
+
+    Examples
+    --------
+    >>> c_contiguous((2, 3), (12, 4), 4), c_contiguous((2, 3), (4, 8), 4), c_contiguous((1, 3), (99, 4), 4)
+    (True, False, True)
+    """
+    expected = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n > 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def through_host(plan: GpuReadPlan, options: GpuReadOptions) -> bool:
+    """Whether a task whose files plan like ``plan`` is cheaper read by the host path, then copied once.
+
+    The cost model: a kvikio read under its ``gds_threshold`` (16 KiB) runs
+    synchronously (a bounce copy and a stream sync each), and every file
+    costs an open, ``fstat`` s and a device copy kernel, while the host path
+    reads many small files or short runs in one tight loop; above about a
+    MiB per read, kvikio's parallel reads and no host copy win.
+
+    Examples
+    --------
+    >>> h = NpyHeader((1, 0), (64, 256, 256), np.dtype("<f4"), False, 128, 64 * 256 * 256 * 4)
+    >>> roi = plan_gpu_read(h, Box((0, 0, 0), (32, 32, 32)), file_size=128 + h.nbytes)  # a 32^3 ROI
+    >>> len(roi.reads), through_host(roi, GpuReadOptions())
+    (32, True)
+    >>> whole = plan_gpu_read(h, Box.whole(h.shape), file_size=128 + h.nbytes)
+    >>> through_host(whole, GpuReadOptions()), through_host(roi, GpuReadOptions(host_bytes=0))
+    (False, False)
+    """
+    return bool(plan.reads) and plan.read_nbytes < options.host_bytes * len(plan.reads)
 
 
 def _clamp_box(shape: tuple[int, ...], lo: Sequence[int], hi: Sequence[int]) -> Box:
@@ -251,7 +329,7 @@ def plan_gpu_read(
     --------
     Ten columns of a ``(100, 100000)`` big-endian float32 file: rows are
     400 kB apart, so each is one aligned 4 KiB read; with a gap threshold
-    over the row stride they merge into one span, read as 4 MiB pieces.
+    over the row stride they merge into one span, one read (or ``task_bytes`` pieces).
 
     >>> h = NpyHeader((1, 0), (100, 100_000), np.dtype(">f4"), False, 128, 40_000_000)
     >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128)
@@ -259,6 +337,10 @@ def plan_gpu_read(
     (100, {(0, 4096)}, 4)
     >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128,
     ...                   options=GpuReadOptions(gap_bytes=1 << 20))
+    >>> len(p.reads), p.reads[0].size
+    (1, 39604224)
+    >>> p = plan_gpu_read(h, Box((0, 0), (100, 10)), file_size=40_000_128,
+    ...                   options=GpuReadOptions(gap_bytes=1 << 20, task_bytes=4 << 20))
     >>> len(p.reads), max(r.size for r in p.reads)
     (10, 4194304)
     """
@@ -359,7 +441,9 @@ def _span_reads(
     alignment: int,
     task_bytes: int,
 ) -> tuple[SpanRead, ...]:
-    """Every span rounded out to the alignment, clamped to the file, split into tasks (vectorised)."""
+    """Every span rounded out to the alignment, clamped to the file, split into tasks (vectorised).
+
+    ``task_bytes`` 0: one read per span."""
     file_at = np.full((), offset, np.int64)
     staged_at = np.full((), base, np.int64)
     for n, fs, ss in zip(outer_shape, outer_strides, staging_strides):
@@ -375,7 +459,7 @@ def _span_reads(
         )
     dest = staged_at - (file_at - lo)
     piece = max(alignment, task_bytes - task_bytes % alignment)
-    if int((hi - lo).max()) <= piece:
+    if not task_bytes or int((hi - lo).max()) <= piece:
         return tuple(SpanRead(*r) for r in zip(lo.tolist(), (hi - lo).tolist(), dest.tolist()))
     reads = []
     for a, b, s in zip(lo.tolist(), hi.tolist(), dest.tolist()):

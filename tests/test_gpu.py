@@ -119,7 +119,13 @@ def test_a_broken_driver_is_a_runtime_error_too(save, monkeypatch, tmp_path):
 
 @pytest.fixture
 def numpy_device(monkeypatch):
-    """numpy standing in for CuPy: the whole device path runs on the host."""
+    """numpy standing in for CuPy: the whole device path runs on the host.
+
+    Small tasks would go the host route (``gpu_host_bytes``): these tests' files are
+    small, so the route is turned off here to exercise the device plans; the
+    ``host_route`` fixture turns it back on.
+    """
+    monkeypatch.setenv("NPYDASK_GPU_HOST_BYTES", "0")
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
     monkeypatch.setattr(gpu, "_array_module", lambda: np)
 
@@ -293,27 +299,38 @@ class _CupyLikeArray(np.ndarray):
         self[...] = host
 
 
-def _cupy_like(events=None):
+def _cupy_like(log=None):
     """A module shaped like CuPy over host memory: exercises the device-only branches here.
 
-    ``events``, when given, records ``"alloc"`` for each ``empty`` and ``"sync"`` for each stream synchronisation.
+    ``log``, when given, records ``"alloc"`` for each ``empty`` and ``"sync"`` for each stream synchronisation.
     """
-    events = [] if events is None else events
+    log = [] if log is None else log
 
     def empty(shape, dtype=float):
-        events.append("alloc")
+        log.append("alloc")
         return np.empty(shape, dtype).view(_CupyLikeArray)
 
-    synced = []
+    synced, events = [], []
 
     def synchronize():
         synced.append(1)
-        events.append("sync")
+        log.append("sync")
 
     stream = types.SimpleNamespace(synchronize=synchronize)
-    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream)
+
+    class Event:  # (copies are synchronous here: recording and waiting are only counted)
+        def __init__(self, **flags):
+            self.waited = 0
+
+        def record(self, stream=None):
+            events.append(self)
+
+        def synchronize(self):
+            self.waited += 1
+
+    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream, Event=Event)
     return types.SimpleNamespace(__name__="cupy", empty=empty, uint8=np.uint8, cuda=cuda, synced=synced,
-                                 asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
+                                 events=events, asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
 
 
 def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, monkeypatch):
@@ -326,7 +343,7 @@ def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, mo
         for g in got:
             assert isinstance(g, _CupyLikeArray)
             same(g, a[2:19, 3:28])
-        assert xp.synced  # a stream synchronisation before staging is reused / after the pinned copy
+        assert xp.synced or xp.events  # a stream sync before staging is reused / an event per pinned copy
         xp.synced.clear()
 
 
@@ -1082,3 +1099,228 @@ def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, 
     assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
     assert logged[1] == "npydask reads onto the device with " + kvikio_runtime.OBJECTS
     assert fake.opened == 0
+
+
+# Speed: what the device path reads, and where (counted here; timed on a GPU by benchmarks/bench_gpu.py).
+
+
+def _fake_kvikio(compat):
+    fake = FakeKvikio()
+    fake.defaults = types.SimpleNamespace(is_compat_mode_preferred=lambda: compat)
+    return fake
+
+
+def _staging_sizes(monkeypatch):
+    sizes = []
+    real = kvikio_backend.aligned_empty
+
+    def counted(xp, nbytes, alignment=4096):
+        sizes.append(nbytes)
+        return real(xp, nbytes, alignment)
+
+    monkeypatch.setattr(kvikio_backend, "aligned_empty", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_contiguous_native_regions_are_read_straight_into_out(save, monkeypatch, compat):
+    arrays = [random_array((7, 33), "<i4", seed=i) for i in range(4)]
+    paths = [save(a) for a in arrays]
+    jobs = _jobs(paths, Box((2, 0), (6, 33)))
+    out = np.empty((4, 4, 33), "<i4")
+    jobs = [job._replace(out=out[k]) for k, job in enumerate(jobs)]
+    sizes = _staging_sizes(monkeypatch)
+    fake = _fake_kvikio(compat)
+    got = kvikio_backend.read_to_device(jobs, np, kvikio=fake)
+    assert all(g is job.out for g, job in zip(got, jobs))
+    same(out, np.stack([a[2:6] for a in arrays]))
+    if compat:  # POSIX reads: one pread per file at its (unaligned) offset into out, no staging
+        assert fake.reads == [(128 + 2 * 33 * 4, 4 * 33 * 4)] * 4 and sizes == []
+    else:  # GPUDirect Storage: an unaligned offset is staged as before
+        assert all(off % 4096 == 0 for off, _ in fake.reads) and sizes and sum(sizes) > 0
+    assert fake.opened == fake.closed == 4
+
+
+def test_direct_reads_skip_staging_on_the_host_paths_too(save, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    arrays = [random_array((5, 9), "<f8", seed=i) for i in range(3)] + [random_array((5, 9), ">f8", seed=9)]
+    paths = [save(a) for a in arrays]
+    for xp in (np, _cupy_like()):
+        sizes = _staging_sizes(monkeypatch)
+        out = xp.empty((3, 5, 9), np.float64)
+        jobs = [j._replace(out=out[k]) for k, j in enumerate(_jobs(paths[:3]))]
+        got = kvikio_backend.read_to_device(jobs, xp)
+        same(out, np.stack(arrays[:3]))
+        assert all(g is job.out for g, job in zip(got, jobs))
+        assert not any(sizes)  # numpy: file -> out; pinned: host -> out; no staging bytes either way
+        mixed = _jobs(paths[2:])  # a big-endian file needs its device step: staged, the other is not
+        out = xp.empty((2, 5, 9), np.float64)
+        kvikio_backend.read_to_device([j._replace(out=out[k]) for k, j in enumerate(mixed)], xp)
+        same(out, np.stack([arrays[2], arrays[3].astype("<f8")]))
+
+
+class _CountingViews:
+    """A group's views that count how many are made (a view per file over a table costs a construction)."""
+
+    def __init__(self, views):
+        self.views, self.made = list(views), 0
+
+    def __len__(self):
+        return len(self.views)
+
+    def __getitem__(self, k):
+        self.made += 1
+        return self.views[k]
+
+    def __iter__(self):
+        for k in range(len(self.views)):
+            yield self[k]
+
+
+def test_concatenate_on_the_device_bisects_the_files_a_block_meets(tmp_path, numpy_device):
+    from npydask.stacking import FileGroup
+
+    arrays = [random_array((2 + k % 3, 4), "<f4", seed=k) for k in range(300)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"f{k:03d}.npy", a)
+    views = [NpyFileArray(FileRef.open(tmp_path / f"f{k:03d}.npy")) for k in range(300)]
+    group = FileGroup(views, axis=0, stacked=False)
+    counting = _CountingViews(views)
+    source = types.SimpleNamespace(views=counting, axis=0, stacked=False, offsets=group.offsets, shape=group.shape,
+                                   dtype=group.dtype)  # fmt: skip
+    x = gpu.DeviceArray(source, GpuReadOptions(host_bytes=0))
+    whole = np.concatenate(arrays)
+    lo, hi = group.offsets[150] + 1, group.offsets[153] + 1  # meets files 150..153
+    got = x.read(Box((lo, 0), (hi, 4)), np)
+    same(got, whole[lo:hi])
+    assert counting.made == 4  # the files the block meets, not all 300
+
+
+@pytest.fixture
+def host_route(monkeypatch):
+    """numpy standing in for CuPy with the default ``gpu_host_bytes``; counts device reads and copies."""
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    seen = types.SimpleNamespace(device_reads=0, copies=[])
+    real_read, real_copy = kvikio_backend.read_to_device, gpu.to_device
+
+    def read_to_device(jobs, xp, *a, **k):
+        seen.device_reads += len(jobs)
+        return real_read(jobs, xp, *a, **k)
+
+    def to_device(host, xp):
+        assert host.flags.c_contiguous and host.dtype.isnative
+        seen.copies.append(host.shape)
+        return real_copy(host, xp)
+
+    monkeypatch.setattr(kvikio_backend, "read_to_device", read_to_device)
+    monkeypatch.setattr(gpu, "to_device", to_device)
+    return seen
+
+
+def test_many_small_files_go_through_the_host_loop_and_one_copy_per_task(tmp_path, host_route):
+    arrays = [random_array((8, 8), ">f4", seed=k) for k in range(300)]  # (big-endian: to native on the host)
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"s{k:03d}.npy", a)
+    ds = npydask.open_dataset(tmp_path, device="gpu")
+    x = ds.stack()
+    blocks = chunks(x)
+    same(np.concatenate(blocks), np.stack(arrays))
+    assert host_route.device_reads == 0  # no file planned and read one by one on the device
+    assert len(host_route.copies) == len(blocks)  # one host-to-device copy per task
+    same(ds.concatenate(axis=1).compute(), np.concatenate(arrays, axis=1))
+    same(ds.concatenate(axis=0).compute(), np.concatenate(arrays, axis=0))
+
+
+def test_a_roi_of_short_rows_goes_through_the_host_and_pads_as_numpy(tmp_path, host_route):
+    vols = [random_array((16, 64, 64), "<f4", seed=k) for k in range(6)]
+    for k, v in enumerate(vols):
+        np.save(tmp_path / f"v{k}.npy", v)
+    ds = npydask.open_dataset(tmp_path, roi_start=[4, 40, 8], roi_shape=[8, 32, 16], out_of_bounds_policy="pad",
+                              device="gpu")  # fmt: skip
+    expected = np.zeros((6, 8, 32, 16), "<f4")
+    expected[:, :, :24] = np.stack([v[4:12, 40:64, 8:24] for v in vols])
+    same(ds.stack().compute(), expected)
+    assert host_route.device_reads == 0 and host_route.copies
+    with npydask.config.set(gpu_host_bytes=0):  # the route off: the same values through the device plans
+        host_route.copies.clear()
+        ds = npydask.open_dataset(tmp_path, roi_start=[4, 40, 8], roi_shape=[8, 32, 16],
+                                  out_of_bounds_policy="pad", device="gpu")  # fmt: skip
+        same(ds.stack().compute(), expected)
+        assert host_route.device_reads == 6 and not host_route.copies
+
+
+def test_big_reads_stay_on_the_device_path(save, host_route):
+    a = random_array((600, 512), "<f4")  # 1.2 MB: one read of 600 KiB per chunk of 300 rows
+    p = save(a)
+    x = npydask.from_npy(p, device="gpu", chunks=(300, 512))
+    same(x.compute(), a)
+    assert host_route.device_reads == 0 and len(host_route.copies) == 2  # 600 KiB reads: under 1 MiB
+    with npydask.config.set(gpu_host_bytes="512KiB"):
+        host_route.copies.clear()
+        same(npydask.from_npy(p, device="gpu", chunks=(300, 512)).compute(), a)
+        assert host_route.device_reads == 2 and not host_route.copies
+
+
+def test_urls_on_the_device_keep_requests_in_flight_as_the_cpu_path(tmp_path, http_server, host_route, monkeypatch):
+    from npydask.testing import http_range
+
+    arrays = [random_array((64, 64), "<f4", seed=k) for k in range(24)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"u{k:02d}.npy", a)
+    server = http_server(tmp_path)
+    urls = [f"{server.endpoint}/u{k:02d}.npy" for k in range(24)]
+    with npydask.config.set(gpu_host_bytes=0):  # even with the small-read route off: objects never go one by one
+        x = npydask.open_dataset(files=urls, device="gpu").stack(chunks=(24, 64, 64))  # (headers read here)
+    flight = types.SimpleNamespace(now=0, most=0, lock=__import__("threading").Lock())
+    real = http_range._Handler.do_GET
+
+    def do_get(handler):
+        with flight.lock:
+            flight.now += 1
+            flight.most = max(flight.most, flight.now)
+        try:
+            time.sleep(0.02)  # (long enough for a concurrent client's requests to overlap)
+            real(handler)
+        finally:
+            with flight.lock:
+                flight.now -= 1
+
+    monkeypatch.setattr(http_range._Handler, "do_GET", do_get)
+    same(x.compute(scheduler="sync"), np.stack(arrays))
+    assert flight.most > 4, flight.most  # the CPU path's remote_concurrency, not one GET after another
+    assert host_route.device_reads == 0 and len(host_route.copies) == 1
+
+
+def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, monkeypatch):
+    from npydask import gpu_pinned
+
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 4096)
+    monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())  # (a fresh ring for this test)
+    xp = _cupy_like()
+    pinned = []
+    xp.cuda.alloc_pinned_memory = lambda n: pinned.append(n) or bytearray(n)
+    arrays = [random_array((50, 70 + 9 * k), ">f8" if k % 2 else "<f8", seed=k) for k in range(5)]
+    paths = [save(a) for a in arrays]
+    for _ in range(2):  # windows of every size: always the same two slots
+        got = kvikio_backend.read_to_device(_jobs(paths, Box((3, 1), (47, 60))), xp)
+        for g, a in zip(got, arrays):
+            same(g, a[3:47, 1:60])
+    block = gpu.to_device(np.arange(10_000, dtype="<i8"), xp)  # (the host route's one copy: the same ring)
+    same(block, np.arange(10_000, dtype="<i8"))
+    assert pinned == [4096] * gpu_pinned.SLOTS
+    assert len(xp.events) > 2 * gpu_pinned.SLOTS  # one per piece copied
+    assert all(e.waited <= 1 for e in xp.events) and sum(e.waited for e in xp.events) >= len(xp.events) - 2
+
+
+def test_the_pinned_ring_waits_on_the_stream_without_events(monkeypatch):
+    from npydask import gpu_pinned
+
+    monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 1024)
+    monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())
+    xp = _cupy_like()
+    del xp.cuda.Event
+    host = random_array((10, 300), ">u2", seed=3).astype("<u2")
+    same(gpu.to_device(host, xp), host)
+    assert len(xp.synced) == 6 and not xp.events  # one wait per 1 KiB piece of 6000 bytes

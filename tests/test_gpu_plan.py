@@ -62,7 +62,8 @@ class FakeDisk:
         assert dest.ctypes.data % a == 0, "unaligned destination"
         assert offset + size <= len(self.raw), f"read past EOF: {offset}+{size} > {len(self.raw)}"
         assert size % a == 0 or offset + size == len(self.raw), f"unaligned size {size} before EOF"
-        assert 0 < size <= max(a, self.options.task_bytes - self.options.task_bytes % a)
+        task = self.options.task_bytes
+        assert 0 < size and (not task or size <= max(a, task - task % a))
         self.calls.append((offset, size, dest.ctypes.data))
         got = self.raw[offset : offset + size]
         if self.short_at is not None and offset <= self.short_at < offset + size:
@@ -190,13 +191,22 @@ def test_far_apart_runs_are_one_small_read_each_and_staging_stays_small():
     assert plan.staging_nbytes < 50 * 3 * 4096  # not the 8 MB the rows span in the file
 
 
-def test_large_spans_split_into_task_sized_reads():
+def test_a_span_is_one_read_and_kvikio_splits_it():
     a = random_array((10, 1 << 17), "<f8")  # 10 MiB, contiguous
     plan, disk, got = run(a, Box.whole(a.shape))
     same(got, a)
-    assert len(disk.calls) == math.ceil((a.nbytes + 128) / DEFAULT_TASK_BYTES)
-    assert max(size for _, size, _ in disk.calls) == DEFAULT_TASK_BYTES
-    assert sorted(o for o, _, _ in disk.calls) == [k * DEFAULT_TASK_BYTES for k in range(len(disk.calls))]
+    assert DEFAULT_TASK_BYTES == 0 and gpu_read_options().task_bytes == 0
+    assert disk.calls == [(0, a.nbytes + 128, disk.calls[0][2])]  # one pread future: kvikio splits by task_size
+
+
+def test_task_bytes_splits_spans_into_task_sized_reads():
+    a = random_array((10, 1 << 17), "<f8")  # 10 MiB, contiguous
+    task = 4 << 20
+    plan, disk, got = run(a, Box.whole(a.shape), options=GpuReadOptions(task_bytes=task))
+    same(got, a)
+    assert len(disk.calls) == math.ceil((a.nbytes + 128) / task)
+    assert max(size for _, size, _ in disk.calls) == task
+    assert sorted(o for o, _, _ in disk.calls) == [k * task for k in range(len(disk.calls))]
     options = GpuReadOptions(task_bytes=1 << 20)
     _, disk, got = run(a, Box((3, 0), (5, 1 << 17)), options=options)
     assert len(disk.calls) == 3 and max(s for _, s, _ in disk.calls) <= 1 << 20
@@ -345,7 +355,7 @@ def cases(draw):
     options = GpuReadOptions(
         alignment=draw(st.sampled_from([1, 2, 8, 64, 512, 4096])),
         gap_bytes=draw(st.sampled_from([0, 16, 300, 5000, 1 << 16])),
-        task_bytes=draw(st.sampled_from([1, 7, 100, 4096, 1 << 22])),
+        task_bytes=draw(st.sampled_from([0, 1, 7, 100, 4096, 1 << 22])),
         max_span_bytes=draw(st.sampled_from([0, 64, 1 << 26])),
     )
     roi = None
@@ -391,3 +401,21 @@ def test_an_error_while_issuing_waits_for_the_reads_already_issued():
     with pytest.raises(OSError, match="device gone"):
         execute_plan(plan, read_span, np)
     assert disk.gets == 3
+
+
+def test_direct_names_the_file_bytes_when_the_result_is_them_as_they_are():
+    a = random_array((6, 50), "<f4")
+    raw = npy_bytes(a)
+    h = parse_header(raw)
+    plan = plan_gpu_read(h, Box((2, 0), (5, 50)), file_size=len(raw))
+    assert plan.direct == (128 + 2 * 200, 3 * 200)
+    assert raw[plan.direct[0] : plan.direct[0] + plan.direct[1]] == a[2:5].tobytes()
+    assert plan_gpu_read(h, Box((2, 0), (5, 50)), file_size=len(raw), options=GpuReadOptions(task_bytes=1)).direct
+    assert plan_gpu_read(h, Box((0, 0), (6, 10)), file_size=len(raw)).direct is None  # strided
+    for other in (npy_bytes(a.astype(">f4")), npy_bytes(a, order="F")):  # swapped; transposed
+        assert plan_gpu_read(parse_header(other), Box((2, 0), (5, 50)), file_size=len(other)).direct is None
+    f = npy_bytes(a, order="F")  # a column of a Fortran file is contiguous in it and in C order
+    plan = plan_gpu_read(parse_header(f), Box((0, 3), (6, 4)), file_size=len(f))
+    assert plan.direct == (128 + 3 * 6 * 4, 24)
+    roi = _pad_roi(a.shape, a.dtype, [4, 0], [8, 50], 0)  # rows 4..8 of 6: padded
+    assert plan_gpu_read(h, Box((0, 0), (4, 50)), file_size=len(raw), roi=roi).direct is None

@@ -21,9 +21,14 @@ Two ways to get the bytes onto the device, picked per call:
     before) run synchronously through POSIX even with GDS.
 
 pinned host memory (CuPy without kvikio)
-    ``os.preadv`` into page-locked host memory
-    (``cupy.cuda.alloc_pinned_memory``), one host-to-device copy, then the
-    same device steps.
+    ``os.preadv`` piece by piece through the thread's small ring of
+    page-locked buffers (:mod:`npydask.gpu_pinned`), each piece copied to the
+    device while the next is read, then the same device steps.
+
+A region that is the file's bytes as they are (contiguous, native, C order,
+unpadded) with an ``out`` slab goes straight into it either way: one
+``pread`` (at any offset in kvikio's compatibility mode), no staging buffer
+and no copy kernel.
 
 Either way the file's identity (size, mtime, inode) is checked before reading:
 through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
@@ -51,8 +56,10 @@ room rather than failing with ``EMFILE``.
 from __future__ import annotations
 
 import errno
+import importlib
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -72,7 +79,7 @@ from npydask.backends._kvikio_runtime import (
     translate,
     unavailable,
 )
-from npydask.gpu_exec import Pending, aligned_empty, drain, finish, issue_reads, wait_reads
+from npydask.gpu_exec import Pending, ReadSpan, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
 from npydask.gpu_plan import GpuReadPlan
 from npydask.storage._handles import FileIdentity, _changed, check_unchanged, clear_cache, differs, pread_exact
 
@@ -159,58 +166,115 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     return results
 
 
-def _layout(window: Sequence[DeviceRead]) -> tuple[list[int], int, int]:
-    """Each job's staging offset in one shared buffer (aligned), the total, and the alignment."""
+def _layout(window: Sequence[DeviceRead], direct: Sequence[bool] = ()) -> tuple[list[int], int, int]:
+    """Each job's staging offset in one shared buffer (aligned), the total, and the alignment.
+
+    Jobs marked ``direct`` (read straight into their ``out``) take no room.
+    """
     alignment = math.lcm(*(job.plan.alignment for job in window))
     offsets, total = [], 0
-    for job in window:
+    for k, job in enumerate(window):
         offsets.append(total)
-        total += -(-job.plan.staging_nbytes // alignment) * alignment
+        if not (direct and direct[k]):
+            total += -(-job.plan.staging_nbytes // alignment) * alignment
     return offsets, total, alignment
 
 
-def _finish_all(window: Sequence[DeviceRead], staging: Any, offsets: list[int], xp: Any) -> list[Any]:
+def _finish_all(
+    window: Sequence[DeviceRead], staging: Any, offsets: list[int], xp: Any, direct: Sequence[bool] = ()
+) -> list[Any]:
     return [
-        finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out) for job, at in zip(window, offsets)
+        job.out if direct and direct[k] else finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out)
+        for k, (job, at) in enumerate(zip(window, offsets))
     ]
 
 
+def _posix_reads(kvikio: Any) -> bool:
+    """Whether kvikio reads through POSIX (compatibility mode), where aligned reads buy nothing.
+
+    ``False`` when it cannot tell (GPUDirect Storage is then assumed).
+    """
+    defaults = getattr(kvikio, "defaults", None)
+    if defaults is None and sys.modules.get("kvikio") is kvikio:
+        try:  # (kvikio 26.10's __init__ does not import its defaults module)
+            defaults = importlib.import_module("kvikio.defaults")
+        except ImportError:
+            return False
+    try:
+        preferred = getattr(defaults, "is_compat_mode_preferred", None)  # kvikio >= 25.04
+        if preferred is not None:
+            return bool(preferred())
+        older = getattr(defaults, "compat_mode", None)  # before: a bool
+        return bool(older()) if callable(older) else False
+    except RuntimeError:
+        return False
+
+
+def _direct(job: DeviceRead, posix: bool, xp: Any) -> bool:
+    """Whether ``job`` reads straight into its ``out``: a contiguous native region, and (with GPUDirect
+    Storage) its file offset and destination both aligned; through POSIX any offset will do."""
+    span = job.plan.direct
+    if job.out is None or span is None:  # (without out, the staging buffer is the result: no copy either)
+        return False
+    if posix:
+        return True
+    a = job.plan.alignment
+    try:
+        where = address(as_bytes(job.out))
+    except (AttributeError, KeyError, TypeError):  # (an array that does not say where it lives: staged)
+        return False
+    return span[0] % a == 0 and where % a == 0
+
+
 def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
-    """``os.preadv`` into (pinned) host memory, one copy to the device, then the device steps."""
-    offsets, total, alignment = _layout(window)
+    """``os.preadv`` into host memory, copies to the device, then the device steps.
+
+    On a device every read goes piece by piece through the thread's ring of
+    pinned buffers (:func:`~npydask.gpu_pinned.upload`: a piece is read while
+    the one before is copied) into a device staging buffer. A job whose region
+    is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
+    with an ``out`` skips staging: its bytes go straight into ``out`` (with numpy
+    standing in for CuPy, from the file straight into ``out``).
+    """
     on_device = xp is not np
-    if on_device:
-        pinned = xp.cuda.alloc_pinned_memory(total + alignment)
-        host = np.frombuffer(pinned, np.uint8, total + alignment)
-        shift = -host.ctypes.data % alignment
-        host = host[shift : shift + total]
-    else:
-        host = aligned_empty(np, total, alignment)
-    for job, at in zip(window, offsets):
+    direct = [_direct(job, True, xp) for job in window]
+    offsets, total, alignment = _layout(window, direct)
+    staging = aligned_empty(xp, total, alignment) if not all(direct) else None
+    for k, (job, at) in enumerate(zip(window, offsets)):
         f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
-        if not job.ref.source.mappable:  # an object: range requests into the pinned buffer (each checked)
+        if not job.ref.source.mappable:  # an object: range requests (each checked)
             reader = f.range_reader()
 
-            def read_remote(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
+            def read_span(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
                 reader.read_into(dest, offset)
                 return size
 
-            wait_reads(issue_reads(job.plan, read_remote, host[at : at + job.plan.staging_nbytes]), f.path)
-            continue
-        fd, path = f.fd, f.path
+        else:
 
-        def read_span(offset: int, size: int, dest: np.ndarray, fd: int = fd, path: str = path) -> int:
-            pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
-            return size
+            def read_span(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
+                pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
+                return size
 
-        wait_reads(issue_reads(job.plan, read_span, host[at : at + job.plan.staging_nbytes]), path)
-        check_unchanged(fd, f.identity, path)  # a rewrite during the read: never other data
-    if not on_device:
-        return _finish_all(window, host, offsets, xp)
-    staging = aligned_empty(xp, total, alignment)
-    staging.set(host)
-    xp.cuda.get_current_stream().synchronize()  # the pinned buffer is reused once released
-    return _finish_all(window, staging, offsets, xp)
+        if on_device:
+            read_span = _through_ring(read_span, xp)
+        if direct[k]:
+            wait_reads(issue_direct(job.plan, read_span, job.out), f.path)
+        else:
+            wait_reads(issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), f.path)
+        if job.ref.source.mappable:
+            check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
+    return _finish_all(window, staging, offsets, xp, direct)
+
+
+def _through_ring(read_span: ReadSpan, xp: Any) -> ReadSpan:
+    """``read_span`` into host memory made a reader into device memory, through the pinned ring."""
+    from npydask.gpu_pinned import upload
+
+    def read_to_device_bytes(offset: int, size: int, dest: Any) -> int:
+        upload(xp, dest, lambda buf, at: read_span(offset + at, buf.size, buf))
+        return size
+
+    return read_to_device_bytes
 
 
 class _KvikioRead:
@@ -264,13 +328,21 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
 
 
 def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> list[Any]:
-    """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps."""
-    offsets, total, alignment = _layout(window)
-    staging = aligned_empty(xp, total, alignment)
+    """kvikio ``pread`` futures for every read of the window, then one wait, then the device steps.
+
+    A job whose region is the file's bytes as they are (:attr:`~npydask.gpu_plan.GpuReadPlan.direct`)
+    with an ``out`` is read straight into ``out`` (one ``pread``, at any offset in
+    compatibility mode, where alignment buys nothing): no staging, no copy.
+    """
+    posix = _posix_reads(kvikio)
+    direct = [_direct(job, posix, xp) for job in window]
+    offsets, total, alignment = _layout(window, direct)
+    staging = aligned_empty(xp, total, alignment) if not all(direct) else None
     if xp is not np:
-        # The staging block may come from a pool that handed it over while kernels queued on
-        # this or another stream still read it (RMM orders that on the device only); kvikio's
-        # threads write outside any stream order, so let those finish first, after allocating.
+        # The staging block (or an ``out`` allocated before this window) may come from a pool that
+        # handed it over while kernels queued on this or another stream still read it (RMM orders
+        # that on the device only); kvikio's threads write outside any stream order, so let those
+        # finish first, after allocating.
         xp.cuda.get_current_stream().synchronize()
     handles: list[Any] = []
     found: list[FileIdentity] = []  # (each file's whole identity: an inode-only one says too little after the read)
@@ -278,7 +350,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
     room = reserve_cufiles(len(window))  # (waits while other windows hold the process's CuFile bound)
     try:
         try:
-            for job, at in zip(window, offsets):
+            for job, at, straight in zip(window, offsets, direct):
                 handle, identity = _open_checked(kvikio, job.ref)
                 handles.append(handle)
                 found.append(identity)
@@ -293,7 +365,10 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                         what = f"start reading bytes {offset}..{offset + size}"
                         raise translate(path, e, what, handle.fileno(), found) from e
 
-                issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
+                if straight:
+                    issued.append((issue_direct(job.plan, read_span, job.out), path))
+                else:
+                    issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
         except BaseException:
             for pending, _ in issued:
                 drain(pending)
@@ -312,4 +387,4 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                 handle.close()
         finally:
             release_cufiles(room)
-    return _finish_all(window, staging, offsets, xp)
+    return _finish_all(window, staging, offsets, xp, direct)
