@@ -26,6 +26,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -232,6 +233,118 @@ def probe_to_npy_of_device_array(c: Context) -> str:
     return same(np.load(c.path("w/out.npy")), a, "to_npy round trip")
 
 
+def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
+    """In a fresh process: time the toolkit check (NVRTC compiling into an empty kernel cache), count it."""
+    os.environ["CUPY_CACHE_DIR"] = cache_dir  # (before CuPy is imported: a real NVRTC compile, not a cache hit)
+    import cupy
+
+    import npydask
+    from npydask import gpu, gpu_toolkit
+
+    made: list[str] = []
+    real = cupy.ElementwiseKernel
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("name", args[3] if len(args) > 3 else ""))
+        return real(*args, **kwargs)
+
+    cupy.ElementwiseKernel = counting
+    t0 = time.perf_counter()
+    cupy.empty(1)  # the CUDA context, apart from the check
+    t1 = time.perf_counter()
+    gpu._array_module()
+    t2 = time.perf_counter()
+    gpu._array_module()
+    t3 = time.perf_counter()
+    x = npydask.from_npy(path, device="gpu", chunks=(16, 256))
+    total = int(x.sum(dtype="int64").compute(scheduler="threads", num_workers=8))
+    checks = made.count(gpu_toolkit.KERNEL_NAME)
+    broken = real("int32 x", "int32 y", "y = x +* ;", "npydask_broken_on_purpose")
+    try:
+        broken(cupy.arange(2, dtype=cupy.int32))
+        translated = "a broken kernel compiled?"
+    except Exception as e:  # CuPy's own exception for a compile error: what the check translates
+        message = str(gpu_toolkit.toolkit_error(e))
+        ok = "NVRTC (libnvrtc) failed to compile" in message and "npydask[gpu-cu13]" in message
+        translated = f"{type(e).__module__}.{type(e).__name__} -> {'NVRTC message' if ok else message[:200]}"
+    return {"context_ms": (t1 - t0) * 1e3, "check_ms": (t2 - t1) * 1e3, "again_ms": (t3 - t2) * 1e3,
+            "checks": checks, "tasks": x.npartitions, "sum": total, "translated": translated,
+            "nvrtc": _nvrtc_version(cupy)}  # fmt: skip
+
+
+def _nvrtc_version(cupy: Any) -> str:
+    try:
+        return ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    except Exception as e:  # (a version is information only)
+        return f"version unknown ({type(e).__name__})"
+
+
+def _in_fresh_process(function: str, *args: str, timeout: float = 50) -> dict[str, Any]:
+    """``function(*args)`` of this file run by a new Python (killed after ``timeout`` s); its JSON result."""
+    code = "import json, runpy, sys; f = runpy.run_path(sys.argv[1])[sys.argv[2]]; print(json.dumps(f(*sys.argv[3:])))"
+    done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), function, *args],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"{function} exited {done.returncode}: {done.stderr.strip()[-600:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def probe_nvrtc_check(c: Context) -> str:
+    """The first device read of a process compiles and runs one kernel, once, and passes (SPEC 2, C5).
+
+    On a GPU a fresh process (an empty CuPy kernel cache, so NVRTC really
+    compiles) times the check apart from the CUDA context, reads a file in
+    many tasks on 8 threads and counts the check kernels made (1); a broken
+    kernel's real CuPy exception is translated into the NVRTC message. Dry:
+    the same logic on a numpy-backed fake CuPy in this process.
+    """
+    a = data((64 * max(c.scale // 8, 1), 256), "<i4", 70)
+    np.save(c.path("nvrtc/a.npy"), a)
+    if c.dry:
+        return _toolkit_dry()
+    got = _in_fresh_process("_toolkit_child", c.path("nvrtc/cupy-cache"), c.path("nvrtc/a.npy"))
+    if got["sum"] != int(a.sum(dtype="int64")):
+        raise AssertionError(f"sum {got['sum']} differs from numpy's {int(a.sum(dtype='int64'))}")
+    if got["checks"] != 1:
+        raise AssertionError(f"{got['checks']} toolkit checks in one process over {got['tasks']} tasks, expected 1")
+    if "-> NVRTC message" not in got["translated"]:
+        raise AssertionError(f"a compile error was not translated: {got['translated']}")
+    return (f"NVRTC {got['nvrtc']}: check {got['check_ms']:.0f} ms (empty kernel cache; CUDA context "
+            f"{got['context_ms']:.0f} ms apart), again {got['again_ms'] * 1e3:.0f} us, 1 check over "
+            f"{got['tasks']} tasks on 8 threads, sum equal; {got['translated']}")  # fmt: skip
+
+
+def _toolkit_dry() -> str:
+    import types
+
+    from npydask import gpu_toolkit
+    from npydask.errors import GpuUnavailableError
+
+    made: list[str] = []
+
+    class Kernel:
+        def __init__(self, *args: Any) -> None:
+            made.append(args[3])
+
+        def __call__(self, x: Any) -> Any:
+            return types.SimpleNamespace(get=lambda: np.asarray(x) * 2 + 1)
+
+    fake = types.SimpleNamespace(ElementwiseKernel=Kernel, asarray=np.asarray)
+    saved = gpu_toolkit._outcome
+    gpu_toolkit._outcome = None
+    try:
+        for _ in range(3):
+            gpu_toolkit.check_toolkit(fake)
+    finally:
+        gpu_toolkit._outcome = saved
+    if made != [gpu_toolkit.KERNEL_NAME]:
+        raise AssertionError(f"kernels made: {made}, expected one {gpu_toolkit.KERNEL_NAME}")
+    message = str(gpu_toolkit.toolkit_error(RuntimeError("CuPy failed to load libnvrtc.so.13")))
+    if not isinstance(gpu_toolkit.toolkit_error(RuntimeError()), GpuUnavailableError) or "NVRTC" not in message:
+        raise AssertionError(f"not an NVRTC message: {message}")
+    return "one check over 3 calls on a fake CuPy; a missing libnvrtc is a GpuUnavailableError naming NVRTC"
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -242,6 +355,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "zero_d_and_empty": probe_zero_d_and_empty,
     "stats_gpu": probe_stats_gpu,
     "to_npy_device": probe_to_npy_of_device_array,
+    "nvrtc_check": probe_nvrtc_check,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {
