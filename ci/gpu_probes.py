@@ -345,6 +345,91 @@ def _toolkit_dry() -> str:
     return "one check over 3 calls on a fake CuPy; a missing libnvrtc is a GpuUnavailableError naming NVRTC"
 
 
+def _block_is(block: Any, module: str) -> str:
+    """On a worker: the type of one chunk as it is there, checked against ``module.ndarray``."""
+    import importlib
+
+    ok = isinstance(block, importlib.import_module(module).ndarray)
+    return f"{'ok' if ok else 'WRONG'} {type(block).__module__}.{type(block).__name__}"
+
+
+def _worker_allocator() -> str:
+    """On a worker: CuPy's allocator, RMM's (``rmm...``) or CuPy's own pool."""
+    import cupy
+
+    allocator = cupy.cuda.get_allocator()
+    owner = getattr(allocator, "__self__", None)
+    if type(owner).__name__.endswith("MemoryPool"):
+        return f"cupy {type(owner).__name__}"
+    return f"{getattr(allocator, '__module__', '?')}.{getattr(allocator, '__qualname__', '?')}"
+
+
+def probe_dask_cuda(c: Context) -> str:
+    """dask-cuda workers without and with RMM (CuPy routed to it): values equal numpy, chunks CuPy on the worker.
+
+    One ``LocalCUDACluster`` worker (tcp, no dashboard) per configuration:
+    ``open_dataset(device="gpu").stack().sum()`` and ``from_npy(device="gpu")``
+    computed on it equal numpy; every chunk is a ``cupy.ndarray`` where the
+    worker holds it; with ``rmm_pool_size`` + ``rmm_allocator_external_lib_list="cupy"``
+    the worker's CuPy allocates from RMM, without it from CuPy's own pool.
+    Dry: a ``LocalCluster`` with ``processes=False`` and numpy standing in.
+    """
+    import importlib.util
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    import npydask
+
+    vols = [data((8, 24, 20), "<i4", 80 + i) for i in range(6)]
+    for i, v in enumerate(vols):
+        np.save(c.path(f"cuda/vols/{i}.npy"), np.asfortranarray(v) if i % 2 else v)
+    big = data((32 * c.scale, 300), ">i4", 90)
+    np.save(c.path("cuda/big.npy"), big)
+    folder = os.path.dirname(c.path("cuda/vols/0.npy"))
+    want_sum = int(np.stack(vols).sum(dtype="int64"))
+    if __name__ != "__main__":  # (loaded from its path, as tests do: workers cannot import this file by name)
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if not c.dry and importlib.util.find_spec("dask_cuda") is None:
+        raise AssertionError("dask_cuda is not installed (the kit's .whl/ brings it)")
+    if not c.dry and importlib.util.find_spec("rmm") is None:
+        raise AssertionError("rmm is not installed (the kit's .whl/ brings rmm-cu13)")
+    configs = [("plain", {}), ("rmm+cupy", {"rmm_pool_size": "512MiB", "rmm_allocator_external_lib_list": "cupy"})]
+    out = []
+    for name, options in configs:
+        t0 = time.perf_counter()
+        if c.dry:  # (the RMM options have no CPU twin: both runs are the same here)
+            cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
+        else:
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(n_workers=1, threads_per_worker=2, protocol="tcp", dashboard_address=None,
+                                       **options)  # fmt: skip
+        with cluster, Client(cluster) as client:
+            started = time.perf_counter() - t0
+            allocator = "numpy (dry)" if c.dry else next(iter(client.run(_worker_allocator).values()))
+            if name == "rmm+cupy" and not c.dry and not allocator.startswith("rmm"):
+                raise AssertionError(f"{name}: the worker's CuPy allocates with {allocator}, not RMM")
+            if name == "plain" and not c.dry and allocator.startswith("rmm"):
+                raise AssertionError(f"{name}: the worker's CuPy allocates with {allocator} without RMM asked for")
+            stacked = npydask.open_dataset(folder, device="gpu").stack()
+            total = int(c.host(stacked.sum(dtype="int64").compute()))
+            if total != want_sum:
+                raise AssertionError(f"{name}: stack().sum() {total} differs from numpy's {want_sum}")
+            x = npydask.from_npy(c.path("cuda/big.npy"), device="gpu", chunks=(8 * c.scale, 100))
+            same(c.host(x.compute()), big, f"{name}: from_npy")
+            kinds = dask.compute(*[dask.delayed(_block_is)(b, c.xp.__name__) for b in x.to_delayed().ravel()],
+                                 *[dask.delayed(_block_is)(b, c.xp.__name__) for b in stacked.to_delayed().ravel()])  # fmt: skip
+            wrong = [k for k in kinds if not k.startswith("ok")]
+            if wrong:
+                raise AssertionError(f"{name}: chunks on the worker are {sorted(set(wrong))}")
+        out.append(f"{name}: sums and from_npy equal, {len(kinds)} chunks {kinds[0][3:]} on the worker, "
+                   f"CuPy allocates with {allocator}, cluster up in {started:.1f} s")  # fmt: skip
+    return "; ".join(out) + ("" if c.dry else "; clusters shut down")
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -356,6 +441,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "stats_gpu": probe_stats_gpu,
     "to_npy_device": probe_to_npy_of_device_array,
     "nvrtc_check": probe_nvrtc_check,
+    "dask_cuda": probe_dask_cuda,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {
