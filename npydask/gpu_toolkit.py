@@ -41,7 +41,7 @@ _EXPECTED = _INPUT * 2 + 1
 FIX = (
     "install CuPy with its CUDA toolkit, matching the CUDA version nvidia-smi shows: "
     "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]' (CuPy's [ctk] extra brings NVRTC), "
-    "or add NVRTC alone: pip install nvidia-cuda-nvrtc-cu12 (CUDA 13: nvidia-cuda-nvrtc); "
+    "or add NVRTC alone to CuPy 14: pip install nvidia-cuda-nvrtc-cu12 (CUDA 13: nvidia-cuda-nvrtc); "
     'python -c "import cupy; cupy.show_config()" shows the NVRTC CuPy found'
 )
 """What to do when the check fails."""
