@@ -46,6 +46,9 @@ FIX = (
 )
 """What to do when the check fails."""
 
+_NOT_FOUND = ("load", "cannot open", "not found", "notfound", "finding", "no such file")
+"""Words of a missing ``libnvrtc`` (CuPy 13's loader, CuPy 14's ``cuda.pathfinder``)."""
+
 _lock = threading.Lock()
 _outcome: tuple[int, BaseException | None] | None = None
 """``(pid, failure or None)`` of this process's check; ``None`` before it."""
@@ -117,7 +120,7 @@ could not be loaded (RuntimeError: CuPy failed to load libnvrtc.so.12). ... pip 
         text = text[:600] + " ..."
     name = type(error).__name__
     lowered = f"{name} {text}".lower()
-    if "nvrtc" in lowered and ("load" in lowered or "cannot open" in lowered or "not found" in lowered):
+    if "nvrtc" in lowered and any(w in lowered for w in _NOT_FOUND):
         what = "NVRTC (libnvrtc), which CuPy compiles every kernel with, could not be loaded"
     elif "nvrtc" in lowered or "compile" in lowered:
         what = "NVRTC (libnvrtc) failed to compile a one-line CuPy kernel"

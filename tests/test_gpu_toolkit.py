@@ -194,6 +194,7 @@ def test_a_forked_child_checks_again(fresh):
     [
         (NO_NVRTC[0], "NVRTC (libnvrtc) failed to compile"),
         (NO_NVRTC[1], "NVRTC (libnvrtc), which CuPy compiles every kernel with, could not be loaded"),
+        (type("DynamicLibNotFoundError", (RuntimeError,), {})('Failure finding "libnvrtc.so"'), "could not be loaded"),
         (RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient"), "driver may be older"),
     ],
 )
