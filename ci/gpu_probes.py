@@ -235,7 +235,8 @@ def probe_to_npy_of_device_array(c: Context) -> str:
 
 def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
     """In a fresh process: time the toolkit check (NVRTC compiling into an empty kernel cache), count it."""
-    os.environ["CUPY_CACHE_DIR"] = cache_dir  # (before CuPy is imported: a real NVRTC compile, not a cache hit)
+    before = os.environ.get("CUPY_CACHE_DIR")
+    os.environ["CUPY_CACHE_DIR"] = cache_dir  # (an empty kernel cache: a real NVRTC compile, not a cache hit)
     import cupy
 
     import npydask
@@ -256,6 +257,10 @@ def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
     t2 = time.perf_counter()
     gpu._array_module()
     t3 = time.perf_counter()
+    if before is None:  # (the read below may use kernels other probes compiled already)
+        del os.environ["CUPY_CACHE_DIR"]
+    else:
+        os.environ["CUPY_CACHE_DIR"] = before
     x = npydask.from_npy(path, device="gpu", chunks=(16, 256))
     total = int(x.sum(dtype="int64").compute(scheduler="threads", num_workers=8))
     checks = made.count(gpu_toolkit.KERNEL_NAME)
