@@ -435,6 +435,28 @@ def probe_dask_cuda(c: Context) -> str:
     return "; ".join(out) + ("" if c.dry else "; clusters shut down")
 
 
+def probe_gpu_examples(c: Context) -> str:
+    """``examples/gpu_client_submit.py --check`` and ``examples/gpu_workers.py --check`` as a user runs them.
+
+    On a GPU both start a one-worker ``LocalCUDACluster`` (the second with CuPy on
+    an RMM pool) and check their means against numpy; ``pytest -m gpu`` runs
+    neither. Dry: the submit example runs with ``device="cpu"``, the workers
+    example prints its skip line.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for script, want in (("gpu_client_submit.py", "the means equal numpy's: True"),
+                         ("gpu_workers.py", "skipped: " if c.dry else "mean ")):  # fmt: skip
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, os.path.join(root, "examples", script), "--check"],
+                              capture_output=True, text=True, timeout=28, cwd=root)  # fmt: skip
+        if done.returncode != 0 or want not in done.stdout:
+            raise AssertionError(f"{script} --check exited {done.returncode}: {(done.stdout + done.stderr)[-500:]}")
+        lines = [ln for ln in done.stdout.splitlines() if "worker " in ln or "imported CuPy" in ln or "skipped" in ln]
+        out.append(f"{script} {time.perf_counter() - t0:.1f} s ({'; '.join(lines)[:300]})")
+    return "; ".join(out)
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -447,6 +469,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "to_npy_device": probe_to_npy_of_device_array,
     "nvrtc_check": probe_nvrtc_check,
     "dask_cuda": probe_dask_cuda,
+    "gpu_examples": probe_gpu_examples,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {
