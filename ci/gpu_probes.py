@@ -26,6 +26,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -487,6 +488,232 @@ def probe_pinned_ring(c: Context) -> str:
     return "; ".join(out) + f"; ring: {slots} slots of {gpu_pinned.SLOT_BYTES >> 20} MiB, pinned pool free blocks {free}"
 
 
+
+
+def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
+    """In a fresh process: time the toolkit check (NVRTC compiling into an empty kernel cache), count it."""
+    before = os.environ.get("CUPY_CACHE_DIR")
+    os.environ["CUPY_CACHE_DIR"] = cache_dir  # (an empty kernel cache: a real NVRTC compile, not a cache hit)
+    import cupy
+
+    import npydask
+    from npydask import gpu, gpu_toolkit
+
+    made: list[str] = []
+    real = cupy.ElementwiseKernel
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("name", args[3] if len(args) > 3 else ""))
+        return real(*args, **kwargs)
+
+    cupy.ElementwiseKernel = counting
+    t0 = time.perf_counter()
+    cupy.empty(1)  # the CUDA context, apart from the check
+    t1 = time.perf_counter()
+    gpu._array_module()
+    t2 = time.perf_counter()
+    gpu._array_module()
+    t3 = time.perf_counter()
+    if before is None:  # (the read below may use kernels other probes compiled already)
+        del os.environ["CUPY_CACHE_DIR"]
+    else:
+        os.environ["CUPY_CACHE_DIR"] = before
+    x = npydask.from_npy(path, device="gpu", chunks=(16, 256))
+    total = int(x.sum(dtype="int64").compute(scheduler="threads", num_workers=8))
+    checks = made.count(gpu_toolkit.KERNEL_NAME)
+    broken = real("int32 x", "int32 y", "y = x +* ;", "npydask_broken_on_purpose")
+    try:
+        broken(cupy.arange(2, dtype=cupy.int32))
+        translated = "a broken kernel compiled?"
+    except Exception as e:  # CuPy's own exception for a compile error: what the check translates
+        message = str(gpu_toolkit.toolkit_error(e))
+        ok = "NVRTC (libnvrtc) failed to compile" in message and "npydask[gpu-cu13]" in message
+        translated = f"{type(e).__module__}.{type(e).__name__} -> {'NVRTC message' if ok else message[:200]}"
+    return {"context_ms": (t1 - t0) * 1e3, "check_ms": (t2 - t1) * 1e3, "again_ms": (t3 - t2) * 1e3,
+            "checks": checks, "tasks": x.npartitions, "sum": total, "translated": translated,
+            "nvrtc": _nvrtc_version(cupy)}  # fmt: skip
+
+
+def _nvrtc_version(cupy: Any) -> str:
+    try:
+        return ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    except Exception as e:  # (a version is information only)
+        return f"version unknown ({type(e).__name__})"
+
+
+def _in_fresh_process(function: str, *args: str, timeout: float = 50) -> dict[str, Any]:
+    """``function(*args)`` of this file run by a new Python (killed after ``timeout`` s); its JSON result."""
+    code = "import json, runpy, sys; f = runpy.run_path(sys.argv[1])[sys.argv[2]]; print(json.dumps(f(*sys.argv[3:])))"
+    done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), function, *args],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"{function} exited {done.returncode}: {done.stderr.strip()[-600:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def probe_nvrtc_check(c: Context) -> str:
+    """The first device read of a process compiles and runs one kernel, once, and passes (SPEC 2, C5).
+
+    On a GPU a fresh process (an empty CuPy kernel cache, so NVRTC really
+    compiles) times the check apart from the CUDA context, reads a file in
+    many tasks on 8 threads and counts the check kernels made (1); a broken
+    kernel's real CuPy exception is translated into the NVRTC message. Dry:
+    the same logic on a numpy-backed fake CuPy in this process.
+    """
+    a = data((64 * max(c.scale // 8, 1), 256), "<i4", 70)
+    np.save(c.path("nvrtc/a.npy"), a)
+    if c.dry:
+        return _toolkit_dry()
+    got = _in_fresh_process("_toolkit_child", c.path("nvrtc/cupy-cache"), c.path("nvrtc/a.npy"))
+    if got["sum"] != int(a.sum(dtype="int64")):
+        raise AssertionError(f"sum {got['sum']} differs from numpy's {int(a.sum(dtype='int64'))}")
+    if got["checks"] != 1:
+        raise AssertionError(f"{got['checks']} toolkit checks in one process over {got['tasks']} tasks, expected 1")
+    if "-> NVRTC message" not in got["translated"]:
+        raise AssertionError(f"a compile error was not translated: {got['translated']}")
+    return (f"NVRTC {got['nvrtc']}: check {got['check_ms']:.0f} ms (empty kernel cache; CUDA context "
+            f"{got['context_ms']:.0f} ms apart), again {got['again_ms'] * 1e3:.0f} us, 1 check over "
+            f"{got['tasks']} tasks on 8 threads, sum equal; {got['translated']}")  # fmt: skip
+
+
+def _toolkit_dry() -> str:
+    import types
+
+    from npydask import gpu_toolkit
+    from npydask.errors import GpuUnavailableError
+
+    made: list[str] = []
+
+    class Kernel:
+        def __init__(self, *args: Any) -> None:
+            made.append(args[3])
+
+        def __call__(self, x: Any) -> Any:
+            return types.SimpleNamespace(get=lambda: np.asarray(x) * 2 + 1)
+
+    fake = types.SimpleNamespace(ElementwiseKernel=Kernel, asarray=np.asarray)
+    saved = gpu_toolkit._outcome
+    gpu_toolkit._outcome = None
+    try:
+        for _ in range(3):
+            gpu_toolkit.check_toolkit(fake)
+    finally:
+        gpu_toolkit._outcome = saved
+    if made != [gpu_toolkit.KERNEL_NAME]:
+        raise AssertionError(f"kernels made: {made}, expected one {gpu_toolkit.KERNEL_NAME}")
+    message = str(gpu_toolkit.toolkit_error(RuntimeError("CuPy failed to load libnvrtc.so.13")))
+    if not isinstance(gpu_toolkit.toolkit_error(RuntimeError()), GpuUnavailableError) or "NVRTC" not in message:
+        raise AssertionError(f"not an NVRTC message: {message}")
+    return "one check over 3 calls on a fake CuPy; a missing libnvrtc is a GpuUnavailableError naming NVRTC"
+
+
+def _block_is(block: Any, module: str) -> str:
+    """On a worker: the type of one chunk as it is there, checked against ``module.ndarray``."""
+    import importlib
+
+    ok = isinstance(block, importlib.import_module(module).ndarray)
+    return f"{'ok' if ok else 'WRONG'} {type(block).__module__}.{type(block).__name__}"
+
+
+def _worker_allocator() -> str:
+    """On a worker: CuPy's allocator, RMM's (``rmm...``) or CuPy's own pool."""
+    import cupy
+
+    allocator = cupy.cuda.get_allocator()
+    owner = getattr(allocator, "__self__", None)
+    if type(owner).__name__.endswith("MemoryPool"):
+        return f"cupy {type(owner).__name__}"
+    return f"{getattr(allocator, '__module__', '?')}.{getattr(allocator, '__qualname__', '?')}"
+
+
+def probe_dask_cuda(c: Context) -> str:
+    """dask-cuda workers without and with RMM (CuPy routed to it): values equal numpy, chunks CuPy on the worker.
+
+    One ``LocalCUDACluster`` worker (tcp, no dashboard) per configuration:
+    ``open_dataset(device="gpu").stack().sum()`` and ``from_npy(device="gpu")``
+    computed on it equal numpy; every chunk is a ``cupy.ndarray`` where the
+    worker holds it; with ``rmm_pool_size`` + ``rmm_allocator_external_lib_list="cupy"``
+    the worker's CuPy allocates from RMM, without it from CuPy's own pool.
+    Dry: a ``LocalCluster`` with ``processes=False`` and numpy standing in.
+    """
+    import importlib.util
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    import npydask
+
+    vols = [data((8, 24, 20), "<i4", 80 + i) for i in range(6)]
+    for i, v in enumerate(vols):
+        np.save(c.path(f"cuda/vols/{i}.npy"), np.asfortranarray(v) if i % 2 else v)
+    big = data((32 * c.scale, 300), ">i4", 90)
+    np.save(c.path("cuda/big.npy"), big)
+    folder = os.path.dirname(c.path("cuda/vols/0.npy"))
+    want_sum = int(np.stack(vols).sum(dtype="int64"))
+    if __name__ != "__main__":  # (loaded from its path, as tests do: workers cannot import this file by name)
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if not c.dry and importlib.util.find_spec("dask_cuda") is None:
+        raise AssertionError("dask_cuda is not installed (the kit's .whl/ brings it)")
+    if not c.dry and importlib.util.find_spec("rmm") is None:
+        raise AssertionError("rmm is not installed (the kit's .whl/ brings rmm-cu13)")
+    configs = [("plain", {}), ("rmm+cupy", {"rmm_pool_size": "512MiB", "rmm_allocator_external_lib_list": "cupy"})]
+    out = []
+    for name, options in configs:
+        t0 = time.perf_counter()
+        if c.dry:  # (the RMM options have no CPU twin: both runs are the same here)
+            cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
+        else:
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(n_workers=1, threads_per_worker=2, protocol="tcp", dashboard_address=None,
+                                       **options)  # fmt: skip
+        with cluster, Client(cluster) as client:
+            started = time.perf_counter() - t0
+            allocator = "numpy (dry)" if c.dry else next(iter(client.run(_worker_allocator).values()))
+            if name == "rmm+cupy" and not c.dry and not allocator.startswith("rmm"):
+                raise AssertionError(f"{name}: the worker's CuPy allocates with {allocator}, not RMM")
+            if name == "plain" and not c.dry and allocator.startswith("rmm"):
+                raise AssertionError(f"{name}: the worker's CuPy allocates with {allocator} without RMM asked for")
+            stacked = npydask.open_dataset(folder, device="gpu").stack()
+            total = int(c.host(stacked.sum(dtype="int64").compute()))
+            if total != want_sum:
+                raise AssertionError(f"{name}: stack().sum() {total} differs from numpy's {want_sum}")
+            x = npydask.from_npy(c.path("cuda/big.npy"), device="gpu", chunks=(8 * c.scale, 100))
+            same(c.host(x.compute()), big, f"{name}: from_npy")
+            kinds = dask.compute(*[dask.delayed(_block_is)(b, c.xp.__name__) for b in x.to_delayed().ravel()],
+                                 *[dask.delayed(_block_is)(b, c.xp.__name__) for b in stacked.to_delayed().ravel()])  # fmt: skip
+            wrong = [k for k in kinds if not k.startswith("ok")]
+            if wrong:
+                raise AssertionError(f"{name}: chunks on the worker are {sorted(set(wrong))}")
+        out.append(f"{name}: sums and from_npy equal, {len(kinds)} chunks {kinds[0][3:]} on the worker, "
+                   f"CuPy allocates with {allocator}, cluster up in {started:.1f} s")  # fmt: skip
+    return "; ".join(out) + ("" if c.dry else "; clusters shut down")
+
+
+def probe_gpu_examples(c: Context) -> str:
+    """``examples/gpu_client_submit.py --check`` and ``examples/gpu_workers.py --check`` as a user runs them.
+
+    On a GPU both start a one-worker ``LocalCUDACluster`` (the second with CuPy on
+    an RMM pool) and check their means against numpy; ``pytest -m gpu`` runs
+    neither. Dry: the submit example runs with ``device="cpu"``, the workers
+    example prints its skip line.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for script, want in (("gpu_client_submit.py", "the means equal numpy's: True"),
+                         ("gpu_workers.py", "skipped: " if c.dry else "mean ")):  # fmt: skip
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, os.path.join(root, "examples", script), "--check"],
+                              capture_output=True, text=True, timeout=28, cwd=root)  # fmt: skip
+        if done.returncode != 0 or want not in done.stdout:
+            raise AssertionError(f"{script} --check exited {done.returncode}: {(done.stdout + done.stderr)[-500:]}")
+        lines = [ln for ln in done.stdout.splitlines() if "worker " in ln or "imported CuPy" in ln or "skipped" in ln]
+        out.append(f"{script} {time.perf_counter() - t0:.1f} s ({'; '.join(lines)[:300]})")
+    return "; ".join(out)
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -502,6 +729,9 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "kvikio_errors": probe_kvikio_errors,
     "read_routes": probe_read_routes,
     "pinned_ring": probe_pinned_ring,
+    "nvrtc_check": probe_nvrtc_check,
+    "dask_cuda": probe_dask_cuda,
+    "gpu_examples": probe_gpu_examples,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {}

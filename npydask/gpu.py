@@ -41,6 +41,7 @@ import numpy as np
 from npydask.errors import GpuUnavailableError
 from npydask.gpu_process import check_cuda_fork, note_cuda_use, visible_devices
 from npydask.gpu_plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read, through_host
+from npydask.gpu_toolkit import check_toolkit
 from npydask.region import Box
 
 __all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "check_gpu_dtype", "on_device", "require_gpu"]
@@ -147,11 +148,12 @@ def check_gpu_dtype(dtype: Any, path: str | None = None) -> np.dtype:
 
 
 def _array_module() -> Any:
-    """CuPy, after checking it sees a device (tasks on a worker without one fail clearly)."""
+    """CuPy, after checking it sees a device and, once per process, compiles a kernel (tasks fail clearly)."""
     require_gpu()
     import cupy
 
     note_cuda_use()  # (a child forked from now on is refused before its first CUDA call)
+    check_toolkit(cupy)  # (once per process: NVRTC compiles and runs one tiny kernel, else a clear error)
     return cupy
 
 

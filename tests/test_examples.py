@@ -44,3 +44,14 @@ def test_preprocessing(tmp_path):
     assert "all outputs match numpy: True; stray temporary files: 0" in done.stdout
     assert len(list((tmp_path / "normalised").rglob("*.npy"))) == 6
     assert {p.parent.name for p in (tmp_path / "normalised").rglob("*.npy")} == {"site_0", "site_1"}
+
+
+@pytest.mark.timeout(300)
+def test_gpu_client_submit():
+    """A client without CuPy drives the workers by submitting the function that builds and reduces the graph."""
+    done = run("gpu_client_submit.py", "--check")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "the means equal numpy's: True" in done.stdout
+    if "device='cpu'" in done.stdout:  # (no GPU workers here: the same function on CPU workers)
+        assert "this client imported CuPy: False" in done.stdout
+    assert done.stdout.count("volume ") == 4

@@ -97,3 +97,27 @@ def test_ray_usage_statistics_are_off_in_tests_and_ci():
     assert os.environ.get("RAY_USAGE_STATS_ENABLED") == "0"  # (tests/conftest.py sets it before any Ray import)
     with open(ROOT / ".ci" / "run") as f:
         assert "export RAY_USAGE_STATS_ENABLED=0" in f.read()
+
+
+def test_gpu_extras_bring_cupy_with_its_toolkit_for_cuda_12_and_13():
+    """``npydask[gpu-cu12]``/``[gpu-cu13]``: CuPy 14+ with ``[ctk]`` (NVRTC) and kvikio; ``gpu`` is ``gpu-cu12``.
+
+    CuPy 13 has no ``[ctk]`` extra: without a local CUDA toolkit it reads but runs no kernel, so the
+    extras must not admit it (a resolve that needs numpy < 2 then fails instead of settling on it).
+    """
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(PYPROJECT, "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert extras["gpu"] == ["npydask[gpu-cu12]"]  # an alias: pip follows a self-referencing extra
+    for cuda, kvikio_since in (("12", "24.10"), ("13", "25.10")):  # (kvikio-cu13's first release is 25.10)
+        needs = {r.name: r for r in map(Requirement, extras[f"gpu-cu{cuda}"])}
+        assert set(needs) == {f"cupy-cuda{cuda}x", f"kvikio-cu{cuda}"}, extras[f"gpu-cu{cuda}"]
+        cupy, kvikio = needs[f"cupy-cuda{cuda}x"], needs[f"kvikio-cu{cuda}"]
+        assert cupy.extras == {"ctk"} and "14.0.0" in cupy.specifier and "13.6.0" not in cupy.specifier
+        assert kvikio_since in kvikio.specifier and "26.10.0" in kvikio.specifier
+    # setuptools (what pip wheel . uses) keeps the alias and the extras as written
+    declared = _configuration()["project"]["optional-dependencies"]
+    assert declared["gpu"] == ["npydask[gpu-cu12]"] and declared["gpu-cu13"] == extras["gpu-cu13"]
