@@ -372,7 +372,8 @@ def probe_kvikio_errors(c: Context) -> str:
     errors = {}
     for device in ("cpu", "gpu"):
         np.save(p, a)
-        x = npydask.from_npy(p, device=device)
+        with npydask.config.set(gpu_host_bytes=0):  # (through kvikio: small reads would take the host route)
+            x = npydask.from_npy(p, device=device)
         done: list[int] = []
         real_open, real_pread = kb._open_checked, kb.pread_exact
 
@@ -409,14 +410,14 @@ def probe_kvikio_errors(c: Context) -> str:
     small = [data((8, 8), "<f4", 1000 + i) for i in range(n)]
     for i, s in enumerate(small):
         np.save(c.path(f"kerr/many/{i:05d}.npy"), s)
-    ds = npydask.open_dataset(os.path.dirname(c.path("kerr/many/0.npy")), device="gpu")
+    with npydask.config.set(gpu_host_bytes=0):  # (every file through kvikio, not the host route for small reads)
+        ds = npydask.open_dataset(os.path.dirname(c.path("kerr/many/0.npy")), device="gpu")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(soft, len(os.listdir("/proc/self/fd")) + 400)
     _handles.clear_cache()
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
-        with npydask.config.set(gpu_host_bytes=0):  # (every file through kvikio, not the host route for small reads)
-            got = c.host(ds.stack().compute(scheduler="threads", num_workers=16))
+        got = c.host(ds.stack().compute(scheduler="threads", num_workers=16))
         bound = kb.cufile_limit()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -842,6 +842,9 @@ def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(
     import multiprocessing
 
     _fake_cupy(monkeypatch, tmp_path, _Nvml(1))
+    from npydask import gpu_toolkit
+
+    monkeypatch.setattr(gpu_toolkit, "_outcome", (os.getpid(), None))  # (the toolkit check is tested apart)
     gpu.require_gpu()
     assert gpu_process._CUDA_PID is None  # the check is no use of CUDA
     gpu._array_module()  # the first device use
