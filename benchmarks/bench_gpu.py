@@ -325,6 +325,9 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
             b.time("big", f"npydask from_npy(gpu) sum, threads={t}", nbytes, npyd, same, threads=t, note="P7")
         t = threads[-1]
         set_threads(t)
+        with npydask.config.set(gpu_task_bytes=4 * MiB):
+            b.time("big", f"npydask from_npy(gpu) sum, threads={t}, spans cut in 4 MiB reads", nbytes, npyd, same,
+                   threads=t, note="info: kvikio splitting vs npydask's")
         for chunks in ("512MiB", nbytes // 4):
             label = chunks if isinstance(chunks, str) else "one chunk"
             b.time("big", f"npydask from_npy(gpu, chunks={label}) sum, threads={t}", nbytes,
@@ -371,6 +374,10 @@ def run_roi(b: Bench, data: dict[str, Any], size: Size) -> None:
 
     b.time("roi", "npydask open_dataset(roi, device='gpu').stack()", nbytes,
            lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(), equal, note="goal")
+    with npydask.config.set(gpu_host_bytes=0):
+        b.time("roi", "npydask open_dataset(roi, device='gpu').stack(), gpu_host_bytes=0", nbytes,
+               lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(), equal,
+               note="info: device plans")
     b.time("roi", "cupy.asarray(CPU npydask open_dataset(roi).stack())", nbytes,
            lambda: dev.copy_in(npydask.open_dataset(data["roi"], **kw).stack().compute()), equal,
            note="CPU path + copy")
@@ -394,6 +401,10 @@ def run_small(b: Bench, data: dict[str, Any]) -> None:
 
     b.time("small", "npydask open_dataset(device='gpu').stack()", ref.nbytes,
            lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(), equal, note="goal")
+    with npydask.config.set(gpu_host_bytes=0):
+        b.time("small", "npydask open_dataset(device='gpu').stack(), gpu_host_bytes=0", ref.nbytes,
+               lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(), equal,
+               note="info: a device plan per file")
     b.time("small", "cupy.asarray(CPU npydask open_dataset().stack())", ref.nbytes,
            lambda: dev.copy_in(npydask.open_dataset(data["small"]).stack().compute()), equal, note="CPU path + copy")
     b.time("small", "npydask open_dataset(device='gpu').stack().sum()", ref.nbytes,

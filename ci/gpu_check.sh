@@ -41,7 +41,7 @@ fi
 mkdir -p "$outdir" || exit 2
 summary="$outdir/summary.txt"
 # Limits in seconds; the default run's sum stays under 5 minutes (install included).
-declare -A limit=([env]=25 [sanity]=20 [pytest]=90 [probes]=90 [bench]=180)
+declare -A limit=([env]=25 [sanity]=20 [pytest]=90 [probes]=180 [bench]=180)
 ((full)) && limit[bench]=300
 if ((dry)); then
   work="$(mktemp -d "${TMPDIR:-/tmp}/npydask-gpu-dry.XXXXXX")"
