@@ -265,3 +265,106 @@ def test_to_npy_of_device_arrays(sim, save, tmp_path):
     x = npydask.from_npy(save(a, order="F"), chunks=(7, 9), device="gpu")
     npydask.to_npy(x, tmp_path / "out.npy")
     assert np.array_equal(np.load(tmp_path / "out.npy"), a)
+
+
+# --------------------------------------------------------------------------
+# What the review predicts from kvikio, streams and the toolkit (strict xfails until each fix merges).
+
+
+@pytest.mark.parametrize("size", [1_000, 100_000], ids=["sync-read", "pool-read"])
+@pytest.mark.xfail(strict=True, reason="O2/C4: kvikio's end-of-file RuntimeError becomes GpuUnavailableError "
+                                       "advising compat mode, not FileChangedError")  # fmt: skip
+def test_a_file_cut_short_during_the_read_is_a_changed_file(sim, save, size):
+    from npydask.errors import FileChangedError
+
+    p = save(np.arange(size, dtype="<f8"))
+    x = npydask.from_npy(p, device="gpu")
+
+    def truncate(path, offset, nbytes):
+        if path == p:
+            os.truncate(path, 64)  # (after the identity check, before kvikio reads)
+
+    sim.kvikio.on_pread = truncate
+    with pytest.raises(FileChangedError, match=os.path.basename(p)):
+        x.compute()
+
+
+@pytest.mark.xfail(strict=True, reason="C4: CuFiles (two descriptors each) are not bounded by RLIMIT_NOFILE: "
+                                       "a 64-file window runs out of descriptors (EMFILE)")  # fmt: skip
+def test_many_files_stay_under_the_descriptor_limit(sim, tmp_path):
+    import resource
+
+    arrays = [np.full((2, 2), i, "<i2") for i in range(200)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:03d}.npy", a)
+    x = npydask.open_dataset(tmp_path, device="gpu").stack()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 100, hard))  # a 64-file window wants 128 more
+    try:
+        got = x.compute(scheduler="sync")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    same(got, np.stack(arrays))
+
+
+@pytest.mark.xfail(strict=True, reason="O1: describe() reads kvikio.defaults, which `import kvikio` (26.10) "
+                                       "does not import (AttributeError)")  # fmt: skip
+def test_describe_names_the_posix_path_under_kvikio_26_10(sim):
+    from npydask.backends.kvikio import describe
+
+    text = describe()
+    assert "POSIX" in text and "thread" in text
+
+
+@pytest.mark.xfail(strict=True, reason="S1: kvikio's pool stays at its default of one thread")
+def test_kvikio_threads_are_raised_from_one(save, monkeypatch):
+    monkeypatch.delenv("KVIKIO_NTHREADS", raising=False)
+    monkeypatch.delenv("KVIKIO_NUM_THREADS", raising=False)
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: one kvikio thread is right")
+    with strict_cupy.installed():
+        import kvikio.defaults
+
+        same(npydask.from_npy(save(np.arange(100_000.0)), device="gpu").compute(), np.arange(100_000.0))
+        assert kvikio.defaults.get("num_threads") > 1
+
+
+@pytest.mark.xfail(strict=True, reason="W1: the stream sync runs before the staging allocation, not after it")
+def test_device_memory_is_synchronised_after_allocation_before_kvikio_writes(sim, save):
+    p = save(random_array((64, 512), ">f4", seed=2))  # byte-swapped: staged, then copied
+    npydask.from_npy(p, device="gpu").compute()
+    log = [event for event, *_ in sim.state.log]
+    first = log.index("pread")
+    last_alloc = max(k for k in range(first) if log[k] == "alloc")
+    assert "synchronize" in log[last_alloc:first], log[: first + 1]
+
+
+@pytest.mark.xfail(strict=True, reason="W2: Loader batches are handed over without an event the consumer waits on")
+def test_loader_hands_batches_over_with_an_event_the_consumer_waits_on(sim, tmp_path):
+    import threading
+
+    for i in range(6):
+        np.save(tmp_path / f"{i}.npy", np.full((2, 3), i, ">f4"))
+    loader = npydask.Loader(npydask.open_dataset(tmp_path), 2, device="gpu", shuffle=False)
+    batches = list(loader)
+    main = threading.current_thread().name
+    recorded = {detail[1] for _, detail, thread, _ in sim.state.events("record") if thread != main}
+    waited = [detail[1] for _, detail, thread, _ in sim.state.events("wait_event") if thread == main]
+    assert len(batches) == 3 and len(waited) >= 3 and set(waited) <= recorded
+
+
+@pytest.mark.xfail(strict=True, reason="C5: without NVRTC the first kernel fails inside a task with CuPy's raw "
+                                       "error, not GpuUnavailableError at the first device read")  # fmt: skip
+def test_a_toolkit_without_nvrtc_is_a_clear_error(sim, save, monkeypatch):
+    from npydask.errors import GpuUnavailableError
+
+    try:  # (the check runs once per process: forget an earlier pass)
+        import npydask.gpu_toolkit as toolkit
+
+        monkeypatch.setattr(toolkit, "_outcome", None)
+    except (ImportError, AttributeError):
+        pass
+    sim.state.nvrtc_broken = True
+    with pytest.raises(GpuUnavailableError, match="NVRTC|nvrtc"):
+        npydask.from_npy(save(np.arange(10, dtype=">i4")), device="gpu").compute()

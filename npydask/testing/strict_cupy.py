@@ -67,13 +67,14 @@ import it.
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import contextlib
 import enum
 import importlib.abc
 import importlib.machinery
 import itertools
-import math
+import operator
 import os
 import sys
 import threading
@@ -611,7 +612,9 @@ def _alloc(make: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> ndarra
 
 
 def empty(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
-    return _alloc(np.empty, shape, dtype, order=order)
+    out = _alloc(np.empty, shape, dtype, order=order)
+    state.record("alloc", out.nbytes)
+    return out
 
 
 def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
@@ -906,12 +909,42 @@ runtime = types.SimpleNamespace(
 )  # fmt: skip
 
 
-class ElementwiseKernel:
-    """``cupy.ElementwiseKernel`` run on the host by the Python callable :attr:`State.kernels` holds for ``name``.
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.Mod: operator.mod, ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+        ast.LShift: operator.lshift, ast.RShift: operator.rshift}  # fmt: skip
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
 
-    With :attr:`State.nvrtc_broken`, calling it raises :data:`NVRTC_ERROR`
-    (compilation happens at the first call, as in CuPy). Without a callable,
-    an empty operation does nothing and any other raises ``NotImplementedError``.
+
+def _params(text: str) -> list[tuple[str, str]]:
+    """``"int32 x, T y"`` as ``[("int32", "x"), ("T", "y")]``."""
+    return [tuple(p.split()[-2:]) for p in text.split(",") if p.strip()]  # type: ignore[misc]
+
+
+def _arith(node: ast.AST, names: dict[str, Any]) -> Any:
+    """An arithmetic expression of names and numbers, computed with numpy (nothing else is accepted)."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_arith(node.left, names), _arith(node.right, names))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_arith(node.operand, names))
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    raise NotImplementedError(
+        f"strict_cupy: {ast.unparse(node)!r} is beyond the stand-in's arithmetic; set strict_cupy.state.kernels[name]"
+    )
+
+
+class ElementwiseKernel:
+    """``cupy.ElementwiseKernel`` run on the host.
+
+    The operation runs by the Python callable :attr:`State.kernels` holds for
+    ``name`` (``f(*inputs as numpy) -> numpy``), else when it is arithmetic
+    (``y = x * 2 + 1``; statements separated by ``;``, names, numbers and
+    ``+ - * / % & | ^ << >> ~``), computed with numpy in the output's dtype;
+    anything else raises ``NotImplementedError``. With
+    :attr:`State.nvrtc_broken` calling it raises :data:`NVRTC_ERROR`
+    (CuPy compiles at the first call).
     """
 
     def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel", **kwargs: Any) -> None:
@@ -920,17 +953,32 @@ class ElementwiseKernel:
     def __call__(self, *args: Any, size: int | None = None, **kwargs: Any) -> Any:
         _kernel(self.name)
         state.record("kernel", self.name)
-        impl = state.kernels.get(self.name)
-        host = [a._here() if isinstance(a, ndarray) else a for a in args]
         if any(isinstance(a, np.ndarray) for a in args):
             raise TypeError(f"Unsupported type {np.ndarray}")
+        host = [a._here() if isinstance(a, ndarray) else a for a in args]
+        impl = state.kernels.get(self.name)
         if impl is not None:
             return _wrap_result(impl(*host))
-        if self.operation.strip(" ;") == "":
-            return args[-1] if args else None
-        raise NotImplementedError(
-            f"strict_cupy: no host implementation of kernel {self.name!r}; set strict_cupy.state.kernels[{self.name!r}]"
-        )
+        ins, outs = _params(self.in_params), _params(self.out_params)
+        names = {name: value for (_, name), value in zip(ins, host)}
+        shape = np.broadcast_shapes(*(np.shape(h) for h in host[: len(ins)])) if size is None else (size,)
+        typed = {t: np.asarray(v).dtype for (t, _), v in zip(ins, host)}
+        given = host[len(ins) :]
+        results = []
+        for k, (kind, name) in enumerate(outs):
+            dtype = typed.get(kind) or np.dtype(kind)
+            names[name] = given[k] if k < len(given) else np.empty(shape, dtype)
+            results.append(names[name])
+        for statement in ast.parse(self.operation.replace(";", "\n")).body:
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id in names):
+                raise NotImplementedError(
+                    f"strict_cupy: kernel {self.name!r}: set strict_cupy.state.kernels[{self.name!r}] to run it"
+                )  # fmt: skip
+            target = names[statement.targets[0].id]
+            target[...] = _arith(statement.value, names)
+        wrapped = [ndarray._wrap(r) for r in results]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
 
 # --------------------------------------------------------------------------
@@ -1092,6 +1140,9 @@ class FakeKvikio(types.ModuleType):
     reads : list of tuple
         ``(path, file_offset, size, how, thread name, buffer kind)`` per ``pread``;
         ``how`` is ``"sync"`` (under ``gds_threshold``) or ``"pool"``.
+    on_pread : callable or None
+        ``on_pread(path, file_offset, size)`` runs at each ``pread`` before it
+        reads (a test truncating the file there sees kvikio's EOF error).
     """
 
     def __init__(self) -> None:
@@ -1102,6 +1153,7 @@ class FakeKvikio(types.ModuleType):
         self.open_descriptors = self.max_descriptors = 0
         self.descriptor_limit: int | None = None
         self.reads: list[tuple[Any, ...]] = []
+        self.on_pread: Callable[[str, int, int], None] | None = None
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         nthreads = os.environ.get("KVIKIO_NTHREADS") or os.environ.get("KVIKIO_NUM_THREADS") or 1
@@ -1241,6 +1293,9 @@ def _cufile_class(kv: FakeKvikio) -> type:
             sync = kind == "device" and size < settings["gds_threshold"]
             kv.reads.append((self.path, file_offset, size, "sync" if sync else "pool",
                              threading.current_thread().name, kind))  # fmt: skip
+            state.record("pread", (self.path, file_offset, size))
+            if kv.on_pread is not None:
+                kv.on_pread(self.path, file_offset, size)
             if self._closed:
                 raise RuntimeError("KvikIO failure: the file handle is closed")
             if sync:  # kvikio's shortcut: POSIX on the calling thread, raising here, a ready future
