@@ -6,24 +6,26 @@ is not a numpy array and refuses host/device mixtures as CuPy does, with a fake
 kvikio 26.10 that reads on its own threads, raises at end of file and counts
 descriptors, and compares exactly with numpy.
 
-What this cannot simulate, and the device probe in ``ci/gpu_probes.py`` that
-checks it on a GPU:
+What this cannot simulate, and where a GPU run checks it (``ci/gpu_check.sh``; the
+probes are functions of ``ci/gpu_probes.py``):
 
+- that the stand-in itself still behaves as CuPy and kvikio do (the errors of host/device
+  mixing, EOF, the small synchronous reads, two descriptors per ``CuFile``, pinned
+  rounding): ``probe_strict_cupy_agrees``;
 - the order of work on real CUDA streams (kernels still queued when a batch is
   handed over, a staging block reused across streams): the stand-in runs every
-  kernel at once and only records syncs, events and waits
-  (``probe_loader_torch_gpu``, the Loader's batches consumed on a non-blocking
-  stream);
-- which device the prefetch threads really allocate on beyond the Device
-  context the stand-in records per thread (``probe_loader_torch_gpu``; a second
-  GPU is needed to see it for real);
-- NVRTC and kernel compilation: the stand-in can only pretend NVRTC is missing
-  (``State.nvrtc_broken``) (``probe_nvrtc_check``);
-- GPUDirect Storage, the cuFile driver, O_DIRECT and kvikio's real thread pool
-  (``probe_env`` in ``ci/gpu_check.sh``, ``probe_read_routes``);
-- speed (``benchmarks/bench_gpu.py``);
-- CUDA's behaviour in forked children beyond "a CUDA call after the parent
-  initialised CUDA fails" (``probe_torch_fork_before_cuda``).
+  kernel at once and only records syncs, events and waits: ``probe_loader_torch_gpu``
+  (the Loader's batches consumed on a non-blocking stream);
+- the device prefetch threads really allocate on, beyond the ``Device`` context the
+  stand-in tracks per thread: ``probe_loader_torch_gpu`` (a second GPU is needed to
+  see it for real);
+- NVRTC and kernel compilation: the stand-in only pretends NVRTC is missing
+  (``State.nvrtc_broken``): ``probe_nvrtc_check``;
+- GPUDirect Storage, the cuFile driver, ``O_DIRECT`` and kvikio's real thread pool:
+  the ``env`` stage of ``ci/gpu_check.sh`` and ``probe_read_routes``;
+- what CUDA does in a forked child beyond "the first CUDA call after the parent
+  initialised CUDA fails": ``probe_torch_fork_before_cuda``;
+- speed: the ``bench`` stage (``benchmarks/bench_gpu.py``).
 """
 
 from __future__ import annotations

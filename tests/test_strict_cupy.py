@@ -134,6 +134,7 @@ def test_pinned_memory_rounds_up_to_a_power_of_two(sim):
     p = sim.cupy.cuda.alloc_pinned_memory((128 << 20) + 4096)
     assert len(np.frombuffer(p, np.uint8)) == 256 << 20
     assert sim.state.pinned_allocs == 1 and sim.state.pinned_bytes == 256 << 20
+    assert len(sim.cupy.cuda.alloc_pinned_memory(1)) == 512 and len(sim.cupy.cuda.alloc_pinned_memory(513)) == 1024
 
 
 def test_nvrtc_failure_breaks_kernels_not_transfers(sim):

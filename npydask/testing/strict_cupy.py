@@ -876,9 +876,10 @@ class PinnedMemoryPointer(bytearray):
 
 
 def alloc_pinned_memory(size: int) -> PinnedMemoryPointer:
-    """Pinned memory from "CuPy's pinned pool": the size rounded up to a power of two, counted."""
+    """Pinned memory from "CuPy's pinned pool": the size rounded up to 512 bytes, then to a power of two; counted."""
     _cuda()
-    rounded = 1 << max(int(size) - 1, 0).bit_length() if size > 0 else 0
+    units = -(-int(size) // 512) * 512  # (CuPy's pool: whole 512-byte units, then the next power of two)
+    rounded = 1 << (units - 1).bit_length() if size > 0 else 0
     state.pinned_allocs += 1
     state.pinned_bytes += rounded
     return PinnedMemoryPointer(rounded)
