@@ -395,3 +395,23 @@ def test_a_toolkit_without_nvrtc_is_a_clear_error(sim, save, monkeypatch):
     sim.state.nvrtc_broken = True
     with pytest.raises(GpuUnavailableError, match="NVRTC|nvrtc"):
         npydask.from_npy(save(np.arange(10, dtype=">i4")), device="gpu").compute()
+
+
+def test_to_zarr_of_device_arrays(sim, save, tmp_path):
+    zarr = pytest.importorskip("zarr")
+    a = random_array((20, 30), ">f8", seed=7)
+    x = npydask.from_npy(save(a), chunks=(7, 9), device="gpu")
+    npydask.to_zarr(x, tmp_path / "out.zarr")
+    assert np.array_equal(zarr.open_array(tmp_path / "out.zarr", mode="r")[...], a)
+
+
+def test_to_npy_files_of_device_arrays(sim, tmp_path):
+    arrays = [random_array((4, 5), "<i2", seed=i) for i in range(3)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", a)
+    ds = npydask.open_dataset(tmp_path, device="gpu")
+    npydask.to_npy_files(ds, tmp_path / "out")
+    npydask.to_npy_files(list(ds.stack()), tmp_path / "rows")
+    for folder in ("out", "rows"):
+        got = sorted(os.listdir(tmp_path / folder))
+        assert [np.load(tmp_path / folder / name).tolist() for name in got] == [a.tolist() for a in arrays]
