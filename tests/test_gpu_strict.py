@@ -415,3 +415,20 @@ def test_to_npy_files_of_device_arrays(sim, tmp_path):
     for folder in ("out", "rows"):
         got = sorted(os.listdir(tmp_path / folder))
         assert [np.load(tmp_path / folder / name).tolist() for name in got] == [a.tolist() for a in arrays]
+
+
+def test_device_arrays_read_from_and_written_to_s3(sim, s3_server, save):
+    """SeaweedFS's S3 (127.0.0.1): a device array read from one object and written to another."""
+    import io
+    import uuid
+
+    options, prefix = s3_server.storage_options(), f"s3://{s3_server.bucket}/strict-{uuid.uuid4().hex[:12]}/"
+    a = np.arange(1200, dtype=">f4").reshape(30, 40)
+    npydask.to_npy(npydask.from_npy(save(a)), prefix + "src.npy", storage_options=options)
+    x = npydask.from_npy(prefix + "src.npy", chunks=(7, 40), device="gpu", storage_options=options)
+    same(x.compute(), a)
+    npydask.to_npy(x, prefix + "out.npy", storage_options=options)
+    key = f"{prefix}out.npy"[len(f"s3://{s3_server.bucket}/") :]
+    body = s3_server.boto3_client().get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+    assert np.array_equal(np.load(io.BytesIO(body)), a)
+    assert not sim.kvikio.reads
