@@ -1047,10 +1047,17 @@ def _register_dask() -> list[tuple[Any, Any, Any]]:
     put(dispatch.einsum_lookup, ndarray, _einsum)
     if ndarray not in chunk_types._HANDLED_CHUNK_TYPES:
         chunk_types.register_chunk_type(ndarray)
+        undo.append((chunk_types, ndarray, _MISSING))
     return undo
 
 
 _MISSING = object()
+
+
+def _chunk_types() -> Any:
+    from dask.array import chunk_types
+
+    return chunk_types
 
 
 # --------------------------------------------------------------------------
@@ -1405,7 +1412,9 @@ def installed(devices: int = 1, kvikio: bool = True) -> Iterator[types.SimpleNam
             else:
                 sys.modules[name] = module
         for lookup, key, before in undo:
-            if before is _MISSING:
+            if lookup is _chunk_types():
+                lookup._HANDLED_CHUNK_TYPES.remove(key)
+            elif before is _MISSING:
                 lookup._lookup.pop(key, None)
             else:
                 lookup._lookup[key] = before
