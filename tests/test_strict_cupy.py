@@ -270,3 +270,16 @@ def test_importable_without_cupy_or_kvikio():
     code = "import sys, npydask.testing.strict_cupy; print(sorted(m for m in ('cupy', 'kvikio') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_modules_imported_under_the_stand_in_keep_the_real_pynvml():
+    pytest.importorskip("distributed")
+    code = (
+        "import importlib.util\n"
+        "from npydask.testing import strict_cupy\n"
+        "with strict_cupy.installed():\n"
+        "    import distributed.diagnostics.nvml as nvml\n"
+        "print(getattr(nvml.pynvml, 'nvmlInit', None) is None or importlib.util.find_spec('pynvml') is not None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

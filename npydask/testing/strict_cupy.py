@@ -71,6 +71,7 @@ import ast
 import concurrent.futures
 import contextlib
 import enum
+import importlib
 import importlib.abc
 import importlib.machinery
 import itertools
@@ -1365,6 +1366,17 @@ def _fake_pynvml() -> types.ModuleType:
     return nvml
 
 
+def _import_bystanders() -> None:
+    """Import now the modules that capture ``cupy`` or ``pynvml`` when first imported, so they keep the real ones.
+
+    (``distributed.diagnostics.nvml`` keeps the ``pynvml`` it found at import for
+    the process: imported first under :func:`installed`, it would keep the fake.)
+    """
+    for name in ("dask.array", "distributed.diagnostics.nvml"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
 _NAMES = ("cupy", "cupy.cuda", "cupy.cuda.runtime", "kvikio", "kvikio.defaults", "kvikio.cufile_driver", "pynvml")
 
 
@@ -1389,6 +1401,7 @@ def installed(devices: int = 1, kvikio: bool = True) -> Iterator[types.SimpleNam
     Everything is restored on exit, and the fake kvikio's threads stopped.
     """
     global state
+    _import_bystanders()
     saved = {name: sys.modules.get(name, _MISSING) for name in _NAMES}
     old_state, state = state, State(devices)
     fake = make_kvikio() if kvikio else None
