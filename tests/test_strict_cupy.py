@@ -92,15 +92,18 @@ def test_dask_dispatch_meta_reductions_concatenate_stack(sim):
 def test_installed_restores_modules_and_dask():
     from dask.array.chunk_types import _HANDLED_CHUNK_TYPES
     from dask.array.dispatch import concatenate_lookup
+    from dask.sizeof import sizeof
 
     before = {name: sys.modules.get(name) for name in ("cupy", "kvikio", "pynvml")}
     with strict_cupy.installed():
         import cupy
 
         assert cupy is strict_cupy.cupy
+        assert sizeof(cupy.zeros(10)) == 80
     assert {name: sys.modules.get(name) for name in before} == before
     assert strict_cupy.ndarray not in concatenate_lookup._lookup
     assert strict_cupy.ndarray not in _HANDLED_CHUNK_TYPES
+    assert "cupy" in sizeof._lazy  # (left for a real CuPy later in the process)
 
 
 def test_devices_are_per_thread_and_arrays_remember_theirs():

@@ -1023,6 +1023,7 @@ cupy.__version__ = "14.2.0"  # type: ignore[attr-defined]
 def _register_dask() -> list[tuple[Any, Any, Any]]:
     """Register :class:`ndarray` with dask as ``register_cupy`` does for ``cupy.ndarray``; return what to undo."""
     from dask.array import backends, chunk_types, dispatch
+    from dask.sizeof import sizeof
 
     undo: list[tuple[Any, Any, Any]] = []
 
@@ -1046,6 +1047,7 @@ def _register_dask() -> list[tuple[Any, Any, Any]]:
         return cupy.einsum(*args, **kwargs)
 
     put(dispatch.einsum_lookup, ndarray, _einsum)
+    put(sizeof, ndarray, lambda x: int(x.nbytes))  # (dask.sizeof's lazy "cupy" registration stays for real CuPy)
     if ndarray not in chunk_types._HANDLED_CHUNK_TYPES:
         chunk_types.register_chunk_type(ndarray)
         undo.append((chunk_types, ndarray, _MISSING))
@@ -1370,9 +1372,10 @@ def _import_bystanders() -> None:
     """Import now the modules that capture ``cupy`` or ``pynvml`` when first imported, so they keep the real ones.
 
     (``distributed.diagnostics.nvml`` keeps the ``pynvml`` it found at import for
-    the process: imported first under :func:`installed`, it would keep the fake.)
+    the process, ``zarr.core.buffer.gpu`` the ``cupy``: imported first under
+    :func:`installed`, they would keep the fakes.)
     """
-    for name in ("dask.array", "distributed.diagnostics.nvml"):
+    for name in ("dask.array", "distributed.diagnostics.nvml", "zarr.core.buffer.gpu"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
 
