@@ -722,6 +722,87 @@ def probe_gpu_examples(c: Context) -> str:
     return "; ".join(out)
 
 
+def _raises(call: Callable[[], Any], kind: type, text: str) -> str | None:
+    """``None`` when ``call`` raises ``kind`` with ``text`` in its message; else what happened."""
+    try:
+        call()
+    except kind as e:
+        return None if text in str(e) else f"{type(e).__name__}: {str(e)[:120]}"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:120]}"
+    return "no error"
+
+
+def _agreement(cp: Any, kvikio: Any, work: str) -> tuple[list[str], int]:
+    """Where ``cp``/``kvikio`` differ from what ``npydask.testing.strict_cupy`` claims of CuPy and kvikio."""
+    import kvikio.defaults
+
+    x, h = cp.zeros(3), np.zeros(3)
+    claims: list[tuple[str, Callable[[], str | None]]] = [
+        ("np.asarray raises", lambda: _raises(lambda: np.asarray(x), TypeError, "Implicit conversion")),
+        ("np.stack host+device raises", lambda: _raises(lambda: np.stack([x, h]), TypeError, "Only cupy arrays")),
+        ("device + host raises", lambda: _raises(lambda: x + h, TypeError, "Unsupported type")),
+        ("host + device raises", lambda: _raises(lambda: h + x, TypeError, "Unsupported type")),
+        ("0-d host in a comparison is fine", lambda: None if bool((cp.zeros(3) == np.array(0.0)).all()) else "False"),
+        ("reductions give 0-d device arrays",
+         lambda: None if isinstance(x.sum(), cp.ndarray) and x.sum().ndim == 0 else repr(type(x.sum()))),
+        ("set checks the dtype", lambda: _raises(lambda: x.set(np.zeros(3, np.float32)), TypeError, "cannot be set")),
+        ("pinned memory rounds up to a power of two",
+         lambda: None if len(np.frombuffer(cp.cuda.alloc_pinned_memory(5000), np.uint8)) == 8192
+         else str(len(np.frombuffer(cp.cuda.alloc_pinned_memory(5000), np.uint8)))),
+    ]  # fmt: skip
+    x[...] = np.arange(3.0)  # (host to device by assignment: allowed)
+    differ = [] if x.get().tolist() == [0.0, 1.0, 2.0] else ["x[...] = host did not copy"]
+    path = os.path.join(work, "eof.bin")
+    with open(path, "wb") as f:
+        f.write(bytes(40_000))
+    buf = cp.empty(65_536, np.uint8)
+    fds = len(os.listdir("/proc/self/fd"))
+    with kvikio.CuFile(path, "r") as f:
+        opened = len(os.listdir("/proc/self/fd")) - fds
+        claims += [
+            ("a small read is done at once", lambda: None if f.pread(buf, 100, 0).done() else "not done"),
+            ("EOF raises in a small read", lambda: _raises(lambda: f.pread(buf, 8192, 36_000).get(), RuntimeError, "EOF")),
+            ("EOF raises in a pool read", lambda: _raises(lambda: f.pread(buf, 65_536, 0).get(), RuntimeError, "EOF")),
+            ("a CuFile holds two descriptors", lambda: None if opened == 2 else f"{opened}"),
+            ("kvikio.defaults numbers", lambda: None if (kvikio.defaults.get("task_size"),
+             kvikio.defaults.get("gds_threshold")) == (4 << 20, 16384) else "other defaults"),
+        ]  # fmt: skip
+        for what, check in claims:
+            got = check()
+            if got is not None:
+                differ.append(f"{what}: {got}")
+    return differ, len(claims) + 1
+
+
+def probe_strict_cupy_agrees(c: Context) -> str:
+    """CuPy and kvikio here behave as the CPU stand-in (``npydask.testing.strict_cupy``) claims they do.
+
+    A difference means the strict CPU tests simulate something other than the
+    device: adjust the stand-in. Dry, the same checks run against the stand-in itself.
+    """
+    import subprocess
+
+    if c.dry:
+        from npydask.testing import strict_cupy
+
+        with strict_cupy.installed() as sim:
+            differ, n = _agreement(sim.cupy, sim.kvikio, c.work)
+        separate = "False"
+    else:
+        import cupy
+        import kvikio
+
+        differ, n = _agreement(cupy, kvikio, c.work)
+        code = "import sys, kvikio; print('kvikio.defaults' in sys.modules)"
+        separate = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    if separate != "False":
+        differ.append(f"import kvikio imports kvikio.defaults ({separate!r})")
+    if differ:
+        raise AssertionError("the stand-in differs: " + "; ".join(differ))
+    return f"CuPy and kvikio agree with the strict stand-in on {n + 1} checks"
+
+
 PROBES: dict[str, Callable[[Context], str]] = {
     "from_npy_c": probe_from_npy_c,
     "from_npy_fortran": probe_from_npy_fortran,
@@ -740,6 +821,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "nvrtc_check": probe_nvrtc_check,
     "dask_cuda": probe_dask_cuda,
     "gpu_examples": probe_gpu_examples,
+    "strict_cupy_agrees": probe_strict_cupy_agrees,
 }
 
 KNOWN: dict[str, tuple[str, str]] = {}

@@ -10,5 +10,10 @@ range, and :mod:`npydask.testing.counting_proxy` counts the bytes a client and
 a server exchange. The README's "Testing object storage" says how they start;
 ``python -m npydask.testing.seaweed`` runs the S3 server as a sandbox for users
 (:mod:`npydask.testing.sandbox`).
+
+:mod:`npydask.testing.strict_cupy` is a strict stand-in for CuPy and kvikio (a
+device array that is not a numpy array, a kvikio that raises at end of file
+and reads on its own threads), for CPU tests of ``device="gpu"``; it needs
+neither CuPy nor kvikio.
 Importing this package needs ``hypothesis`` (the ``test`` extra).
 """
