@@ -204,7 +204,6 @@ def test_urls_read_through_pinned_memory_not_kvikio(sim, http_server, tmp_path):
 # The stats CLI, the Loader, the torch adapters, the writers.
 
 
-@pytest.mark.xfail(strict=True, reason="C1: stats --device gpu stacks a host np.full with device arrays (TypeError)")
 def test_stats_cli_on_the_device(sim, tmp_path, capsys):
     from npydask.cli import main
 
@@ -227,7 +226,6 @@ def test_loader_batches_on_the_device(sim, tmp_path):
     assert np.array_equal(np.concatenate(got), np.stack(arrays))
 
 
-@pytest.mark.xfail(strict=True, reason="C3: Loader prefetch threads read on device 0, not the caller's device")
 def test_loader_reads_on_the_callers_device(tmp_path):
     for i in range(6):
         np.save(tmp_path / f"{i}.npy", np.full((2, 2), i, "<f4"))
@@ -255,7 +253,6 @@ def test_torch_adapters_on_the_device(sim, tmp_path):
     assert sim.state.events("dlpack")  # (each sample went through DLPack from a device array)
 
 
-@pytest.mark.xfail(strict=True, reason="C2: the adapters' call-time check initialises CUDA (cupy.cuda.is_available)")
 def test_torch_adapter_check_does_not_initialise_cuda(sim, tmp_path):
     pytest.importorskip("torch")
     from npydask.torch import NpyMapDataset
@@ -273,7 +270,7 @@ def test_to_npy_of_device_arrays(sim, save, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# What the review predicts from kvikio, streams and the toolkit (strict xfails until each fix merges).
+# What the review predicted from kvikio, streams and the toolkit: each of these failed before its fix.
 
 
 def _truncate_at_first_read(kvikio, path):
@@ -284,8 +281,6 @@ def _truncate_at_first_read(kvikio, path):
     kvikio.on_pread = truncate
 
 
-@pytest.mark.xfail(strict=True, reason="O2/C4: kvikio's end-of-file RuntimeError becomes GpuUnavailableError "
-                                       "advising compat mode, not FileChangedError")  # fmt: skip
 def test_a_file_cut_short_during_a_pool_read_is_a_changed_file(sim, save):
     from npydask.errors import FileChangedError
 
@@ -297,8 +292,6 @@ def test_a_file_cut_short_during_a_pool_read_is_a_changed_file(sim, save):
     assert sim.kvikio.reads
 
 
-@pytest.mark.xfail(strict=True, reason="O2/C4: kvikio's end-of-file RuntimeError (raised by pread itself under "
-                                       "gds_threshold) becomes GpuUnavailableError, not FileChangedError")  # fmt: skip
 def test_a_file_cut_short_during_a_small_synchronous_read_is_a_changed_file(sim, save):
     from npydask.backends.kvikio import DeviceRead, read_to_device
     from npydask.errors import FileChangedError
@@ -315,8 +308,6 @@ def test_a_file_cut_short_during_a_small_synchronous_read_is_a_changed_file(sim,
     assert [how for _, _, _, how, _, _ in sim.kvikio.reads] == ["sync"]
 
 
-@pytest.mark.xfail(strict=True, reason="C4: CuFiles (two descriptors each) are not bounded by RLIMIT_NOFILE: "
-                                       "a 64-file window runs out of descriptors (EMFILE)")  # fmt: skip
 def test_many_files_stay_under_the_descriptor_limit(sim, tmp_path):
     import resource
 
@@ -334,8 +325,6 @@ def test_many_files_stay_under_the_descriptor_limit(sim, tmp_path):
     same(got, np.stack(arrays))
 
 
-@pytest.mark.xfail(strict=True, reason="O1: describe() reads kvikio.defaults, which `import kvikio` (26.10) "
-                                       "does not import (AttributeError)")  # fmt: skip
 def test_describe_names_the_posix_path_under_kvikio_26_10(sim):
     from npydask.backends.kvikio import describe
 
@@ -343,7 +332,6 @@ def test_describe_names_the_posix_path_under_kvikio_26_10(sim):
     assert "POSIX" in text and "thread" in text
 
 
-@pytest.mark.xfail(strict=True, reason="S1: kvikio's pool stays at its default of one thread")
 def test_kvikio_threads_are_raised_from_one(save, monkeypatch):
     monkeypatch.delenv("KVIKIO_NTHREADS", raising=False)
     monkeypatch.delenv("KVIKIO_NUM_THREADS", raising=False)
@@ -357,7 +345,6 @@ def test_kvikio_threads_are_raised_from_one(save, monkeypatch):
         assert kvikio.defaults.get("num_threads") > 1
 
 
-@pytest.mark.xfail(strict=True, reason="W1: the stream sync runs before the staging allocation, not after it")
 def test_device_memory_is_synchronised_after_allocation_before_kvikio_writes(sim, save):
     p = save(random_array(BIG, ">f8", seed=2))  # byte-swapped: staged, then copied
     npydask.from_npy(p, device="gpu").compute()
@@ -367,7 +354,6 @@ def test_device_memory_is_synchronised_after_allocation_before_kvikio_writes(sim
     assert "synchronize" in log[last_alloc:first], log[: first + 1]
 
 
-@pytest.mark.xfail(strict=True, reason="W2: Loader batches are handed over without an event the consumer waits on")
 def test_loader_hands_batches_over_with_an_event_the_consumer_waits_on(sim, tmp_path):
     import threading
 
@@ -381,8 +367,6 @@ def test_loader_hands_batches_over_with_an_event_the_consumer_waits_on(sim, tmp_
     assert len(batches) == 3 and len(waited) >= 3 and set(waited) <= recorded
 
 
-@pytest.mark.xfail(strict=True, reason="C5: without NVRTC the first kernel fails inside a task with CuPy's raw "
-                                       "error, not GpuUnavailableError at the first device read")  # fmt: skip
 def test_a_toolkit_without_nvrtc_is_a_clear_error(sim, save, monkeypatch):
     from npydask.errors import GpuUnavailableError
 
