@@ -1,37 +1,37 @@
 """Settings: one home, an environment-variable twin each, and a context manager.
 
-=====================  ===========================  =========  ==============================================
-setting                environment variable         default    meaning
-=====================  ===========================  =========  ==============================================
-``direct_io``          ``NPYDASK_DIRECT_IO``        ``False``  pread backend opens files with ``O_DIRECT``
-``gap_bytes``          ``NPYDASK_GAP_BYTES``        4096       runs closer than this are read as one span
-``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``   64 MiB     largest span read to cut runs from
-``roi_strategy``       ``NPYDASK_ROI_STRATEGY``     ``auto``   strided regions of local files: ``auto`` (the
-                                                               cost model), ``spans``, ``runs`` or ``mapped``
-                                                               (see :mod:`npydask.read_strategy`)
-``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128      open files kept per process
-``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``    64 KiB     GPU reads: runs closer than this are one read
-``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``   0          GPU reads: largest single kvikio ``pread`` (0: one per span)
-``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``    4096       GPU reads: offsets and sizes aligned for GDS
-``gpu_host_bytes``     ``NPYDASK_GPU_HOST_BYTES``   1 MiB      GPU reads: a task whose reads average less goes
-                                                               through host memory (one copy); 0: never
-``pool_bytes``         ``NPYDASK_POOL_BYTES``       256 MiB    idle chunk buffers kept for reuse (0: none)
-=====================  ===========================  =========  ==============================================
+=====================  =============================  =========  ==============================================
+setting                environment variable           default    meaning
+=====================  =============================  =========  ==============================================
+``direct_io``          ``NPYDASK_DIRECT_IO``          ``False``  pread backend opens files with ``O_DIRECT``
+``gap_bytes``          ``NPYDASK_GAP_BYTES``          4096       runs closer than this are read as one span
+``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``     64 MiB     largest span read to cut runs from
+``roi_strategy``       ``NPYDASK_ROI_STRATEGY``       ``auto``   strided regions of local files: ``auto`` (the
+                                                                 cost model), ``spans``, ``runs`` or ``mapped``
+                                                                 (see :mod:`npydask.read_strategy`)
+``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128        open files kept per process
+``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``      64 KiB     GPU reads: runs closer than this are one read
+``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread`` (0: one per span)
+``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``      4096       GPU reads: offsets and sizes aligned for GDS
+``gpu_host_bytes``     ``NPYDASK_GPU_HOST_BYTES``     1 MiB      GPU reads: a task whose reads average less goes
+                                                                 through host memory (one copy); 0: never
+``pool_bytes``         ``NPYDASK_POOL_BYTES``         256 MiB    idle chunk buffers kept for reuse (0: none)
+=====================  =============================  =========  ==============================================
 
 Object storage (``s3://``, ``gs://``, ``az://``, ``https://``; see :mod:`npydask.storage.object`):
 
-=========================  ===============================  =======  ==========================================
-setting                    environment variable             default  meaning
-=========================  ===============================  =======  ==========================================
-``remote_gap_bytes``       ``NPYDASK_REMOTE_GAP_BYTES``     64 KiB   runs closer than this are one range request
-``remote_part_bytes``      ``NPYDASK_REMOTE_PART_BYTES``    8 MiB    larger spans are split into parallel requests
-``remote_header_bytes``    ``NPYDASK_REMOTE_HEADER_BYTES``  4 KiB    the first range read for a header
-``remote_concurrency``     ``NPYDASK_REMOTE_CONCURRENCY``   64       requests in flight per process
-``remote_connect_timeout`` ``NPYDASK_REMOTE_CONNECT_TIMEOUT``  5    seconds to connect before a retry
-``remote_timeout``         ``NPYDASK_REMOTE_TIMEOUT``       30       seconds for one request before a retry
-``remote_retries``         ``NPYDASK_REMOTE_RETRIES``       3        retries of a failed request (with backoff)
-``remote_retry_timeout``   ``NPYDASK_REMOTE_RETRY_TIMEOUT``  45      seconds after which retrying stops
-=========================  ===============================  =======  ==========================================
+===========================  ==================================  =======  ==========================================
+setting                      environment variable                default  meaning
+===========================  ==================================  =======  ==========================================
+``remote_gap_bytes``         ``NPYDASK_REMOTE_GAP_BYTES``        64 KiB   runs closer than this are one range request
+``remote_part_bytes``        ``NPYDASK_REMOTE_PART_BYTES``       8 MiB    larger spans are split into parallel requests
+``remote_header_bytes``      ``NPYDASK_REMOTE_HEADER_BYTES``     4 KiB    the first range read for a header
+``remote_concurrency``       ``NPYDASK_REMOTE_CONCURRENCY``      64       requests in flight per process
+``remote_connect_timeout``   ``NPYDASK_REMOTE_CONNECT_TIMEOUT``  5        seconds to connect before a retry
+``remote_timeout``           ``NPYDASK_REMOTE_TIMEOUT``          30       seconds for one request before a retry
+``remote_retries``           ``NPYDASK_REMOTE_RETRIES``          3        retries of a failed request (with backoff)
+``remote_retry_timeout``     ``NPYDASK_REMOTE_RETRY_TIMEOUT``    45       seconds after which retrying stops
+===========================  ==================================  =======  ==========================================
 
 The remote settings are captured with the store (a
 :class:`~npydask.storage.object.StoreSpec`) when a lazy array is built and

@@ -423,7 +423,7 @@ class SeaweedServer:
         accepts client keys among its keyword arguments and its requests work,
         but reading the store's ``.config`` or pickling it then panics
         (``pyo3_runtime.PanicException``, a ``BaseException``: "Expected config
-        prefix to start with aws_").
+        prefix to start with ``aws_``").
 
         Returns
         -------
