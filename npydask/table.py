@@ -3,7 +3,7 @@
 A :class:`FileTable` holds what a dataset knows about each of its files
 (path, identity, header, ROI) in columns, so a million files cost a few
 tens of MB held and pickled, and no per-file objects the cyclic garbage
-collector would walk (issue 16, part 4; design in the scale findings):
+collector would walk:
 
 ================  ==========================================================  ===========
 column            type                                                        B/file
@@ -37,9 +37,8 @@ form, so a slice, its pickle and a table built from the same lists agree.
 :class:`~npydask.array.NpyFileArray` views over a table, made on demand.
 
 Measured (the table alone, by ``tracemalloc``, built by :meth:`FileTable.from_lists` from
-lists of paths like the scale benchmark's ``/work/benchdata/scale/dNNNN/sNNNNNNN.npy``, one
-header, local identities; the shared 2-core VM at load 2-3, 2026-11-23; issue 16's goals are
-200 B/file held and 100 B/file sent):
+lists of paths like the scale benchmark's ``dNNNN/sNNNNNNN.npy``, one header, local identities;
+the goals are 200 B/file held and 100 B/file sent; the dated table is on the performance page):
 
 ==========  ==========  ==========  ==========  ===========  =====================  ========
 files       held B/f    peak B/f    from_lists  TableBuilder pickled 32k-row slice  token()
