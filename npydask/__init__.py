@@ -28,7 +28,8 @@ context manager). Errors: ``NpyFormatError`` (a ``ValueError``: not a valid
 ``GpuUnavailableError``; missing files raise the builtin ``OSError``
 subclasses. Several files go through ``open_dataset``, not ``from_npy``.
 
-More: the README (a tour, DALI parity, measured figures), the command line
+More: the documentation in ``docs/`` (user guides, DALI parity, settings, the API,
+measured figures; the README links into it), the command line
 (``npydask --help``: info, stats, convert, demo, bench) and ``examples/``.
 
 Examples

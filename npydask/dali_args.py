@@ -8,7 +8,7 @@ setting, or to nothing (npydask has no pipeline to size or name).
 for each, what to use instead; any other unknown keyword gets Python's
 usual message.
 
-The table is :data:`DALI_ONLY` (the README prints the same mapping).
+The table is :data:`DALI_ONLY` (the user guide on folders of many files prints the same mapping).
 
 Examples
 --------

@@ -1,6 +1,8 @@
-"""Every ```python block of README.md runs, so no example rots.
+"""The documentation site builds cleanly, and every ```python block of README.md and docs/ runs.
 
-Each block is one test (its id is the line of its fence). It runs as written, in a fresh namespace,
+:func:`test_docs_site_builds_without_warnings` builds ``docs/`` with Sphinx, warnings as errors,
+from scratch, fetching nothing. Each python block is one test (its id is the page and the line of
+its fence). It runs as written, in a fresh namespace,
 with one temporary working directory shared by every block, which holds the files the examples name
 (:func:`workdir`: ``scans/`` of 16 volumes ``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
 ``stack/``, ``vol.npy``, ``volume.npy``, ``pair.npz``). A block may use, without defining them, the
@@ -38,7 +40,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+"""The README and every page of the documentation site."""
 MARKERS = {"skip-gpu", "skip-cluster"}
 ENDPOINT = "http://127.0.0.1:8333"
 """The endpoint README examples show; replaced by the test server's in the blocks that run."""
@@ -47,14 +52,19 @@ _MARKER = re.compile(r"^<!--\s*test:\s*(\S+)\s*-->$")
 
 @dataclass(frozen=True)
 class Block:
-    """A ```python block of the README: its fence's line (1-based), code and marker (or ``None``)."""
+    """A ```python block of a page: its fence's line (1-based), code and marker (or ``None``)."""
 
     line: int
     code: str
     marker: str | None
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     """Every ```python block of ``text``, with the marker on the line before its fence."""
     lines = text.splitlines()
     blocks = []
@@ -66,13 +76,14 @@ def readme_blocks(text: str) -> list[Block]:
                 j += 1
             before = lines[i - 1].strip() if i else ""
             match = _MARKER.match(before)
-            blocks.append(Block(i + 1, textwrap.dedent("\n".join(lines[i + 1 : j]) + "\n"), match.group(1) if match else None))
+            blocks.append(Block(i + 1, textwrap.dedent("\n".join(lines[i + 1 : j]) + "\n"), match.group(1) if match else None,
+                                page))
             i = j
         i += 1
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [b for p in PAGES for b in readme_blocks(p.read_text(encoding="utf-8"), p.relative_to(ROOT).as_posix())]
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -171,12 +182,12 @@ def _has_gpu() -> bool:
         return False
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
-def test_readme_block_runs(block, workdir, request, monkeypatch):
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
+def test_docs_block_runs(block, workdir, request, monkeypatch):
     if block.marker == "skip-cluster":
-        pytest.skip(f"README.md:{block.line} names a cluster or host that does not exist here (marked)")
+        pytest.skip(f"{block.where} names a cluster or host that does not exist here (marked)")
     if block.marker == "skip-gpu" and not _has_gpu():
-        pytest.skip(f"README.md:{block.line} needs a CUDA device (marked)")
+        pytest.skip(f"{block.where} needs a CUDA device (marked)")
     code = block.code
     if "s3://" in code:
         endpoint, env = request.getfixturevalue("s3_env")
@@ -186,17 +197,41 @@ def test_readme_block_runs(block, workdir, request, monkeypatch):
     if "npydask.ray" in code or "to_ray(" in code:
         request.getfixturevalue("ray_instance")
     monkeypatch.chdir(workdir)
-    exec(compile(code, f"README.md:{block.line}", "exec"), _namespace())  # noqa: S102 - the README's own code
+    exec(compile(code, block.where, "exec"), _namespace())  # noqa: S102 - the documentation's own code
 
 
 def test_skips_are_exactly_the_marked_blocks():
     """Every marker names a known reason and stands right before a ```python fence; no other block skips."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    markers = [(i + 1, m.group(1)) for i, line in enumerate(lines) if (m := _MARKER.match(line.strip()))]
-    for line, name in markers:
-        assert name in MARKERS, f"README.md:{line}: unknown test marker {name!r}; known: {sorted(MARKERS)}"
-        assert line < len(lines) and lines[line].strip() == "```python", (
-            f"README.md:{line}: a test marker must stand on the line right before a ```python fence")
+    n_markers = 0
+    for path in PAGES:
+        page = path.relative_to(ROOT).as_posix()
+        lines = path.read_text(encoding="utf-8").splitlines()
+        markers = [(i + 1, m.group(1)) for i, line in enumerate(lines) if (m := _MARKER.match(line.strip()))]
+        n_markers += len(markers)
+        for line, name in markers:
+            assert name in MARKERS, f"{page}:{line}: unknown test marker {name!r}; known: {sorted(MARKERS)}"
+            assert line < len(lines) and lines[line].strip() == "```python", (
+                f"{page}:{line}: a test marker must stand on the line right before a ```python fence")
     marked = [b for b in BLOCKS if b.marker is not None]
-    assert len(marked) == len(markers)
-    assert len(BLOCKS) - len(marked) >= 10, "most README examples run"
+    assert len(marked) == n_markers
+    assert len(BLOCKS) - len(marked) >= 10, "most examples run"
+
+
+@pytest.mark.timeout(300)
+def test_docs_site_builds_without_warnings(tmp_path):
+    """``sphinx -E -W``: from scratch, any warning (a broken link, a malformed docstring table) fails.
+
+    Optional parts the API reference documents (torch, xarray, Ray) must import, as CI installs them.
+    """
+    pytest.importorskip("sphinx", reason="the test extra installs Sphinx")
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"),
+         str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=280, env=env,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert (tmp_path / "html" / "api.html").is_file() and (tmp_path / "html" / "guide" / "many-files.html").is_file()

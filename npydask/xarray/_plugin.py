@@ -66,7 +66,7 @@ class NpyBackendEntrypoint(BackendEntrypoint):
     """
 
     description = "NumPy .npy files, .npz archives and folders of .npy files, read lazily by npydask"
-    url = ""  # (no public home page yet: see README.md, section "xarray")
+    url = ""  # (no public home page yet: see docs/guide/xarray.md)
     open_dataset_parameters = (
         "filename_or_obj", "drop_variables", "dims", "key", "storage_options", "file_coord", "coord_name",
         *DATASET_KEYWORDS,
