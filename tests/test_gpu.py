@@ -979,7 +979,7 @@ def test_kvikio_end_of_file_in_an_unchanged_file_is_a_truncated_file(save):
     try:
         from npydask.storage._handles import FileIdentity
 
-        error = kvikio_backend.translate(p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd)))
+        error = kvikio_backend.kvikio_error(p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd)))
     finally:
         os.close(fd)
     assert isinstance(error, NpyFormatError) and re.search(rf"{re.escape(p)}: truncated \.npy file.*EOF", str(error))

@@ -6,7 +6,7 @@
   compatibility mode, pinned host memory) with kvikio's settings;
   :func:`first_read` raises kvikio's thread count once per process (unless
   the user chose it) and logs the path.
-- :func:`translate` turns kvikio's ``RuntimeError`` s into the errors the
+- :func:`kvikio_error` turns kvikio's ``RuntimeError`` s into the errors the
   host path gives for the same cause.
 - :func:`reserve_cufiles` / :func:`release_cufiles` bound the ``CuFile`` s
   open at once in the process by :func:`cufile_limit`.
@@ -33,10 +33,10 @@ __all__ = [
     "describe",
     "first_read",
     "import_kvikio",
+    "kvikio_error",
     "log_once",
     "release_cufiles",
     "reserve_cufiles",
-    "translate",
     "unavailable",
 ]
 
@@ -107,7 +107,7 @@ def unavailable(path: str, error: BaseException, what: str) -> GpuUnavailableErr
     return GpuUnavailableError(f"{path}: kvikio could not {what} ({type(error).__name__}: {text}); {fix}")
 
 
-def translate(
+def kvikio_error(
     path: str, error: BaseException, what: str, fd: int = -1, identity: FileIdentity | None = None
 ) -> Exception:
     """A kvikio ``RuntimeError`` as the error the host path gives for the same cause, naming the file.
@@ -123,7 +123,7 @@ def translate(
 
     Examples
     --------
-    >>> e = translate("a.npy", RuntimeError("Unable to open file. Linux system/library function call "
+    >>> e = kvikio_error("a.npy", RuntimeError("Unable to open file. Linux system/library function call "
     ...                                     "error at: file_utils.cpp:160: No such file or directory"), "open the file")
     >>> type(e).__name__, e.filename
     ('FileNotFoundError', 'a.npy')

@@ -73,10 +73,10 @@ from npydask.backends._kvikio_runtime import (
     describe,
     first_read,
     import_kvikio,
+    kvikio_error,
     log_once,
     release_cufiles,
     reserve_cufiles,
-    translate,
     unavailable,
 )
 from npydask.gpu_exec import Pending, ReadSpan, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
@@ -87,13 +87,13 @@ if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
 
 __all__ = [
+    "DeviceRead",
     "FILES_IN_FLIGHT",
     "IO_THREADS",
-    "DeviceRead",
     "cufile_limit",
     "describe",
+    "kvikio_error",
     "read_to_device",
-    "translate",
     "unavailable",
 ]
 
@@ -278,7 +278,7 @@ def _through_ring(read_span: ReadSpan, xp: Any) -> ReadSpan:
 
 
 class _KvikioRead:
-    """A kvikio ``IOFuture`` whose C++ errors come out as the host path's errors (:func:`translate`)."""
+    """A kvikio ``IOFuture`` whose C++ errors come out as the host path's errors (:func:`kvikio_error`)."""
 
     __slots__ = ("fd", "future", "identity", "offset", "path", "size")
 
@@ -293,7 +293,7 @@ class _KvikioRead:
             return int(self.future.get())
         except RuntimeError as e:
             what = f"read bytes {self.offset}..{self.offset + self.size}"
-            raise translate(self.path, e, what, self.fd, self.identity) from e
+            raise kvikio_error(self.path, e, what, self.fd, self.identity) from e
 
 
 def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
@@ -308,14 +308,14 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     try:
         handle = kvikio.CuFile(ref.path, "r")
     except RuntimeError as e:
-        error = translate(ref.path, e, "open the file")
+        error = kvikio_error(ref.path, e, "open the file")
         if getattr(error, "errno", None) not in (errno.EMFILE, errno.ENFILE):
             raise error from e
         clear_cache()  # past the open-file limit: the host cache's descriptors go first, as on the host path
         try:
             handle = kvikio.CuFile(ref.path, "r")
         except RuntimeError as again:
-            raise translate(ref.path, again, "open the file") from again
+            raise kvikio_error(ref.path, again, "open the file") from again
     try:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
@@ -363,7 +363,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                         return _KvikioRead(handle.pread(dest, size, offset), path, offset, size, handle.fileno(), found)
                     except RuntimeError as e:
                         what = f"start reading bytes {offset}..{offset + size}"
-                        raise translate(path, e, what, handle.fileno(), found) from e
+                        raise kvikio_error(path, e, what, handle.fileno(), found) from e
 
                 if straight:
                     issued.append((issue_direct(job.plan, read_span, job.out), path))
