@@ -1022,8 +1022,14 @@ cupy.__version__ = "14.2.0"  # type: ignore[attr-defined]
 
 def _register_dask() -> list[tuple[Any, Any, Any]]:
     """Register :class:`ndarray` with dask as ``register_cupy`` does for ``cupy.ndarray``; return what to undo."""
-    from dask.array import backends, chunk_types, dispatch
+    import importlib
+
     from dask.sizeof import sizeof
+
+    # (modules by name: under array query planning ``dask.array.backends`` is a function, not the module)
+    backends = importlib.import_module("dask.array.backends")
+    chunk_types = importlib.import_module("dask.array.chunk_types")
+    dispatch = importlib.import_module("dask.array.dispatch")
 
     undo: list[tuple[Any, Any, Any]] = []
 
