@@ -435,7 +435,6 @@ def probe_read_routes(c: Context) -> str:
     """Each read route on the device against numpy: straight into the stack's slabs (kvikio), the host route
     for small files and a padded ROI of short rows, and the device plans for the same with the route off."""
     import npydask
-    from npydask.backends import kvikio as kvikio_backend
 
     out = []
     big = [data((8 * c.scale, 1024), "<f4", 70 + i) for i in range(4)]  # 2 MiB files on a GPU: straight reads
@@ -460,7 +459,7 @@ def probe_read_routes(c: Context) -> str:
     from npydask.backends import _kvikio_runtime
 
     kvikio = None if c.dry else _kvikio_runtime.import_kvikio("<probe>")
-    mode = "no kvikio" if kvikio is None else f"kvikio posix={kvikio_backend._posix_reads(kvikio)}"
+    mode = "no kvikio" if kvikio is None else f"kvikio posix={_kvikio_runtime.posix_reads(kvikio)}"
     return f"{mode}; " + "; ".join(out)
 
 

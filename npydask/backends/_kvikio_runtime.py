@@ -3,7 +3,9 @@
 - :func:`import_kvikio` imports kvikio with ``kvikio.defaults`` and
   ``kvikio.cufile_driver`` (kvikio's ``__init__`` imports neither).
 - :func:`describe` says which path reads (GPUDirect Storage, kvikio's POSIX
-  compatibility mode, pinned host memory) with kvikio's settings;
+  compatibility mode, pinned host memory) with kvikio's settings, and
+  :func:`posix_reads` whether kvikio reads through POSIX (the reader's choice
+  of staging follows it);
   :func:`first_read` raises kvikio's thread count once per process (unless
   the user chose it) and logs the path.
 - :func:`kvikio_error` turns kvikio's ``RuntimeError`` s into the errors the
@@ -17,8 +19,10 @@ This module imports neither kvikio nor CuPy at import time.
 from __future__ import annotations
 
 import errno
+import importlib
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -35,6 +39,7 @@ __all__ = [
     "import_kvikio",
     "kvikio_error",
     "log_once",
+    "posix_reads",
     "release_cufiles",
     "reserve_cufiles",
     "unavailable",
@@ -223,18 +228,35 @@ def first_read(kvikio: Any) -> None:
         log.info("npydask reads onto the device with %s", _describe(kvikio))
 
 
-def _path(kvikio: Any) -> tuple[str, str]:
-    """Which path kvikio reads by, and the compat mode's name (``ON``/``OFF``/``AUTO``)."""
+def _mode_name(kvikio: Any) -> str:
+    """kvikio's compat mode by name: ``ON``, ``OFF`` or ``AUTO``."""
     mode = _setting(kvikio, "compat_mode")
     if isinstance(mode, bool):  # (kvikio before 24.12)
-        name = "ON" if mode else "OFF"
-    else:
-        name = getattr(mode, "name", None) or _COMPAT_MODES.get(mode, str(mode))  # type: ignore[arg-type]
-    preferred: bool | None
+        return "ON" if mode else "OFF"
+    return getattr(mode, "name", None) or _COMPAT_MODES.get(mode, str(mode))  # type: ignore[arg-type]
+
+
+def posix_reads(kvikio: Any) -> bool | None:
+    """Whether kvikio reads through POSIX (its compatibility mode), where aligned reads buy nothing.
+
+    ``None`` where it cannot tell (an ``AUTO`` mode of a kvikio too old to say which it prefers).
+    """
+    defaults = getattr(kvikio, "defaults", None)
+    if defaults is None and sys.modules.get("kvikio") is kvikio:
+        try:  # (kvikio 26.10's __init__ does not import its defaults module)
+            defaults = importlib.import_module("kvikio.defaults")
+        except ImportError:
+            pass
     try:
-        preferred = bool(kvikio.defaults.is_compat_mode_preferred())  # kvikio >= 25.04
+        return bool(defaults.is_compat_mode_preferred())  # type: ignore[union-attr]  # kvikio >= 25.04
     except Exception:  # noqa: BLE001 - older kvikio: from the mode alone
-        preferred = {"ON": True, "OFF": False}.get(name)
+        return {"ON": True, "OFF": False}.get(_mode_name(kvikio))
+
+
+def _path(kvikio: Any) -> tuple[str, str]:
+    """Which path kvikio reads by, and the compat mode's name (``ON``/``OFF``/``AUTO``)."""
+    preferred = posix_reads(kvikio)
+    name = _mode_name(kvikio)
     if preferred is None:
         return "kvikio (GPUDirect Storage or its POSIX compatibility mode, decided per file)", name
     return ("kvikio POSIX compatibility mode" if preferred else "GPUDirect Storage"), name

@@ -56,10 +56,8 @@ room rather than failing with ``EMFILE``.
 from __future__ import annotations
 
 import errno
-import importlib
 import math
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -75,6 +73,7 @@ from npydask.backends._kvikio_runtime import (
     import_kvikio,
     kvikio_error,
     log_once,
+    posix_reads,
     release_cufiles,
     reserve_cufiles,
     unavailable,
@@ -187,27 +186,6 @@ def _finish_all(
         job.out if direct and direct[k] else finish(job.plan, staging[at : at + job.plan.staging_nbytes], xp, job.out)
         for k, (job, at) in enumerate(zip(window, offsets))
     ]
-
-
-def _posix_reads(kvikio: Any) -> bool:
-    """Whether kvikio reads through POSIX (compatibility mode), where aligned reads buy nothing.
-
-    ``False`` when it cannot tell (GPUDirect Storage is then assumed).
-    """
-    defaults = getattr(kvikio, "defaults", None)
-    if defaults is None and sys.modules.get("kvikio") is kvikio:
-        try:  # (kvikio 26.10's __init__ does not import its defaults module)
-            defaults = importlib.import_module("kvikio.defaults")
-        except ImportError:
-            return False
-    try:
-        preferred = getattr(defaults, "is_compat_mode_preferred", None)  # kvikio >= 25.04
-        if preferred is not None:
-            return bool(preferred())
-        older = getattr(defaults, "compat_mode", None)  # before: a bool
-        return bool(older()) if callable(older) else False
-    except RuntimeError:
-        return False
 
 
 def _direct(job: DeviceRead, posix: bool, xp: Any) -> bool:
@@ -334,7 +312,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
     with an ``out`` is read straight into ``out`` (one ``pread``, at any offset in
     compatibility mode, where alignment buys nothing): no staging, no copy.
     """
-    posix = _posix_reads(kvikio)
+    posix = posix_reads(kvikio) is True  # (unknown: GPUDirect Storage assumed, aligned reads staged)
     direct = [_direct(job, posix, xp) for job in window]
     offsets, total, alignment = _layout(window, direct)
     staging = aligned_empty(xp, total, alignment) if not all(direct) else None
