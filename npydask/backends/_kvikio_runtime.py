@@ -49,9 +49,9 @@ IO_THREADS = 16
 """kvikio threads the first device read asks for where ``KVIKIO_NTHREADS``/``KVIKIO_NUM_THREADS`` are unset.
 
 At most one per CPU core, and never fewer than kvikio already has. kvikio's
-own default is one thread. Raw ``CuFile.pread`` of a 1 GiB file (page cache
-warm, kvikio's POSIX compatibility mode, an H200) into a device buffer:
-1 thread 5.5 GB/s, 4 threads 21, 8 threads 37, 16 threads 44, 32 threads 42.
+own default is one thread, which reads a file from the page cache about 8x
+slower than 16 threads do; beyond 16 raw ``CuFile.pread`` gained nothing
+(``benchmarks/bench_gpu.py``; the measured table is on the performance page).
 """
 
 _THREAD_VARS = ("KVIKIO_NTHREADS", "KVIKIO_NUM_THREADS")
