@@ -126,7 +126,7 @@ def clear_npydask_caches() -> None:
 
     Object stores (their connection pools) are kept, as every peer keeps its client.
     """
-    from npydask import header
+    from npydask.format import header
     from npydask.storage import _handles
 
     _handles.clear_cache()

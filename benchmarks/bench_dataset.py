@@ -30,7 +30,7 @@ Three groups, each against its own reference (``ratio`` column):
   interleaved (each once per round, ``--repeat`` rounds after an untimed
   one), so load on a shared machine hits them alike, each run after
   npydask's caches are emptied (untimed). Printed after the
-  table: the strategy the cost model (:mod:`npydask.read_strategy`) picks for
+  table: the strategy the cost model (:mod:`npydask.plan.read_strategy`) picks for
   the ROI, its estimate for each strategy beside the measured CPU time per
   file of the forced runs (less the opening's).
 * ``many`` (P4): every small file summed. Reference (the floor): a loop of
@@ -99,8 +99,8 @@ import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 
 import npydask  # noqa: E402
-from npydask.read_strategy import STRATEGIES, choose  # noqa: E402
-from npydask.region import plan_read  # noqa: E402
+from npydask.plan.read_strategy import STRATEGIES, choose  # noqa: E402
+from npydask.plan.region import plan_read  # noqa: E402
 
 MiB = 1 << 20
 
@@ -412,7 +412,7 @@ def run_all(
 def print_roi_model(model: dict[str, Any], by_name: dict[tuple[str, str], Result]) -> None:
     """The cost model's choice for the P3 ROI, its estimates beside the forced runs' CPU per file."""
     opened = by_name.get(("roi", "npydask: open_dataset alone"))
-    print(f"# P3 ROI cost model (npydask.read_strategy): picks {model['strategy']!r} for {model['runs']}")
+    print(f"# P3 ROI cost model (npydask.plan.read_strategy): picks {model['strategy']!r} for {model['runs']}")
     rows = []
     for s in STRATEGIES:
         r = by_name.get(("roi", f"npydask auto, roi_strategy={s}: open+stack+compute"))
@@ -438,12 +438,12 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     scheduling, the groups' buffers and per-file bookkeeping). Uses npydask's
     private steps: a profile, not an API.
     """
-    from npydask.opening import _select
-    from npydask.scanning import scan_headers, scan_table as _table
-    from npydask.roi import RoiArgs
+    from npydask.dataset.open import _select
+    from npydask.dataset.scan import scan_headers, scan_table as _table
+    from npydask.plan.roi import RoiArgs
     from npydask.storage._batch import read_files
     from npydask.storage.local import LOCAL
-    from npydask.uniform import first_table
+    from npydask.dataset.uniform import first_table
 
     def per_file(fn: Callable[[], Any], n: int) -> tuple[float, Any]:
         cpu: list[float] = []

@@ -35,7 +35,7 @@ Both groups also time ``dask floor``: dask over the same data already in
 memory, one chunk per file (or per slab), built beforehand. No dask-based
 reader can beat it, so it shows how much of a ratio is dask's own scheduling.
 The file set also times the graph's share of the build: the same 64 one-layer
-graphs (``npydask.graph.chunk_array``, what ``from_npy`` builds) and the
+graphs (``npydask.graph.build.chunk_array``, what ``from_npy`` builds) and the
 stack over files opened beforehand. The two together are the least the
 per-file route can take, printed as a ratio to the floor.
 
@@ -152,7 +152,7 @@ def make_data(folder: str, size: Size) -> tuple[list[str], str]:
 def clear_npydask_caches() -> None:
     """Forget npydask's open-file cache and header memo (a first build in a fresh process)."""
     from npydask.storage import _handles
-    from npydask import header
+    from npydask.format import header
 
     _handles.clear_cache()
     for name, value in vars(header).items():
@@ -268,7 +268,7 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
     name = GRAPH_ONLY
     if want(name):
         from npydask.array import NpyFileArray, resolve_chunks
-        from npydask.graph import chunk_array
+        from npydask.graph.build import chunk_array
         from npydask.reader import FileRef
 
         sources = [NpyFileArray(FileRef.open(p, "auto")) for p in files]

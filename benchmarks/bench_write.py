@@ -50,7 +50,7 @@ import _common  # noqa: E402
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 
-from npydask.writer import to_npy, to_npy_files  # noqa: E402
+from npydask.write.npy import to_npy, to_npy_files  # noqa: E402
 
 MiB = 1 << 20
 

@@ -1,7 +1,7 @@
-"""Measure the coefficients of npydask's ROI cost model (:mod:`npydask.read_strategy`) on this machine.
+"""Measure the coefficients of npydask's ROI cost model (:mod:`npydask.plan.read_strategy`) on this machine.
 
 Prints each coefficient, how it was measured, a ``Costs(...)`` literal to
-paste into ``npydask/read_strategy.py`` as ``MEASURED``, and then the
+paste into ``npydask/plan/read_strategy.py`` as ``MEASURED``, and then the
 model's prediction beside the measured time of every strategy for a few ROI
 shapes (each strategy forced with the ``roi_strategy`` setting), so a wrong
 coefficient shows.
@@ -55,9 +55,9 @@ import _common  # noqa: E402
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
 from npydask.backends.pread import _FdReader  # noqa: E402
-from npydask.backends._pool import pieces  # noqa: E402
-from npydask.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
-from npydask.region import Box, plan_read  # noqa: E402
+from npydask._buffers import pieces  # noqa: E402
+from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
+from npydask.plan.region import Box, plan_read  # noqa: E402
 from npydask.storage import _handles  # noqa: E402
 
 SHAPE = (64, 256, 256)
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {field:12s} {now:12g}   (in npydask: {before:g})")
         for k, v in notes.items():
             print(f"  # {k}: {v}")
-        print("\n# paste into npydask/read_strategy.py:")
+        print("\n# paste into npydask/plan/read_strategy.py:")
         print("MEASURED = Costs(")
         for field in costs.__dataclass_fields__:
             if field != "window_bytes":

@@ -104,7 +104,7 @@ DOCUMENTED_STRICTER: dict[str, str] = {
 }
 """npydask's deliberate refusals of files numpy loads: label -> regex on the error message.
 
-They follow ``npydask.header``'s module docstring and SPEC section 1 (exact
+They follow ``npydask.format.header``'s module docstring and SPEC section 1 (exact
 keys, only spaces and one newline after the dict, a shape of ints that are
 not bools, literal-only parsing, no object dtypes, no S0/U0, no top-level
 subarray, headers up to 1 MiB, at most ``MAX_ZERO_ITEMSIZE_ELEMENTS`` items of

@@ -7,7 +7,7 @@ marks a failure the GPU review predicts and whose fix has not landed (it names t
 finding); once fixed, the probe passes.
 
 ``--dry-run`` runs every probe at tiny size with numpy standing in for CuPy (the
-same stand-in as the CPU tests in ``tests/test_gpu.py``: ``npydask.gpu`` reads into
+same stand-in as the CPU tests in ``tests/test_gpu.py``: ``npydask.gpu.device`` reads into
 numpy), so the probes themselves are checked on any machine; a dry PASS says the
 probe's logic and the host side work, nothing about a GPU.
 
@@ -47,8 +47,7 @@ class Context:
         self.dry = dry
         self.scale = scale
         if dry:
-            from npydask import gpu
-
+            from npydask.gpu import device as gpu
             gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/test_gpu.py
             gpu._array_module = lambda: np
             self.xp: Any = np
@@ -247,7 +246,7 @@ def probe_loader_torch_gpu(c: Context) -> str:
     import torch
 
     import npydask
-    from npydask import gpu_process
+    from npydask.gpu import process as gpu_process
     from npydask.errors import GpuUnavailableError
     from npydask.torch import NpyIterableDataset, NpyMapDataset
 
@@ -302,7 +301,8 @@ def probe_loader_torch_gpu(c: Context) -> str:
 _FRESH = """
 import os, sys
 import numpy as np, torch, npydask
-from npydask import gpu, gpu_process
+from npydask.gpu import device as gpu
+from npydask.gpu import process as gpu_process
 from npydask.torch import NpyMapDataset
 dry, folder = sys.argv[1] == "dry", sys.argv[2]
 if dry:
@@ -361,8 +361,8 @@ def probe_kvikio_errors(c: Context) -> str:
     import resource
 
     import npydask
-    from npydask.backends import _kvikio_runtime as kr
-    from npydask.backends import kvikio as kb
+    from npydask.gpu import _kvikio_runtime as kr
+    from npydask.gpu import _kvikio as kb
     from npydask.storage import _handles
 
     text = kb.describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
@@ -456,8 +456,7 @@ def probe_read_routes(c: Context) -> str:
             rows = min(4 * c.scale, 8 * c.scale - 3)
             want[:, :rows, :24] = np.stack([a[3 : 3 + rows, 1000:] for a in big])
             out.append(same(c.host(roi.stack().compute()), want, f"padded ROI of short rows ({host_bytes})"))
-    from npydask.backends import _kvikio_runtime
-
+    from npydask.gpu import _kvikio_runtime
     kvikio = None if c.dry else _kvikio_runtime.import_kvikio("<probe>")
     mode = "no kvikio" if kvikio is None else f"kvikio posix={_kvikio_runtime.posix_reads(kvikio)}"
     return f"{mode}; " + "; ".join(out)
@@ -466,8 +465,7 @@ def probe_read_routes(c: Context) -> str:
 def probe_pinned_ring(c: Context) -> str:
     """Without kvikio: reads through the pinned ring (pieces of 8 MiB, more than its two slots) equal numpy."""
     import npydask
-    from npydask import gpu_pinned
-
+    from npydask.gpu import _pinned as gpu_pinned
     a = data((256 * c.scale, 1024), ">i4", 90)  # 64 MiB on a GPU: eight pieces per chunk
     np.save(c.path("ring/be.npy"), a)
     b = [data((64 * c.scale, 512), "<i2", 91 + i) for i in range(3)]
@@ -504,8 +502,8 @@ def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
     import cupy
 
     import npydask
-    from npydask import gpu, gpu_toolkit
-
+    from npydask.gpu import device as gpu
+    from npydask.gpu import toolkit as gpu_toolkit
     made: list[str] = []
     real = cupy.ElementwiseKernel
 
@@ -586,7 +584,7 @@ def probe_nvrtc_check(c: Context) -> str:
 def _toolkit_dry() -> str:
     import types
 
-    from npydask import gpu_toolkit
+    from npydask.gpu import toolkit as gpu_toolkit
     from npydask.errors import GpuUnavailableError
 
     made: list[str] = []

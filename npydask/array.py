@@ -2,7 +2,7 @@
 
 :func:`from_npy` puts a :class:`NpyFileArray` (a tiny array-like holding a
 :class:`~npydask.reader.FileRef`) into every task of a one-layer graph that
-:func:`npydask.graph.chunk_array` builds directly, the graph
+:func:`npydask.graph.build.chunk_array` builds directly, the graph
 ``dask.array.from_array(..., inline_array=True)`` would build, without its
 cost: each task is ``getter(NpyFileArray, slices)`` and reads exactly its
 chunk's bytes on whichever worker runs it. The array-like carries no data; its
@@ -26,11 +26,11 @@ from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
-from npydask.backends._pool import empty
-from npydask.graph import chunk_array
+from npydask._buffers import empty
+from npydask.graph.build import chunk_array
 from npydask.reader import BACKENDS, FileRef
-from npydask.region import Box, raw
-from npydask.roi import FileRoi, fill_like
+from npydask.plan.region import Box, raw
+from npydask.plan.roi import FileRoi, fill_like
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 from npydask.storage.where import fspath, resolve
@@ -250,7 +250,7 @@ def check_device(device: str) -> None:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, found {device!r}")
     if device == "gpu":
-        from npydask.gpu import require_gpu
+        from npydask.gpu.device import require_gpu
 
         require_gpu()
 
@@ -272,7 +272,7 @@ def from_npy(
     path : str or os.PathLike
         The ``.npy`` file. Its header is read and checked now. A relative
         path is made absolute against the current working directory now
-        (:mod:`npydask.paths`), so tasks read the same file on any worker.
+        (:mod:`npydask.storage.paths`), so tasks read the same file on any worker.
     chunks : "auto", int, tuple, or byte size
         Anything ``dask.array.core.normalize_chunks`` takes. ``"auto"`` (or a
         byte size such as ``"128MiB"``) picks chunks of at most
@@ -402,10 +402,10 @@ def wrap(
     """A dask array over an npydask array-like, one small task per chunk.
 
     ``source`` (an :class:`NpyFileArray` or a group of files) is embedded in
-    every task (:func:`npydask.graph.chunk_array`): it is a few hundred bytes
+    every task (:func:`npydask.graph.build.chunk_array`): it is a few hundred bytes
     and carries no data; its ``__dask_tokenize__`` makes the name
     deterministic. With ``device="gpu"``
-    the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
+    the source becomes a :class:`~npydask.gpu.device.DeviceArray` (CuPy chunks; the
     dtype is checked now) and the meta a ``cupy.ndarray``. With
     ``inline=False`` the source is one key of the graph that every task
     refers to (for a source too big to copy into each task: many files).
@@ -413,7 +413,7 @@ def wrap(
     """
     chunks = drop_empty_chunks(chunks)
     if device == "gpu":
-        from npydask.gpu import on_device  # (imports CuPy only here)
+        from npydask.gpu.device import on_device  # (imports CuPy only here)
 
         source = on_device(source)
         meta = source.meta

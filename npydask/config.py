@@ -8,7 +8,7 @@ setting                environment variable           default    meaning
 ``max_span_bytes``     ``NPYDASK_MAX_SPAN_BYTES``     64 MiB     largest span read to cut runs from
 ``roi_strategy``       ``NPYDASK_ROI_STRATEGY``       ``auto``   strided regions of local files: ``auto`` (the
                                                                  cost model), ``spans``, ``runs`` or ``mapped``
-                                                                 (see :mod:`npydask.read_strategy`)
+                                                                 (see :mod:`npydask.plan.read_strategy`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128        open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``      64 KiB     GPU reads: runs closer than this are one read
 ``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread`` (0: one per span)
@@ -45,7 +45,7 @@ Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
 ``max_span_bytes``, ``roi_strategy``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
 configuration. ``handle_cache_size`` and ``pool_bytes`` are per process and
-read where they run (see :mod:`npydask.backends._pool`).
+read where they run (see :mod:`npydask._buffers`).
 
 Examples
 --------

@@ -1,6 +1,6 @@
-"""The training loader: DALI-style batches from an :class:`~npydask.dataset.NpyDataset`.
+"""The training loader: DALI-style batches from an :class:`~npydask.dataset.npy_dataset.NpyDataset`.
 
-Which batches an epoch holds is planned purely in :mod:`npydask.sampling`
+Which batches an epoch holds is planned purely in :mod:`npydask.plan.sampling`
 (shuffle, shards, padding); this module fetches them. A batch is read by
 one call that reads its files back to back (the tight per-file loop of a
 stacked task): in up to ``prefetch`` threads of this process, or as tasks
@@ -31,11 +31,11 @@ import numpy as np
 from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
-from npydask.gpu_process import check_cuda_fork
-from npydask.multikey import MultiKeyDataset, pick
-from npydask.region import Box
-from npydask.sampling import EpochPlan, _check_int
-from npydask.stacking import FileGroup, joined_dtype
+from npydask.gpu.process import check_cuda_fork
+from npydask.dataset.multikey import MultiKeyDataset, pick
+from npydask.plan.region import Box
+from npydask.plan.sampling import EpochPlan, _check_int
+from npydask.dataset.stacking import FileGroup, joined_dtype
 
 __all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
 
@@ -151,7 +151,7 @@ def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) 
 def check_process(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]) -> None:
     """Raise where this process cannot read the views (objects, in a child forked after obstore was used).
 
-    ``views`` may be a dict of them per ``.npz`` member (:func:`npydask.multikey.pick`).
+    ``views`` may be a dict of them per ``.npz`` member (:func:`npydask.dataset.multikey.pick`).
 
     The error names ``multiprocessing_context="spawn"`` and ``"forkserver"``:
     a request there would hang instead (obstore is not fork-safe). Local
@@ -176,7 +176,7 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
         return {k: read_batch(v, device) for k, v in views.items()}
     shapes = {v.shape for v in views}
     if device == "gpu":
-        from npydask.gpu import on_device
+        from npydask.gpu.device import on_device
 
         if len(shapes) == 1:
             group = on_device(FileGroup(views, 0, True))
@@ -200,13 +200,13 @@ def _owned(a: np.ndarray) -> np.ndarray:
 
 
 class Loader:
-    """Batches of an :class:`~npydask.dataset.NpyDataset`, epoch after epoch, as DALI delivers them.
+    """Batches of an :class:`~npydask.dataset.npy_dataset.NpyDataset`, epoch after epoch, as DALI delivers them.
 
     Parameters
     ----------
     dataset : NpyDataset or MultiKeyDataset
         The files (after ROI); their order is the unshuffled order. A
-        :class:`~npydask.multikey.MultiKeyDataset` (``key=["x", "y"]``)
+        :class:`~npydask.dataset.multikey.MultiKeyDataset` (``key=["x", "y"]``)
         gives dict batches, one batch per member.
     batch_size : int
         Samples per batch.
@@ -273,7 +273,7 @@ class Loader:
         with_index: bool = False,
         stick_to_shard: bool = True,
     ) -> None:
-        from npydask.dataset import NpyDataset
+        from npydask.dataset.npy_dataset import NpyDataset
 
         if not isinstance(dataset, (NpyDataset, MultiKeyDataset)):
             raise TypeError(f"Loader reads an NpyDataset (from npydask.open_dataset), found {type(dataset).__name__}")
@@ -461,7 +461,7 @@ class _DeviceHandOff:
     """
 
     def __init__(self) -> None:
-        from npydask.gpu import _array_module
+        from npydask.gpu.device import _array_module
 
         xp = _array_module()
         self.cuda = None if xp is np else xp.cuda

@@ -1,4 +1,4 @@
-"""Reading headers and regions: a plan from :mod:`npydask.region`, bytes from a backend.
+"""Reading headers and regions: a plan from :mod:`npydask.plan.region`, bytes from a backend.
 
 :class:`FileRef` is what a lazy task carries: the path, the identity the file
 had when the graph was built, the parsed header, the header bytes it relies
@@ -28,11 +28,11 @@ from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile
 from npydask.backends.base import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
-from npydask.header import NpyHeader
-from npydask.npz import check_stored
-from npydask.paths import absolute
-from npydask.read_strategy import STRATEGIES, choose
-from npydask.region import Box, ReadPlan, normalize_box, plan_read
+from npydask.format.header import NpyHeader
+from npydask.format.npz import check_stored
+from npydask.storage.paths import absolute
+from npydask.plan.read_strategy import STRATEGIES, choose
+from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
@@ -116,7 +116,7 @@ def choose_backend(
     system. A whole contiguous region is a zero-copy view (except on a
     distributed worker, which counts and may spill what it holds). A strided
     region (several runs) is copied by the strategy
-    :func:`npydask.read_strategy.choose` prices lowest for it under
+    :func:`npydask.plan.read_strategy.choose` prices lowest for it under
     ``options`` (the current settings when ``None``): ``"mapped"`` is the
     mmap backend's strided copy, ``"spans"`` and ``"runs"`` the pread
     backend's. Anything else that is copied anyway (one contiguous run into
@@ -305,7 +305,7 @@ class FileRef(NamedTuple):
     ) -> FileRef:
         """Open ``path`` (or its ``.npz`` member ``key``) now, parse and check its header, remember its identity.
 
-        A relative ``path`` is made absolute here (:func:`npydask.paths.absolute`):
+        A relative ``path`` is made absolute here (:func:`npydask.storage.paths.absolute`):
         the tasks that carry this reference may run in another working directory.
         """
         if source is LOCAL:

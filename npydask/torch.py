@@ -1,4 +1,4 @@
-"""PyTorch adapters over an :class:`~npydask.dataset.NpyDataset`: iterable and map-style.
+"""PyTorch adapters over an :class:`~npydask.dataset.npy_dataset.NpyDataset`: iterable and map-style.
 
 ``import npydask`` never imports torch; this module does (install the extra
 with ``pip install 'npydask[torch]'``).
@@ -11,7 +11,7 @@ reads each batch of indices with one call (``__getitems__``). An
 DataLoader with an error naming both adapters.
 
 Work is split twice, both as contiguous ranges of each epoch's order (the
-order :mod:`npydask.sampling` gives: shuffled by ``(seed, epoch)`` only, so
+order :mod:`npydask.plan.sampling` gives: shuffled by ``(seed, epoch)`` only, so
 every process agrees): first by ``torch.distributed`` rank and world size
 when a process group is initialised (or by explicit ``rank``/``world_size``),
 then by DataLoader worker. Every sample is read exactly once per epoch
@@ -66,7 +66,7 @@ import numpy as np
 try:
     import torch
     import torch.utils.data
-except ImportError as e:  # (names the extra, as npydask.ray, to_zarr and device="gpu" do)
+except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr and device="gpu" do)
     if isinstance(e, ModuleNotFoundError) and (e.name or "torch").split(".")[0] == "torch":
         raise ModuleNotFoundError(
             "npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]' (or see "
@@ -77,12 +77,12 @@ except ImportError as e:  # (names the extra, as npydask.ray, to_zarr and device
         f"npydask.torch: PyTorch is installed but fails to import ({e}); pip install 'npydask[torch]'"
     ) from e
 
-from npydask.dataset import file_index
-from npydask.gpu_process import check_cuda_fork
+from npydask.dataset.npy_dataset import file_index
+from npydask.gpu.process import check_cuda_fork
 from npydask.loader import check_process, read_batch, warn_if_resharded
-from npydask.multikey import MultiKeyDataset, pick
-from npydask.sampling import _check_int, epoch_order
-from npydask.stacking import joined_dtype
+from npydask.dataset.multikey import MultiKeyDataset, pick
+from npydask.plan.sampling import _check_int, epoch_order
+from npydask.dataset.stacking import joined_dtype
 
 __all__ = ["NpyIterableDataset", "NpyMapDataset", "check_torch_dtype", "split_for"]
 
@@ -185,7 +185,7 @@ def _shared_epoch(value: Any) -> _SharedEpoch:
 
 
 def _samples(picked: Any, device: str) -> list[Any]:
-    """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member (:func:`npydask.multikey.pick`)."""
+    """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member (:func:`npydask.dataset.multikey.pick`)."""
     if isinstance(picked, dict):
         columns = {k: _arrays(views, device) for k, views in picked.items()}
         n = len(next(iter(columns.values())))
@@ -209,7 +209,7 @@ def _tensor(a: Any) -> torch.Tensor:
 
 def _check_dataset(dataset: Any, adapter: str, device: str) -> None:
     from npydask.array import check_device
-    from npydask.dataset import NpyDataset
+    from npydask.dataset.npy_dataset import NpyDataset
 
     if isinstance(dataset, MultiKeyDataset):
         check_device(device)
@@ -223,7 +223,7 @@ def _check_dataset(dataset: Any, adapter: str, device: str) -> None:
 
 
 class NpyIterableDataset(torch.utils.data.IterableDataset):
-    """Samples of an :class:`~npydask.dataset.NpyDataset` as tensors, split by rank and DataLoader worker.
+    """Samples of an :class:`~npydask.dataset.npy_dataset.NpyDataset` as tensors, split by rank and DataLoader worker.
 
     Parameters
     ----------
@@ -346,7 +346,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
 
 
 class NpyMapDataset(torch.utils.data.Dataset):
-    """Samples of an :class:`~npydask.dataset.NpyDataset` by index, for DataLoader's samplers.
+    """Samples of an :class:`~npydask.dataset.npy_dataset.NpyDataset` by index, for DataLoader's samplers.
 
     ``shuffle=True``, ``WeightedRandomSampler`` and ``DistributedSampler``
     pick the indices; a DataLoader with a ``batch_size`` hands each batch's

@@ -294,7 +294,7 @@ def test_from_npy_a_file_whose_name_looks_like_a_glob_is_read(tmp_path):
     assert "open_dataset" not in str(info.value)
 
 
-# -- the graph: one layer built directly (npydask.graph), the same under both array engines --------
+# -- the graph: one layer built directly (npydask.graph.build), the same under both array engines --------
 
 
 def test_from_npy_builds_its_graph_without_from_array(save, monkeypatch):

@@ -31,7 +31,7 @@ from npydask.backends import mmap as mmap_backend
 from npydask.backends import pread as pread_backend
 from npydask.errors import FileChangedError, NpyDaskWarning
 from npydask.reader import FileRef, choose_backend, read_region
-from npydask.region import Box, plan_read
+from npydask.plan.region import Box, plan_read
 from npydask.testing.conformance import (
     BackendConformance,
     assert_same_array,

@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from npydask import gpu
+from npydask.gpu import device as gpu
 from npydask.cli.stats import block_partials
 
 

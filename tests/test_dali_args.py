@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.dali_args import DALI_ONLY
+from npydask.dataset.dali_args import DALI_ONLY
 
 # Every keyword of DALI's fn.readers.numpy (DALI 2.x docs), and what open_dataset does with it.
 DALI_READER_ARGUMENTS = [

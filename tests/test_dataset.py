@@ -25,8 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npydask
-import npydask.stacking
-from npydask.dataset import Skipped
+import npydask.dataset.stacking
+from npydask.dataset.npy_dataset import Skipped
 from npydask.errors import NpyDaskWarning
 
 from _s3 import s3  # noqa: F401  (the fixture)
@@ -843,9 +843,9 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
     assert_eq(x, np.stack(arrays), check_chunks=True)
     assert_eq(y, np.concatenate(arrays, axis=1), check_chunks=True)
     # a plan whose groups are chunked differently is joined group by group
-    plan = npydask.grouping.GroupPlan(((0, 2), (2, 3)), (((2,), (64,), (128,)), ((1,), (32, 32), (128,))))
-    assert npydask.grouping.one_grid(plan, 0) is None
-    z = npydask.stacking.join(ds.views[:3], plan, axis=0, stacked=True, shared=True)
+    plan = npydask.plan.grouping.GroupPlan(((0, 2), (2, 3)), (((2,), (64,), (128,)), ((1,), (32, 32), (128,))))
+    assert npydask.plan.grouping.one_grid(plan, 0) is None
+    z = npydask.dataset.stacking.join(ds.views[:3], plan, axis=0, stacked=True, shared=True)
     assert z.chunks == ((2, 1), (32, 32), (128,))  # (dask unifies the two grids)
     assert_eq(z, np.stack(arrays[:3]))
 
@@ -853,8 +853,8 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
 def test_a_cluster_stack_of_few_files_is_one_layer_each_task_carrying_every_file(tmp_path, monkeypatch):
     """On a cluster (``shared=False``) a light dataset is one source in every task: one layer, which
     dask fuses with the reduction after it; past ``LIGHT_FILE_TASKS`` each group has its own source."""
-    from npydask import grouping, stacking
-
+    from npydask.plan import grouping
+    from npydask.dataset import stacking
     arrays = [np.full((16, 32), i, "<f4") + np.arange(32, dtype="<f4") for i in range(12)]
     for i, a in enumerate(arrays):
         np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
@@ -1347,7 +1347,7 @@ def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enab
 
     np.save(tmp_path / "a.npy", np.arange(3))
     seen = []
-    real = npydask.opening.scan_headers
+    real = npydask.dataset.open.scan_headers
 
     def spy(*args, **kwargs):
         seen.append(gc.isenabled())  # (paused while the per-file objects are built)
@@ -1357,7 +1357,7 @@ def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enab
     try:
         gc.enable() if enabled else gc.disable()
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(npydask.opening, "scan_headers", spy)
+            m.setattr(npydask.dataset.open, "scan_headers", spy)
             npydask.open_dataset(tmp_path)
             assert gc.isenabled() is enabled and seen == [False]
             with pytest.raises(ValueError, match="no file found"):
@@ -1370,7 +1370,7 @@ def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enab
 def test_group_token_follows_every_identity_local_or_object(tmp_path):
     from npydask.array import NpyFileArray
     from npydask.reader import FileRef
-    from npydask.stacking import group_token
+    from npydask.dataset.stacking import group_token
     from npydask.storage.object import ObjectIdentity
 
     for i in range(3):

@@ -1,4 +1,4 @@
-"""npydask.discovery: DALI's file selection order, list files, symlinks, and shard tables."""
+"""npydask.dataset.select: DALI's file selection order, list files, symlinks, and shard tables."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask.discovery import (
+from npydask.dataset.select import (
     DEFAULT_FILE_FILTER, SORTS, SWAP_PAIRS, _matcher, dali_order, folder_order, natural_key, natural_swap, select_files,
     select_listed, shard_range,
 )  # fmt: skip

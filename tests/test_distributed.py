@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.backends._pool import pooled
+from npydask._buffers import pooled
 
 distributed = pytest.importorskip("distributed")
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.dataset import _layout
-from npydask.file_views import Context, FileViews
-from npydask.region import Box
-from npydask.table import FileTable
+from npydask.dataset.npy_dataset import _layout
+from npydask.dataset.views import Context, FileViews
+from npydask.plan.region import Box
+from npydask.dataset.table import FileTable
 
 
 def _context_of(view) -> Context:

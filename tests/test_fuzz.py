@@ -342,7 +342,7 @@ def test_zero_itemsize_shape_at_the_limit_is_one_chunk_read_at_once(tmp_path, de
     """A zero-byte array of the most elements accepted is one chunk (it used to be split into
     size/128Mi chunks: MemoryError in normalize_chunks), read and computed at once."""
     path = tmp_path / "v0.npy"
-    path.write_bytes(_v0_file(f"({npydask.header.MAX_ZERO_ITEMSIZE_ELEMENTS},)", descr))
+    path.write_bytes(_v0_file(f"({npydask.format.header.MAX_ZERO_ITEMSIZE_ELEMENTS},)", descr))
     out = fuzz.check(path.read_bytes(), str(tmp_path))
     assert (out.numpy, out.npydask) == ("accept", "accept"), out
     x = npydask.from_npy(path)

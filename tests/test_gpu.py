@@ -31,14 +31,15 @@ from dask.core import flatten
 from dask.local import get_sync
 
 import npydask
-from npydask import gpu, gpu_process
+from npydask.gpu import device as gpu
+from npydask.gpu import process as gpu_process
 from npydask.array import NpyFileArray
-from npydask.backends import _kvikio_runtime as kvikio_runtime
-from npydask.backends import kvikio as kvikio_backend
+from npydask.gpu import _kvikio_runtime as kvikio_runtime
+from npydask.gpu import _kvikio as kvikio_backend
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
-from npydask.gpu_plan import GpuReadOptions, plan_gpu_read
+from npydask.gpu.plan import GpuReadOptions, plan_gpu_read
 from npydask.reader import FileRef
-from npydask.region import Box
+from npydask.plan.region import Box
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = ["<f4", ">f4", ">f8", "<f2", ">c8", ">c16", "?", "|u1", ">i2", "<u4", ">i8"]
@@ -151,7 +152,7 @@ def test_check_gpu_dtype_table():
 
 def test_modules_import_without_cupy_or_kvikio():
     code = (
-        "import sys, npydask.gpu, npydask.gpu_plan, npydask.backends.kvikio\n"
+        "import sys, npydask.gpu.device, npydask.gpu.plan, npydask.gpu._kvikio\n"
         "print(','.join(m for m in ('cupy', 'kvikio') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -277,7 +278,7 @@ def test_device_array_indexing_roi_outside_and_groups(tmp_path, numpy_device):
     outside = npydask.open_dataset(tmp_path, roi_start=[7, 0], roi_end=[9, 3], out_of_bounds_policy="pad",
                                    fill_value=4, device="gpu")  # fmt: skip
     same(outside[0].compute(), np.full((2, 3), 4, "<f4"))
-    from npydask.stacking import FileGroup
+    from npydask.dataset.stacking import FileGroup
 
     joined = gpu.on_device(FileGroup(ds.views, 0, False))
     both = np.concatenate([a, a[::-1]])
@@ -842,8 +843,7 @@ def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(
     import multiprocessing
 
     _fake_cupy(monkeypatch, tmp_path, _Nvml(1))
-    from npydask import gpu_toolkit
-
+    from npydask.gpu import toolkit as gpu_toolkit
     monkeypatch.setattr(gpu_toolkit, "_outcome", (os.getpid(), None))  # (the toolkit check is tested apart)
     gpu.require_gpu()
     assert gpu_process._CUDA_PID is None  # the check is no use of CUDA
@@ -903,12 +903,12 @@ def test_describe_of_an_older_kvikio_without_get(monkeypatch, fresh_kvikio_state
 def test_the_first_device_read_raises_kvikio_threads_once_and_logs_the_path(save, fresh_kvikio_state, caplog):
     p = save(np.arange(1000.0))
     fake = FakeKvikio()
-    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    caplog.set_level("INFO", logger="npydask.gpu._kvikio")
     for _ in range(2):
         same(kvikio_backend.read_to_device(_jobs([p]), np, kvikio=fake)[0], np.arange(1000.0))
     cores = min(16, os.cpu_count())
     assert fake.defaults.sets == [{"num_threads": cores}] and fake.defaults.get("num_threads") == cores
-    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.gpu._kvikio"]
     assert len(logged) == 1 and "kvikio POSIX compatibility mode" in logged[0], logged
     assert f"num_threads {cores} (raised from 1 by npydask" in logged[0]
     assert f"num_threads {cores} (raised from 1 by npydask" in kvikio_runtime._describe(fake)
@@ -932,11 +932,11 @@ def test_kvikio_threads_the_user_chose_are_left_alone(save, monkeypatch, fresh_k
 
 def test_the_pinned_path_is_logged_once(save, monkeypatch, fresh_kvikio_state, caplog):
     monkeypatch.setitem(sys.modules, "kvikio", None)
-    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    caplog.set_level("INFO", logger="npydask.gpu._kvikio")
     p = save(np.arange(50.0))
     for _ in range(2):
         kvikio_backend.read_to_device(_jobs([p]), _cupy_like())
-    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.gpu._kvikio"]
     assert logged == ["npydask reads onto the device with " + kvikio_backend.describe()]
     assert "pinned host memory (kvikio not installed)" in logged[0]
 
@@ -1094,11 +1094,11 @@ def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, 
     a = random_array((12, 9), ">i4", seed=6)
     jobs = [job._replace(ref=job.ref._replace(source=_ObjectLike())) for job in _jobs([save(a), save(a)])]
     fake = FakeKvikio()
-    caplog.set_level("INFO", logger="npydask.backends.kvikio")
+    caplog.set_level("INFO", logger="npydask.gpu._kvikio")
     for _ in range(2):
         for got in kvikio_backend.read_to_device(jobs, _cupy_like(), kvikio=fake):
             same(got, a)
-    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.backends.kvikio"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "npydask.gpu._kvikio"]
     assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
     assert logged[1] == "npydask reads onto the device with " + kvikio_runtime.OBJECTS
     assert fake.opened == 0
@@ -1181,7 +1181,7 @@ class _CountingViews:
 
 
 def test_concatenate_on_the_device_bisects_the_files_a_block_meets(tmp_path, numpy_device):
-    from npydask.stacking import FileGroup
+    from npydask.dataset.stacking import FileGroup
 
     arrays = [random_array((2 + k % 3, 4), "<f4", seed=k) for k in range(300)]
     for k, a in enumerate(arrays):
@@ -1296,8 +1296,7 @@ def test_urls_on_the_device_keep_requests_in_flight_as_the_cpu_path(tmp_path, ht
 
 
 def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, monkeypatch):
-    from npydask import gpu_pinned
-
+    from npydask.gpu import _pinned as gpu_pinned
     monkeypatch.setitem(sys.modules, "kvikio", None)
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 4096)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())  # (a fresh ring for this test)
@@ -1318,8 +1317,7 @@ def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, mon
 
 
 def test_the_pinned_ring_waits_on_the_stream_without_events(monkeypatch):
-    from npydask import gpu_pinned
-
+    from npydask.gpu import _pinned as gpu_pinned
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 1024)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())
     xp = _cupy_like()

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 import npydask
 from npydask.errors import FileChangedError, RoiError
-from npydask.gpu_exec import aligned_empty, execute_plan
-from npydask.gpu_plan import DEFAULT_TASK_BYTES, GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read
-from npydask.header import parse_header
-from npydask.region import Box
-from npydask.roi import RoiArgs, resolve_roi
+from npydask.gpu._exec import aligned_empty, execute_plan
+from npydask.gpu.plan import DEFAULT_TASK_BYTES, GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read
+from npydask.format.header import parse_header
+from npydask.plan.region import Box
+from npydask.plan.roi import RoiArgs, resolve_roi
 
 GPU_DTYPES = ["<f4", ">f4", "<f8", ">f8", "<f2", ">f2", "<c8", ">c8", "<c16", ">c16", "?", "|i1", "|u1",
               "<i2", ">i2", "<u4", ">u4", "<i8", ">i8", ">u8"]  # fmt: skip

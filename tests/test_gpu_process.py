@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from npydask import gpu_process
+from npydask.gpu import process as gpu_process
 from npydask.errors import GpuUnavailableError
-from npydask.gpu_process import DeviceCount, check_cuda_fork, cuda_visible_count, visible_devices
+from npydask.gpu.process import DeviceCount, check_cuda_fork, cuda_visible_count, visible_devices
 
 
 class FakeNvml:

@@ -293,11 +293,11 @@ def test_a_file_cut_short_during_a_pool_read_is_a_changed_file(sim, save):
 
 
 def test_a_file_cut_short_during_a_small_synchronous_read_is_a_changed_file(sim, save):
-    from npydask.backends.kvikio import DeviceRead, read_to_device
+    from npydask.gpu._kvikio import DeviceRead, read_to_device
     from npydask.errors import FileChangedError
-    from npydask.gpu_plan import plan_gpu_read
+    from npydask.gpu.plan import plan_gpu_read
     from npydask.reader import FileRef
-    from npydask.region import Box
+    from npydask.plan.region import Box
 
     p = save(np.arange(1000.0))
     ref = FileRef.open(p)
@@ -326,7 +326,7 @@ def test_many_files_stay_under_the_descriptor_limit(sim, tmp_path):
 
 
 def test_describe_names_the_posix_path_under_kvikio_26_10(sim):
-    from npydask.backends.kvikio import describe
+    from npydask.gpu._kvikio import describe
 
     text = describe()
     assert "POSIX" in text and "thread" in text
@@ -371,7 +371,7 @@ def test_a_toolkit_without_nvrtc_is_a_clear_error(sim, save, monkeypatch):
     from npydask.errors import GpuUnavailableError
 
     try:  # (the check runs once per process: forget an earlier pass)
-        import npydask.gpu_toolkit as toolkit
+        import npydask.gpu.toolkit as toolkit
 
         monkeypatch.setattr(toolkit, "_outcome", None)
     except (ImportError, AttributeError):

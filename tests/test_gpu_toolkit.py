@@ -1,4 +1,4 @@
-"""The toolkit check (npydask.gpu_toolkit): one tiny kernel at the first device read of a process.
+"""The toolkit check (npydask.gpu.toolkit): one tiny kernel at the first device read of a process.
 
 A fake ``cupy`` module in ``sys.modules`` stands in: its ``ElementwiseKernel``
 either fails as CuPy does without NVRTC (a ``CompileException`` or the
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask import gpu, gpu_toolkit
+from npydask.gpu import device as gpu
+from npydask.gpu import toolkit as gpu_toolkit
 from npydask.errors import GpuUnavailableError
 
 

@@ -1,4 +1,4 @@
-"""npydask.graph: the one-layer graph built directly equals dask's from_array, under either array engine.
+"""npydask.graph.build: the one-layer graph built directly equals dask's from_array, under either array engine.
 
 CI runs this file under both engines (legacy, and ``DASK_ARRAY__QUERY_PLANNING=True``).
 """
@@ -17,7 +17,7 @@ from dask.array.utils import assert_eq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask import graph
+from npydask.graph import build as graph
 from npydask.array import auto_chunks, regular_grid
 
 
@@ -71,7 +71,7 @@ def test_this_dask_takes_the_direct_build():
     build(((2, 1),))
     assert graph._builder is not None
     assert graph._builder is not graph._through_from_array
-    assert graph._builder.__module__ == ("npydask._graph_expr" if graph.query_planning() else "npydask._graph_legacy")
+    assert graph._builder.__module__ == ("npydask.graph._expr" if graph.query_planning() else "npydask.graph._legacy")
 
 
 def test_the_one_time_check_imports_no_scheduler(tmp_path):

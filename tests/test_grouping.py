@@ -1,4 +1,4 @@
-"""Group planning (npydask.grouping): which consecutive files form each task, checked without files."""
+"""Group planning (npydask.plan.grouping): which consecutive files form each task, checked without files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from npydask.grouping import GroupPlan, _plan_each, _target_group_bytes, one_grid, plan_groups
+from npydask.plan.grouping import GroupPlan, _plan_each, _target_group_bytes, one_grid, plan_groups
 
 
 @pytest.mark.parametrize("strided", [False, True])

@@ -1,4 +1,4 @@
-"""npydask.header and read_header: numpy is the oracle, malformed files are a table."""
+"""npydask.format.header and read_header: numpy is the oracle, malformed files are a table."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import npydask
 from npydask import NpyFormatError
-from npydask import header as header_mod
+from npydask.format import header as header_mod
 from npydask.testing.strategies import (
     arrays,
     assert_same_array,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask import index as index_mod
+from npydask.dataset import index as index_mod
 from npydask.errors import NpyDaskWarning
 
 
@@ -26,8 +26,7 @@ def folder(tmp_path):
 
 def count_scans(monkeypatch):
     calls = []
-    from npydask import opening
-
+    from npydask.dataset import open as opening
     real = opening.scan_headers
 
     def counting(paths, **kw):

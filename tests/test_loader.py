@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.sampling import epoch_batches
+from npydask.plan.sampling import epoch_batches
 
 
 @pytest.fixture

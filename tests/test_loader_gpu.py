@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask import gpu, gpu_process
-
-
+from npydask.gpu import device as gpu
+from npydask.gpu import process as gpu_process
 class _DeviceArray(np.ndarray):
     def set(self, host):
         self[...] = host

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.multikey import MultiKeyDataset
+from npydask.dataset.multikey import MultiKeyDataset
 from npydask.storage import _handles
 
 from _s3 import s3  # noqa: F401  (the fixture)

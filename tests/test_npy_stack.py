@@ -23,7 +23,7 @@ import pytest
 
 import npydask
 from npydask.errors import NpyDaskWarning, NpyFormatError
-from npydask.npy_stack import StackInfo, parse_info, stack_files
+from npydask.dataset.npy_stack import StackInfo, parse_info, stack_files
 
 STRUCTURED = np.dtype([("axis", "<i4"), ("v", ">f8", (2,))])  # (a field named like info's key)
 
@@ -190,7 +190,7 @@ def test_unusable_info_is_ignored_with_a_warning(tmp_path, data):
 
 
 def test_oversized_info_is_ignored_unread(tmp_path, monkeypatch):
-    import npydask.npy_stack as npy_stack
+    import npydask.dataset.npy_stack as npy_stack
 
     array = _values((5, 3), "<f8")
     _write(tmp_path / "s", array, (2, 3), 0)

@@ -195,7 +195,7 @@ import struct  # noqa: E402
 import zlib  # noqa: E402
 
 from npydask.errors import NpzCrcError  # noqa: E402
-from npydask.npz import verify  # noqa: E402
+from npydask.format.npz import verify  # noqa: E402
 
 CRC_MEMBERS = {
     "f4": np.arange(3 * 50, dtype="<f4").reshape(3, 50) / 7,
@@ -290,7 +290,7 @@ def test_raw_flip_in_the_zip_file_is_refused(tmp_path, key):
             path = str(tmp_path / f"raw-{kind}-{key}-{at}.npz")
             save(path, **CRC_MEMBERS)
             data = open(path, "rb").read()
-            member = npydask.npz.locate(lambda offset, n: data[offset : offset + n], len(data), path, key)
+            member = npydask.format.npz.locate(lambda offset, n: data[offset : offset + n], len(data), path, key)
             pos = member.data_start + 200 + int(at * (member.compress_size - 201))
             blob = bytearray(open(path, "rb").read())
             blob[pos] ^= 0x01
@@ -378,7 +378,7 @@ def test_deflated_member_peaks_near_its_size(tmp_path, what):
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_whole_reads_of_stored_structured_members_with_padding_pass_their_crc(tmp_path, order):
     """The CRC-32 runs over the file's bytes, padding included (a Fortran slab copy must move every byte)."""
-    from npydask.region import raw
+    from npydask.plan.region import raw
 
     dtype = np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4], "itemsize": 12})
     c = np.empty((300, 50) if order == "C" else (50, 300), dtype)
@@ -389,4 +389,4 @@ def test_whole_reads_of_stored_structured_members_with_padding_pass_their_crc(tm
     for _ in range(3):  # (freed heap bytes differ from one try to the next)
         got = npydask.read_region(tmp_path / "s.npz", key="x")
         assert got.tobytes() == want
-        npydask.npz.verify(str(tmp_path / "s.npz"))
+        npydask.format.npz.verify(str(tmp_path / "s.npz"))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.paths import absolute, absolute_all
+from npydask.storage.paths import absolute, absolute_all
 
 DTYPES = ["<f4", ">i2", "<u8", "<c8", "|b1"]
 

@@ -1,4 +1,4 @@
-"""npydask._pickle_values: a pickle's plain values, replayed without importing, calling or building anything else.
+"""npydask.format._pickle_values: a pickle's plain values, replayed without importing, calling or building anything else.
 
 ``pickle.loads`` is the oracle for pickles of plain values (every protocol);
 pickles that name other globals or use other opcodes are refused, and the
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from npydask._pickle_values import Global, Limits, Opaque, UnexpectedPickle, plain_values
+from npydask.format._pickle_values import Global, Limits, Opaque, UnexpectedPickle, plain_values
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 DTYPE = {("numpy", "dtype"), ("_codecs", "encode")}
@@ -145,7 +145,7 @@ def test_malformed_or_unsupported_pickles_are_refused(data, match):
 
 def test_every_opcode_is_either_replayed_or_refused():
     """No opcode falls through silently: each one is named by the reader's tables or refused by name."""
-    import npydask._pickle_values as module
+    import npydask.format._pickle_values as module
 
     source = Path(module.__file__).read_text()
     for opcode in pickletools.opcodes:

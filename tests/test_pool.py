@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.backends import _pool
-from npydask.backends._pool import MIN_BYTES, BufferPool, empty, pooled
+from npydask import _buffers as _pool
+from npydask._buffers import MIN_BYTES, BufferPool, empty, pooled
 
 MiB = 1 << 20
 

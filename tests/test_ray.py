@@ -87,7 +87,7 @@ def test_open_dataset_stack_under_ray(ray_get, tmp_path):
 
 def test_to_zarr_under_ray(ray_get, tmp_path):
     zarr = pytest.importorskip("zarr", minversion="3.0")
-    from npydask.zarr_writer import to_zarr
+    from npydask.write.zarr import to_zarr
 
     a = np.arange(300, dtype="<f4").reshape(30, 10)
     np.save(tmp_path / "a.npy", a)
@@ -180,7 +180,7 @@ def test_read_tasks_follow_block_size_and_carry_their_files_only(tmp_path):
 def test_blocks_share_the_read_buffer(tmp_path):
     """The tensor column is built on the C-contiguous block without a copy."""
     pytest.importorskip("ray.data")
-    from npydask.ray_columns import tensor_column
+    from npydask.ray._columns import tensor_column
 
     block = np.arange(2 * 3 * 4, dtype="<i4").reshape(2, 3, 4)
     column = tensor_column(block)

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 import npydask
 from npydask import config
 from npydask.backends import get as get_backend
-from npydask.backends._iovec import iov_layout, read_iovecs
+from npydask.storage._iovec import iov_layout, read_iovecs
 from npydask.backends.pread import pread_strategy
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.header import NpyHeader
-from npydask.read_strategy import MEASURED, STRATEGIES, Costs, choose, estimate, measure_shape, touched_blocks
+from npydask.format.header import NpyHeader
+from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose, estimate, measure_shape, touched_blocks
 from npydask.reader import FileRef, choose_backend, read_region
-from npydask.region import Box, plan_read
-from npydask.stacking import FileGroup
+from npydask.plan.region import Box, plan_read
+from npydask.dataset.stacking import FileGroup
 from npydask.storage import _handles
 from npydask.storage._handles import HeaderCheck
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, region_slices, regions, save_npy, shapes

@@ -1,4 +1,4 @@
-"""npydask.region: boxes and byte-run plans, checked against brute-force oracles without files."""
+"""npydask.plan.region: boxes and byte-run plans, checked against brute-force oracles without files."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided
 
 from npydask import RoiError
-from npydask.header import NpyHeader
-from npydask.region import Box, ByteRun, Coalesced, ReadPlan, align_span, normalize_box, plan_read
+from npydask.format.header import NpyHeader
+from npydask.plan.region import Box, ByteRun, Coalesced, ReadPlan, align_span, normalize_box, plan_read
 from npydask.testing.strategies import region_slices, regions, shapes
 
 ITEMSIZES = st.sampled_from([1, 2, 3, 4, 8, 12, 16])

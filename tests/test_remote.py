@@ -636,7 +636,7 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     """kvikio has no conditional reads: objects go through the pinned host buffer even where kvikio is there."""
     import sys
 
-    from npydask import gpu
+    from npydask.gpu import device as gpu
     from test_gpu import FakeKvikio, _cupy_like, same
 
     xp = _cupy_like()

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.remote_writer import plan_parts
+from npydask.write._remote import plan_parts
 from npydask.storage._s3_upload import client_kwargs, translate_boto
 from npydask.storage._stores import StoreSpec
 

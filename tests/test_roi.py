@@ -1,4 +1,4 @@
-"""npydask.roi: DALI ``readers.numpy`` ROI arithmetic, with numpy slicing and ``np.pad`` as the oracle.
+"""npydask.plan.roi: DALI ``readers.numpy`` ROI arithmetic, with numpy slicing and ``np.pad`` as the oracle.
 
 The DALI numpy-reader ROI suite (``dali/test/python/reader/test_numpy.py``) is
 re-expressed on its eight file shapes; a reference implementation written
@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npydask import RoiError
-from npydask.region import Box
-from npydask.roi import FileRoi, RoiArgs, apply_pad, convert_fill, resolve_roi
+from npydask.plan.region import Box
+from npydask.plan.roi import FileRoi, RoiArgs, apply_pad, convert_fill, resolve_roi
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, shapes
 
 DALI_SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
@@ -123,7 +123,7 @@ def ref_read(full: np.ndarray, kw: dict[str, Any], index: int = 0) -> np.ndarray
 
 
 def read(full: np.ndarray, kw: dict[str, Any], index: int = 0, n_files: int | None = None) -> np.ndarray:
-    """The ROI of ``full`` through npydask.roi, checking the FileRoi invariants on the way."""
+    """The ROI of ``full`` through npydask.plan.roi, checking the FileRoi invariants on the way."""
     args = RoiArgs.from_user(**kw, n_files=n_files)
     roi = resolve_roi(args, full.shape, full.dtype, index=index, source="f.npy")
     assert roi.shape == tuple(b - a for a, b in zip(roi.start, roi.end))
@@ -731,7 +731,7 @@ def _dirty_heap(dtype, n=64):
 @pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
 def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_path, dtype, backend):
     import npydask
-    from npydask.region import raw
+    from npydask.plan.region import raw
 
     src = _patterned((6, 5), dtype, seed=dtype.itemsize)
     p = tmp_path / "s.npy"
@@ -750,7 +750,7 @@ def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_p
 
 @pytest.mark.parametrize("dtype", PADDED, ids=["holes", "aligned", "nested"])
 def test_apply_pad_moves_every_byte_of_structured_values(dtype):
-    from npydask.region import raw
+    from npydask.plan.region import raw
 
     args = RoiArgs.from_user(roi_start=[-1, 0], roi_end=[4, 5], out_of_bounds_policy="pad")
     roi = resolve_roi(args, (3, 3), dtype)

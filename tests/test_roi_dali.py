@@ -1,4 +1,4 @@
-"""npydask.roi against NVIDIA DALI's own ``fn.readers.numpy`` (CPU), where DALI is installed.
+"""npydask.plan.roi against NVIDIA DALI's own ``fn.readers.numpy`` (CPU), where DALI is installed.
 
 DALI is not a dependency: ``pip install nvidia-dali-cuda120`` to run these. Every
 case writes a few small ``.npy`` files (C and Fortran order), reads them with a
@@ -21,7 +21,7 @@ try:
 except Exception as e:  # noqa: BLE001 - ImportError, or a missing shared library
     pytest.skip(f"nvidia.dali is not usable: {e}", allow_module_level=True)
 
-from npydask.roi import RoiArgs, apply_pad, resolve_roi
+from npydask.plan.roi import RoiArgs, apply_pad, resolve_roi
 
 NAMES = ["roi_start", "rel_roi_start", "roi_end", "rel_roi_end", "roi_shape", "rel_roi_shape"]
 DTYPES = ["u1", "i1", "u2", "i2", "i4", "i8", "f2", "f4", "f8", "?"]

@@ -10,7 +10,7 @@ import pytest
 import npydask
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.region import Box, plan_read
+from npydask.plan.region import Box, plan_read
 from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage._rois import read_rois
 

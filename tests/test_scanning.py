@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
 @pytest.mark.parametrize("threads", [None, 1, 3])
 def test_scan_headers_reports_progress_per_batch_without_changing_results(tmp_path, n, threads):
-    from npydask.scanning import _BATCH, scan_headers
+    from npydask.dataset.scan import _BATCH, scan_headers
 
     paths = []
     for i in range(n):
@@ -50,7 +50,7 @@ class _ColdAfter:
         import threading
         import types
 
-        from npydask import scanning
+        from npydask.dataset import scan as scanning
         from npydask.storage.local import LOCAL
 
         self.local, self.cold, self.where = LOCAL, set(cold), []
@@ -69,8 +69,8 @@ class _ColdAfter:
 
 @pytest.mark.parametrize("progress", [False, True])
 def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_path, progress, monkeypatch):
-    from npydask import scanning
-    from npydask.scanning import _BATCH, scan_headers
+    from npydask.dataset import scan as scanning
+    from npydask.dataset.scan import _BATCH, scan_headers
 
     monkeypatch.setattr(scanning, "_STEP", _STEP := 2 * _BATCH)  # (short slow batches)
 
@@ -94,8 +94,8 @@ def test_scan_headers_hands_the_rest_to_threads_once_a_later_batch_is_slow(tmp_p
 
 
 def test_scan_headers_comes_back_to_this_thread_once_the_threads_run_at_cache_speed(tmp_path, monkeypatch):
-    from npydask import scanning
-    from npydask.scanning import _BATCH, scan_headers
+    from npydask.dataset import scan as scanning
+    from npydask.dataset.scan import _BATCH, scan_headers
 
     monkeypatch.setattr(scanning, "_STEP", _STEP := 8 * _BATCH)  # (short slow rounds)
 
@@ -115,7 +115,7 @@ def test_scan_headers_comes_back_to_this_thread_once_the_threads_run_at_cache_sp
 
 
 def test_scan_headers_stays_in_this_thread_with_threads_1_however_slow(tmp_path, monkeypatch):
-    from npydask.scanning import _BATCH, scan_headers
+    from npydask.dataset.scan import _BATCH, scan_headers
 
     np.save(tmp_path / "a.npy", np.arange(6, dtype="<i2"))
     paths = [str(tmp_path / "a.npy")] * (3 * _BATCH)

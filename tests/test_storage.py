@@ -25,7 +25,7 @@ import npydask
 
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.region import normalize_box, plan_read
+from npydask.plan.region import normalize_box, plan_read
 from npydask.storage import _handles
 from npydask.storage._handles import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
 from npydask.storage.base import Source
@@ -380,7 +380,7 @@ def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> Non
 
 
 def test_dali_order_of_a_listing_is_pure_and_bytewise() -> None:
-    from npydask.discovery import dali_order
+    from npydask.dataset.select import dali_order
 
     listed = ["s1/c.npy", "B.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy", "\u00e9.npy", "a10.npy", "a2.npy"]
     assert dali_order(listed, sep="/") == ["B.npy", "a.npy", "a10.npy", "a2.npy", "\u00e9.npy",
@@ -531,7 +531,7 @@ def test_readers_take_the_sources_gap(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mappable", [True, False])
 def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: bool) -> None:
     from npydask.reader import FileRef
-    from npydask.region import Box
+    from npydask.plan.region import Box
 
     values = np.arange(4096, dtype="<f8").reshape(64, 64)
     np.save(tmp_path / "a.npy", values)
@@ -546,9 +546,9 @@ def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: b
 
 def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     from npydask.array import NpyFileArray
-    from npydask.scanning import scan_headers
+    from npydask.dataset.scan import scan_headers
     from npydask.reader import FileRef
-    from npydask.stacking import FileGroup
+    from npydask.dataset.stacking import FileGroup
 
     arrays = [np.full((8, 8), i, "<i4") for i in range(40)]
     paths = []

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npydask._strings import Strings, encode, gather, pack, starts_of, unpack
+from npydask.dataset._strings import Strings, encode, gather, pack, starts_of, unpack
 
 _names = st.lists(st.one_of(
     st.text(st.characters(exclude_categories=("Cs",)), max_size=10),

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npydask.config import read_options
-from npydask.header import NpyHeader
-from npydask.roi import RoiArgs, resolve_roi
+from npydask.format.header import NpyHeader
+from npydask.plan.roi import RoiArgs, resolve_roi
 from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
-from npydask.file_views import Context, FileViews
-from npydask.table import FileTable, Strings, TableBuilder, common_root
+from npydask.dataset.views import Context, FileViews
+from npydask.dataset.table import FileTable, Strings, TableBuilder, common_root
 
 H1 = NpyHeader((1, 0), (4, 5), np.dtype("<f4"), False, 128, 80)
 H2 = NpyHeader((1, 0), (2, 3), np.dtype(">i2"), True, 128, 12)
@@ -141,10 +141,10 @@ def test_a_slice_shares_the_buffers_and_pickles_only_its_own_rows():
     assert rows_of(back) == rows_of(one)
 
 
-_ALLOWED = {("npydask.config", "ReadOptions"), ("npydask.header", "NpyHeader"), ("npydask.region", "Box"),
-            ("npydask.roi", "FileRoi"), ("npydask.storage._handles", "HeaderCheck"), ("npydask.storage.local", "LOCAL"),
-            ("npydask.file_views", "Context"), ("npydask.file_views", "FileViews"), ("npydask._strings", "Strings"),
-            ("npydask.table", "_rebuild")}
+_ALLOWED = {("npydask.config", "ReadOptions"), ("npydask.format.header", "NpyHeader"), ("npydask.plan.region", "Box"),
+            ("npydask.plan.roi", "FileRoi"), ("npydask.storage._handles", "HeaderCheck"), ("npydask.storage.local", "LOCAL"),
+            ("npydask.dataset.views", "Context"), ("npydask.dataset.views", "FileViews"), ("npydask.dataset._strings", "Strings"),
+            ("npydask.dataset.table", "_rebuild")}
 _NUMPY = {"dtype", "scalar", "_frombuffer", "_reconstruct", "ndarray"}  # (numpy's own array and dtype reducers)
 
 
@@ -162,7 +162,7 @@ def test_pickles_carry_only_npydask_types_numpy_arrays_and_builtins():
     for obj in (t, views, _bench_table(50)[5:20]):
         back = Recording(io.BytesIO(pickle.dumps(obj, protocol=5))).load()
         assert type(back) is type(obj)
-    assert ("npydask.table", "_rebuild") in seen
+    assert ("npydask.dataset.table", "_rebuild") in seen
     assert {g for g in seen if g[0].split(".")[0] != "numpy"} <= _ALLOWED
     assert {n for m, n in seen if m.split(".")[0] == "numpy"} <= _NUMPY
 

@@ -217,7 +217,7 @@ def test_sharding_twice_warns(folder):
 @pytest.mark.timeout(300)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on a 2-core machine
 def test_set_epoch_reaches_persistent_workers(folder, workers, persistent, context):
-    from npydask.sampling import epoch_order
+    from npydask.plan.sampling import epoch_order
 
     ds = npydask.open_dataset(folder)
     it = NpyIterableDataset(ds, shuffle=True, seed=3)

@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import npydask  # noqa: E402
-from npydask import gpu, gpu_process  # noqa: E402
+from npydask.gpu import device as gpu
+from npydask.gpu import process as gpu_process
 from npydask.errors import GpuUnavailableError  # noqa: E402
 from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""open_dataset(..., headers="first") (npydask.uniform): one header read at open, each file's checked where a task reads it.
+"""open_dataset(..., headers="first") (npydask.dataset.uniform): one header read at open, each file's checked where a task reads it.
 
 numpy is the oracle on real files; every mode a dataset offers (stack,
 concatenate, ``ds[i]``, ROIs of each policy, shards, the Loader, the PyTorch

@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 
 import npydask
 from npydask.errors import FileChangedError
-from npydask.header import format_header, parse_header
+from npydask.format.header import format_header, parse_header
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, shapes
-from npydask.writer import check_names, to_npy, to_npy_files
+from npydask.write.npy import check_names, to_npy, to_npy_files
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_write.py"
 
@@ -715,7 +715,7 @@ def test_a_write_whose_worker_dies_leaves_the_target_untouched(tmp_path):
 _CHILD_WRITER = """
 import json, sys
 import dask, dask.array as da, numpy as np
-from npydask.writer import to_npy
+from npydask.write.npy import to_npy
 for line in sys.stdin:
     job = json.loads(line)
     a = np.load(job["src"])
@@ -981,7 +981,7 @@ def test_long_non_ascii_names_are_written(tmp_path, char, nbytes):
 @pytest.mark.parametrize("char", NAME_CHARS, ids=["ascii", "e-acute", "kanji", "emoji", "mixed"])
 @pytest.mark.parametrize("nbytes", [1, 150, 216, 217, 218, 219, 220, 244, 255])
 def test_temporary_names_are_cut_by_bytes_on_a_character_boundary(char, nbytes):
-    from npydask.writer import plan_target
+    from npydask.write.npy import plan_target
 
     name = "b" if nbytes == 1 else _name_of_bytes(char, nbytes)
     t = plan_target(os.path.join(os.sep, "data", name), np.dtype("<f4"), (3,), "0123456789abcdef")
@@ -1201,9 +1201,9 @@ def test_structured_padding_is_read_as_the_file_holds_it(tmp_path, dtype, order,
 
 
 def test_a_chunk_task_never_writes_into_an_unstamped_temporary_file(tmp_path, monkeypatch):
-    from npydask.backends import _write
-    from npydask.region import Box
-    from npydask.writer import plan_target
+    from npydask.write import _tasks as _write
+    from npydask.plan.region import Box
+    from npydask.write.npy import plan_target
 
     a = _filled((6, 4), "<f8")
     t = plan_target(str(tmp_path / "t.npy"), a.dtype, a.shape, "0123456789abcdef")

@@ -181,7 +181,7 @@ def test_chunks_none_is_lazy_without_dask_and_reads_only_the_selection(save, rea
     part = var.isel(dim_0=slice(10, 20), dim_1=3)
     assert reads == [], "selecting read data"
     np.testing.assert_array_equal(part.values, a[10:20, 3])
-    assert [r[1] for r in reads] == [npydask.region.Box((10, 3, 0), (20, 4, 20))]  # that box, nothing else
+    assert [r[1] for r in reads] == [npydask.plan.region.Box((10, 3, 0), (20, 4, 20))]  # that box, nothing else
     reads.clear()
     np.testing.assert_array_equal(var.values, a)
     assert len(reads) == 1 and reads[0][1].shape == a.shape

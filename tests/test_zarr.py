@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npydask
-from npydask import zarr_writer
-from npydask.zarr_writer import ZarrLayout, covers_whole_units, plan_zarr_layout, to_zarr
+from npydask.write import zarr as zarr_writer
+from npydask.write.zarr import ZarrLayout, covers_whole_units, plan_zarr_layout, to_zarr
 
 MiB = 1 << 20
 

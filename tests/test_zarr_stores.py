@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.zarr_stores import where_to
+from npydask.write.zarr_store import where_to
 
 zarr = pytest.importorskip("zarr")
 

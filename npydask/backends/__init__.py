@@ -1,10 +1,10 @@
 """Host readers behind one small interface, found through a lazy registry.
 
-A backend turns a :class:`~npydask.region.ReadPlan` into a NumPy array. Each
+A backend turns a :class:`~npydask.plan.region.ReadPlan` into a NumPy array. Each
 lives in its own module, imported only when first asked for, so ``import
 npydask`` never imports CuPy or kvikio. The registry below is what the
 ``backend=`` argument chooses from, for ``device="cpu"`` only: the device
-reader, :mod:`npydask.backends.kvikio`, is not a registered backend, and
+reader, :mod:`npydask.gpu._kvikio`, is not a registered backend, and
 ``device="gpu"`` reads with it whatever ``backend=`` says.
 
 ===========  =======================================================  ==========

@@ -8,9 +8,9 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.storage._handles import OpenFile
-from npydask.backends._pool import empty
+from npydask._buffers import empty
 from npydask.config import ReadOptions
-from npydask.region import ReadPlan, raw, raw_copy
+from npydask.plan.region import ReadPlan, raw, raw_copy
 
 __all__ = ["Backend", "as_bytes", "copy_runs", "destination", "finish", "raw", "raw_copy", "same_layout"]
 

@@ -17,11 +17,11 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.storage._handles import OpenFile
-from npydask.backends._pool import empty
+from npydask._buffers import empty
 from npydask.backends.base import Backend, as_bytes, copy_runs, destination, finish
 from npydask.config import ReadOptions
-from npydask.npz import inflate_into
-from npydask.region import ReadPlan
+from npydask.format.npz import inflate_into
+from npydask.plan.region import ReadPlan
 
 __all__ = ["DeflateBackend"]
 

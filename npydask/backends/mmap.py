@@ -33,8 +33,8 @@ from npydask.storage._handles import OpenFile, clear_cache
 from npydask.backends.base import Backend, copy_runs, same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
-from npydask.read_strategy import choose
-from npydask.region import ReadPlan
+from npydask.plan.read_strategy import choose
+from npydask.plan.region import ReadPlan
 
 __all__ = ["MapError", "MmapBackend"]
 
@@ -44,7 +44,7 @@ class MapError(OSError):
 
 class MmapBackend(Backend):
     """Map, then view (contiguous regions) or copy (everything else: the ``mapped`` strategy of
-    :mod:`npydask.read_strategy`, which ``"auto"`` also picks where the cost model prices it lowest)."""
+    :mod:`npydask.plan.read_strategy`, which ``"auto"`` also picks where the cost model prices it lowest)."""
 
     name: ClassVar[str] = "mmap"
 

@@ -4,7 +4,7 @@ Runs are read straight into the result when they are far apart; runs whose
 gaps are under the ``gap_bytes`` setting are read as one span, either into a
 scratch buffer and cut out with a strided copy (the ``spans`` strategy) or
 scattered by one ``preadv`` straight into the result (``runs``), whichever
-the cost model of :mod:`npydask.read_strategy` prices lower for the region
+the cost model of :mod:`npydask.plan.read_strategy` prices lower for the region
 (or the ``roi_strategy`` setting forces). Reads never move a shared file
 position (``os.preadv`` only), so threads share descriptors safely.
 
@@ -26,12 +26,12 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
-from npydask.backends._iovec import read_iovecs
-from npydask.backends._pool import pieces, scratch_pieces
+from npydask.storage._iovec import read_iovecs
+from npydask._buffers import pieces, scratch_pieces
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
-from npydask.read_strategy import choose
-from npydask.region import Coalesced, ReadPlan, align_span
+from npydask.plan.read_strategy import choose
+from npydask.plan.region import Coalesced, ReadPlan, align_span
 
 __all__ = [
     "DIRECT_ALIGNMENT",
@@ -89,7 +89,7 @@ _DIRECT = ("spans",)
 
 
 def pread_strategy(plan: ReadPlan, options: ReadOptions) -> str:
-    """``"spans"`` or ``"runs"`` for ``plan`` (:func:`npydask.read_strategy.choose`; ``O_DIRECT`` reads spans).
+    """``"spans"`` or ``"runs"`` for ``plan`` (:func:`npydask.plan.read_strategy.choose`; ``O_DIRECT`` reads spans).
 
     Raises
     ------

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import add_storage_option
-from npydask.dataset import _human
-from npydask.discovery import SORTS
+from npydask.dataset.npy_dataset import _human
+from npydask.dataset.select import SORTS
 
 __all__ = [
     "SCAN_COUNT_FROM",

@@ -35,7 +35,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 import npydask
-from npydask.backends._pool import pool
+from npydask._buffers import pool
 from npydask.cli._common import duration, number, size, table
 from npydask.cli._measure import Measured, measure
 from npydask.storage._handles import clear_cache

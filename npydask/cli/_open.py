@@ -24,12 +24,12 @@ from typing import Any
 from npydask.cli._common import UsageError, number, say
 from npydask.cli._select import Selection, root_of, select
 from npydask.cli._remote import source_of, url_or_none
-from npydask.dataset import NpyDataset
-from npydask.file_views import Context
+from npydask.dataset.npy_dataset import NpyDataset
+from npydask.dataset.views import Context
 from npydask.config import read_options
-from npydask.paths import absolute_all
-from npydask.roi import RoiArgs
-from npydask.scanning import scan_table
+from npydask.storage.paths import absolute_all
+from npydask.plan.roi import RoiArgs
+from npydask.dataset.scan import scan_table
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 
@@ -150,7 +150,7 @@ def dataset_of(
     except (ValueError, TypeError) as e:  # (RoiError is a ValueError)
         raise UsageError(str(e)) from None
     if device == "gpu" and len(table):
-        from npydask.gpu import check_gpu_dtype
+        from npydask.gpu.device import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))
     return NpyDataset(table, Context(read_options(gap_bytes=source.gap_bytes), "auto", key, source), device=device)
@@ -179,7 +179,7 @@ def views_of(selection: Selection, *, key: str | None) -> list[Any]:
 
 def read_whole(view: Any) -> Any:
     """A view's whole array, read now (in a task: one request for a small object, header checked)."""
-    from npydask.region import Box
+    from npydask.plan.region import Box
 
     return view.read(Box((0,) * view.ndim, tuple(view.shape)))
 

@@ -135,7 +135,7 @@ def npz_members_at(url: str, options: dict[str, Any] | None) -> list[str]:
         Not a readable zip archive, or no member.
     """
     from npydask.cli._common import UsageError
-    from npydask.npz import RangeFile
+    from npydask.format.npz import RangeFile
 
     source = source_of(url, options)
     read, size = source.range_read(url)

@@ -22,8 +22,8 @@ from npydask.cli import _common
 from npydask.cli._common import UsageError, number
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import is_prefix, npz_members_at, source_of, url_or_none
-from npydask.discovery import select_files
-from npydask.scanning import scan_headers
+from npydask.dataset.select import select_files
+from npydask.dataset.scan import scan_headers
 from npydask.storage._batch import Scanned
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL

@@ -59,7 +59,7 @@ import npydask
 from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
 from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.storage.urls import redact
-from npydask.writer import check_names
+from npydask.write.npy import check_names
 from npydask.cli._common import (
     UsageError,
     add_cluster_options,
@@ -425,7 +425,7 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
                     total, len(paths))
     _check_uniform(paths, headers)
     if kind == "zarr":
-        from npydask.stacking import joined_dtype
+        from npydask.dataset.stacking import joined_dtype
 
         _check_zarr_dtypes([joined_dtype(headers[0].dtype)], src)
     shape = (len(paths), *headers[0].shape)
@@ -479,7 +479,7 @@ def _need_zarr() -> None:
 
 
 def _check_zarr_dtypes(dtypes: Sequence[np.dtype], src: str) -> None:
-    from npydask.zarr_writer import check_zarr_dtype
+    from npydask.write.zarr import check_zarr_dtype
 
     for dtype in set(dtypes):
         try:
@@ -518,7 +518,7 @@ def _zarr_per_file_writes(
     import dask
     import zarr
 
-    from npydask.zarr_writer import plan_zarr_layout
+    from npydask.write.zarr import plan_zarr_layout
 
     root = zarr.open_group(dest, mode="w" if overwrite else "w-", zarr_format=3, attributes={"files": names})
     for group in sorted({s.rsplit("/", 1)[0] for s in stems if "/" in s}):

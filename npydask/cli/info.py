@@ -26,7 +26,7 @@ from npydask.cli._common import (
 from npydask.cli._select import Selection, expand_globs, is_npz, npz_members
 from npydask.cli._open import add_open_options, selection_for
 from npydask.cli._remote import source_of, storage_options, url_or_none
-from npydask.scanning import scan_headers
+from npydask.dataset.scan import scan_headers
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 
@@ -175,8 +175,8 @@ def _shape(shape: list[int]) -> str:
 
 def _verify(path: str, recursive: bool, sort: str = "bytes") -> int:
     """``--verify``: each archive's members against their CRC-32; 1 if any archive fails."""
-    from npydask.discovery import select_files
-    from npydask.npz import verify
+    from npydask.dataset.select import select_files
+    from npydask.format.npz import verify
 
     if url_or_none(path) is not None:
         raise UsageError(f"{redact(path)}: --verify reads archives on local disk; download the object first")

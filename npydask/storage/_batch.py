@@ -32,7 +32,7 @@ from npydask.storage._handles import (
     retry_open,
     scan_file,
 )
-from npydask.header import _MEMO, NpyHeader, header_end, parse_header
+from npydask.format.header import _MEMO, NpyHeader, header_end, parse_header
 from npydask.storage._headers import truncated
 
 __all__ = ["Scanned", "read_files", "scan_files"]

@@ -47,8 +47,8 @@ from typing import Any, NamedTuple
 
 from npydask import config
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.header import NpyHeader, parse_header
-from npydask.npz import Member, Read, directory
+from npydask.format.header import NpyHeader, parse_header
+from npydask.format.npz import Member, Read, directory
 from npydask.storage._headers import member_header as _member_header
 from npydask.storage._headers import member_header_in as _member_header_in
 from npydask.storage._headers import member_headers as _member_headers
@@ -341,7 +341,7 @@ def retry_open(path: str, flags: int, error: OSError) -> int:
 
 
 def reader(fd: int) -> Read:
-    """``read(offset, n)`` over a descriptor (one ``pread``), as :mod:`npydask.npz` reads archives."""
+    """``read(offset, n)`` over a descriptor (one ``pread``), as :mod:`npydask.format.npz` reads archives."""
 
     def read(offset: int, n: int) -> bytes:
         return os.pread(fd, n, offset)
@@ -457,7 +457,7 @@ class OpenFile:
         check_unchanged(self.file.fileno(), self.identity, self.path)
 
     def read_at(self, offset: int, n: int) -> bytes:
-        """Up to ``n`` bytes from ``offset`` (one ``pread``): the :data:`npydask.npz.Read` of this file."""
+        """Up to ``n`` bytes from ``offset`` (one ``pread``): the :data:`npydask.format.npz.Read` of this file."""
         return os.pread(self.file.fileno(), n, offset)
 
     def direct_file(self) -> io.FileIO | None:
@@ -525,7 +525,7 @@ def acquire(
         :class:`FileChangedError` instead of reading other data.
     key : str, optional
         A member of an ``.npz`` archive: its header, and its
-        :class:`~npydask.npz.Member` when it must be inflated to be read.
+        :class:`~npydask.format.npz.Member` when it must be inflated to be read.
     check : HeaderCheck, optional
         The header bytes the caller relies on; the file's (read when it was
         opened, with this identity) must be the same.

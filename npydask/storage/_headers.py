@@ -2,11 +2,11 @@
 
 One implementation of the order numpy reads a file in: the first few KiB,
 more only for a long header, the preamble and header parsed strictly
-(:func:`npydask.header.parse_header`), then the payload's presence checked
+(:func:`npydask.format.header.parse_header`), then the payload's presence checked
 against the file's size. An ``.npz`` member is found through the archive's
-central directory (:func:`npydask.npz.locate`) and its header read from the
+central directory (:func:`npydask.format.npz.locate`) and its header read from the
 member's bytes (inflated for a deflated member). The source of bytes is a
-:data:`npydask.npz.Read` callable, so local files (one ``pread`` per call)
+:data:`npydask.format.npz.Read` callable, so local files (one ``pread`` per call)
 and object stores (one range request per call) share it.
 """
 
@@ -17,8 +17,8 @@ import zipfile
 from collections.abc import Sequence
 
 from npydask.errors import NpyFormatError
-from npydask.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
-from npydask.npz import Member, Read, find, inflate, locate, locate_all, without_key
+from npydask.format.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, header_end, parse_header
+from npydask.format.npz import Member, Read, find, inflate, locate, locate_all, without_key
 
 __all__ = [
     "FIRST_READ", "member_header", "member_header_in", "member_headers", "npy_header", "read_upto", "truncated",
@@ -99,7 +99,7 @@ def member_headers(read: Read, size: int, path: str, keys: Sequence[str]) -> lis
 
 
 def member_header_in(read: Read, zf: zipfile.ZipFile, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
-    """:func:`member_header` of an archive whose central directory ``zf`` was read already (:func:`npydask.npz.directory`)."""
+    """:func:`member_header` of an archive whose central directory ``zf`` was read already (:func:`npydask.format.npz.directory`)."""
     return _header_of(read, path, find(read, path, zf, key))
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from npydask.backends.pread import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
-from npydask.header import parse_header
+from npydask.format.header import parse_header
 from npydask.storage._batch import _FLAGS, _explain
 from npydask.storage._handles import InodeIdentity, _changed, header_mismatch, retry_open
 from npydask.storage._headers import truncated

@@ -2,11 +2,11 @@
 
 Three small interfaces, one implementation each per kind of storage (local
 files in :mod:`npydask.storage.local`, objects in :mod:`npydask.storage.object`), all planned by
-the same pure modules (:mod:`npydask.header`, :mod:`npydask.region`,
-:mod:`npydask.roi`, the ordering rules of :mod:`npydask.discovery`):
+the same pure modules (:mod:`npydask.format.header`, :mod:`npydask.plan.region`,
+:mod:`npydask.plan.roi`, the ordering rules of :mod:`npydask.dataset.select`):
 
 * a :class:`Source` reads: a file's identity, headers of many files, a
-  region's byte runs (a :class:`~npydask.region.ReadPlan`) into a
+  region's byte runs (a :class:`~npydask.plan.region.ReadPlan`) into a
   destination, and whole payloads of a group of small files in one loop;
 * a :class:`Lister` lists a folder as a :class:`Listing` (relative paths,
   with sizes and identities where the listing gives them), which discovery
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from npydask.config import ReadOptions
-    from npydask.header import NpyHeader
-    from npydask.region import ReadPlan
+    from npydask.format.header import NpyHeader
+    from npydask.plan.region import ReadPlan
     from npydask.storage._handles import HeaderCheck, OpenFile
 
 __all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]

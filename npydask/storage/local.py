@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from npydask import config
-from npydask.backends import _write
+from npydask.write import _tasks as _write
 from npydask.backends.pread import read_grid
 from npydask.config import ReadOptions
-from npydask.header import NpyHeader
-from npydask.region import ReadPlan
+from npydask.format.header import NpyHeader
+from npydask.plan.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._rois import read_rois
 from npydask.storage._handles import (
@@ -140,7 +140,7 @@ LOCAL = LocalSource()
 
 
 class LocalLister(Lister):
-    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.discovery`).
+    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.dataset.select`).
 
     A file is a regular file or a symlink to one (dangling symlinks, symlink
     loops and links to anything else are skipped). Symlinked folders are

@@ -46,9 +46,9 @@ import numpy as np
 from npydask import config
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
-from npydask.header import NpyHeader, parse_header
-from npydask.npz import Member
-from npydask.region import ReadPlan
+from npydask.format.header import NpyHeader, parse_header
+from npydask.format.npz import Member
+from npydask.plan.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import call
@@ -262,7 +262,7 @@ class ObjectSource(Source):
         run_all(one, range(len(items)), self.spec.settings.concurrency)
 
     def range_read(self, path: str) -> tuple[_Blocks, int]:
-        """A :data:`npydask.npz.Read` over the object as it is now (one HEAD), and its size.
+        """A :data:`npydask.format.npz.Read` over the object as it is now (one HEAD), and its size.
 
         Reads are conditional on the ETag the HEAD found, in 64 KiB blocks
         (a zip directory's reads), larger pieces in one request each.
@@ -424,7 +424,7 @@ def changed(path: str, expected: ObjectIdentity, found: ObjectIdentity) -> FileC
 
 
 class _Blocks:
-    """A :data:`npydask.npz.Read` over an object: the first GET's bytes, then 64 KiB blocks, conditional."""
+    """A :data:`npydask.format.npz.Read` over an object: the first GET's bytes, then 64 KiB blocks, conditional."""
 
     def __init__(self, source: ObjectSource, path: str, identity: ObjectIdentity, first: bytes) -> None:
         self.source, self.path, self.identity = source, path, identity

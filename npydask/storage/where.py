@@ -3,7 +3,7 @@
 Public functions take ``str``, ``os.PathLike`` or a URL; they call
 :func:`resolve` once and never test for URLs again. ``file://`` URLs become
 local paths here; a relative local path is made absolute
-(:mod:`npydask.paths`); an object URL gets the process's one
+(:mod:`npydask.storage.paths`); an object URL gets the process's one
 :class:`~npydask.storage.object.ObjectSource` for its store and
 ``storage_options`` (obstore is imported only then).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from npydask.paths import absolute
+from npydask.storage.paths import absolute
 from npydask.storage.base import Lister, Source
 from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, split_url, to_local

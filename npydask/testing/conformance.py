@@ -46,7 +46,7 @@ from npydask import config
 from npydask.storage import _handles
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.reader import FileRef, choose_backend, read_region
-from npydask.region import Box, plan_read
+from npydask.plan.region import Box, plan_read
 
 __all__ = [
     "DTYPES",
@@ -192,7 +192,7 @@ _CHILD = textwrap.dedent(
     """
     import pickle, sys
     import numpy as np
-    from npydask.region import Box
+    from npydask.plan.region import Box
 
     with open(sys.argv[1], "rb") as f:
         jobs = pickle.load(f)

@@ -3,7 +3,7 @@
 :class:`NpyBackendArray` is xarray's ``BackendArray`` over one of npydask's
 own array-likes: an :class:`~npydask.array.NpyFileArray` (one file or
 ``.npz`` member, after its ROI) or a stacked
-:class:`~npydask.stacking.FileGroup` (a folder). Indexing goes through
+:class:`~npydask.dataset.stacking.FileGroup` (a folder). Indexing goes through
 ``explicit_indexing_adapter`` with xarray's ``OUTER_1VECTOR`` support:
 integers and slices become one box read (:func:`~npydask.array.split_index`),
 and the one list of indices xarray passes (on the axis where it saves
@@ -27,9 +27,9 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from npydask.array import NpyFileArray
-from npydask.header import NpyHeader
-from npydask.paths import absolute
-from npydask.stacking import FileGroup
+from npydask.format.header import NpyHeader
+from npydask.storage.paths import absolute
+from npydask.dataset.stacking import FileGroup
 from npydask.storage.urls import is_url, redact
 
 __all__ = ["NpyBackendArray", "axis_names", "file_names", "npy_attrs", "runs", "same_shapes"]
@@ -126,7 +126,7 @@ def npy_attrs(headers: Sequence[NpyHeader]) -> dict[str, str]:
 
     Examples
     --------
-    >>> from npydask.header import parse_header
+    >>> from npydask.format.header import parse_header
     >>> import io, numpy as np
     >>> buf = io.BytesIO(); np.save(buf, np.zeros((2, 3)))
     >>> npy_attrs([parse_header(buf.getvalue())])

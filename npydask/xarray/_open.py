@@ -18,10 +18,10 @@ from typing import Any
 import xarray as xr
 from xarray.core import indexing
 
-from npydask.dataset import NpyDataset
-from npydask.opening import open_dataset
-from npydask.npz import arrays_in
-from npydask.stacking import FileGroup
+from npydask.dataset.npy_dataset import NpyDataset
+from npydask.dataset.open import open_dataset
+from npydask.format.npz import arrays_in
+from npydask.dataset.stacking import FileGroup
 from npydask.storage._handles import open_regular, reader
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, resolve

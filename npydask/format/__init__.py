@@ -1,0 +1,1 @@
+"""Pure parsing of the NPY and NPZ formats: bytes in, facts out, no I/O."""

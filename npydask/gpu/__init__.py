@@ -1,0 +1,1 @@
+"""``device="gpu"``: the device checks, the device read plan and its kvikio execution."""

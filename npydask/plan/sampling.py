@@ -1,0 +1,225 @@
+"""Pure epoch plans for the training loader: shuffles, shards, padding and batches (DALI semantics).
+
+Everything here maps numbers to numbers, with no files and no threads, so
+the DALI tables are tested directly:
+
+* **Order.** Without shuffling an epoch visits the files in dataset order.
+  With it, the whole list is permuted by a generator seeded only with
+  ``(seed, epoch)`` (``seed=None`` is the fixed :data:`DEFAULT_SEED`): every
+  shard computes the same permutation, so shards stay disjoint within an
+  epoch, and each epoch differs.
+* **Shards** are contiguous ranges of that order: shard ``k`` of ``S``
+  holds positions ``[floor(N*k/S), floor(N*(k+1)/S))``. With
+  ``stick_to_shard=True`` (npydask's default) a shard reads its own range
+  every epoch; with ``stick_to_shard=False`` (DALI's default) it moves on to
+  the next shard's range every epoch, ``(k + epoch) mod S``, so over ``S``
+  epochs every shard reads the whole list (:func:`epoch_shard`).
+* **Padding** (``pad_last_batch``) repeats the shard's last sample until the
+  shard holds ``ceil(N/S)`` samples (so every shard has as many), then up to
+  a whole number of batches. Without it the last batch is short, or dropped
+  with ``drop_last``.
+
+Examples
+--------
+N=10 files, S=3 shards, batches of 3, padded (DALI's table):
+
+>>> [[b.tolist() for b in epoch_batches(10, 3, shard_id=k, num_shards=3, pad_last_batch=True)] for k in range(3)]
+[[[0, 1, 2], [2, 2, 2]], [[3, 4, 5], [5, 5, 5]], [[6, 7, 8], [9, 9, 9]]]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from npydask.dataset.select import shard_range
+
+__all__ = ["DEFAULT_SEED", "EpochPlan", "batch_count", "epoch_batches", "epoch_order", "epoch_shard", "shard_samples"]
+
+DEFAULT_SEED = 0
+"""The seed ``seed=None`` stands for: fixed, so that separate shard processes agree."""
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an integer, found {value!r}")
+    v = value.__index__()  # type: ignore[attr-defined]
+    if v < low:
+        raise ValueError(f"{name} must be at least {low}, found {v}")
+    return v
+
+
+def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None = None) -> np.ndarray:
+    """The order of all ``n`` dataset indices in ``epoch`` (before sharding).
+
+    Examples
+    --------
+    >>> epoch_order(5, 0).tolist()
+    [0, 1, 2, 3, 4]
+    >>> a, b = epoch_order(8, 0, shuffle=True), epoch_order(8, 1, shuffle=True)
+    >>> sorted(a.tolist()) == list(range(8)) and a.tolist() != b.tolist()
+    True
+    >>> epoch_order(8, 3, shuffle=True, seed=7).tolist() == epoch_order(8, 3, shuffle=True, seed=7).tolist()
+    True
+    """
+    n = _check_int("the dataset length", n, 0)
+    epoch = _check_int("epoch", epoch, 0)
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    seed = DEFAULT_SEED if seed is None else _check_int("seed", seed, 0)
+    return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
+
+
+def epoch_shard(shard_id: int, num_shards: int, epoch: int, *, stick_to_shard: bool = True) -> int:
+    """The shard whose range shard ``shard_id`` reads in ``epoch``.
+
+    Its own with ``stick_to_shard=True``; the next one every epoch with
+    ``stick_to_shard=False``, as DALI's readers advance after each epoch.
+
+    Examples
+    --------
+    >>> [epoch_shard(1, 3, e) for e in range(4)], [epoch_shard(1, 3, e, stick_to_shard=False) for e in range(4)]
+    ([1, 1, 1, 1], [1, 2, 0, 1])
+    """
+    epoch = _check_int("epoch", epoch, 0)
+    num_shards = _check_int("num_shards", num_shards, 1)
+    shard_id = _check_int("shard_id", shard_id, 0)
+    if shard_id >= num_shards:
+        raise ValueError(f"shard_id must be in [0, num_shards), found shard_id={shard_id} num_shards={num_shards}")
+    return shard_id if stick_to_shard else (shard_id + epoch) % num_shards
+
+
+def shard_samples(
+    order: np.ndarray, *, shard_id: int = 0, num_shards: int = 1, batch_size: int = 1, pad_last_batch: bool = False
+) -> np.ndarray:
+    """The samples of shard ``shard_id`` in epoch ``order``, padded as DALI pads them.
+
+    Examples
+    --------
+    >>> shard_samples(np.arange(10), shard_id=0, num_shards=3, batch_size=3, pad_last_batch=True).tolist()
+    [0, 1, 2, 2, 2, 2]
+    >>> shard_samples(np.arange(10), shard_id=2, num_shards=3).tolist()
+    [6, 7, 8, 9]
+    """
+    batch_size = _check_int("batch_size", batch_size, 1)
+    n = len(order)
+    r = shard_range(n, shard_id, num_shards)
+    mine = np.asarray(order[r.start : r.stop], dtype=np.int64)
+    if not pad_last_batch or len(mine) == 0:
+        return mine
+    target = math.ceil(n / num_shards)
+    target = math.ceil(target / batch_size) * batch_size
+    return np.concatenate([mine, np.full(target - len(mine), mine[-1], np.int64)])
+
+
+def epoch_batches(
+    n: int,
+    batch_size: int,
+    *,
+    epoch: int = 0,
+    shuffle: bool = False,
+    seed: int | None = None,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    pad_last_batch: bool = False,
+    drop_last: bool = False,
+    stick_to_shard: bool = True,
+) -> list[np.ndarray]:
+    """The batches (arrays of dataset indices) shard ``shard_id`` reads in ``epoch``.
+
+    Examples
+    --------
+    >>> [b.tolist() for b in epoch_batches(7, 3)]
+    [[0, 1, 2], [3, 4, 5], [6]]
+    >>> [b.tolist() for b in epoch_batches(7, 3, drop_last=True)]
+    [[0, 1, 2], [3, 4, 5]]
+    >>> [b.tolist() for e in range(3) for b in epoch_batches(6, 2, epoch=e, num_shards=3, stick_to_shard=False)]
+    [[0, 1], [2, 3], [4, 5]]
+    """
+    shard_id = epoch_shard(shard_id, num_shards, epoch, stick_to_shard=stick_to_shard)
+    order = epoch_order(n, epoch, shuffle=shuffle, seed=seed)
+    samples = shard_samples(
+        order, shard_id=shard_id, num_shards=num_shards, batch_size=batch_size, pad_last_batch=pad_last_batch
+    )
+    count = batch_count(
+        n, batch_size, shard_id=shard_id, num_shards=num_shards, pad_last_batch=pad_last_batch, drop_last=drop_last
+    )
+    return [samples[i * batch_size : (i + 1) * batch_size] for i in range(count)]
+
+
+def batch_count(
+    n: int,
+    batch_size: int,
+    *,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    pad_last_batch: bool = False,
+    drop_last: bool = False,
+) -> int:
+    """Batches per epoch for a shard: the same every epoch (shards are ranges of positions).
+
+    Examples
+    --------
+    >>> batch_count(10, 3, num_shards=3, pad_last_batch=True), batch_count(10, 3, num_shards=3, shard_id=2)
+    (2, 2)
+    >>> batch_count(10, 3, num_shards=3, shard_id=2, drop_last=True)
+    1
+    """
+    n = _check_int("the dataset length", n, 0)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    r = shard_range(n, shard_id, num_shards)
+    size = len(r)
+    if size == 0:
+        return 0
+    if pad_last_batch:
+        return math.ceil(math.ceil(n / num_shards) / batch_size)
+    return size // batch_size if drop_last else math.ceil(size / batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Everything that decides which batches a loader yields, and in which order."""
+
+    n: int
+    batch_size: int
+    shuffle: bool
+    seed: int | None
+    shard_id: int
+    num_shards: int
+    pad_last_batch: bool
+    drop_last: bool
+    stick_to_shard: bool = True
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Epoch ``epoch``'s batches of dataset indices for this shard."""
+        return epoch_batches(
+            self.n,
+            self.batch_size,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            shard_id=self.shard_id,
+            num_shards=self.num_shards,
+            pad_last_batch=self.pad_last_batch,
+            drop_last=self.drop_last,
+            stick_to_shard=self.stick_to_shard,
+        )
+
+    def count(self, epoch: int) -> int:
+        """Batches in epoch ``epoch``: the same every epoch, except that without padding a rotating
+        shard (``stick_to_shard=False``) of unequal ranges may hold one batch more or less."""
+        shard = epoch_shard(self.shard_id, self.num_shards, epoch, stick_to_shard=self.stick_to_shard)
+        return batch_count(
+            self.n,
+            self.batch_size,
+            shard_id=shard,
+            num_shards=self.num_shards,
+            pad_last_batch=self.pad_last_batch,
+            drop_last=self.drop_last,
+        )
+
+    def __len__(self) -> int:
+        """Batches of the shard's own range (epoch 0)."""
+        return self.count(0)
