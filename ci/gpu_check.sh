@@ -134,7 +134,7 @@ for name in ("numpy", "cupy", "kvikio", "rmm", "dask", "distributed", "dask_cuda
         print(f"{name}: not importable ({type(e).__name__}: {e})")
 problems = []
 try:  # before anything imports kvikio.defaults (kvikio's __init__ does not)
-    from npydask.backends import kvikio as kb
+    from npydask.gpu import _kvikio as kb
 
     print("npydask describe():", kb.describe())
 except Exception as e:

@@ -81,7 +81,7 @@ def test_the_one_time_check_imports_no_scheduler(tmp_path):
     code = (
         "import sys, npydask\n"
         f"x = npydask.from_npy({str(path)!r}, chunks=2)\n"
-        "from npydask import graph\n"
+        "from npydask.graph import build as graph\n"
         "assert graph._builder is not graph._through_from_array\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'distributed'))\n"
     )

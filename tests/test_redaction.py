@@ -64,7 +64,7 @@ def test_multikey_dataset_repr_holds_no_query_string(presigned):
 def test_ray_read_tasks_list_input_files_without_query_string(presigned):
     """``Dataset.input_files()`` is the union of the read tasks' ``input_files`` (planned without starting Ray)."""
     pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'npydask[ray]')")
-    from npydask.ray import _Plan
+    from npydask.ray.datasource import _Plan
 
     arrays, urls, pairs = presigned
     ds = npydask.open_dataset(files=urls)
@@ -75,7 +75,7 @@ def test_ray_read_tasks_list_input_files_without_query_string(presigned):
         listed = [f for read in reads for f in read.input_files]
         assert sorted(set(listed)) == sorted(u.partition("?")[0] for u in urls)
         _clean(listed, [read.paths for read in reads], plan.files)
-    from npydask.ray import _MembersPlan
+    from npydask.ray.datasource import _MembersPlan
 
     members = _MembersPlan(npydask.open_dataset(files=pairs, key=["x", "y"]), column="data", index_column="index",
                            path_column="path", concatenate=False, axis=0, block_size="128MiB",
