@@ -299,7 +299,7 @@ class TestLocalSource(SourceTests):
 
         assert pickle.loads(pickle.dumps(LOCAL)) is LOCAL
         assert len(pickle.dumps(LOCAL)) < 60
-        assert LOCAL.mappable is True
+        assert LOCAL.mappable is True and LOCAL.concurrent is False
 
     def test_gap_default_is_the_setting(self) -> None:
         from npydask import config

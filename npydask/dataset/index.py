@@ -290,7 +290,7 @@ def _read_remote(url: str, storage_options: dict[str, Any] | None) -> bytes:
     from npydask.storage._stores import import_obstore
     from npydask.storage.where import resolve
 
-    _, source = resolve(url, storage_options)
+    source = resolve(url, storage_options).source
     obstore = import_obstore()
     store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
     return call(url, "reading the header index", lambda: bytes(obstore.get(store, key).bytes()))
@@ -302,7 +302,7 @@ def _write_remote(url: str, data: bytes, storage_options: dict[str, Any] | None)
     from npydask.storage._stores import import_obstore
     from npydask.storage.where import resolve
 
-    _, source = resolve(url, storage_options)
+    source = resolve(url, storage_options).source
     obstore = import_obstore()
     store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
     call(url, "writing the header index", obstore.put, store, key, data)

@@ -40,7 +40,7 @@ from npydask.errors import NpyDaskWarning
 from npydask.storage._handles import open_regular
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
-from npydask.storage.urls import join_url, redact
+from npydask.storage.urls import join_url
 from npydask.storage.where import lister_for, resolve
 
 __all__ = ["StackInfo", "from_npy_stack", "parse_info", "stack_files"]
@@ -211,11 +211,11 @@ def from_npy_stack(
         if isinstance(axis, bool) or not hasattr(axis, "__index__"):
             raise TypeError(f"axis must be an int or None, found {axis!r}")
         axis = operator.index(axis)
-    root, source = resolve(dirname, storage_options)
-    shown = redact(root)
+    where = resolve(dirname, storage_options)
+    root, source, shown = where.path, where.source, where.shown
     ordered = stack_files(_list_npy(root, source, shown), shown)
     info = None if axis is not None else _info(root, source, shown)
-    join = os.path.join if source is LOCAL else join_url
+    join = os.path.join if where.local else join_url
     ds = open_dataset(files=[join(root, name) for name in ordered], storage_options=storage_options)
     shapes = ds.shapes
     ndim = ds.ndim

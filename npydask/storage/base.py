@@ -94,6 +94,26 @@ class Source(abc.ABC):
         """Whether files here can be memory-mapped (``backend="auto"`` may then map a contiguous region)."""
 
     @property
+    def concurrent(self) -> bool:
+        """Whether reads here want many requests in flight at once (an object store's latency), not one by one."""
+        return False
+
+    def display(self, path: str) -> str:
+        """``path`` as messages, reprs and listings show it (here as it is).
+
+        Examples
+        --------
+        >>> from npydask.storage.local import LOCAL
+        >>> LOCAL.display("/data/a.npy")
+        '/data/a.npy'
+        """
+        return path
+
+    def display_all(self, paths: list[str]) -> list[str]:
+        """:meth:`display` of each path (``paths`` itself where a source shows paths as they are)."""
+        return paths
+
+    @property
     @abc.abstractmethod
     def gap_bytes(self) -> int:
         """The default coalescing gap: runs of a region closer than this are read as one span.

@@ -120,6 +120,19 @@ class ObjectSource(Source):
         return False
 
     @property
+    def concurrent(self) -> bool:
+        """Requests to a store are sent many at once (each waits on the network)."""
+        return True
+
+    def display(self, path: str) -> str:
+        """The URL without its query string (a presigned URL's signature) or user info."""
+        return redact(path)
+
+    def display_all(self, paths: list[str]) -> list[str]:
+        """:meth:`display` of each URL."""
+        return list(map(redact, paths))
+
+    @property
     def gap_bytes(self) -> int:
         """The ``remote_gap_bytes`` setting (64 KiB by default)."""
         return config.get("remote_gap_bytes")

@@ -31,7 +31,6 @@ from dask.delayed import Delayed
 from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
-from npydask.storage.local import LOCAL
 from npydask.storage.where import resolve
 from npydask.write._graph import (
     MAX_ALIGN,
@@ -229,8 +228,9 @@ def to_npy(
            [ 4,  5,  6,  7],
            [ 8,  9, 10, 11]])
     """
-    path, source = resolve(path, storage_options)
-    if source is not LOCAL:
+    where = resolve(path, storage_options)
+    path, source = where.path, where.source
+    if not where.local:
         return to_npy_url(x, path, source, compute=compute, overwrite=overwrite, align=align)  # type: ignore[arg-type]
     src = write_input(x, "to_npy")
     align = check_align(align)
@@ -323,8 +323,9 @@ def to_npy_files(
             "use to_npy for one file, or list(x) for one file per row"
         )
     arrays = list(arrays)
-    root, source = resolve(folder, storage_options)
-    if source is not LOCAL:
+    where = resolve(folder, storage_options)
+    root, source = where.path, where.source
+    if not where.local:
         return to_npy_files_url(
             arrays, root, names, source, compute=compute, overwrite=overwrite, align=align  # type: ignore[arg-type]
         )
