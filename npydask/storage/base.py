@@ -113,6 +113,24 @@ class Source(abc.ABC):
         """:meth:`display` of each path (``paths`` itself where a source shows paths as they are)."""
         return paths
 
+    @abc.abstractmethod
+    def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
+        """The bytes of a small whole file (or its first ``limit`` bytes), in one read or GET.
+
+        ``what`` names the file in errors (``"header index"``). A missing file
+        raises ``FileNotFoundError`` naming ``path`` (an object URL redacted);
+        a local path that is not a regular file raises ``OSError``
+        (``EINVAL``, or ``IsADirectoryError``).
+        """
+
+    @abc.abstractmethod
+    def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
+        """Replace ``path`` whole with ``data``: readers find the old bytes or the new ones, never a part.
+
+        A local file is written beside ``path`` and renamed over it (after
+        ``fsync``); an object is one PUT. ``what`` names the file in errors.
+        """
+
     @property
     @abc.abstractmethod
     def gap_bytes(self) -> int:

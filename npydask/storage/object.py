@@ -381,6 +381,24 @@ class ObjectSource(Source):
         identity, header, raw, member = self._read_header(path, key)
         return identity, header, raw, member is not None and not member.stored
 
+    def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
+        """One GET (a larger object than ``limit``: a range GET of its first ``limit`` bytes instead)."""
+        obstore = _obstore()
+        store, key = self.store(path), self.key(path)
+
+        def get() -> bytes:
+            result = obstore.get(store, key)
+            if limit is None or int(result.meta["size"]) <= limit:
+                return bytes(result.bytes())
+            return bytes(obstore.get_range(store, key, start=0, length=limit))
+
+        return call(path, f"reading the {what}", get)
+
+    def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
+        """One PUT (the store publishes the object whole)."""
+        obstore = _obstore()
+        call(path, f"writing the {what}", obstore.put, self.store(path), self.key(path), data)
+
     def __repr__(self) -> str:
         return f"ObjectSource({self.spec.public()!r})"
 
