@@ -217,7 +217,7 @@ def to_npy_url(
     x: Any, url: str, source: ObjectSource, *, compute: bool, overwrite: bool, align: int
 ) -> Delayed | None:
     """:func:`npydask.to_npy` to an ``s3://`` URL (see the module docs); other schemes are refused."""
-    shown = redact(url)
+    shown = source.display(url)
     if source.spec.kind != "s3":
         raise ValueError(
             f"{shown}: to_npy writes one object by a parallel multipart upload, which npydask does only for "
@@ -289,7 +289,7 @@ def _put(blocks: Sequence[Any], boxes: Sequence[Box], target: ObjectFile) -> Non
     with ObjectTarget(target.source, target.url, size, overwrite=target.overwrite) as out:
         out.write_block(0, target.preamble)
         for block, box in zip(blocks, boxes):
-            data = as_block(block, target.header, box, redact(target.url))
+            data = as_block(block, target.header, box, target.source.display(target.url))
             if data.nbytes:
                 for offset, piece in block_runs(data, target.header, box):
                     out.write_block(offset, piece)
@@ -327,12 +327,13 @@ def to_npy_files_url(
             if there:
                 from npydask.write._tasks import exists_error
 
-                raise exists_error(redact(u))
+                raise exists_error(source.display(u))
     dsk: dict = {}
     keys = []
     for i, (x, url) in enumerate(zip(arrays, urls)):
-        src = write_input(x, f"to_npy_files: array {i} ({redact(url)})")
-        preamble, header = plan_header(redact(url), src.dtype, src.shape, align)
+        shown = source.display(url)
+        src = write_input(x, f"to_npy_files: array {i} ({shown})")
+        preamble, header = plan_header(shown, src.dtype, src.shape, align)
         target = ObjectFile(source, url, preamble, header, overwrite)
         keys.append("npy-put-" + digest(src.token, source.spec.public(), url, align, overwrite))
         if isinstance(src.array, da.Array):
