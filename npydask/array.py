@@ -31,8 +31,6 @@ from npydask.graph.build import chunk_array
 from npydask.reader import BACKENDS, FileRef
 from npydask.plan.region import Box, raw
 from npydask.plan.roi import FileRoi, fill_like
-from npydask.storage.local import LOCAL
-from npydask.storage.urls import redact
 from npydask.storage.where import fspath, resolve
 
 __all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy", "regular_grid"]
@@ -78,7 +76,7 @@ class NpyFileArray:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"NpyFileArray({redact(self.ref.path)!r}, shape={self.shape}, dtype={self.dtype.str})"
+        return f"NpyFileArray({self.ref.source.display(self.ref.path)!r}, shape={self.shape}, dtype={self.dtype.str})"
 
     def __dask_tokenize__(self) -> Any:
         roi = self.roi
@@ -312,14 +310,15 @@ def from_npy(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     given = fspath(path)  # (advice quotes the path as the user wrote it)
-    path, where = resolve(given, storage_options)
-    if where is not LOCAL and backend != "auto":
-        raise ValueError(f"{redact(path)}: object URLs are read with backend='auto' (range requests), found {backend!r}")
+    resolved = resolve(given, storage_options)
+    path, where = resolved.path, resolved.source
+    if not resolved.local and backend != "auto":
+        raise ValueError(f"{resolved.shown}: object URLs are read with backend='auto' (range requests), found {backend!r}")
     check_device(device)
     try:
         ref = FileRef.open(path, backend, key=key, source=where)
     except FileNotFoundError as e:
-        advice = glob_advice(given) if where is LOCAL else None
+        advice = glob_advice(given) if resolved.local else None
         if advice is None:
             raise
         raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", given) from e

@@ -35,7 +35,6 @@ from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
-from npydask.storage.urls import redact
 from npydask.storage.where import fspath, resolve
 
 __all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
@@ -86,8 +85,8 @@ def read_header(
     ((3, 4), '>f8', False)
     """
     _check_key(key)
-    path, source = resolve(path, storage_options)
-    return source.header(path, key)
+    where = resolve(path, storage_options)
+    return where.source.header(where.path, key)
 
 
 def _on_distributed_worker() -> bool:
@@ -251,7 +250,8 @@ def read_region(
     """
     _check_key(key)
     _check_backend(backend)
-    path, source = resolve(path, storage_options)
+    where = resolve(path, storage_options)
+    path, source = where.path, where.source
     check_backend_for(backend, source, path)
     f = source.open(path, key=key)
     box = normalize_box(f.header.shape, start, stop, source=f.path)
@@ -265,7 +265,7 @@ def check_backend_for(backend: str, source: Source, path: str) -> None:
     """Refuse ``backend="mmap"`` for a source whose files cannot be mapped (object stores)."""
     if backend == "mmap" and not source.mappable:
         raise ValueError(
-            f"{redact(path)}: backend='mmap' maps local files only; objects are read by range requests "
+            f"{source.display(path)}: backend='mmap' maps local files only; objects are read by range requests "
             "(use backend='auto' or 'pread')"
         )
 
@@ -332,7 +332,7 @@ class FileRef(NamedTuple):
                 return f"{self.path!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
             return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
         # (an object: its store's public part only, never storage_options' credentials)
-        return f"{self.source.spec.public()}|{redact(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
+        return f"{self.source.spec.public()}|{self.source.display(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
 
     def verify(self) -> None:
         """Check the file is the one this reference stands for, reading none of its payload.

@@ -1078,6 +1078,7 @@ class _ObjectLike:
     """A source read by range requests (not mappable), as object stores are: over a local file here."""
 
     mappable = False
+    concurrent = True
 
     def open(self, path, identity, key=None, check=None):
         class Reader:

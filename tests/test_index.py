@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import struct
@@ -135,15 +136,15 @@ def test_write_is_atomic_and_leaves_no_temporary(folder, tmp_path, monkeypatch):
     npydask.open_dataset(folder, index=idx)
     before = idx.read_bytes()
 
-    def broken_dump(*a, **k):
-        raise RuntimeError("disk full")
+    def broken_fsync(fd):
+        raise OSError(errno.ENOSPC, "disk full")
 
-    monkeypatch.setattr(index_mod.json, "dump", broken_dump)
     np.save(folder / "21.npy", np.zeros((3, 4), "<i4"))
-    with pytest.raises(RuntimeError, match="disk full"):
+    monkeypatch.setattr(os, "fsync", broken_fsync)  # (the index is written, then synced, then renamed)
+    with pytest.raises(OSError, match="disk full"):
         npydask.open_dataset(folder, index=idx)
     assert idx.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".npydask-index")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".npydask")] == []
 
 
 def test_bad_file_still_raises_with_an_index(folder, tmp_path):

@@ -102,7 +102,7 @@ class TestObjectSource(SourceTests):
     def test_source_pickles_as_its_spec_and_is_shared(self, source: ObjectSource) -> None:
         again = pickle.loads(pickle.dumps(source))
         assert again is source
-        assert source.mappable is False
+        assert source.mappable is False and source.concurrent is True
         assert source.gap_bytes == npydask.config.get("remote_gap_bytes") == 64 * 1024
         assert "secret" not in repr(source).lower()
 

@@ -472,7 +472,7 @@ def test_object_target_sends_one_whole_object_or_nothing(place):
     from npydask.storage.where import resolve
 
     p = place
-    url, source = resolve(p.url("t.bin"), p.so)
+    url, source = (where := resolve(p.url("t.bin"), p.so)).path, where.source
     with ObjectTarget(source, url, 6) as t:
         t.write_block(3, b"def")
         with pytest.raises(ValueError, match="does not fit"):

@@ -45,6 +45,7 @@ class _ColdAfter:
     """
 
     mappable = True
+    concurrent = False
 
     def __init__(self, cold, monkeypatch):
         import threading

@@ -78,7 +78,7 @@ def test_a_changed_file_gives_another_graph_name(tmp_path):
 
 def test_table_token_of_presigned_urls_hashes_no_signature():
     url = "http://127.0.0.1:9/d/{}.npy?X-Amz-Signature={}&X-Amz-Credential=AKIA"
-    _, source = resolve(url.format(0, "s"), None)
+    source = resolve(url.format(0, "s"), None).source
     h = NpyHeader((1, 0), (3,), np.dtype("<f4"), False, 128, 12)
     context = Context(read_options(), "auto", None, source)
 

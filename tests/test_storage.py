@@ -233,6 +233,32 @@ class SourceTests:
             source.read_many([(p, ident, header.data_offset, HeaderCheck(other, "x", "y"))],
                              memoryview(bytearray(64)), 64)
 
+    # -- small whole files -----------------------------------------------------------------
+
+    def test_write_bytes_replaces_whole_and_read_bytes_reads_it_back(self, source: Source, tmp_path: Path) -> None:
+        p = self.put_bytes(tmp_path, "small.bin", b"old bytes, longer than the new ones")
+        source.write_bytes(p, b"new", what="test file")
+        assert self.get_bytes(p) == b"new"  # (read around the source: no old tail left)
+        assert source.read_bytes(p) == b"new"
+        data = bytes(range(256)) * 5
+        source.write_bytes(p, data)
+        assert source.read_bytes(p) == self.get_bytes(p) == data
+        source.write_bytes(p, b"")
+        assert source.read_bytes(p) == b""
+
+    def test_read_bytes_with_a_limit_reads_only_the_first_bytes(self, source: Source, tmp_path: Path) -> None:
+        data = bytes(range(200))
+        p = self.put_bytes(tmp_path, "long.bin", data)
+        assert source.read_bytes(p, 11) == data[:11]
+        assert source.read_bytes(p, 200) == source.read_bytes(p, 10_000) == data
+
+    def test_read_bytes_of_a_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
+        p = self.put_bytes(tmp_path, "gone.bin", b"x")
+        self.remove(p)
+        with pytest.raises(FileNotFoundError) as e:
+            source.read_bytes(p, what="test file")
+        assert source.display(p) in str(e.value)
+
     # -- short reads -----------------------------------------------------------------------
 
     @pytest.mark.usefixtures("short_reads")
@@ -299,7 +325,7 @@ class TestLocalSource(SourceTests):
 
         assert pickle.loads(pickle.dumps(LOCAL)) is LOCAL
         assert len(pickle.dumps(LOCAL)) < 60
-        assert LOCAL.mappable is True
+        assert LOCAL.mappable is True and LOCAL.concurrent is False
 
     def test_gap_default_is_the_setting(self) -> None:
         from npydask import config

@@ -9,7 +9,7 @@ import pytest
 
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import ObjectUrl, is_url, join_url, local_path, prefix_of, redact, split_url, to_local
-from npydask.storage.where import fspath, resolve
+from npydask.storage.where import StoragePath, fspath, resolve
 
 
 @pytest.mark.parametrize(
@@ -73,12 +73,16 @@ def test_file_urls_are_local_paths(tmp_path: pathlib.Path) -> None:
         local_path("file://otherhost/data/x.npy")
     assert to_local("file:///x.npy") == "/x.npy"
     assert to_local(pathlib.Path("/x")) == pathlib.Path("/x")
-    assert resolve(f"file://{tmp_path}/a.npy") == (f"{tmp_path}/a.npy", LOCAL)
+    assert resolve(f"file://{tmp_path}/a.npy") == StoragePath(LOCAL, f"{tmp_path}/a.npy")
     assert fspath(f"file://{tmp_path}/a.npy") == f"{tmp_path}/a.npy"
 
 
 def test_resolve_local_paths_and_refuse_storage_options_there() -> None:
-    assert resolve("rel/a.npy") == (os.path.join(os.getcwd(), "rel", "a.npy"), LOCAL)
+    where = resolve("rel/a.npy")
+    assert where == StoragePath(LOCAL, os.path.join(os.getcwd(), "rel", "a.npy"))
+    assert where.local and where.shown == where.path and not where.source.concurrent
+    with pytest.raises(AttributeError):
+        where.path = "/elsewhere"  # type: ignore[misc]
     with pytest.raises(ValueError, match="storage_options apply to object-store URLs"):
         resolve("/data/a.npy", {"region": "us-east-1"})
     with pytest.raises(TypeError, match="bytes"):
@@ -147,3 +151,13 @@ def test_http_targets_the_client_cannot_send_are_refused(url: str) -> None:
 
     with pytest.raises(ValueError, match="rename the file|remove it"):
         http_target(url)
+
+
+def test_an_object_url_resolves_once_to_a_source_that_redacts_it() -> None:
+    pytest.importorskip("obstore")
+    url = "https://user:pw@127.0.0.1:9/d/a.npy?X-Amz-Signature=s3cr3t"
+    where = resolve(url)
+    assert where.path == url and not where.local and where.source.concurrent
+    assert where.shown == where.source.display(url) == "https://127.0.0.1:9/d/a.npy"
+    assert where.source.display_all([url, url + "x"]) == ["https://127.0.0.1:9/d/a.npy"] * 2
+    assert "s3cr3t" not in where.shown and "pw" not in where.shown

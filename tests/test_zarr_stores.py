@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import npydask
+from npydask.storage.local import LOCAL
+from npydask.storage.where import StoragePath, resolve
 from npydask.write.zarr_store import where_to
 
 zarr = pytest.importorskip("zarr")
@@ -54,8 +56,9 @@ def test_a_local_path_and_a_file_url(tmp_path):
         store = npydask.zarr_store(where)
         assert isinstance(store, zarr.storage.LocalStore)
         np.testing.assert_array_equal(zarr.open_array(store, mode="r")[:], a)
-    with pytest.raises(ValueError, match="storage_options apply to URLs"):
-        npydask.zarr_store(tmp_path / "a.zarr", {"region": "x"})
+    for refuse in (npydask.zarr_store, lambda p, so: npydask.to_zarr(a, p, storage_options=so)):
+        with pytest.raises(ValueError, match="storage_options apply to object-store URLs.*local path"):
+            refuse(tmp_path / "a.zarr", {"region": "x"})
 
 
 def test_a_relative_path_is_the_one_to_zarr_wrote(tmp_path, monkeypatch):
@@ -75,7 +78,10 @@ def test_other_urls_go_to_fsspec():
 
 
 def test_where_to_and_to_zarr_agree_on_places(tmp_path):
-    assert where_to("s3://b/p/a.zarr", {"region": "x"}) == ("object", "s3://b/p/a.zarr")
-    assert where_to("gs://b/a.zarr", None) == ("object", "gs://b/a.zarr")
-    assert where_to("a.zarr", None) == ("local", os.path.abspath("a.zarr"))
-    assert where_to("memory://a", {"x": 1}) == ("other", "memory://a")
+    """to_zarr resolves a path or URL as every read does (npydask.storage.where.resolve)."""
+    for url, so in (("s3://b/p/a.zarr", {"region": "x"}), ("gs://b/a.zarr", None)):
+        where = where_to(url, so)
+        assert where == resolve(url, so) and where.path == url and not where.local
+    assert where_to("a.zarr", None) == resolve("a.zarr") == StoragePath(LOCAL, os.path.abspath("a.zarr"))
+    assert where_to(f"file://{tmp_path}/a.zarr", None) == StoragePath(LOCAL, f"{tmp_path}/a.zarr")
+    assert where_to("memory://a", {"x": 1}) is None

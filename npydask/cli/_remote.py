@@ -121,7 +121,7 @@ def source_of(url: str, options: dict[str, Any] | None) -> Any:
     from npydask.storage.where import resolve
 
     try:
-        return resolve(url, options)[1]
+        return resolve(url, options).source
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
 

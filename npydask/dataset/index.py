@@ -61,7 +61,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -70,9 +69,10 @@ import numpy as np
 
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.format.header import NpyHeader, parse_header
-from npydask.storage._handles import FileIdentity, open_regular
+from npydask.storage._handles import FileIdentity
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
+from npydask.storage.where import StoragePath, resolve
 from npydask.dataset.table import common_root
 
 __all__ = ["FORMAT", "VERSION", "Index", "load_index", "scan_with_index", "write_index"]
@@ -166,11 +166,12 @@ def load_index(index_path: str, kind: str = FILES, storage_options: dict[str, An
 def _load(index_path: str, kind: str, storage_options: dict[str, Any] | None) -> tuple[Index, bool]:
     """The index and whether its file exists."""
     try:
-        text = _read_remote(index_path, storage_options) if is_url(index_path) else _read_local(index_path)
+        where = _where(index_path, storage_options)
+        text = where.source.read_bytes(where.path, what="header index")
     except FileNotFoundError:
         return Index.empty(kind), False
     except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EISDIR) or is_url(index_path):
+        if e.errno in (errno.EINVAL, errno.EISDIR) or not where.local:
             raise  # a FIFO, socket, device or folder, or a store that failed: refused at once, never replaced
         _warn(index_path, f"cannot read the header index ({e})")
         return Index.empty(kind), True
@@ -190,12 +191,6 @@ def _load(index_path: str, kind: str, storage_options: dict[str, Any] | None) ->
 
 class _WrongKind(ValueError):
     """An index of local files given for objects, or the other way round (refused, never rebuilt)."""
-
-
-def _read_local(index_path: str) -> bytes:
-    f, _ = open_regular(index_path, what="a regular file (a header index)")
-    with f:
-        return f.read()
 
 
 def _parse(data: Any, index_path: str, kind: str) -> Index:
@@ -265,47 +260,13 @@ def write_index(index_path: str, index: Index, storage_options: dict[str, Any] |
         payload["etags"] = [index.etags[j] for j in at]
         payload["modified"] = [index.modified[j] for j in at]  # type: ignore[index]
     payload["table"] = base64.b64encode(table.tobytes()).decode("ascii")
-    if is_url(index_path):
-        _write_remote(index_path, json.dumps(payload, separators=(",", ":")).encode("ascii"), storage_options)
-        return
-    folder = os.path.dirname(os.path.abspath(index_path))
-    fd, tmp = tempfile.mkstemp(prefix=".npydask-index-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            json.dump(payload, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, index_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    where = _where(index_path, storage_options)
+    where.source.write_bytes(where.path, json.dumps(payload, separators=(",", ":")).encode("ascii"), what="header index")
 
 
-def _read_remote(url: str, storage_options: dict[str, Any] | None) -> bytes:
-    """The index object in one GET (``FileNotFoundError`` when there is none)."""
-    from npydask.storage._remote_errors import call
-    from npydask.storage._stores import import_obstore
-    from npydask.storage.where import resolve
-
-    _, source = resolve(url, storage_options)
-    obstore = import_obstore()
-    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
-    return call(url, "reading the header index", lambda: bytes(obstore.get(store, key).bytes()))
-
-
-def _write_remote(url: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
-    """The index object replaced whole, in one PUT."""
-    from npydask.storage._remote_errors import call
-    from npydask.storage._stores import import_obstore
-    from npydask.storage.where import resolve
-
-    _, source = resolve(url, storage_options)
-    obstore = import_obstore()
-    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
-    call(url, "writing the header index", obstore.put, store, key, data)
+def _where(index_path: str, storage_options: dict[str, Any] | None) -> StoragePath:
+    """The index file and its source (``storage_options`` are an index URL's own)."""
+    return resolve(index_path, storage_options if is_url(index_path) else None)
 
 
 def scan_with_index(

@@ -24,7 +24,6 @@ from npydask.format.header import NpyHeader
 from npydask.dataset.scan import dtype_name
 from npydask.plan.grouping import plan_groups
 from npydask.dataset.stacking import join
-from npydask.storage.urls import redact
 from npydask.dataset.table import FileTable, Layout
 
 __all__ = ["NpyDataset", "Skipped", "file_index"]
@@ -100,14 +99,12 @@ class NpyDataset:
         A new list each time, made from the dataset's columns (O(N): about
         0.2 us a file).
         """
-        if not self._context.source.mappable:
-            return list(map(redact, self._table.paths()))
-        return self._table.paths()
+        return self._context.source.display_all(self._table.paths())
 
     def _shown(self, i: int) -> str:
         """File ``i``'s path as messages show it (an object URL's query string removed)."""
         path = self._table.path(i)
-        return path if self._context.source.mappable else redact(path)
+        return self._context.source.display(path)
 
     @property
     def headers(self) -> list[NpyHeader]:

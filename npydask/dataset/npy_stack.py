@@ -37,10 +37,9 @@ from npydask.format._pickle_values import UnexpectedPickle, plain_values
 from npydask._keywords import suggest_keywords
 from npydask.dataset.open import open_dataset
 from npydask.errors import NpyDaskWarning
-from npydask.storage._handles import open_regular
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
-from npydask.storage.urls import join_url, redact
+from npydask.storage.urls import join_url
 from npydask.storage.where import lister_for, resolve
 
 __all__ = ["StackInfo", "from_npy_stack", "parse_info", "stack_files"]
@@ -211,11 +210,11 @@ def from_npy_stack(
         if isinstance(axis, bool) or not hasattr(axis, "__index__"):
             raise TypeError(f"axis must be an int or None, found {axis!r}")
         axis = operator.index(axis)
-    root, source = resolve(dirname, storage_options)
-    shown = redact(root)
+    where = resolve(dirname, storage_options)
+    root, source, shown = where.path, where.source, where.shown
     ordered = stack_files(_list_npy(root, source, shown), shown)
     info = None if axis is not None else _info(root, source, shown)
-    join = os.path.join if source is LOCAL else join_url
+    join = os.path.join if where.local else join_url
     ds = open_dataset(files=[join(root, name) for name in ordered], storage_options=storage_options)
     shapes = ds.shapes
     ndim = ds.ndim
@@ -250,7 +249,8 @@ def _info(root: str, source: Source, shown: str) -> StackInfo | None:
     """``info`` read as data; ``None`` (warned about unless absent) when there is none to use."""
     where = f"{shown.rstrip('/')}/{INFO}" if source is not LOCAL else os.path.join(shown, INFO)
     try:
-        data = _read_local(os.path.join(root, INFO)) if source is LOCAL else _read_object(join_url(root, INFO), source)
+        path = os.path.join(root, INFO) if source is LOCAL else join_url(root, INFO)
+        data = source.read_bytes(path, MAX_INFO_BYTES + 1, what="to_npy_stack info file")
     except FileNotFoundError:
         return None
     try:
@@ -265,29 +265,6 @@ def _info(root: str, source: Source, shown: str) -> StackInfo | None:
             stacklevel=3,
         )
         return None
-
-
-def _read_local(path: str) -> bytes:
-    f, _ = open_regular(path, what="a regular file (a to_npy_stack info file)")
-    with f:
-        return f.read(MAX_INFO_BYTES + 1)
-
-
-def _read_object(url: str, source: Source) -> bytes:
-    """The ``info`` object in one GET (``FileNotFoundError`` when there is none)."""
-    from npydask.storage._remote_errors import call
-    from npydask.storage._stores import import_obstore
-
-    obstore = import_obstore()
-    store, key = source.store(url), source.key(url)  # type: ignore[attr-defined]
-
-    def get() -> bytes:
-        result = obstore.get(store, key)
-        if int(result.meta["size"]) > MAX_INFO_BYTES:
-            return bytes(MAX_INFO_BYTES + 1)  # (refused as too large without downloading it)
-        return bytes(result.bytes())
-
-    return call(url, "reading the to_npy_stack info", get)
 
 
 def _axis_from_shapes(shapes: list[tuple[int, ...]], shown: str) -> int:

@@ -349,7 +349,8 @@ def _select(
         # (tasks may run in another working directory: npydask.storage.paths; a listing under an absolute root is absolute)
         listed_absolute = root is not None and files is None and file_list is None and os.path.isabs(root)
         return Selected(paths if listed_absolute else absolute_all(paths), identities), LOCAL
-    probe, source = resolve(probe, storage_options)
+    where = resolve(probe, storage_options)
+    probe, source = where.path, where.source
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None
     selected = select_listed(
@@ -407,7 +408,7 @@ def _kept_rows(paths: Sequence[str], scans: Sequence[Any], source: Source) -> tu
     """
     kept: list[int] = []
     skipped: list[Skipped] = []
-    shown = (lambda p: p) if source.mappable else redact
+    shown = source.display
     for i, result in enumerate(scans):
         if not isinstance(result, BaseException):
             kept.append(i)

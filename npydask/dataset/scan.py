@@ -80,8 +80,8 @@ def scan_headers(
     """
     report = progress if progress is not None else _ignore
     scan_files = source.scan
-    if len(paths) <= _BATCH or not source.mappable:  # (an object store's scan has its own requests in flight)
-        if not source.mappable and progress is not None:
+    if len(paths) <= _BATCH or source.concurrent:  # (an object store's scan has its own requests in flight)
+        if source.concurrent and progress is not None:
             results = []
             for i in range(0, len(paths), _BATCH * 8):
                 results += scan_files(paths[i : i + _BATCH * 8], key)

@@ -39,7 +39,6 @@ from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts
 from npydask.plan.region import Box, ReadPlan, plan_read
 from npydask.storage.base import Item
-from npydask.storage.urls import redact
 from npydask.dataset.table import FileTable
 
 __all__ = ["LIGHT_FILE_TASKS", "FileGroup", "join", "joined_dtype"]
@@ -318,8 +317,8 @@ def table_token(table: FileTable, context: Context) -> str:
     before hashing, as :meth:`FileRef.facts <npydask.reader.FileRef.facts>`
     does: only the store's public part and the redacted paths are hashed.
     """
-    if not context.source.mappable and b"?" in table.names:
-        table = table.map_paths(redact)
+    if b"?" in table.names:
+        table = table.map_paths(context.source.display)
     return FileViews(table, context).token()
 
 

@@ -307,7 +307,7 @@ class DeviceArray:
     def _through_host(self, view: Any, box: Box, plans: dict[tuple[Any, ...], Any]) -> bool:
         """Whether a block whose first file is ``view`` is read on the host and copied once."""
         ref = view.ref
-        if ref.compressed or not ref.source.mappable:  # inflated on the host; fetched with the CPU's concurrency
+        if ref.compressed or ref.source.concurrent:  # inflated on the host; fetched with the CPU's concurrency
             return True
         return through_host(self._plan(view, box, plans), self.options)
 

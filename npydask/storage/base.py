@@ -94,6 +94,44 @@ class Source(abc.ABC):
         """Whether files here can be memory-mapped (``backend="auto"`` may then map a contiguous region)."""
 
     @property
+    def concurrent(self) -> bool:
+        """Whether reads here want many requests in flight at once (an object store's latency), not one by one."""
+        return False
+
+    def display(self, path: str) -> str:
+        """``path`` as messages, reprs and listings show it (here as it is).
+
+        Examples
+        --------
+        >>> from npydask.storage.local import LOCAL
+        >>> LOCAL.display("/data/a.npy")
+        '/data/a.npy'
+        """
+        return path
+
+    def display_all(self, paths: list[str]) -> list[str]:
+        """:meth:`display` of each path (``paths`` itself where a source shows paths as they are)."""
+        return paths
+
+    @abc.abstractmethod
+    def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
+        """The bytes of a small whole file (or its first ``limit`` bytes), in one read or GET.
+
+        ``what`` names the file in errors (``"header index"``). A missing file
+        raises ``FileNotFoundError`` naming ``path`` (an object URL redacted);
+        a local path that is not a regular file raises ``OSError``
+        (``EINVAL``, or ``IsADirectoryError``).
+        """
+
+    @abc.abstractmethod
+    def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
+        """Replace ``path`` whole with ``data``: readers find the old bytes or the new ones, never a part.
+
+        A local file is written beside ``path`` and renamed over it (after
+        ``fsync``); an object is one PUT. ``what`` names the file in errors.
+        """
+
+    @property
     @abc.abstractmethod
     def gap_bytes(self) -> int:
         """The default coalescing gap: runs of a region closer than this are read as one span.

@@ -10,10 +10,12 @@ shared object) and never test what kind of storage they read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -37,6 +39,7 @@ from npydask.storage._handles import (
     OpenFile,
     _check_regular,
     acquire,
+    open_regular,
     scan_file,
     scan_members,
 )
@@ -127,6 +130,26 @@ class LocalSource(Source):
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """:func:`~npydask.storage._batch.read_files`: one open, preadv, fstat and close per file."""
         read_files(items, dest, nbytes)
+
+    def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
+        """One ``read`` of a regular file (``open_regular``: no FIFO, socket or device is waited on)."""
+        f, _ = open_regular(path, what=f"a regular file (a {what})")
+        with f:
+            return f.read() if limit is None else f.read(limit)
+
+    def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
+        """A hidden temporary file in ``path``'s folder, ``fsync``, then ``os.replace`` over ``path``."""
+        fd, tmp = tempfile.mkstemp(prefix=".npydask-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def __repr__(self) -> str:
         return "LocalSource()"

@@ -120,6 +120,19 @@ class ObjectSource(Source):
         return False
 
     @property
+    def concurrent(self) -> bool:
+        """Requests to a store are sent many at once (each waits on the network)."""
+        return True
+
+    def display(self, path: str) -> str:
+        """The URL without its query string (a presigned URL's signature) or user info."""
+        return redact(path)
+
+    def display_all(self, paths: list[str]) -> list[str]:
+        """:meth:`display` of each URL."""
+        return list(map(redact, paths))
+
+    @property
     def gap_bytes(self) -> int:
         """The ``remote_gap_bytes`` setting (64 KiB by default)."""
         return config.get("remote_gap_bytes")
@@ -367,6 +380,24 @@ class ObjectSource(Source):
     def _scan(self, path: str, key: str | None) -> Scanned:
         identity, header, raw, member = self._read_header(path, key)
         return identity, header, raw, member is not None and not member.stored
+
+    def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
+        """One GET (a larger object than ``limit``: a range GET of its first ``limit`` bytes instead)."""
+        obstore = _obstore()
+        store, key = self.store(path), self.key(path)
+
+        def get() -> bytes:
+            result = obstore.get(store, key)
+            if limit is None or int(result.meta["size"]) <= limit:
+                return bytes(result.bytes())
+            return bytes(obstore.get_range(store, key, start=0, length=limit))
+
+        return call(path, f"reading the {what}", get)
+
+    def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
+        """One PUT (the store publishes the object whole)."""
+        obstore = _obstore()
+        call(path, f"writing the {what}", obstore.put, self.store(path), self.key(path), data)
 
     def __repr__(self) -> str:
         return f"ObjectSource({self.spec.public()!r})"

@@ -1,7 +1,10 @@
 """Which :class:`~npydask.storage.base.Source` reads a path or URL: the one place that tells them apart.
 
 Public functions take ``str``, ``os.PathLike`` or a URL; they call
-:func:`resolve` once and never test for URLs again. ``file://`` URLs become
+:func:`resolve` once, carry the :class:`StoragePath` it returns and never
+test for URLs again: the source says how it wants to be read
+(:attr:`~npydask.storage.base.Source.concurrent`) and how its paths are
+shown (:meth:`~npydask.storage.base.Source.display`). ``file://`` URLs become
 local paths here; a relative local path is made absolute
 (:mod:`npydask.storage.paths`); an object URL gets the process's one
 :class:`~npydask.storage.object.ObjectSource` for its store and
@@ -11,6 +14,7 @@ local paths here; a relative local path is made absolute
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from npydask.storage.paths import absolute
@@ -18,7 +22,34 @@ from npydask.storage.base import Lister, Source
 from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.urls import is_url, split_url, to_local
 
-__all__ = ["fspath", "lister_for", "resolve"]
+__all__ = ["StoragePath", "fspath", "lister_for", "resolve"]
+
+
+@dataclass(frozen=True)
+class StoragePath:
+    """A path or URL and the source that reads it: what :func:`resolve` decides once.
+
+    Examples
+    --------
+    >>> p = resolve("file:///data/a.npy")
+    >>> p.path, p.source, p.shown, p.local
+    ('/data/a.npy', LocalSource(), '/data/a.npy', True)
+    """
+
+    source: Source
+    """The source that reads :attr:`path`."""
+    path: str
+    """An absolute local path, or the URL as given."""
+
+    @property
+    def shown(self) -> str:
+        """:attr:`path` as messages show it (an object URL without its credentials)."""
+        return self.source.display(self.path)
+
+    @property
+    def local(self) -> bool:
+        """Whether :attr:`path` is a local file (read by :data:`~npydask.storage.local.LOCAL`)."""
+        return self.source is LOCAL
 
 
 def fspath(path: str | os.PathLike[str]) -> str:
@@ -35,8 +66,8 @@ def fspath(path: str | os.PathLike[str]) -> str:
     return path
 
 
-def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> tuple[str, Source]:
-    """The path to carry (absolute, or the URL as given) and the source that reads it.
+def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StoragePath:
+    """The path to carry (absolute, or the URL as given) with the source that reads it.
 
     Raises
     ------
@@ -47,9 +78,8 @@ def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None
 
     Examples
     --------
-    >>> import os
     >>> resolve("file:///data/a.npy")
-    ('/data/a.npy', LocalSource())
+    StoragePath(source=LocalSource(), path='/data/a.npy')
     """
     path = fspath(path)
     if is_url(path):
@@ -57,13 +87,13 @@ def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None
         from npydask.storage.object import source_for
 
         import_obstore()
-        return path, source_for(StoreSpec.of(split_url(path).base, storage_options))
+        return StoragePath(source_for(StoreSpec.of(split_url(path).base, storage_options)), path)
     if storage_options:
         raise ValueError(
             f"{path}: storage_options apply to object-store URLs (s3://, gs://, az://, http(s)://); "
             "this is a local path: drop storage_options"
         )
-    return absolute(path), LOCAL
+    return StoragePath(LOCAL, absolute(path))
 
 
 def lister_for(root: str, source: Source) -> Lister:

@@ -41,15 +41,15 @@ from npydask.plan.region import Box
 from npydask.storage._stores import StoreSpec, run_each
 from npydask.storage.object import ObjectSource
 from npydask.storage.urls import join_url, redact, split_url
-from npydask.write.npy import (
-    _check_align,
-    _digest,
-    _graph_of,
-    _optimize,
-    _source,
-    _Views,
-    check_names,
+from npydask.write._graph import (
+    Views,
+    check_align,
+    digest,
+    graph_of,
+    optimize,
+    output_names,
     plan_header,
+    write_input,
 )
 
 __all__ = ["MAX_PARTS", "MAX_PART_BYTES", "MIN_PART_BYTES", "ObjectFile", "Upload", "plan_parts"]
@@ -205,19 +205,19 @@ def _abort(upload_id: str, upload: Upload) -> None:
 
 def _as_slabs(x: Any, what: str) -> tuple[da.Array, np.dtype, tuple[int, ...]]:
     """``x`` as a dask array (numpy arrays through views, keeping structured padding)."""
-    src = _source(x, what)
+    src = write_input(x, what)
     if isinstance(src.array, da.Array):
         return src.array, src.dtype, src.shape
     array = src.array
     meta = np.empty((0,) * array.ndim, array.dtype)
-    return da.from_array(_Views(array), chunks=-1, asarray=False, meta=meta), src.dtype, src.shape
+    return da.from_array(Views(array), chunks=-1, asarray=False, meta=meta), src.dtype, src.shape
 
 
 def to_npy_url(
     x: Any, url: str, source: ObjectSource, *, compute: bool, overwrite: bool, align: int
 ) -> Delayed | None:
     """:func:`npydask.to_npy` to an ``s3://`` URL (see the module docs); other schemes are refused."""
-    shown = redact(url)
+    shown = source.display(url)
     if source.spec.kind != "s3":
         raise ValueError(
             f"{shown}: to_npy writes one object by a parallel multipart upload, which npydask does only for "
@@ -227,7 +227,7 @@ def to_npy_url(
     if not split_url(url).key or url.endswith("/"):
         raise ValueError(f"{shown}: expected the URL of an object (s3://bucket/key.npy), found a bucket or prefix")
     array, dtype, shape = _as_slabs(x, f"to_npy ({shown})")
-    align = _check_align(align)
+    align = check_align(align)
     preamble, header = plan_header(shown, dtype, shape, align)
     slabs = plan_parts(shape, array.chunks, dtype.itemsize, len(preamble))
     if slabs is not None:
@@ -240,9 +240,9 @@ def to_npy_url(
 
             raise exists_error(shown)
     upload = Upload(source.spec, url, preamble, header, overwrite)
-    token = _digest(array.name, source.spec.public(), url, align, overwrite)
+    token = digest(array.name, source.spec.public(), url, align, overwrite)
     create, key = "npy-upload-create-" + token, "npy-upload-" + token
-    dsk, chunks = _graph_of(_optimize(array))
+    dsk, chunks = graph_of(optimize(array))
     bounds = np.cumsum((0, *array.chunks[0])) if shape else (0, 0)
     parts = []
     for i, chunk in enumerate(chunks):
@@ -289,7 +289,7 @@ def _put(blocks: Sequence[Any], boxes: Sequence[Box], target: ObjectFile) -> Non
     with ObjectTarget(target.source, target.url, size, overwrite=target.overwrite) as out:
         out.write_block(0, target.preamble)
         for block, box in zip(blocks, boxes):
-            data = as_block(block, target.header, box, redact(target.url))
+            data = as_block(block, target.header, box, target.source.display(target.url))
             if data.nbytes:
                 for offset, piece in block_runs(data, target.header, box):
                     out.write_block(offset, piece)
@@ -316,13 +316,8 @@ def to_npy_files_url(
     align: int,
 ) -> Delayed | None:
     """:func:`npydask.to_npy_files` to a URL prefix (see the module docs)."""
-    align = _check_align(align)
-    if names is None:
-        rel = [f"{i:0{max(5, len(str(len(arrays) - 1)))}d}.npy" for i in range(len(arrays))]
-    elif len(names := list(names)) != len(arrays):
-        raise ValueError(f"names has {len(names)} entries for {len(arrays)} arrays; give one name per array")
-    else:
-        rel = [r.replace("\\", "/") for r in check_names(names)]
+    align = check_align(align)
+    rel = [r.replace("\\", "/") for r in output_names(names, len(arrays))]
     urls = [join_url(prefix, r) for r in rel]
     if not overwrite:
         found = run_each(lambda u: _exists(source, u), urls, source.spec.settings.concurrency)
@@ -332,21 +327,22 @@ def to_npy_files_url(
             if there:
                 from npydask.write._tasks import exists_error
 
-                raise exists_error(redact(u))
+                raise exists_error(source.display(u))
     dsk: dict = {}
     keys = []
     for i, (x, url) in enumerate(zip(arrays, urls)):
-        src = _source(x, f"to_npy_files: array {i} ({redact(url)})")
-        preamble, header = plan_header(redact(url), src.dtype, src.shape, align)
+        shown = source.display(url)
+        src = write_input(x, f"to_npy_files: array {i} ({shown})")
+        preamble, header = plan_header(shown, src.dtype, src.shape, align)
         target = ObjectFile(source, url, preamble, header, overwrite)
-        keys.append("npy-put-" + _digest(src.token, source.spec.public(), url, align, overwrite))
+        keys.append("npy-put-" + digest(src.token, source.spec.public(), url, align, overwrite))
         if isinstance(src.array, da.Array):
-            graph, chunks = _graph_of(_optimize(src.array))
+            graph, chunks = graph_of(optimize(src.array))
             dsk.update(graph)
             dsk[keys[-1]] = (_put, list(chunks), _boxes(src.array.chunks), target)
         else:
             dsk[keys[-1]] = (_put, [src.array], [Box.whole(src.shape)], target)
-    top = "npy-puts-" + _digest(source.spec.public(), prefix, tuple(keys))
+    top = "npy-puts-" + digest(source.spec.public(), prefix, tuple(keys))
     dsk[top] = (_joined, keys)
     value = Delayed(top, dsk)
     if not compute:

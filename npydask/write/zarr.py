@@ -419,12 +419,12 @@ def _zarr_store(store: Any, storage_options: dict[str, Any] | None, zarr_kwargs:
         store = os.fspath(store)
     if not isinstance(store, str):
         return store
-    kind, where = where_to(store, storage_options)
-    if kind == "object":
-        return object_store(where, storage_options)
-    if kind == "other" and storage_options is not None:
-        zarr_kwargs["storage_options"] = storage_options
-    return where
+    where = where_to(store, storage_options)
+    if where is None:  # (a URL for fsspec, through zarr)
+        if storage_options is not None:
+            zarr_kwargs["storage_options"] = storage_options
+        return store
+    return where.path if where.local else object_store(where.path, storage_options)
 
 
 @suggest_keywords(also=lambda: require_zarr().create_array)

@@ -1,7 +1,8 @@
 """The zarr store for a place :func:`npydask.to_zarr` writes to, built one way for writing and reading back.
 
 :func:`npydask.to_zarr` and :func:`zarr_store` both go through
-:func:`where_to` (what kind of place a path or URL is) and
+:func:`where_to` (the place :func:`~npydask.storage.where.resolve` gives a
+path or URL, as for every read) and
 :func:`object_store` (an object-store URL as zarr's
 ``zarr.storage.ObjectStore`` over npydask's own obstore store, rooted at the
 URL, with the same ``storage_options`` dialect, remote settings and fork
@@ -15,11 +16,11 @@ zarr and obstore are imported only when a store is built.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any
 
 from npydask._keywords import suggest_keywords
-from npydask.storage.paths import absolute
-from npydask.storage.urls import is_url, split_url, to_local
+from npydask.storage.urls import is_url, split_url
+from npydask.storage.where import StoragePath, resolve
 
 __all__ = ["INSTALL_HINT", "object_store", "require_zarr", "where_to", "zarr_store"]
 
@@ -38,11 +39,11 @@ def require_zarr(what: str = "to_zarr") -> Any:
     return zarr
 
 
-def where_to(store: str, storage_options: dict[str, Any] | None) -> tuple[Literal["local", "object", "other"], str]:
-    """What kind of place ``store`` names (pure): a local folder (made absolute), an object URL, or another URL.
+def where_to(store: str, storage_options: dict[str, Any] | None) -> StoragePath | None:
+    """Where ``store`` is, as every read resolves it: a local folder (made absolute) or an object URL with its source.
 
-    ``"object"`` is a URL npydask reads (``s3://``, ``gs://``, ``az://``, ...),
-    ``"other"`` one it does not (``memory://``: fsspec's, through zarr).
+    ``None`` for a URL of a scheme npydask does not read (``memory://``:
+    fsspec's, which zarr opens with ``storage_options`` itself).
 
     Raises
     ------
@@ -51,24 +52,16 @@ def where_to(store: str, storage_options: dict[str, Any] | None) -> tuple[Litera
 
     Examples
     --------
-    >>> where_to("s3://bucket/a.zarr", None), where_to("memory://a.zarr", None)
-    (('object', 's3://bucket/a.zarr'), ('other', 'memory://a.zarr'))
     >>> where_to("file:///data/a.zarr", None)
-    ('local', '/data/a.zarr')
+    StoragePath(source=LocalSource(), path='/data/a.zarr')
+    >>> where_to("memory://a.zarr", None) is None
+    True
     """
-    store = to_local(store)
-    if "://" not in store:
-        if storage_options:
-            raise ValueError(
-                f"{store}: storage_options apply to URLs (s3://, gs://, az://, ...); this is a local path: "
-                "drop storage_options"
-            )
-        return "local", absolute(store)  # (the write tasks may run in another working directory)
     try:
-        remote = is_url(store)
+        is_url(store)
     except ValueError:  # a scheme npydask does not read (memory://, ...)
-        remote = False
-    return ("object" if remote else "other"), store
+        return None
+    return resolve(store, storage_options)
 
 
 def object_store(url: str, storage_options: dict[str, Any] | None, *, read_only: bool = False) -> Any:
@@ -138,9 +131,10 @@ def zarr_store(
         z = zarr.open_array(npydask.zarr_store("s3://bucket/vol.zarr", so), mode="r")
     """
     zarr = require_zarr("zarr_store")
-    kind, where = where_to(os.fspath(url), storage_options)
-    if kind == "object":
-        return object_store(where, storage_options, read_only=read_only)
-    if kind == "local":
-        return zarr.storage.LocalStore(where, read_only=read_only)
-    return zarr.storage.FsspecStore.from_url(where, storage_options=storage_options, read_only=read_only)
+    url = os.fspath(url)
+    where = where_to(url, storage_options)
+    if where is None:
+        return zarr.storage.FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
+    if where.local:
+        return zarr.storage.LocalStore(where.path, read_only=read_only)
+    return object_store(where.path, storage_options, read_only=read_only)

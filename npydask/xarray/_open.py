@@ -150,15 +150,16 @@ def _archive(path: str, drop: set[str], dims: Any, key: Any, options: dict[str, 
 
 def _shown(path: str, storage_options: dict[str, Any] | None) -> str:
     """``path`` as npydask carries it (absolute, or the URL) and shows it (no query string)."""
-    return redact(resolve(path, storage_options)[0])
+    return resolve(path, storage_options).shown
 
 
 def _members(path: str, storage_options: dict[str, Any] | None) -> list[str]:
     """The archive's ``.npy`` members in archive order (its zip directory only)."""
-    path, source = resolve(path, storage_options)
-    if is_url(path):
-        read, size = source.range_read(path)  # type: ignore[attr-defined]
-        return arrays_in(read, size, redact(path))
+    where = resolve(path, storage_options)
+    path = where.path
+    if not where.local:
+        read, size = where.source.range_read(path)  # type: ignore[attr-defined]
+        return arrays_in(read, size, where.shown)
     f, st = open_regular(path, what="a regular .npz archive")
     with f:
         return arrays_in(reader(f.fileno()), st.st_size, path)
