@@ -29,7 +29,8 @@ from npydask._keywords import suggest_keywords
 from npydask._buffers import empty
 from npydask.graph.build import chunk_array
 from npydask.reader import BACKENDS, FileRef
-from npydask.plan.region import Box, raw
+from npydask._buffers import raw
+from npydask.plan.region import Box
 from npydask.plan.roi import FileRoi, fill_like
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact

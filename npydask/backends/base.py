@@ -8,11 +8,11 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.storage._handles import OpenFile
-from npydask._buffers import empty
+from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
-from npydask.plan.region import ReadPlan, raw, raw_copy
+from npydask.plan.region import ReadPlan
 
-__all__ = ["Backend", "as_bytes", "copy_runs", "destination", "finish", "raw", "raw_copy", "same_layout"]
+__all__ = ["Backend", "copy_runs", "destination", "finish", "same_layout"]
 
 
 class Backend(ABC):
@@ -61,8 +61,3 @@ def copy_runs(base: np.ndarray, plan: ReadPlan, dtype: np.dtype, out: np.ndarray
     grid = np.ndarray(plan.outer_shape + (plan.run_nbytes,), np.uint8, base, 0, plan.outer_strides + (1,))
     np.copyto(as_bytes(buffer).reshape(grid.shape), grid)
     return finish(result, buffer)
-
-
-def as_bytes(a: np.ndarray) -> np.ndarray:
-    """A flat ``uint8`` view of a C-contiguous array of any dtype."""
-    return a.reshape(-1).view(np.uint8)

@@ -33,7 +33,8 @@ from npydask.array import NpyFileArray, split_index, wrap
 from npydask.dataset.views import Context, FileViews
 from npydask.plan.grouping import GroupPlan, one_grid
 from npydask._buffers import empty
-from npydask.backends.base import as_bytes, same_layout
+from npydask._buffers import as_bytes
+from npydask.backends.base import same_layout
 from npydask.format.header import NpyHeader
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
-from npydask.plan.region import raw_copy
+from npydask._buffers import raw_copy
 
 __all__ = [
     "Member",

@@ -31,12 +31,9 @@ __all__ = [
     "ByteRun",
     "Coalesced",
     "ReadPlan",
-    "exact_empty",
     "grid_offsets",
     "normalize_box",
     "plan_read",
-    "raw",
-    "raw_copy",
 ]
 
 
@@ -351,44 +348,3 @@ def align_span(offset: int, length: int, alignment: int) -> tuple[int, int]:
     end = offset + length
     hi = -(-end // alignment) * alignment
     return lo, hi - lo
-
-
-# --------------------------------------------------------------------------
-# Moving every byte of structured values
-
-
-def raw(a: np.ndarray) -> np.ndarray:
-    """``a``, or for a structured dtype the same bytes viewed as ``V<itemsize>`` (any strides).
-
-    numpy copies structured values field by field and leaves the padding
-    between fields uninitialised; a copy through this view moves every byte.
-
-    Examples
-    --------
-    >>> dt = np.dtype({"names": ["a"], "formats": ["u1"], "itemsize": 4})
-    >>> raw(np.zeros(3, dt)).dtype, raw(np.zeros(3, "<f4")).dtype
-    (dtype('V4'), dtype('float32'))
-    """
-    return a if a.dtype.names is None else a.view(np.dtype((np.void, a.dtype.itemsize)))
-
-
-def raw_copy(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``a`` with every byte, structured padding included."""
-    return np.asarray(raw(a), order="C").view(a.dtype)  # (np.ascontiguousarray makes 0-d arrays 1-d)
-
-
-def exact_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """``numpy.empty(shape, dtype)`` with exactly ``dtype``.
-
-    numpy makes a datetime or timedelta of generic units (``">m8"``)
-    native-endian when it allocates, which would relabel a big-endian
-    file's bytes as little-endian values: the array is viewed back as the
-    dtype asked for.
-
-    Examples
-    --------
-    >>> exact_empty((2,), np.dtype(">m8")).dtype.str
-    '>m8'
-    """
-    out = np.empty(shape, dtype)
-    return out if out.dtype.str == dtype.str else out.view(dtype)

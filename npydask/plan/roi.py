@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 
 from npydask.errors import RoiError
-from npydask.plan.region import Box, exact_empty, raw
+from npydask._buffers import exact_empty, raw
+from npydask.plan.region import Box
 
 __all__ = [
     "OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "cutting_roi", "fill_like", "resolve_roi",

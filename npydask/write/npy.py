@@ -37,7 +37,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import ensure_dict, parse_bytes
 
-from npydask.backends.base import as_bytes, raw_copy
+from npydask._buffers import as_bytes, raw_copy
 from npydask._keywords import suggest_keywords
 from npydask.format.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.storage.local import LOCAL
