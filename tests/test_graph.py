@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npydask.graph import build as graph
-from npydask.array import auto_chunks, regular_grid
+from npydask.plan.chunks import auto_chunks, regular_grid
 
 
 class Source:

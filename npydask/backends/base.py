@@ -10,9 +10,9 @@ import numpy as np
 from npydask.storage._handles import OpenFile
 from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
-from npydask.plan.region import ReadPlan
+from npydask.plan.region import ReadPlan, same_layout
 
-__all__ = ["Backend", "copy_runs", "destination", "finish", "same_layout"]
+__all__ = ["Backend", "copy_runs", "destination", "finish"]
 
 
 class Backend(ABC):
@@ -40,11 +40,6 @@ def destination(plan: ReadPlan, dtype: np.dtype, out: np.ndarray | None) -> tupl
     if same_layout(plan):
         return result, result
     return result, empty(plan.file_shape, dtype)
-
-
-def same_layout(plan: ReadPlan) -> bool:
-    """Whether the file-order bytes of the region are already its C-order bytes."""
-    return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
 
 
 def finish(result: np.ndarray, buffer: np.ndarray) -> np.ndarray:

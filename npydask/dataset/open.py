@@ -23,7 +23,8 @@ from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dataset.dali_args import refuse_dali_arguments
 from npydask.dataset.npy_dataset import NpyDataset, Skipped
-from npydask.dataset.select import Selected, select_listed, shard_range
+from npydask.dataset.select import Selected, select_listed
+from npydask.plan.sampling import shard_range
 from npydask.errors import NpyFormatError
 from npydask.dataset.views import Context
 from npydask.storage.paths import absolute_all

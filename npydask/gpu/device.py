@@ -230,7 +230,7 @@ class DeviceArray:
         return (DeviceArray, (self.source, self.options))
 
     def __getitem__(self, index: Any) -> Any:
-        from npydask.array import split_index
+        from npydask.plan.region import split_index
 
         box, post = split_index(index, self.shape)
         xp = _array_module()

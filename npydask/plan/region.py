@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,8 @@ __all__ = [
     "grid_offsets",
     "normalize_box",
     "plan_read",
+    "same_layout",
+    "split_index",
 ]
 
 
@@ -342,9 +345,66 @@ def _plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     )
 
 
+def same_layout(plan: ReadPlan) -> bool:
+    """Whether the file-order bytes of the region are already its C-order bytes."""
+    return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
+
+
 def align_span(offset: int, length: int, alignment: int) -> tuple[int, int]:
     """Round a byte range out to ``alignment``: (aligned offset, aligned length)."""
     lo = offset - offset % alignment
     end = offset + length
     hi = -(-end // alignment) * alignment
     return lo, hi - lo
+
+
+# --------------------------------------------------------------------------
+# Basic indexes
+
+
+def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]]:
+    """Split a basic index into the box it covers and the in-memory index that finishes it.
+
+    Returns ``(box, post)`` with ``numpy_array[index] == read(box)[post]``;
+    ``post`` is empty when the box is the answer.
+    """
+    if not isinstance(index, tuple):
+        index = (index,)
+    if any(i is Ellipsis for i in index):
+        at = next(k for k, i in enumerate(index) if i is Ellipsis)
+        fill = (slice(None),) * (len(shape) - len(index) + 1)
+        index = index[:at] + fill + index[at + 1 :]
+    if len(index) > len(shape):
+        raise IndexError(f"too many indices: {len(index)} for an array of {len(shape)} dimensions")
+    index = index + (slice(None),) * (len(shape) - len(index))
+    start, stop, post, trivial = [], [], [], True
+    for axis, (i, n) in enumerate(zip(index, shape)):
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            count = len(range(a, b, step))
+            if count == 0:
+                start.append(0)
+                stop.append(0)
+                post.append(slice(None))
+            elif step > 0:
+                start.append(a)
+                stop.append(a + (count - 1) * step + 1)
+                post.append(slice(None, None, step))
+                trivial &= step == 1
+            else:
+                start.append(a + (count - 1) * step)
+                stop.append(a + 1)
+                post.append(slice(None, None, step))
+                trivial = False
+        elif hasattr(i, "__index__") and not isinstance(i, bool | np.bool_):
+            k = i.__index__()
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
+            k %= n
+            start.append(k)
+            stop.append(k + 1)
+            post.append(0)
+            trivial = False
+        else:
+            raise IndexError(f"npydask arrays take integers, slices and Ellipsis only, found {i!r}")
+    return Box(tuple(start), tuple(stop)), (() if trivial else tuple(post))

@@ -140,8 +140,8 @@ class RoiArgs:
         values: dict[str, Any] = {}
         per_file: list[str] = []
         rows: dict[str, int] = {}
-        for name, raw in given.items():
-            value, is_rows = _normalize_arg(name, raw)
+        for name, given_value in given.items():
+            value, is_rows = _normalize_arg(name, given_value)
             values[name] = value
             if is_rows:
                 per_file.append(name)
