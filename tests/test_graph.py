@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npydask.graph import build as graph
+from npydask.graph.tasks import chunk_tasks
 from npydask.plan.chunks import auto_chunks, regular_grid
 
 
@@ -81,7 +82,7 @@ def test_the_one_time_check_imports_no_scheduler(tmp_path):
     code = (
         "import sys, npydask\n"
         f"x = npydask.from_npy({str(path)!r}, chunks=2)\n"
-        "from npydask import graph\n"
+        "from npydask.graph import build as graph\n"
         "assert graph._builder is not graph._through_from_array\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'distributed'))\n"
     )
@@ -203,7 +204,7 @@ def test_falls_back_to_from_array_where_the_direct_build_differs(monkeypatch):
 def test_chunk_tasks_are_getter_calls_on_slices():
     from dask.array.core import getter_nofancy
 
-    tasks = graph.chunk_tasks("SOURCE", ((2, 1), (3,)), "x", inline=False)
+    tasks = chunk_tasks("SOURCE", ((2, 1), (3,)), "x", inline=False)
     assert set(tasks) == {"original-x", ("x", 0, 0), ("x", 1, 0)}
     task = tasks[("x", 1, 0)]
     assert task.func is getter_nofancy and task.kwargs == {"asarray": False, "lock": False}
