@@ -143,7 +143,7 @@ def check_device(device: str) -> None:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, found {device!r}")
     if device == "gpu":
-        from npydask.gpu.device import require_gpu
+        from npydask.gpu import require_gpu
 
         require_gpu()
 
@@ -282,7 +282,7 @@ def wrap(
     every task (:func:`npydask.graph.build.chunk_array`): it is a few hundred bytes
     and carries no data; its ``__dask_tokenize__`` makes the name
     deterministic. With ``device="gpu"``
-    the source becomes a :class:`~npydask.gpu.device.DeviceArray` (CuPy chunks; the
+    the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
     dtype is checked now) and the meta a ``cupy.ndarray``. With
     ``inline=False`` the source is one key of the graph that every task
     refers to (for a source too big to copy into each task: many files).
@@ -290,7 +290,7 @@ def wrap(
     """
     chunks = drop_empty_chunks(chunks)
     if device == "gpu":
-        from npydask.gpu.device import on_device  # (imports CuPy only here)
+        from npydask.gpu import on_device  # (imports CuPy only here)
 
         source = on_device(source)
         meta = source.meta

@@ -31,7 +31,7 @@ import numpy as np
 from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
-from npydask.gpu.process import check_cuda_fork
+from npydask.gpu import check_cuda_fork
 from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.plan.region import Box
 from npydask.plan.sampling import EpochPlan, check_int
@@ -176,7 +176,7 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
         return {k: read_batch(v, device) for k, v in views.items()}
     shapes = {v.shape for v in views}
     if device == "gpu":
-        from npydask.gpu.device import on_device
+        from npydask.gpu import on_device
 
         if len(shapes) == 1:
             group = on_device(FileGroup(views, 0, True))
@@ -461,9 +461,9 @@ class _DeviceHandOff:
     """
 
     def __init__(self) -> None:
-        from npydask.gpu.device import _array_module
+        from npydask.gpu import array_module
 
-        xp = _array_module()
+        xp = array_module()
         self.cuda = None if xp is np else xp.cuda
         self.device_id = None if self.cuda is None else int(self.cuda.runtime.getDevice())
 

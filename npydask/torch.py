@@ -78,7 +78,7 @@ except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr
     ) from e
 
 from npydask.dataset.npy_dataset import file_index
-from npydask.gpu.process import check_cuda_fork
+from npydask.gpu import check_cuda_fork
 from npydask.loader import check_process, read_batch, warn_if_resharded
 from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.plan.sampling import check_int, epoch_order
