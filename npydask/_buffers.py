@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,7 @@ __all__ = [
     "MIN_BYTES",
     "BufferPool",
     "PooledBuffer",
+    "ScratchPieces",
     "as_bytes",
     "empty",
     "exact_empty",
@@ -233,7 +234,14 @@ def pieces(buf: np.ndarray, size: int, n: int) -> list[list[memoryview]]:
     return [[mv[j * size : (j + 1) * size]] for j in range(n)]
 
 
-def scratch_pieces(size: int, n: int) -> tuple[np.ndarray, list[list[memoryview]]]:
+class ScratchPieces(NamedTuple):
+    """A scratch buffer and its consecutive equal pieces, as ``os.preadv`` buffer lists."""
+
+    buffer: np.ndarray
+    pieces: list[list[memoryview]]
+
+
+def scratch_pieces(size: int, n: int) -> ScratchPieces:
     """:func:`scratch` of ``size * n`` bytes and its :func:`pieces`, the pieces kept with the thread's buffer.
 
     A strided read cuts the same pieces of the same scratch for every file
@@ -247,12 +255,12 @@ def scratch_pieces(size: int, n: int) -> tuple[np.ndarray, list[list[memoryview]
     """
     buf = scratch(size * n)
     if size * n >= MIN_BYTES:
-        return buf, pieces(buf, size, n)
+        return ScratchPieces(buf, pieces(buf, size, n))
     base = _local.buf
     cached = getattr(_local, "pieces", None)
     if cached is None or cached[0] is not base or cached[1] != size or len(cached[2]) < n:
         cached = _local.pieces = (base, size, pieces(base, size, len(base) // size))
-    return buf, cached[2][:n]
+    return ScratchPieces(buf, cached[2][:n])
 
 
 def pooled(arr: np.ndarray) -> bool:

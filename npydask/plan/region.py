@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +31,8 @@ __all__ = [
     "Box",
     "ByteRun",
     "Coalesced",
+    "FileSpan",
+    "IndexSplit",
     "ReadPlan",
     "grid_offsets",
     "normalize_box",
@@ -127,6 +129,13 @@ def _as_index(value: object) -> int:
 @dataclass(frozen=True)
 class ByteRun:
     """``length`` contiguous bytes at ``offset`` in the file."""
+
+    offset: int
+    length: int
+
+
+class FileSpan(NamedTuple):
+    """``length`` contiguous bytes at ``offset`` in the file, as one read takes them."""
 
     offset: int
     length: int
@@ -350,23 +359,44 @@ def same_layout(plan: ReadPlan) -> bool:
     return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
 
 
-def align_span(offset: int, length: int, alignment: int) -> tuple[int, int]:
-    """Round a byte range out to ``alignment``: (aligned offset, aligned length)."""
+def align_span(offset: int, length: int, alignment: int) -> FileSpan:
+    """Round a byte range out to ``alignment``: the aligned offset and length.
+
+    Examples
+    --------
+    >>> align_span(5000, 100, 4096)
+    FileSpan(offset=4096, length=4096)
+    """
     lo = offset - offset % alignment
     end = offset + length
     hi = -(-end // alignment) * alignment
-    return lo, hi - lo
+    return FileSpan(lo, hi - lo)
 
 
 # --------------------------------------------------------------------------
 # Basic indexes
 
 
-def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]]:
+class IndexSplit(NamedTuple):
+    """A basic index as a box to read and the in-memory index that finishes it.
+
+    ``numpy_array[index] == read(box)[post]``; ``post`` is empty when the box
+    is the answer.
+    """
+
+    box: Box
+    post: tuple[Any, ...]
+
+
+def split_index(index: Any, shape: tuple[int, ...]) -> IndexSplit:
     """Split a basic index into the box it covers and the in-memory index that finishes it.
 
-    Returns ``(box, post)`` with ``numpy_array[index] == read(box)[post]``;
-    ``post`` is empty when the box is the answer.
+    Examples
+    --------
+    >>> split_index((1, slice(None, None, 2)), (3, 5))
+    IndexSplit(box=Box(start=(1, 0), stop=(2, 5)), post=(0, slice(None, None, 2)))
+    >>> split_index(slice(1, 3), (4,)).post
+    ()
     """
     if not isinstance(index, tuple):
         index = (index,)
@@ -377,7 +407,10 @@ def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...
     if len(index) > len(shape):
         raise IndexError(f"too many indices: {len(index)} for an array of {len(shape)} dimensions")
     index = index + (slice(None),) * (len(shape) - len(index))
-    start, stop, post, trivial = [], [], [], True
+    start: list[int] = []
+    stop: list[int] = []
+    post: list[Any] = []
+    trivial = True
     for axis, (i, n) in enumerate(zip(index, shape)):
         if isinstance(i, slice):
             a, b, step = i.indices(n)
@@ -407,4 +440,4 @@ def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...
             trivial = False
         else:
             raise IndexError(f"npydask arrays take integers, slices and Ellipsis only, found {i!r}")
-    return Box(tuple(start), tuple(stop)), (() if trivial else tuple(post))
+    return IndexSplit(Box(tuple(start), tuple(stop)), () if trivial else tuple(post))
