@@ -123,7 +123,8 @@ def _complete(
 def _as_index(value: object) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"not an integer: {value!r}")
-    return value.__index__()  # type: ignore[attr-defined]
+    index: int = value.__index__()
+    return index
 
 
 @dataclass(frozen=True)

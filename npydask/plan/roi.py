@@ -199,7 +199,7 @@ class RoiArgs:
         assert n is not None
         if not -n <= index < n:
             raise IndexError(f"file index {index} is out of range for per-file ROI arguments with {n} rows")
-        picked = {name: getattr(self, name)[index] or None for name in self.per_file}
+        picked: dict[str, Any] = {name: getattr(self, name)[index] or None for name in self.per_file}
         return replace(self, **picked, per_file=())
 
 
@@ -383,7 +383,8 @@ def convert_fill(value: Any, dtype: Any) -> Any:
     """
     dtype = np.dtype(dtype)
     kind = dtype.kind
-    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Number):
+    is_number = isinstance(value, numbers.Number) and not isinstance(value, (str, bytes))
+    if not is_number:  # (a flag, not an isinstance narrowing: numbers.Number types no arithmetic)
         raise ValueError(f"fill_value must be a number, found {value!r}")
     if kind in _NON_NUMERIC_KINDS:
         if value != 0:
@@ -553,12 +554,12 @@ def _convert(name: str, value: Any, whole: Any) -> Any:
     shape_arg = name.endswith("roi_shape")
     if name.startswith("rel_"):
         with np.errstate(over="ignore"):
-            v = np.float32(value)
-        if not np.isfinite(v):
+            rel = np.float32(value)
+        if not np.isfinite(rel):
             raise ValueError(f"{name} values must be finite float32 numbers, found {value!r} in {whole!r}")
-        if shape_arg and v < 0:
+        if shape_arg and rel < 0:
             raise ValueError(f"{name} values must be >= 0, found {value!r} in {whole!r}")
-        return v
+        return rel
     if not isinstance(value, numbers.Integral):
         x = float(value)
         if not math.isfinite(x) or x != math.floor(x):

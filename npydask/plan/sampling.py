@@ -72,7 +72,7 @@ def check_int(name: str, value: object, low: int) -> int:
     """
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an integer, found {value!r}")
-    v = value.__index__()  # type: ignore[attr-defined]
+    v: int = value.__index__()
     if v < low:
         raise ValueError(f"{name} must be at least {low}, found {v}")
     return v
