@@ -58,6 +58,7 @@ from npydask.errors import NpyFormatError
 
 __all__ = [
     "MAGIC",
+    "MEMO",
     "MAX_HEADER_BYTES",
     "MAX_ZERO_ITEMSIZE_ELEMENTS",
     "NpyHeader",
@@ -247,7 +248,7 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
     """
     if not isinstance(buf, bytes):
         buf = bytes(memoryview(buf).cast("B")[: MAX_PREAMBLE + MAX_HEADER_BYTES])
-    hit = _MEMO.get(buf[: header_end(buf)])
+    hit = MEMO.get(buf[: header_end(buf)])
     if hit is not None:
         return hit
     version, start, hlen = parse_preamble(buf[:MAX_PREAMBLE], source)
@@ -266,17 +267,20 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
         nbytes=math.prod(shape) * dtype.itemsize,
     )
     if hlen <= _MEMO_MAX_KEY:
-        if len(_MEMO) >= _MEMO_LIMIT:
-            _MEMO.clear()
-        _MEMO[buf[: start + hlen]] = header
+        if len(MEMO) >= _MEMO_LIMIT:
+            MEMO.clear()
+        MEMO[buf[: start + hlen]] = header
     return header
 
 
 # --------------------------------------------------------------------------
 # Header text -> (dtype, fortran_order, shape), memoised on the raw bytes.
 
-_MEMO: dict[bytes, NpyHeader] = {}
-"""Validated headers keyed on their exact preamble and header bytes (version and length included)."""
+MEMO: dict[bytes, NpyHeader] = {}
+"""Validated headers keyed on their exact preamble and header bytes (version and length included).
+
+A batch scan looks headers up here directly; only :func:`parse_header` adds to it.
+"""
 _MEMO_LIMIT = 4096
 _MEMO_MAX_KEY = 4096
 """Longer header texts are not memoised: the memo holds at most 16 MiB of keys."""
