@@ -62,6 +62,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_ZERO_ITEMSIZE_ELEMENTS",
     "NpyHeader",
+    "Preamble",
     "VERSIONS",
     "format_header",
     "header_end",
@@ -95,6 +96,14 @@ class VersionInfo(NamedTuple):
     def preamble_size(self) -> int:
         """Bytes before the header text: magic, version and length field."""
         return len(MAGIC) + 2 + struct.calcsize(self.length_format)
+
+
+class Preamble(NamedTuple):
+    """What a file's first bytes say: its version and where its header text lies."""
+
+    version: tuple[int, int]
+    header_start: int
+    header_length: int
 
 
 VERSIONS: dict[tuple[int, int], VersionInfo] = {
@@ -178,7 +187,7 @@ def _fail(source: str, expected: str, found: str, hint: str = "") -> NpyFormatEr
     return NpyFormatError(msg)
 
 
-def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int], int, int]:
+def parse_preamble(buf: bytes, source: str = "<bytes>") -> Preamble:
     """Check the magic, version and header length.
 
     Parameters
@@ -191,7 +200,7 @@ def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int]
 
     Returns
     -------
-    version, header_start, header_length : tuple
+    Preamble
         The version, the offset of the header text and its length in bytes.
     """
     buf = bytes(buf[:MAX_PREAMBLE])
@@ -216,7 +225,7 @@ def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int]
             f"a header length of {hlen} bytes",
             "the file is corrupt or not meant for reading without pickle",
         )
-    return version, end, hlen
+    return Preamble(version, end, hlen)
 
 
 def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
