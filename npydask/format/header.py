@@ -58,12 +58,12 @@ from npydask.errors import NpyFormatError
 
 __all__ = [
     "MAGIC",
-    "MEMO",
     "MAX_HEADER_BYTES",
     "MAX_ZERO_ITEMSIZE_ELEMENTS",
+    "MEMO",
+    "VERSIONS",
     "NpyHeader",
     "Preamble",
-    "VERSIONS",
     "format_header",
     "header_end",
     "parse_header",

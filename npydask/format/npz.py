@@ -40,8 +40,8 @@ from npydask._buffers import raw_copy
 
 __all__ = [
     "Member",
-    "Read",
     "RangeFile",
+    "Read",
     "arrays_in",
     "check_stored",
     "directory",

@@ -54,10 +54,10 @@ __all__ = [
     "Pad",
     "SpanRead",
     "c_contiguous",
-    "through_host",
     "gpu_read_options",
     "native_dtype",
     "plan_gpu_read",
+    "through_host",
 ]
 
 DEFAULT_ALIGNMENT = 4096
