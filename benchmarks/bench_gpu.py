@@ -92,7 +92,7 @@ class Device:
         if dry:
             from npydask.gpu import device as gpu
             gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/test_gpu.py
-            gpu._array_module = lambda: np
+            gpu.array_module = lambda: np
             self.xp: Any = np
         else:
             import cupy

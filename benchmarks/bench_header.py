@@ -9,7 +9,7 @@ garbage collector off while timing, as :mod:`timeit` does):
 * ``npydask.parse_header`` on N separate byte strings holding one header
   text: the memo path (goal >= 100,000 headers/s);
 * the same on N distinct canonical headers (shapes differ and the memo
-  ``npydask.format.header._MEMO`` is cleared before each loop, so every one misses):
+  ``npydask.format.header.MEMO`` is cleared before each loop, so every one misses):
   the canonical-text regex path;
 * the same on N distinct non-canonical spellings (other key order and
   spacing): the AST-walk path;
@@ -80,7 +80,7 @@ def distinct_shape(i: int) -> tuple[int, ...]:
 
 
 def clear_memos() -> None:
-    """Empty every header memo in ``npydask.format.header`` (``_MEMO`` and any other ``*MEMO*`` dict)."""
+    """Empty every header memo in ``npydask.format.header`` (``MEMO`` and any other ``*MEMO*`` dict)."""
     for name, value in vars(nh).items():
         if "MEMO" in name.upper() and isinstance(value, dict):
             value.clear()

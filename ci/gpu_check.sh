@@ -134,9 +134,9 @@ for name in ("numpy", "cupy", "kvikio", "rmm", "dask", "distributed", "dask_cuda
         print(f"{name}: not importable ({type(e).__name__}: {e})")
 problems = []
 try:  # before anything imports kvikio.defaults (kvikio's __init__ does not)
-    from npydask.gpu import _kvikio as kb
+    from npydask.gpu import describe
 
-    print("npydask describe():", kb.describe())
+    print("npydask describe():", describe())
 except Exception as e:
     print(f"npydask describe(): raised {type(e).__name__}: {e}")
     problems.append(f"describe() raised {type(e).__name__}: {e}")

@@ -49,7 +49,7 @@ class Context:
         if dry:
             from npydask.gpu import device as gpu
             gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/test_gpu.py
-            gpu._array_module = lambda: np
+            gpu.array_module = lambda: np
             self.xp: Any = np
         else:
             import cupy
@@ -307,7 +307,7 @@ from npydask.torch import NpyMapDataset
 dry, folder = sys.argv[1] == "dry", sys.argv[2]
 if dry:
     gpu.require_gpu = lambda: None
-    gpu._array_module = lambda: np
+    gpu.array_module = lambda: np
 adapter = NpyMapDataset(npydask.open_dataset(folder, device="gpu"), device="gpu", with_index=True)
 assert gpu_process._CUDA_PID is None and not torch.cuda.is_initialized(), "the checks initialised CUDA"
 ctx = torch.multiprocessing.get_context("fork")
@@ -515,9 +515,9 @@ def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     cupy.empty(1)  # the CUDA context, apart from the check
     t1 = time.perf_counter()
-    gpu._array_module()
+    gpu.array_module()
     t2 = time.perf_counter()
-    gpu._array_module()
+    gpu.array_module()
     t3 = time.perf_counter()
     if before is None:  # (the read below may use kernels other probes compiled already)
         del os.environ["CUPY_CACHE_DIR"]

@@ -40,7 +40,7 @@ import numpy as np
 def missing() -> str | None:
     """Why this machine cannot run the example, or ``None`` when it can."""
     from npydask.errors import GpuUnavailableError
-    from npydask.gpu.device import require_gpu
+    from npydask.gpu import require_gpu
 
     try:
         require_gpu()
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from distributed import Client
 
     import npydask
-    from npydask.gpu._kvikio import describe
+    from npydask.gpu import describe
 
     rmm = rmm_options(args.rmm_pool_size)
     if args.rmm_pool_size is not None and not rmm:

@@ -17,6 +17,11 @@ off) of idle buffers and releases any idle for :data:`IDLE_SECONDS`. Idle
 buffers are memory the process holds that dask does not count ("unmanaged"
 in distributed's terms): the cap bounds it. A forked child starts with an
 empty pool.
+
+Below the pool sit the helpers every layer uses to move an array's bytes
+exactly: :func:`raw` and :func:`raw_copy` (structured padding included),
+:func:`exact_empty` (the dtype asked for, byte order included) and
+:func:`as_bytes` (a flat ``uint8`` view).
 """
 
 from __future__ import annotations
@@ -28,14 +33,28 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from npydask import config
-from npydask.plan.region import exact_empty
 
-__all__ = ["MIN_BYTES", "BufferPool", "PooledBuffer", "empty", "pieces", "pool", "pooled", "scratch", "scratch_pieces"]
+__all__ = [
+    "MIN_BYTES",
+    "BufferPool",
+    "PooledBuffer",
+    "ScratchPieces",
+    "as_bytes",
+    "empty",
+    "exact_empty",
+    "pieces",
+    "pool",
+    "pooled",
+    "raw",
+    "raw_copy",
+    "scratch",
+    "scratch_pieces",
+]
 
 MIN_BYTES = 1 << 20
 """Smaller arrays come from ``numpy.empty``: malloc's arenas already reuse such memory."""
@@ -215,7 +234,14 @@ def pieces(buf: np.ndarray, size: int, n: int) -> list[list[memoryview]]:
     return [[mv[j * size : (j + 1) * size]] for j in range(n)]
 
 
-def scratch_pieces(size: int, n: int) -> tuple[np.ndarray, list[list[memoryview]]]:
+class ScratchPieces(NamedTuple):
+    """A scratch buffer and its consecutive equal pieces, as ``os.preadv`` buffer lists."""
+
+    buffer: np.ndarray
+    pieces: list[list[memoryview]]
+
+
+def scratch_pieces(size: int, n: int) -> ScratchPieces:
     """:func:`scratch` of ``size * n`` bytes and its :func:`pieces`, the pieces kept with the thread's buffer.
 
     A strided read cuts the same pieces of the same scratch for every file
@@ -229,12 +255,12 @@ def scratch_pieces(size: int, n: int) -> tuple[np.ndarray, list[list[memoryview]
     """
     buf = scratch(size * n)
     if size * n >= MIN_BYTES:
-        return buf, pieces(buf, size, n)
+        return ScratchPieces(buf, pieces(buf, size, n))
     base = _local.buf
     cached = getattr(_local, "pieces", None)
     if cached is None or cached[0] is not base or cached[1] != size or len(cached[2]) < n:
         cached = _local.pieces = (base, size, pieces(base, size, len(base) // size))
-    return buf, cached[2][:n]
+    return ScratchPieces(buf, cached[2][:n])
 
 
 def pooled(arr: np.ndarray) -> bool:
@@ -243,3 +269,49 @@ def pooled(arr: np.ndarray) -> bool:
     while isinstance(base, np.ndarray):
         base = base.base
     return isinstance(base, memoryview) and isinstance(base.obj, PooledBuffer)
+
+
+# --------------------------------------------------------------------------
+# Every byte of any array: structured padding, exact dtypes, flat byte views
+
+
+def raw(a: np.ndarray) -> np.ndarray:
+    """``a``, or for a structured dtype the same bytes viewed as ``V<itemsize>`` (any strides).
+
+    numpy copies structured values field by field and leaves the padding
+    between fields uninitialised; a copy through this view moves every byte.
+
+    Examples
+    --------
+    >>> dt = np.dtype({"names": ["a"], "formats": ["u1"], "itemsize": 4})
+    >>> raw(np.zeros(3, dt)).dtype, raw(np.zeros(3, "<f4")).dtype
+    (dtype('V4'), dtype('float32'))
+    """
+    return a if a.dtype.names is None else a.view(np.dtype((np.void, a.dtype.itemsize)))
+
+
+def raw_copy(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``a`` with every byte, structured padding included."""
+    return np.asarray(raw(a), order="C").view(a.dtype)  # (np.ascontiguousarray makes 0-d arrays 1-d)
+
+
+def exact_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``numpy.empty(shape, dtype)`` with exactly ``dtype``.
+
+    numpy makes a datetime or timedelta of generic units (``">m8"``)
+    native-endian when it allocates, which would relabel a big-endian
+    file's bytes as little-endian values: the array is viewed back as the
+    dtype asked for.
+
+    Examples
+    --------
+    >>> exact_empty((2,), np.dtype(">m8")).dtype.str
+    '>m8'
+    """
+    out = np.empty(shape, dtype)
+    return out if out.dtype.str == dtype.str else out.view(dtype)
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """A flat ``uint8`` view of a C-contiguous array of any dtype."""
+    return a.reshape(-1).view(np.uint8)

@@ -19,21 +19,21 @@ import os
 import re
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 from dask.array.core import normalize_chunks
-from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
 from npydask._buffers import empty
 from npydask.graph.build import chunk_array
 from npydask.reader import BACKENDS, FileRef
-from npydask.plan.region import Box, raw
+from npydask._buffers import raw
+from npydask.plan.chunks import auto_chunks, chunk_limit, drop_empty_chunks, regular_grid
+from npydask.plan.region import Box, split_index
 from npydask.plan.roi import FileRoi, fill_like
 from npydask.storage.where import fspath, resolve
 
-__all__ = ["NpyFileArray", "auto_chunks", "drop_empty_chunks", "from_npy", "regular_grid"]
+__all__ = ["NpyFileArray", "from_npy"]
 
 DEVICES = ("cpu", "gpu")
 
@@ -121,99 +121,6 @@ class NpyFileArray:
         return out
 
 
-def split_index(index: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]]:
-    """Split a basic index into the box it covers and the in-memory index that finishes it.
-
-    Returns ``(box, post)`` with ``numpy_array[index] == read(box)[post]``;
-    ``post`` is empty when the box is the answer.
-    """
-    if not isinstance(index, tuple):
-        index = (index,)
-    if any(i is Ellipsis for i in index):
-        at = next(k for k, i in enumerate(index) if i is Ellipsis)
-        fill = (slice(None),) * (len(shape) - len(index) + 1)
-        index = index[:at] + fill + index[at + 1 :]
-    if len(index) > len(shape):
-        raise IndexError(f"too many indices: {len(index)} for an array of {len(shape)} dimensions")
-    index = index + (slice(None),) * (len(shape) - len(index))
-    start, stop, post, trivial = [], [], [], True
-    for axis, (i, n) in enumerate(zip(index, shape)):
-        if isinstance(i, slice):
-            a, b, step = i.indices(n)
-            count = len(range(a, b, step))
-            if count == 0:
-                start.append(0)
-                stop.append(0)
-                post.append(slice(None))
-            elif step > 0:
-                start.append(a)
-                stop.append(a + (count - 1) * step + 1)
-                post.append(slice(None, None, step))
-                trivial &= step == 1
-            else:
-                start.append(a + (count - 1) * step)
-                stop.append(a + 1)
-                post.append(slice(None, None, step))
-                trivial = False
-        elif hasattr(i, "__index__") and not isinstance(i, bool | np.bool_):
-            k = i.__index__()
-            if not -n <= k < n:
-                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
-            k %= n
-            start.append(k)
-            stop.append(k + 1)
-            post.append(0)
-            trivial = False
-        else:
-            raise IndexError(f"npydask arrays take integers, slices and Ellipsis only, found {i!r}")
-    return Box(tuple(start), tuple(stop)), (() if trivial else tuple(post))
-
-
-def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, limit: int) -> tuple[int, ...]:
-    """A chunk shape of at most ``limit`` bytes whose chunks are contiguous in the file.
-
-    Axes are kept whole from the fastest-varying file axis outwards; the first
-    axis that no longer fits is split into balanced pieces and slower axes
-    get chunks of one.
-
-    Examples
-    --------
-    >>> auto_chunks((64, 256, 256), np.dtype("f4"), False, 1 << 20)
-    (4, 256, 256)
-    >>> auto_chunks((300, 1000), np.dtype("f8"), True, 800_000)
-    (300, 250)
-    """
-    if 0 in shape or dtype.itemsize == 0:
-        return tuple(shape)  # nothing to read (no elements, or elements of 0 bytes): one chunk
-    file_shape = shape[::-1] if fortran_order else shape
-    itemsize = max(dtype.itemsize, 1)
-    inner = itemsize
-    k = len(file_shape)
-    while k > 0 and inner * file_shape[k - 1] <= limit:
-        inner *= file_shape[k - 1]
-        k -= 1
-    chunks = list(file_shape)
-    if k > 0:
-        n = file_shape[k - 1]
-        per = max(1, limit // inner)
-        pieces = math.ceil(n / per)
-        chunks[k - 1] = max(1, math.ceil(n / pieces))
-        for axis in range(k - 1):
-            chunks[axis] = 1
-    return tuple(chunks[::-1] if fortran_order else chunks)
-
-
-def chunk_limit(chunks: Any) -> int | None:
-    """The byte limit ``"auto"`` or a size string stands for; ``None`` for explicit chunks."""
-    if isinstance(chunks, str):
-        text = dask.config.get("array.chunk-size") if chunks == "auto" else chunks
-        try:
-            return int(parse_bytes(text))
-        except ValueError as e:
-            raise ValueError(f"chunks={chunks!r}: expected 'auto', a byte size like '128MiB', or sizes") from e
-    return None
-
-
 def resolve_chunks(chunks: Any, source: NpyFileArray) -> tuple[tuple[int, ...], ...]:
     """Normalise ``chunks`` for ``source``; ``"auto"`` and sizes give file-contiguous chunks.
 
@@ -229,26 +136,12 @@ def resolve_chunks(chunks: Any, source: NpyFileArray) -> tuple[tuple[int, ...], 
     return regular_grid(source.shape, auto_chunks(source.shape, source.dtype, ref.header.fortran_order, limit))
 
 
-def regular_grid(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """``normalize_chunks(block, shape)`` for a block shape from :func:`auto_chunks`, without its checks.
-
-    Each axis is cut into blocks of ``block[i]`` and a shorter last one; an
-    empty axis has one chunk of 0.
-
-    Examples
-    --------
-    >>> regular_grid((10, 4, 0), (4, 4, 0))
-    ((4, 4, 2), (4,), (0,))
-    """
-    return tuple(((b,) * (n // b) + ((n % b,) if n % b else ())) if n else (0,) for n, b in zip(shape, block))
-
-
 def check_device(device: str) -> None:
     """Refuse an unknown device, and ``"gpu"`` where CuPy or a CUDA device is missing."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, found {device!r}")
     if device == "gpu":
-        from npydask.gpu.device import require_gpu
+        from npydask.gpu import require_gpu
 
         require_gpu()
 
@@ -374,22 +267,6 @@ def glob_advice(path: str) -> str | None:
     )
 
 
-def drop_empty_chunks(chunks: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
-    """``chunks`` without zero-size chunks, as ``dask.array.concatenate`` leaves them.
-
-    An axis of extent 0 keeps its one chunk ``(0,)``, as dask's own
-    constructors give it. Empty files (or files emptied by a ROI) would
-    otherwise add zero-size chunks inside an axis, which dask's slicing
-    mishandles (``x[300000::-1]`` of such an array came out empty).
-
-    Examples
-    --------
-    >>> drop_empty_chunks(((256, 0, 44, 0), (0,), (3,)))
-    ((256, 44), (0,), (3,))
-    """
-    return tuple(tuple(c for c in axis if c) or (0,) for axis in chunks)
-
-
 def wrap(
     source: Any,
     chunks: tuple[tuple[int, ...], ...],
@@ -404,15 +281,15 @@ def wrap(
     every task (:func:`npydask.graph.build.chunk_array`): it is a few hundred bytes
     and carries no data; its ``__dask_tokenize__`` makes the name
     deterministic. With ``device="gpu"``
-    the source becomes a :class:`~npydask.gpu.device.DeviceArray` (CuPy chunks; the
+    the source becomes a :class:`~npydask.gpu.DeviceArray` (CuPy chunks; the
     dtype is checked now) and the meta a ``cupy.ndarray``. With
     ``inline=False`` the source is one key of the graph that every task
     refers to (for a source too big to copy into each task: many files).
-    Zero-size chunks are dropped (:func:`drop_empty_chunks`).
+    Zero-size chunks are dropped (:func:`~npydask.plan.chunks.drop_empty_chunks`).
     """
     chunks = drop_empty_chunks(chunks)
     if device == "gpu":
-        from npydask.gpu.device import on_device  # (imports CuPy only here)
+        from npydask.gpu import on_device  # (imports CuPy only here)
 
         source = on_device(source)
         meta = source.meta

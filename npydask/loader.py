@@ -31,10 +31,10 @@ import numpy as np
 from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.errors import NpyDaskWarning
-from npydask.gpu.process import check_cuda_fork
+from npydask.gpu import check_cuda_fork
 from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.plan.region import Box
-from npydask.plan.sampling import EpochPlan, _check_int
+from npydask.plan.sampling import EpochPlan, check_int
 from npydask.dataset.stacking import FileGroup, joined_dtype
 
 __all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
@@ -176,7 +176,7 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
         return {k: read_batch(v, device) for k, v in views.items()}
     shapes = {v.shape for v in views}
     if device == "gpu":
-        from npydask.gpu.device import on_device
+        from npydask.gpu import on_device
 
         if len(shapes) == 1:
             group = on_device(FileGroup(views, 0, True))
@@ -279,10 +279,10 @@ class Loader:
             raise TypeError(f"Loader reads an NpyDataset (from npydask.open_dataset), found {type(dataset).__name__}")
         if len(dataset) == 0:
             raise ValueError("Loader: the dataset holds no files")
-        batch_size = _check_int("batch_size", batch_size, 1)
-        self.prefetch = _check_int("prefetch", prefetch, 0)
+        batch_size = check_int("batch_size", batch_size, 1)
+        self.prefetch = check_int("prefetch", prefetch, 0)
         if seed is not None:
-            seed = _check_int("seed", seed, 0)
+            seed = check_int("seed", seed, 0)
         check_device(device)
         self.plan = EpochPlan(
             len(dataset),
@@ -318,7 +318,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield epoch ``epoch`` from its start."""
-        self.epoch = _check_int("epoch", epoch, 0)
+        self.epoch = check_int("epoch", epoch, 0)
         self._done = 0
 
     def fingerprint(self) -> dict[str, str]:
@@ -362,8 +362,8 @@ class Loader:
         if differ:
             raise ValueError(f"the state belongs to a loader with another plan ({'; '.join(differ)})")
         self._check_fingerprint(state.get(_FINGERPRINT))
-        epoch = _check_int("epoch", state["epoch"], 0)
-        done = _check_int("batches_done", state["batches_done"], 0)
+        epoch = check_int("epoch", state["epoch"], 0)
+        done = check_int("batches_done", state["batches_done"], 0)
         if done > self.plan.count(epoch):
             raise ValueError(f"batches_done={done} exceeds the {self.plan.count(epoch)} batches of epoch {epoch}")
         self.epoch, self._done = epoch, done
@@ -461,9 +461,9 @@ class _DeviceHandOff:
     """
 
     def __init__(self) -> None:
-        from npydask.gpu.device import _array_module
+        from npydask.gpu import array_module
 
-        xp = _array_module()
+        xp = array_module()
         self.cuda = None if xp is np else xp.cuda
         self.device_id = None if self.cuda is None else int(self.cuda.runtime.getDevice())
 

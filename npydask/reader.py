@@ -25,7 +25,7 @@ import numpy as np
 from npydask import backends
 from npydask._keywords import suggest_keywords
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile
-from npydask.backends.base import same_layout
+from npydask.plan.region import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader

@@ -78,10 +78,10 @@ except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr
     ) from e
 
 from npydask.dataset.npy_dataset import file_index
-from npydask.gpu.process import check_cuda_fork
+from npydask.gpu import check_cuda_fork
 from npydask.loader import check_process, read_batch, warn_if_resharded
 from npydask.dataset.multikey import MultiKeyDataset, pick
-from npydask.plan.sampling import _check_int, epoch_order
+from npydask.plan.sampling import check_int, epoch_order
 from npydask.dataset.stacking import joined_dtype
 
 __all__ = ["NpyIterableDataset", "NpyMapDataset", "check_torch_dtype", "split_for"]
@@ -279,12 +279,12 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("give rank and world_size together, or neither (to use torch.distributed's)")
         if rank is not None:
-            world_size = _check_int("world_size", world_size, 1)
-            rank = _check_int("rank", rank, 0)
+            world_size = check_int("world_size", world_size, 1)
+            rank = check_int("rank", rank, 0)
             if rank >= world_size:
                 raise ValueError(f"rank must be in [0, world_size), found rank={rank} world_size={world_size}")
         if seed is not None:
-            seed = _check_int("seed", seed, 0)
+            seed = check_int("seed", seed, 0)
         self.dataset = dataset
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -292,7 +292,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         self.world_size = world_size
         self.device = device
         self.with_index = bool(with_index)
-        self.read_size = _check_int("read_size", read_size, 1)
+        self.read_size = check_int("read_size", read_size, 1)
         self._epoch = _SharedEpoch()
         share = self._share()
         warn_if_resharded(dataset, share[0], share[1], f"NpyIterableDataset (rank {share[0]} of {share[1]})")
@@ -308,7 +308,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         The number is kept in shared memory, so DataLoader workers started
         before the call (``persistent_workers=True``) read it too.
         """
-        self._epoch.value = _check_int("epoch", epoch, 0)
+        self._epoch.value = check_int("epoch", epoch, 0)
 
     def _share(self) -> tuple[int, int]:
         if self.rank is not None:

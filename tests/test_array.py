@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npydask
-from npydask.array import NpyFileArray, auto_chunks, split_index
+from npydask.array import NpyFileArray
+from npydask.plan.chunks import auto_chunks
+from npydask.plan.region import split_index
 
 DTYPES = ["<f4", ">f8", "<i2", ">u4", "?", "c8", ">c16", "M8[s]", "m8[us]", "S3", "U2", "f2"]
 STRUCT = np.dtype([("a", "<f4", (2,)), ("b", ">i8"), ("c", "S3")])

@@ -51,7 +51,7 @@ def _strict_module():
 def strict_device(monkeypatch):
     xp = _strict_module()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setattr(gpu, "array_module", lambda: xp)
     monkeypatch.setitem(sys.modules, "kvikio", None)
     return xp
 

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from npydask.dataset.select import (
     DEFAULT_FILE_FILTER, SORTS, SWAP_PAIRS, _matcher, dali_order, folder_order, natural_key, natural_swap, select_files,
-    select_listed, shard_range,
+    select_listed,
 )  # fmt: skip
 from npydask.errors import NpyDaskWarning
+from npydask.plan.sampling import shard_range
 from npydask.storage.local import LocalLister
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="POSIX symlinks")

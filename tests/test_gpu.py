@@ -128,7 +128,7 @@ def numpy_device(monkeypatch):
     """
     monkeypatch.setenv("NPYDASK_GPU_HOST_BYTES", "0")
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    monkeypatch.setattr(gpu, "array_module", lambda: np)
 
 
 @pytest.mark.parametrize("dtype", REFUSED, ids=str)
@@ -351,7 +351,7 @@ def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, mo
 def test_from_npy_through_a_cupy_like_module(save, monkeypatch, tmp_path):
     xp = _cupy_like()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setattr(gpu, "array_module", lambda: xp)
     monkeypatch.setitem(sys.modules, "kvikio", None)
     a = random_array((9, 10), ">u2", seed=1)
     x = npydask.from_npy(save(a, order="F"), chunks=(4, 5), device="gpu")
@@ -847,7 +847,7 @@ def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(
     monkeypatch.setattr(gpu_toolkit, "_outcome", (os.getpid(), None))  # (the toolkit check is tested apart)
     gpu.require_gpu()
     assert gpu_process._CUDA_PID is None  # the check is no use of CUDA
-    gpu._array_module()  # the first device use
+    gpu.array_module()  # the first device use
     assert gpu_process._CUDA_PID == os.getpid()
     with multiprocessing.get_context("fork").Pool(1) as pool:
         said = pool.apply(_from_npy_in_child, (save(np.zeros(3)),))
@@ -1204,7 +1204,7 @@ def test_concatenate_on_the_device_bisects_the_files_a_block_meets(tmp_path, num
 def host_route(monkeypatch):
     """numpy standing in for CuPy with the default ``gpu_host_bytes``; counts device reads and copies."""
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    monkeypatch.setattr(gpu, "array_module", lambda: np)
     seen = types.SimpleNamespace(device_reads=0, copies=[])
     real_read, real_copy = kvikio_backend.read_to_device, gpu.to_device
 

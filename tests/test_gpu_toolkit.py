@@ -122,14 +122,14 @@ def test_a_failed_check_fails_every_later_read_without_compiling_again(fresh):
     cupy = fresh(_fake_cupy(NO_NVRTC[1]))
     for _ in range(3):
         with pytest.raises(GpuUnavailableError, match="could not be loaded"):
-            gpu._array_module()
+            gpu.array_module()
     assert cupy.compiled == [gpu_toolkit.KERNEL_NAME]
 
 
 def test_wrong_values_from_the_kernel_are_an_error(fresh):
     fresh(_fake_cupy(result=np.zeros(8, np.int32)))
     with pytest.raises(GpuUnavailableError, match=r"NVRTC.*computed \[0, 0"):
-        gpu._array_module()
+        gpu.array_module()
 
 
 def test_a_working_toolkit_compiles_once_per_process_not_per_task(fresh, save):
@@ -151,7 +151,7 @@ def test_threads_starting_together_wait_for_one_check(fresh):
         start.wait()
         try:
             for _ in range(20):
-                assert gpu._array_module() is cupy
+                assert gpu.array_module() is cupy
         except BaseException as e:  # (reported below)
             errors.append(e)
 
@@ -165,7 +165,7 @@ def test_threads_starting_together_wait_for_one_check(fresh):
 
 def test_a_forked_child_checks_again(fresh):
     cupy = fresh(_fake_cupy())
-    gpu._array_module()
+    gpu.array_module()
     assert cupy.compiled == [gpu_toolkit.KERNEL_NAME]
     read, write = os.pipe()
     with warnings.catch_warnings():
@@ -174,8 +174,8 @@ def test_a_forked_child_checks_again(fresh):
     if pid == 0:  # the child: its own process, so its own check
         code = 1
         try:
-            gpu._array_module()
-            gpu._array_module()
+            gpu.array_module()
+            gpu.array_module()
             os.write(write, str(len(cupy.compiled)).encode())
             code = 0
         finally:
@@ -186,7 +186,7 @@ def test_a_forked_child_checks_again(fresh):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert child_compiled == "2"  # the parent's compilation (inherited) and the child's own
-    gpu._array_module()
+    gpu.array_module()
     assert cupy.compiled == [gpu_toolkit.KERNEL_NAME]  # the parent checked once
 
 

@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npydask.graph import build as graph
-from npydask.array import auto_chunks, regular_grid
+from npydask.graph.tasks import chunk_tasks
+from npydask.plan.chunks import auto_chunks, regular_grid
 
 
 class Source:
@@ -203,7 +204,7 @@ def test_falls_back_to_from_array_where_the_direct_build_differs(monkeypatch):
 def test_chunk_tasks_are_getter_calls_on_slices():
     from dask.array.core import getter_nofancy
 
-    tasks = graph.chunk_tasks("SOURCE", ((2, 1), (3,)), "x", inline=False)
+    tasks = chunk_tasks("SOURCE", ((2, 1), (3,)), "x", inline=False)
     assert set(tasks) == {"original-x", ("x", 0, 0), ("x", 1, 0)}
     task = tasks[("x", 1, 0)]
     assert task.func is getter_nofancy and task.kwargs == {"asarray": False, "lock": False}

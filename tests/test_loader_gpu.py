@@ -92,7 +92,7 @@ class FakeCupy:
 def fake_cupy(monkeypatch):
     xp = FakeCupy()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setattr(gpu, "array_module", lambda: xp)
     monkeypatch.setitem(sys.modules, "kvikio", None)  # (the pinned host path: no kvikio)
     return xp
 

@@ -378,7 +378,7 @@ def test_deflated_member_peaks_near_its_size(tmp_path, what):
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_whole_reads_of_stored_structured_members_with_padding_pass_their_crc(tmp_path, order):
     """The CRC-32 runs over the file's bytes, padding included (a Fortran slab copy must move every byte)."""
-    from npydask.plan.region import raw
+    from npydask._buffers import raw
 
     dtype = np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4], "itemsize": 12})
     c = np.empty((300, 50) if order == "C" else (50, 300), dtype)

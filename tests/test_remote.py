@@ -642,7 +642,7 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     xp = _cupy_like()
     fake = FakeKvikio()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: xp)
+    monkeypatch.setattr(gpu, "array_module", lambda: xp)
     monkeypatch.setitem(sys.modules, "kvikio", fake)
     a = np.asfortranarray(np.arange(9 * 10 * 11, dtype=">f4").reshape(9, 10, 11))
     url = bucket.put("g.npy", a)

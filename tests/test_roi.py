@@ -731,7 +731,7 @@ def _dirty_heap(dtype, n=64):
 @pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
 def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_path, dtype, backend):
     import npydask
-    from npydask.plan.region import raw
+    from npydask._buffers import raw
 
     src = _patterned((6, 5), dtype, seed=dtype.itemsize)
     p = tmp_path / "s.npy"
@@ -750,7 +750,7 @@ def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_p
 
 @pytest.mark.parametrize("dtype", PADDED, ids=["holes", "aligned", "nested"])
 def test_apply_pad_moves_every_byte_of_structured_values(dtype):
-    from npydask.plan.region import raw
+    from npydask._buffers import raw
 
     args = RoiArgs.from_user(roi_start=[-1, 0], roi_end=[4, 5], out_of_bounds_policy="pad")
     roi = resolve_roi(args, (3, 3), dtype)

@@ -38,7 +38,7 @@ def folder(tmp_path):
 @pytest.fixture
 def numpy_device(monkeypatch):
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
-    monkeypatch.setattr(gpu, "_array_module", lambda: np)
+    monkeypatch.setattr(gpu, "array_module", lambda: np)
     monkeypatch.setattr(gpu_process, "_CUDA_PID", None)
 
 

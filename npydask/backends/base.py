@@ -8,11 +8,11 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.storage._handles import OpenFile
-from npydask._buffers import empty
+from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
-from npydask.plan.region import ReadPlan, raw, raw_copy
+from npydask.plan.region import ReadPlan, same_layout
 
-__all__ = ["Backend", "as_bytes", "copy_runs", "destination", "finish", "raw", "raw_copy", "same_layout"]
+__all__ = ["Backend", "copy_runs", "destination", "finish"]
 
 
 class Backend(ABC):
@@ -42,11 +42,6 @@ def destination(plan: ReadPlan, dtype: np.dtype, out: np.ndarray | None) -> tupl
     return result, empty(plan.file_shape, dtype)
 
 
-def same_layout(plan: ReadPlan) -> bool:
-    """Whether the file-order bytes of the region are already its C-order bytes."""
-    return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
-
-
 def finish(result: np.ndarray, buffer: np.ndarray) -> np.ndarray:
     """Move a Fortran-ordered buffer into the C-ordered result."""
     if buffer is not result:
@@ -61,8 +56,3 @@ def copy_runs(base: np.ndarray, plan: ReadPlan, dtype: np.dtype, out: np.ndarray
     grid = np.ndarray(plan.outer_shape + (plan.run_nbytes,), np.uint8, base, 0, plan.outer_strides + (1,))
     np.copyto(as_bytes(buffer).reshape(grid.shape), grid)
     return finish(result, buffer)
-
-
-def as_bytes(a: np.ndarray) -> np.ndarray:
-    """A flat ``uint8`` view of a C-contiguous array of any dtype."""
-    return a.reshape(-1).view(np.uint8)

@@ -18,7 +18,8 @@ import numpy as np
 
 from npydask.storage._handles import OpenFile
 from npydask._buffers import empty
-from npydask.backends.base import Backend, as_bytes, copy_runs, destination, finish
+from npydask._buffers import as_bytes
+from npydask.backends.base import Backend, copy_runs, destination, finish
 from npydask.config import ReadOptions
 from npydask.format.npz import inflate_into
 from npydask.plan.region import ReadPlan

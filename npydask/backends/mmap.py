@@ -30,7 +30,8 @@ from typing import ClassVar
 import numpy as np
 
 from npydask.storage._handles import OpenFile, clear_cache
-from npydask.backends.base import Backend, copy_runs, same_layout
+from npydask.backends.base import Backend, copy_runs
+from npydask.plan.region import same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.plan.read_strategy import choose

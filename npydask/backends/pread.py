@@ -28,7 +28,8 @@ import numpy as np
 from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
 from npydask.storage._iovec import read_iovecs
 from npydask._buffers import pieces, scratch_pieces
-from npydask.backends.base import Backend, as_bytes, destination, finish
+from npydask._buffers import as_bytes
+from npydask.backends.base import Backend, destination, finish
 from npydask.config import ReadOptions
 from npydask.plan.read_strategy import choose
 from npydask.plan.region import Coalesced, ReadPlan, align_span

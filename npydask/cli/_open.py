@@ -150,7 +150,7 @@ def dataset_of(
     except (ValueError, TypeError) as e:  # (RoiError is a ValueError)
         raise UsageError(str(e)) from None
     if device == "gpu" and len(table):
-        from npydask.gpu.device import check_gpu_dtype
+        from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))
     return NpyDataset(table, Context(read_options(gap_bytes=source.gap_bytes), "auto", key, source), device=device)

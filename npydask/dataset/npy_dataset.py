@@ -17,12 +17,13 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from npydask.array import NpyFileArray, chunk_limit, resolve_chunks, wrap
-from npydask.dataset.select import shard_range
+from npydask.array import NpyFileArray, resolve_chunks, wrap
+from npydask.plan.chunks import chunk_limit
 from npydask.dataset.views import Context, FileViews
 from npydask.format.header import NpyHeader
 from npydask.dataset.scan import dtype_name
 from npydask.plan.grouping import plan_groups
+from npydask.plan.sampling import shard_range
 from npydask.dataset.stacking import join
 from npydask.dataset.table import FileTable, Layout
 

@@ -12,12 +12,12 @@ file, so a folder from elsewhere can run code when it is opened (dask#12578).
   :meth:`~npydask.NpyDataset.concatenate`; dtype and chunks come from the
   headers, never from ``info``;
 * the axis is ``axis=`` when given; else the ``axis`` of ``info``, whose
-  pickle is replayed by :func:`npydask.format._pickle_values.plain_values` (plain
+  pickle is replayed by :func:`npydask.format.plain_values` (plain
   values only; nothing imported or called) and whose ``chunks`` must then
   agree with the files (a leftover ``7.npy`` from an earlier, longer stack is
   reported, not read); else the one axis along which the files' shapes
   differ. An ``info`` that names anything but numpy's dtype, or describes more
-  than :class:`~npydask.format._pickle_values.Limits` lets through (a few kilobytes
+  than :class:`~npydask.format.Limits` lets through (a few kilobytes
   of memo references can describe millions of chunk sizes), is ignored with a
   :class:`~npydask.errors.NpyDaskWarning`, never run.
 """
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import dask.array as da
 
-from npydask.format._pickle_values import UnexpectedPickle, plain_values
+from npydask.format import UnexpectedPickle, plain_values
 from npydask._keywords import suggest_keywords
 from npydask.dataset.open import open_dataset
 from npydask.errors import NpyDaskWarning
@@ -69,7 +69,7 @@ def parse_info(data: bytes) -> StackInfo:
     Raises
     ------
     ValueError
-        (:class:`~npydask.format._pickle_values.UnexpectedPickle`) The bytes are not
+        (:class:`~npydask.format.UnexpectedPickle`) The bytes are not
         the pickle of a dict with an ``int`` ``axis`` and ``chunks`` of
         non-negative ``int`` sizes per axis, or they name anything but
         numpy's dtype.

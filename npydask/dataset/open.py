@@ -23,7 +23,8 @@ from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dataset.dali_args import refuse_dali_arguments
 from npydask.dataset.npy_dataset import NpyDataset, Skipped
-from npydask.dataset.select import Selected, select_listed, shard_range
+from npydask.dataset.select import Selected, select_listed
+from npydask.plan.sampling import shard_range
 from npydask.errors import NpyFormatError
 from npydask.dataset.views import Context
 from npydask.storage.paths import absolute_all
@@ -304,7 +305,7 @@ def open_dataset(
     if first or index is not None:  # (headers relied on from elsewhere: files no task reads are checked now)
         check_unread(table, source)
     if device == "gpu" and len(table):
-        from npydask.gpu.device import check_gpu_dtype
+        from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
     return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,

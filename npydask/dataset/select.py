@@ -69,14 +69,13 @@ What counts during discovery:
   :func:`os.scandir` (DALI fails too).
 
 Sharding is contiguous, as DALI's ``start_index``: shard ``k`` of ``S`` over
-``N`` files holds ``[N*k // S, N*(k+1) // S)``.
+``N`` files holds ``[N*k // S, N*(k+1) // S)`` (:func:`~npydask.plan.sampling.shard_range`).
 """
 
 from __future__ import annotations
 
 import errno
 import fnmatch
-import operator
 import os
 import re
 import stat
@@ -101,7 +100,6 @@ __all__ = [
     "natural_swap",
     "select_files",
     "select_listed",
-    "shard_range",
 ]
 
 DEFAULT_FILE_FILTER = "*.npy"
@@ -359,43 +357,6 @@ def _join_url(base: str, entry: str) -> str:
     return join_url(base, entry)
 
 
-def shard_range(n: int, shard_id: int, num_shards: int) -> range:
-    """Indices of the files shard ``shard_id`` of ``num_shards`` holds, as DALI splits them.
-
-    Shard ``k`` of ``S`` over ``N`` files is ``range(N*k // S, N*(k+1) // S)``:
-    contiguous, in order, sizes differing by at most one (DALI's
-    ``start_index``).
-
-    Raises
-    ------
-    ValueError
-        A value that is not an integer or is negative, ``num_shards < 1``,
-        ``shard_id >= num_shards``, or more shards than files (DALI refuses
-        that too).
-
-    Examples
-    --------
-    >>> [shard_range(10, k, 3) for k in range(3)]
-    [range(0, 3), range(3, 6), range(6, 10)]
-    """
-    n = _count(n, "n (the number of files)")
-    shard_id = _count(shard_id, "shard_id")
-    num_shards = _count(num_shards, "num_shards")
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be at least 1, got {num_shards}")
-    if shard_id >= num_shards:
-        raise ValueError(
-            f"shard_id must be in [0, num_shards); got shard_id={shard_id} with "
-            f"num_shards={num_shards}"
-        )
-    if num_shards > n:
-        raise ValueError(
-            f"num_shards={num_shards} is more than the {n} files; every shard needs at least one "
-            "file: use fewer shards or more files"
-        )
-    return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
-
-
 # -- arguments ---------------------------------------------------------------------------------
 
 
@@ -412,19 +373,6 @@ def _path_str(value: object, name: str) -> str:
     if not path:
         raise ValueError(f"{name} is an empty path; pass '.' for the current directory")
     return path
-
-
-def _count(value: object, name: str) -> int:
-    """A non-negative Python int from an int-like value (``bool`` refused)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError as e:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}") from e
-    if number < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {number}")
-    return number
 
 
 def _stat_root(root: str) -> os.stat_result:

@@ -29,11 +29,12 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from npydask.array import NpyFileArray, split_index, wrap
+from npydask.array import NpyFileArray, wrap
+from npydask.plan.region import same_layout, split_index
 from npydask.dataset.views import Context, FileViews
 from npydask.plan.grouping import GroupPlan, one_grid
 from npydask._buffers import empty
-from npydask.backends.base import as_bytes, same_layout
+from npydask._buffers import as_bytes
 from npydask.format.header import NpyHeader
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.reader import shared_facts

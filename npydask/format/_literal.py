@@ -87,11 +87,12 @@ class _Parser:
 
     def _next(self) -> None:
         """Move to the next token: ``tok`` is its kind, or the operator itself (``"("``, ``","``)."""
-        m = _TOKEN.match(self.text, self.pos)  # (never None: 'other' matches any character, 'end' the end)
-        self.pos = m.end()  # type: ignore[union-attr]
-        kind = m.lastgroup  # type: ignore[union-attr]
-        self.value = value = m.group(m.lastindex)  # type: ignore[union-attr]
-        self.tok = value if kind == "op" else kind  # type: ignore[assignment]
+        m = _TOKEN.match(self.text, self.pos)
+        assert m is not None and m.lastgroup is not None  # ('other' matches any character, 'end' the end)
+        self.pos = m.end()
+        kind = m.lastgroup
+        self.value = value = m.group(kind)
+        self.tok = value if kind == "op" else kind
 
     def _syntax(self, what: str) -> LiteralError:
         return LiteralError(SYNTAX, f"{what} at character {self.pos}")
@@ -100,7 +101,7 @@ class _Parser:
         """The dict the text starts with; ``self.pos`` is then just past its ``}``."""
         if not self.tok == "{":
             raise LiteralError("a dict as header", f"{self.value!r} first")
-        items = []
+        items: list[tuple[Any, Any]] = []
         self._next()
         while not self.tok == "}":
             key, _ = self.item()

@@ -144,6 +144,7 @@ def plain_values(data: bytes, allowed: Collection[tuple[str, str]] = (), limits:
     try:
         for opcode, arg, pos in pickletools.genops(data):
             if opcode.name == "STOP":
+                assert pos is not None  # (genops knows every position in bytes)
                 if pos + 1 != len(data):
                     raise UnexpectedPickle(f"{len(data) - pos - 1} bytes follow the pickle's STOP")
                 result = machine.result()

@@ -60,8 +60,10 @@ __all__ = [
     "MAGIC",
     "MAX_HEADER_BYTES",
     "MAX_ZERO_ITEMSIZE_ELEMENTS",
-    "NpyHeader",
+    "MEMO",
     "VERSIONS",
+    "NpyHeader",
+    "Preamble",
     "format_header",
     "header_end",
     "parse_header",
@@ -94,6 +96,14 @@ class VersionInfo(NamedTuple):
     def preamble_size(self) -> int:
         """Bytes before the header text: magic, version and length field."""
         return len(MAGIC) + 2 + struct.calcsize(self.length_format)
+
+
+class Preamble(NamedTuple):
+    """What a file's first bytes say: its version and where its header text lies."""
+
+    version: tuple[int, int]
+    header_start: int
+    header_length: int
 
 
 VERSIONS: dict[tuple[int, int], VersionInfo] = {
@@ -177,7 +187,7 @@ def _fail(source: str, expected: str, found: str, hint: str = "") -> NpyFormatEr
     return NpyFormatError(msg)
 
 
-def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int], int, int]:
+def parse_preamble(buf: bytes, source: str = "<bytes>") -> Preamble:
     """Check the magic, version and header length.
 
     Parameters
@@ -190,7 +200,7 @@ def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int]
 
     Returns
     -------
-    version, header_start, header_length : tuple
+    Preamble
         The version, the offset of the header text and its length in bytes.
     """
     buf = bytes(buf[:MAX_PREAMBLE])
@@ -215,7 +225,7 @@ def parse_preamble(buf: bytes, source: str = "<bytes>") -> tuple[tuple[int, int]
             f"a header length of {hlen} bytes",
             "the file is corrupt or not meant for reading without pickle",
         )
-    return version, end, hlen
+    return Preamble(version, end, hlen)
 
 
 def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
@@ -247,7 +257,7 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
     """
     if not isinstance(buf, bytes):
         buf = bytes(memoryview(buf).cast("B")[: MAX_PREAMBLE + MAX_HEADER_BYTES])
-    hit = _MEMO.get(buf[: header_end(buf)])
+    hit = MEMO.get(buf[: header_end(buf)])
     if hit is not None:
         return hit
     version, start, hlen = parse_preamble(buf[:MAX_PREAMBLE], source)
@@ -266,17 +276,20 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
         nbytes=math.prod(shape) * dtype.itemsize,
     )
     if hlen <= _MEMO_MAX_KEY:
-        if len(_MEMO) >= _MEMO_LIMIT:
-            _MEMO.clear()
-        _MEMO[buf[: start + hlen]] = header
+        if len(MEMO) >= _MEMO_LIMIT:
+            MEMO.clear()
+        MEMO[buf[: start + hlen]] = header
     return header
 
 
 # --------------------------------------------------------------------------
 # Header text -> (dtype, fortran_order, shape), memoised on the raw bytes.
 
-_MEMO: dict[bytes, NpyHeader] = {}
-"""Validated headers keyed on their exact preamble and header bytes (version and length included)."""
+MEMO: dict[bytes, NpyHeader] = {}
+"""Validated headers keyed on their exact preamble and header bytes (version and length included).
+
+A batch scan looks headers up here directly; only :func:`parse_header` adds to it.
+"""
 _MEMO_LIMIT = 4096
 _MEMO_MAX_KEY = 4096
 """Longer header texts are not memoised: the memo holds at most 16 MiB of keys."""

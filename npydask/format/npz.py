@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
-from npydask.plan.region import raw_copy
+from npydask._buffers import raw_copy
 
 __all__ = [
     "Member",
-    "Read",
     "RangeFile",
+    "Read",
     "arrays_in",
     "check_stored",
     "directory",
@@ -383,13 +383,13 @@ def check_stored(read: Read, member: Member, path: str, payload: np.ndarray, for
     crc = zlib.crc32(member.header_bytes)
     if payload.nbytes:
         if not fortran or payload.ndim < 2:
-            crc = zlib.crc32(memoryview(payload.reshape(-1).view(np.uint8)), crc)
+            crc = zlib.crc32(payload.reshape(-1).view(np.uint8).data, crc)
         else:
             in_file = payload.T
             step = max(1, _INFLATE_PIECE // max(1, in_file[0].nbytes))
             for i in range(0, len(in_file), step):
                 # (raw_copy: every byte, structured padding included; a plain copy leaves it uninitialised)
-                crc = zlib.crc32(raw_copy(in_file[i : i + step]).reshape(-1).view(np.uint8), crc)
+                crc = zlib.crc32(raw_copy(in_file[i : i + step]).reshape(-1).view(np.uint8).data, crc)
     crc, _ = _file_crc(read, member.data_start + len(member.header_bytes) + payload.nbytes,
                        member.data_start + member.file_size, crc)  # fmt: skip
     _check_crc(path, member, crc)

@@ -44,7 +44,7 @@ from npydask.gpu.plan import GpuReadOptions, gpu_read_options, native_dtype, pla
 from npydask.gpu.toolkit import check_toolkit
 from npydask.plan.region import Box
 
-__all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "check_gpu_dtype", "on_device", "require_gpu"]
+__all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "array_module", "check_gpu_dtype", "on_device", "require_gpu"]
 
 INSTALL_HINT = (
     "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): "
@@ -147,7 +147,7 @@ def check_gpu_dtype(dtype: Any, path: str | None = None) -> np.dtype:
     )
 
 
-def _array_module() -> Any:
+def array_module() -> Any:
     """CuPy, after checking it sees a device and, once per process, compiles a kernel (tasks fail clearly)."""
     require_gpu()
     import cupy
@@ -213,7 +213,7 @@ class DeviceArray:
     @property
     def meta(self) -> Any:
         """An empty ``cupy.ndarray`` of this dtype and ndim, for ``dask.array.from_array``."""
-        return _array_module().empty((0,) * self.ndim, dtype=self.dtype)
+        return array_module().empty((0,) * self.ndim, dtype=self.dtype)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -230,10 +230,10 @@ class DeviceArray:
         return (DeviceArray, (self.source, self.options))
 
     def __getitem__(self, index: Any) -> Any:
-        from npydask.array import split_index
+        from npydask.plan.region import split_index
 
         box, post = split_index(index, self.shape)
-        xp = _array_module()
+        xp = array_module()
         block = self.read(box, xp)
         if post:
             block = block[post]

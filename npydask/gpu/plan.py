@@ -40,7 +40,7 @@ import numpy as np
 from npydask import config
 from npydask.errors import RoiError
 from npydask.format.header import NpyHeader
-from npydask.plan.region import Box, plan_read
+from npydask.plan.region import Box, FileSpan, plan_read
 from npydask.plan.roi import FileRoi
 
 __all__ = [
@@ -54,10 +54,10 @@ __all__ = [
     "Pad",
     "SpanRead",
     "c_contiguous",
-    "through_host",
     "gpu_read_options",
     "native_dtype",
     "plan_gpu_read",
+    "through_host",
 ]
 
 DEFAULT_ALIGNMENT = 4096
@@ -225,8 +225,8 @@ class GpuReadPlan:
         return sum(r.size for r in self.reads)
 
     @property
-    def direct(self) -> tuple[int, int] | None:
-        """``(file_offset, nbytes)`` when the result is exactly those bytes of the file, else ``None``.
+    def direct(self) -> FileSpan | None:
+        """The file's span (offset, length) when the result is exactly those bytes of the file, else ``None``.
 
         That is: one contiguous stretch of the file, stored native and
         aligned to its itemsize, unpadded, in the result's C order. Such a
@@ -246,7 +246,7 @@ class GpuReadPlan:
         itemsize = self.dtype.itemsize
         if not c_contiguous(shape, strides, itemsize):
             return None
-        return cut.offset + delta, math.prod(shape) * itemsize
+        return FileSpan(cut.offset + delta, math.prod(shape) * itemsize)
 
     @property
     def interior(self) -> tuple[slice, ...]:

@@ -17,7 +17,7 @@ checks again. Threads wait for the one check under a lock, which a forked
 child replaces.
 
 This module imports neither CuPy nor CUDA: the caller passes the CuPy module
-(:func:`npydask.gpu.device._array_module` does, at every device read).
+(:func:`npydask.gpu.array_module` does, at every device read).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from dask._collections import new_collection
 from dask.array._array_expr._io import IO
 from dask.array.utils import meta_from_array
 
-from npydask.graph.build import chunk_tasks
+from npydask.graph.tasks import chunk_tasks
 
 __all__ = ["NpyChunks", "new_array"]
 

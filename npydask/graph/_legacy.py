@@ -18,7 +18,7 @@ from dask.blockwise import Blockwise, blockwise_token
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.layers import ArraySliceDep
 
-from npydask.graph.build import chunk_tasks
+from npydask.graph.tasks import chunk_tasks
 
 __all__ = ["ReadLayer", "new_array"]
 

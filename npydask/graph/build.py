@@ -25,14 +25,13 @@ version changed these internals) every call goes through ``from_array``.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-__all__ = ["chunk_array", "chunk_tasks"]
+__all__ = ["chunk_array", "query_planning"]
 
 _builder: Any = None  # the function chunk_array calls, chosen on its first call
 _choose_lock = threading.Lock()
@@ -106,37 +105,6 @@ def _choose_builder() -> Any:
                 same = False
             _builder = direct if same else _through_from_array
     return _builder
-
-
-def chunk_tasks(source: Any, chunks: tuple[tuple[int, ...], ...], name: str, inline: bool) -> dict[Any, Any]:
-    """The materialised graph of :func:`chunk_array`: one getter task per chunk (and the source's key).
-
-    Examples
-    --------
-    >>> tasks = chunk_tasks("SOURCE", ((2, 1),), "x", inline=True)
-    >>> sorted(tasks)
-    [('x', 0), ('x', 1)]
-    >>> tasks[("x", 1)].args[1].value
-    (slice(2, 3, None),)
-    """
-    from dask._task_spec import DataNode, Task, TaskRef
-    from dask.array.core import getter_nofancy
-
-    dsk: dict[Any, Any] = {}
-    if inline:
-        held: Any = DataNode(None, source)
-    else:
-        original = "original-" + name
-        dsk[original] = DataNode(original, source)
-        held = TaskRef(original)
-    bounds = [list(itertools.accumulate(c, initial=0)) for c in chunks]
-    for index in itertools.product(*(range(len(c)) for c in chunks)):
-        key = (name, *index)
-        slices = tuple(slice(b[i], b[i + 1], None) for i, b in zip(index, bounds))
-        dsk[key] = Task(
-            key, getter_nofancy, held, DataNode(None, slices), _data_producer=True, asarray=False, lock=False
-        )
-    return dsk
 
 
 class _Probe:

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import dask
 import numpy as np
-from dask.array.core import normalize_chunks
 from dask.system import CPU_COUNT
 
-from npydask.array import auto_chunks
+from npydask.plan.chunks import auto_chunks, regular_grid
 
 __all__ = ["GroupPlan", "RowRange", "one_grid", "plan_groups", "plan_row_ranges"]
 
@@ -155,10 +154,10 @@ def _split(
 ) -> tuple[tuple[int, ...], ...]:
     chunk = auto_chunks(shape, dtype, fortran, limit)
     if stacked:
-        return ((1,), *normalize_chunks(chunk, shape, dtype=dtype))
+        return ((1,), *regular_grid(shape, chunk))
     # Concatenating: only split along the joining axis, so every group spans the other axes whole.
     per = max(1, limit // max(1, math.prod(n for d, n in enumerate(shape) if d != axis) * dtype.itemsize))
-    return normalize_chunks(tuple(per if d == axis else n for d, n in enumerate(shape)), shape, dtype=dtype)
+    return regular_grid(shape, tuple(per if d == axis else n for d, n in enumerate(shape)))
 
 
 def one_grid(plan: GroupPlan, axis: int) -> tuple[tuple[int, ...], ...] | None:

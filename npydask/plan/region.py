@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,13 +31,14 @@ __all__ = [
     "Box",
     "ByteRun",
     "Coalesced",
+    "FileSpan",
+    "IndexSplit",
     "ReadPlan",
-    "exact_empty",
     "grid_offsets",
     "normalize_box",
     "plan_read",
-    "raw",
-    "raw_copy",
+    "same_layout",
+    "split_index",
 ]
 
 
@@ -121,12 +123,20 @@ def _complete(
 def _as_index(value: object) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"not an integer: {value!r}")
-    return value.__index__()  # type: ignore[attr-defined]
+    index: int = value.__index__()
+    return index
 
 
 @dataclass(frozen=True)
 class ByteRun:
     """``length`` contiguous bytes at ``offset`` in the file."""
+
+    offset: int
+    length: int
+
+
+class FileSpan(NamedTuple):
+    """``length`` contiguous bytes at ``offset`` in the file, as one read takes them."""
 
     offset: int
     length: int
@@ -345,50 +355,90 @@ def _plan_read(header: NpyHeader, box: Box) -> ReadPlan:
     )
 
 
-def align_span(offset: int, length: int, alignment: int) -> tuple[int, int]:
-    """Round a byte range out to ``alignment``: (aligned offset, aligned length)."""
+def same_layout(plan: ReadPlan) -> bool:
+    """Whether the file-order bytes of the region are already its C-order bytes."""
+    return not plan.fortran_order or sum(n > 1 for n in plan.shape) <= 1
+
+
+def align_span(offset: int, length: int, alignment: int) -> FileSpan:
+    """Round a byte range out to ``alignment``: the aligned offset and length.
+
+    Examples
+    --------
+    >>> align_span(5000, 100, 4096)
+    FileSpan(offset=4096, length=4096)
+    """
     lo = offset - offset % alignment
     end = offset + length
     hi = -(-end // alignment) * alignment
-    return lo, hi - lo
+    return FileSpan(lo, hi - lo)
 
 
 # --------------------------------------------------------------------------
-# Moving every byte of structured values
+# Basic indexes
 
 
-def raw(a: np.ndarray) -> np.ndarray:
-    """``a``, or for a structured dtype the same bytes viewed as ``V<itemsize>`` (any strides).
+class IndexSplit(NamedTuple):
+    """A basic index as a box to read and the in-memory index that finishes it.
 
-    numpy copies structured values field by field and leaves the padding
-    between fields uninitialised; a copy through this view moves every byte.
+    ``numpy_array[index] == read(box)[post]``; ``post`` is empty when the box
+    is the answer.
+    """
+
+    box: Box
+    post: tuple[Any, ...]
+
+
+def split_index(index: Any, shape: tuple[int, ...]) -> IndexSplit:
+    """Split a basic index into the box it covers and the in-memory index that finishes it.
 
     Examples
     --------
-    >>> dt = np.dtype({"names": ["a"], "formats": ["u1"], "itemsize": 4})
-    >>> raw(np.zeros(3, dt)).dtype, raw(np.zeros(3, "<f4")).dtype
-    (dtype('V4'), dtype('float32'))
+    >>> split_index((1, slice(None, None, 2)), (3, 5))
+    IndexSplit(box=Box(start=(1, 0), stop=(2, 5)), post=(0, slice(None, None, 2)))
+    >>> split_index(slice(1, 3), (4,)).post
+    ()
     """
-    return a if a.dtype.names is None else a.view(np.dtype((np.void, a.dtype.itemsize)))
-
-
-def raw_copy(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``a`` with every byte, structured padding included."""
-    return np.asarray(raw(a), order="C").view(a.dtype)  # (np.ascontiguousarray makes 0-d arrays 1-d)
-
-
-def exact_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """``numpy.empty(shape, dtype)`` with exactly ``dtype``.
-
-    numpy makes a datetime or timedelta of generic units (``">m8"``)
-    native-endian when it allocates, which would relabel a big-endian
-    file's bytes as little-endian values: the array is viewed back as the
-    dtype asked for.
-
-    Examples
-    --------
-    >>> exact_empty((2,), np.dtype(">m8")).dtype.str
-    '>m8'
-    """
-    out = np.empty(shape, dtype)
-    return out if out.dtype.str == dtype.str else out.view(dtype)
+    if not isinstance(index, tuple):
+        index = (index,)
+    if any(i is Ellipsis for i in index):
+        at = next(k for k, i in enumerate(index) if i is Ellipsis)
+        fill = (slice(None),) * (len(shape) - len(index) + 1)
+        index = index[:at] + fill + index[at + 1 :]
+    if len(index) > len(shape):
+        raise IndexError(f"too many indices: {len(index)} for an array of {len(shape)} dimensions")
+    index = index + (slice(None),) * (len(shape) - len(index))
+    start: list[int] = []
+    stop: list[int] = []
+    post: list[Any] = []
+    trivial = True
+    for axis, (i, n) in enumerate(zip(index, shape)):
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            count = len(range(a, b, step))
+            if count == 0:
+                start.append(0)
+                stop.append(0)
+                post.append(slice(None))
+            elif step > 0:
+                start.append(a)
+                stop.append(a + (count - 1) * step + 1)
+                post.append(slice(None, None, step))
+                trivial &= step == 1
+            else:
+                start.append(a + (count - 1) * step)
+                stop.append(a + 1)
+                post.append(slice(None, None, step))
+                trivial = False
+        elif hasattr(i, "__index__") and not isinstance(i, bool | np.bool_):
+            k = i.__index__()
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
+            k %= n
+            start.append(k)
+            stop.append(k + 1)
+            post.append(0)
+            trivial = False
+        else:
+            raise IndexError(f"npydask arrays take integers, slices and Ellipsis only, found {i!r}")
+    return IndexSplit(Box(tuple(start), tuple(stop)), () if trivial else tuple(post))

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 
 from npydask.errors import RoiError
-from npydask.plan.region import Box, exact_empty, raw
+from npydask._buffers import exact_empty, raw
+from npydask.plan.region import Box
 
 __all__ = [
     "OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "cutting_roi", "fill_like", "resolve_roi",
@@ -139,8 +140,8 @@ class RoiArgs:
         values: dict[str, Any] = {}
         per_file: list[str] = []
         rows: dict[str, int] = {}
-        for name, raw in given.items():
-            value, is_rows = _normalize_arg(name, raw)
+        for name, given_value in given.items():
+            value, is_rows = _normalize_arg(name, given_value)
             values[name] = value
             if is_rows:
                 per_file.append(name)
@@ -198,7 +199,7 @@ class RoiArgs:
         assert n is not None
         if not -n <= index < n:
             raise IndexError(f"file index {index} is out of range for per-file ROI arguments with {n} rows")
-        picked = {name: getattr(self, name)[index] or None for name in self.per_file}
+        picked: dict[str, Any] = {name: getattr(self, name)[index] or None for name in self.per_file}
         return replace(self, **picked, per_file=())
 
 
@@ -382,7 +383,8 @@ def convert_fill(value: Any, dtype: Any) -> Any:
     """
     dtype = np.dtype(dtype)
     kind = dtype.kind
-    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Number):
+    is_number = isinstance(value, numbers.Number) and not isinstance(value, (str, bytes))
+    if not is_number:  # (a flag, not an isinstance narrowing: numbers.Number types no arithmetic)
         raise ValueError(f"fill_value must be a number, found {value!r}")
     if kind in _NON_NUMERIC_KINDS:
         if value != 0:
@@ -552,12 +554,12 @@ def _convert(name: str, value: Any, whole: Any) -> Any:
     shape_arg = name.endswith("roi_shape")
     if name.startswith("rel_"):
         with np.errstate(over="ignore"):
-            v = np.float32(value)
-        if not np.isfinite(v):
+            rel = np.float32(value)
+        if not np.isfinite(rel):
             raise ValueError(f"{name} values must be finite float32 numbers, found {value!r} in {whole!r}")
-        if shape_arg and v < 0:
+        if shape_arg and rel < 0:
             raise ValueError(f"{name} values must be >= 0, found {value!r} in {whole!r}")
-        return v
+        return rel
     if not isinstance(value, numbers.Integral):
         x = float(value)
         if not math.isfinite(x) or x != math.floor(x):

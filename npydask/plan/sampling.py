@@ -30,25 +30,102 @@ N=10 files, S=3 shards, batches of 3, padded (DALI's table):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
-from npydask.dataset.select import shard_range
-
-__all__ = ["DEFAULT_SEED", "EpochPlan", "batch_count", "epoch_batches", "epoch_order", "epoch_shard", "shard_samples"]
+__all__ = [
+    "DEFAULT_SEED",
+    "EpochPlan",
+    "batch_count",
+    "check_int",
+    "epoch_batches",
+    "epoch_order",
+    "epoch_shard",
+    "shard_range",
+    "shard_samples",
+]
 
 DEFAULT_SEED = 0
 """The seed ``seed=None`` stands for: fixed, so that separate shard processes agree."""
 
 
-def _check_int(name: str, value: object, low: int) -> int:
+def check_int(name: str, value: object, low: int) -> int:
+    """``value`` as a Python int of at least ``low``, for an argument called ``name``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an integer (``bool`` included).
+    ValueError
+        ``value`` is below ``low``.
+
+    Examples
+    --------
+    >>> check_int("epoch", np.int64(3), 0)
+    3
+    >>> check_int("batch_size", 0, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size must be at least 1, found 0
+    """
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an integer, found {value!r}")
-    v = value.__index__()  # type: ignore[attr-defined]
+    v: int = value.__index__()
     if v < low:
         raise ValueError(f"{name} must be at least {low}, found {v}")
     return v
+
+
+def shard_range(n: int, shard_id: int, num_shards: int) -> range:
+    """Indices of the files shard ``shard_id`` of ``num_shards`` holds, as DALI splits them.
+
+    Shard ``k`` of ``S`` over ``N`` files is ``range(N*k // S, N*(k+1) // S)``:
+    contiguous, in order, sizes differing by at most one (DALI's
+    ``start_index``).
+
+    Raises
+    ------
+    ValueError
+        A value that is not an integer or is negative, ``num_shards < 1``,
+        ``shard_id >= num_shards``, or more shards than files (DALI refuses
+        that too).
+
+    Examples
+    --------
+    >>> [shard_range(10, k, 3) for k in range(3)]
+    [range(0, 3), range(3, 6), range(6, 10)]
+    """
+    n = _count(n, "n (the number of files)")
+    shard_id = _count(shard_id, "shard_id")
+    num_shards = _count(num_shards, "num_shards")
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be at least 1, got {num_shards}")
+    if shard_id >= num_shards:
+        raise ValueError(
+            f"shard_id must be in [0, num_shards); got shard_id={shard_id} with "
+            f"num_shards={num_shards}"
+        )
+    if num_shards > n:
+        raise ValueError(
+            f"num_shards={num_shards} is more than the {n} files; every shard needs at least one "
+            "file: use fewer shards or more files"
+        )
+    return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
+
+
+def _count(value: object, name: str) -> int:
+    """A non-negative Python int from an int-like value (``bool`` refused)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}") from e
+    if number < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {number}")
+    return number
 
 
 def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None = None) -> np.ndarray:
@@ -64,11 +141,11 @@ def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None =
     >>> epoch_order(8, 3, shuffle=True, seed=7).tolist() == epoch_order(8, 3, shuffle=True, seed=7).tolist()
     True
     """
-    n = _check_int("the dataset length", n, 0)
-    epoch = _check_int("epoch", epoch, 0)
+    n = check_int("the dataset length", n, 0)
+    epoch = check_int("epoch", epoch, 0)
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    seed = DEFAULT_SEED if seed is None else _check_int("seed", seed, 0)
+    seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
     return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
 
 
@@ -83,9 +160,9 @@ def epoch_shard(shard_id: int, num_shards: int, epoch: int, *, stick_to_shard: b
     >>> [epoch_shard(1, 3, e) for e in range(4)], [epoch_shard(1, 3, e, stick_to_shard=False) for e in range(4)]
     ([1, 1, 1, 1], [1, 2, 0, 1])
     """
-    epoch = _check_int("epoch", epoch, 0)
-    num_shards = _check_int("num_shards", num_shards, 1)
-    shard_id = _check_int("shard_id", shard_id, 0)
+    epoch = check_int("epoch", epoch, 0)
+    num_shards = check_int("num_shards", num_shards, 1)
+    shard_id = check_int("shard_id", shard_id, 0)
     if shard_id >= num_shards:
         raise ValueError(f"shard_id must be in [0, num_shards), found shard_id={shard_id} num_shards={num_shards}")
     return shard_id if stick_to_shard else (shard_id + epoch) % num_shards
@@ -103,7 +180,7 @@ def shard_samples(
     >>> shard_samples(np.arange(10), shard_id=2, num_shards=3).tolist()
     [6, 7, 8, 9]
     """
-    batch_size = _check_int("batch_size", batch_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     n = len(order)
     r = shard_range(n, shard_id, num_shards)
     mine = np.asarray(order[r.start : r.stop], dtype=np.int64)
@@ -167,8 +244,8 @@ def batch_count(
     >>> batch_count(10, 3, num_shards=3, shard_id=2, drop_last=True)
     1
     """
-    n = _check_int("the dataset length", n, 0)
-    batch_size = _check_int("batch_size", batch_size, 1)
+    n = check_int("the dataset length", n, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
     r = shard_range(n, shard_id, num_shards)
     size = len(r)
     if size == 0:

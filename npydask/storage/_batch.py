@@ -32,7 +32,7 @@ from npydask.storage._handles import (
     retry_open,
     scan_file,
 )
-from npydask.format.header import _MEMO, NpyHeader, header_end, parse_header
+from npydask.format.header import MEMO, NpyHeader, header_end, parse_header
 from npydask.storage._headers import truncated
 
 __all__ = ["Scanned", "read_files", "scan_files"]
@@ -77,7 +77,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
                 append(e)
         return out
     open_, fstat, pread, close, isreg = os.open, os.fstat, os.pread, os.close, stat.S_ISREG
-    memo_get = _MEMO.get
+    memo_get = MEMO.get
     canonical: dict[bytes, bytes] = {}  # one bytes object per distinct header text (each file's slice is freed)
     same = canonical.setdefault
     identity = tuple.__new__  # (FileIdentity built in C: its own __new__ is a Python call)

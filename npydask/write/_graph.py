@@ -26,7 +26,7 @@ from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import ensure_dict, parse_bytes
 
-from npydask.backends.base import as_bytes, raw_copy
+from npydask._buffers import as_bytes, raw_copy
 from npydask.format.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.storage.where import fspath
 

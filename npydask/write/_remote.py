@@ -35,7 +35,7 @@ import numpy as np
 from dask.delayed import Delayed
 
 from npydask.write._tasks import as_block, block_runs
-from npydask.backends.base import as_bytes
+from npydask._buffers import as_bytes
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box
 from npydask.storage._stores import StoreSpec, run_each

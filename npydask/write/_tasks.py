@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask.backends.base import as_bytes, raw_copy
+from npydask._buffers import as_bytes, raw_copy
 from npydask.errors import FileChangedError
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, plan_read

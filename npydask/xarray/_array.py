@@ -5,7 +5,7 @@ own array-likes: an :class:`~npydask.array.NpyFileArray` (one file or
 ``.npz`` member, after its ROI) or a stacked
 :class:`~npydask.dataset.stacking.FileGroup` (a folder). Indexing goes through
 ``explicit_indexing_adapter`` with xarray's ``OUTER_1VECTOR`` support:
-integers and slices become one box read (:func:`~npydask.array.split_index`),
+integers and slices become one box read (:func:`~npydask.plan.region.split_index`),
 and the one list of indices xarray passes (on the axis where it saves
 most) is read run by run of consecutive indices, or for a folder's file
 axis as a group of just the picked files; other lists, and vectorized
