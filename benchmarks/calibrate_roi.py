@@ -54,7 +54,7 @@ import _common  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
-from npydask.backends.pread import _FdReader  # noqa: E402
+from npydask.storage import FdReader  # noqa: E402
 from npydask._buffers import pieces  # noqa: E402
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
 from npydask.plan.region import Box, plan_read  # noqa: E402
@@ -117,7 +117,7 @@ def measure(paths: list[str], repeat: int, q: float) -> tuple[Costs, dict[str, s
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     try:
         f = _handles.acquire(paths[0])
-        reader = _FdReader(f.fd, f.path)
+        reader = FdReader(f.fd, f.path)
         size = f.identity.size
 
         # -- syscall + kernel_byte: npydask's span loop, N reads of s bytes spread over the file

@@ -14,3 +14,55 @@ only, and tell local paths from URLs in one place (:mod:`~npydask.storage.where`
 * pure pieces both share: URL parsing (:mod:`~npydask.storage.urls`) and
   header reading through a ``read(offset, n)`` (:mod:`~npydask.storage._headers`).
 """
+
+from __future__ import annotations
+
+from npydask.storage._local_read import (
+    DIRECT_ALIGNMENT,
+    FdReader,
+    ScratchSpans,
+    aligned_empty,
+    read_fd,
+    read_grid,
+    read_local,
+    read_scratch_spans,
+    scratch_spans,
+)
+from npydask.storage._local_write import (
+    NAME_MAX,
+    TMP_SUFFIX,
+    check_inside,
+    exists_error,
+    fsync_folder,
+    new_run,
+    publish,
+    pwrite_all,
+    remove_quietly,
+    temporary_name,
+)
+from npydask.storage._runs import RangeReader, pread_strategy, read_plan
+
+__all__ = [
+    "DIRECT_ALIGNMENT",
+    "FdReader",
+    "NAME_MAX",
+    "RangeReader",
+    "ScratchSpans",
+    "TMP_SUFFIX",
+    "aligned_empty",
+    "check_inside",
+    "exists_error",
+    "fsync_folder",
+    "new_run",
+    "pread_strategy",
+    "publish",
+    "pwrite_all",
+    "read_fd",
+    "read_grid",
+    "read_local",
+    "read_plan",
+    "read_scratch_spans",
+    "remove_quietly",
+    "scratch_spans",
+    "temporary_name",
+]

@@ -11,8 +11,8 @@ before or during it); when the group carries a header check (``index=``,
 ``headers="first"``), by its header bytes (one ``pread``); and where only
 its inode is known, by its size against the payload that header promises.
 The strided read itself is the pread backend's
-(:func:`npydask.backends.pread.read_fd`: spans or runs by the cost model),
-its spans prepared once per plan (:func:`~npydask.backends.pread.scratch_spans`).
+(:func:`npydask.storage.read_fd`: spans or runs by the cost model),
+its spans prepared once per plan (:func:`~npydask.storage.scratch_spans`).
 ``O_DIRECT`` reads (``direct_io``) take the cached handle's path, which
 holds the second descriptor.
 """
@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.backends.pread import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
+from npydask.storage._local_read import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.format.header import parse_header
 from npydask.storage._batch import _FLAGS, _explain
 from npydask.storage._handles import InodeIdentity, _changed, header_mismatch, retry_open

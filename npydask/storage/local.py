@@ -3,7 +3,7 @@
 The work is done where it always was: safe opening and the per-process
 handle cache in :mod:`npydask.storage._handles`, the tight loops over many
 small files in :mod:`npydask.storage._batch`, the run grid of a region in
-:func:`npydask.backends.pread.read_grid`. These classes only give them one
+:func:`npydask.storage.read_grid`. These classes only give them one
 interface, so readers pick a source once per dataset (:data:`LOCAL`, one
 shared object) and never test what kind of storage they read.
 """
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from npydask import config
-from npydask.write import _tasks as _write
-from npydask.backends.pread import read_grid
+from npydask.storage import _local_write
+from npydask.storage._local_read import read_grid
 from npydask.config import ReadOptions
 from npydask.format.header import NpyHeader
 from npydask.plan.region import ReadPlan
@@ -117,7 +117,7 @@ class LocalSource(Source):
         options: ReadOptions,
         check: HeaderCheck | None = None,
     ) -> None:
-        """:func:`~npydask.backends.pread.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
+        """:func:`~npydask.storage.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
         read_grid(path, identity, plan, options, dest, check)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
@@ -309,16 +309,16 @@ class LocalTarget(Target):
         self.path = path
         self.size = size
         self.overwrite = overwrite
-        self.tmp = _write.temporary_name(path, _write.new_run())  # (cut by bytes: always a legal name)
+        self.tmp = _local_write.temporary_name(path, _local_write.new_run())  # (cut by bytes: always a legal name)
         self._fd: int | None = None
 
     def write_block(self, offset: int, data: Any) -> None:
         """``pwrite`` ``data`` at ``offset`` of the temporary file (created on the first call)."""
         if self._fd is None:
             if not self.overwrite and os.path.lexists(self.path):
-                raise _write.exists_error(self.path)
+                raise _local_write.exists_error(self.path)
             self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        _write._pwrite_all(self._fd, memoryview(data).cast("B"), offset, self.path)
+        _local_write.pwrite_all(self._fd, memoryview(data).cast("B"), offset, self.path)
 
     def finish(self) -> None:
         """Check the size, ``fsync``, and publish under :attr:`path`; aborts on failure."""
@@ -338,7 +338,7 @@ class LocalTarget(Target):
             os.fsync(fd)
             os.close(fd)
             self._fd = None
-            _write.publish(self.tmp, self.path, overwrite=self.overwrite)
+            _local_write.publish(self.tmp, self.path, overwrite=self.overwrite)
         except BaseException:
             self.abort()
             raise
@@ -348,4 +348,4 @@ class LocalTarget(Target):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        _write._remove_quietly(self.tmp)
+        _local_write.remove_quietly(self.tmp)

@@ -63,6 +63,7 @@ from npydask.storage._stores import (
 )
 from npydask.storage.base import Item, Scanned, Source
 from npydask.storage.urls import http_target, redact, split_url
+from npydask.storage._runs import read_plan
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
 
@@ -231,8 +232,6 @@ class ObjectSource(Source):
         so it costs no round trip of its own, unless this process read that
         header already.
         """
-        from npydask.backends.pread import read_plan
-
         def runs() -> None:
             read_plan(RangeReader(self, path, identity), plan, options, dest)
 
@@ -509,7 +508,7 @@ class RangeReader:
     """Reads byte ranges of one object into buffers: parts of at most ``remote_part_bytes``, in parallel.
 
     The remote twin of the pread backend's local reader (the same two
-    methods), so one run-grid planner (:func:`npydask.backends.pread.read_plan`)
+    methods), so one run-grid planner (:func:`npydask.storage.read_plan`)
     serves both.
     """
 

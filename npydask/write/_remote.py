@@ -148,7 +148,7 @@ class Upload:
 
 def _create(upload: Upload) -> str:
     """The first task: refuse an existing target (``overwrite=False``), then start the upload."""
-    from npydask.write._tasks import exists_error
+    from npydask.storage import exists_error
     from npydask.storage import _s3_upload
 
     if not upload.overwrite and _s3_upload.object_exists(upload.spec, upload.url):
@@ -236,7 +236,7 @@ def to_npy_url(
         from npydask.storage._object_write import exists
 
         if exists(source, url):
-            from npydask.write._tasks import exists_error
+            from npydask.storage import exists_error
 
             raise exists_error(shown)
     upload = Upload(source.spec, url, preamble, header, overwrite)
@@ -330,7 +330,7 @@ def to_npy_files_url(
             if isinstance(there, BaseException):
                 raise there
             if there:
-                from npydask.write._tasks import exists_error
+                from npydask.storage import exists_error
 
                 raise exists_error(redact(u))
     dsk: dict = {}

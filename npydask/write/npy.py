@@ -42,17 +42,14 @@ from npydask._keywords import suggest_keywords
 from npydask.format.header import MAX_HEADER_BYTES, NpyHeader, format_header
 from npydask.storage.local import LOCAL
 from npydask.storage.where import fspath, resolve
+from npydask.storage import check_inside, exists_error, new_run, temporary_name
 from npydask.write._tasks import (
     WRITTEN,
     ChunkTarget,
     FileTarget,
     all_written,
-    check_inside,
-    exists_error,
     write_block_task,
     finish_file,
-    new_run,
-    temporary_name,
     write_file,
 )
 
