@@ -150,7 +150,7 @@ def select_files(
         subdirectories. Ignored for ``files`` and ``file_list``.
     lister : Lister, optional
         Lists ``file_root`` (an object-store prefix's
-        :class:`~npydask.storage.object.ObjectLister`); a local folder's by
+        :class:`~npydask.storage.object_list.ObjectLister`); a local folder's by
         default. Its listing is ordered by the same rules, and entries join
         ``file_root`` with ``/``.
     sort : {"bytes", "natural"} or None, default ``"bytes"``

@@ -25,6 +25,7 @@ from npydask import config
 from npydask.storage import _local_write
 from npydask.storage._local_read import read_grid
 from npydask.config import ReadOptions
+from npydask.format import npz
 from npydask.format.header import NpyHeader
 from npydask.plan.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
@@ -37,12 +38,14 @@ from npydask.storage._handles import (
     OpenFile,
     _check_regular,
     acquire,
+    open_regular,
+    reader,
     scan_file,
     scan_members,
 )
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
-__all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
+__all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
 
 
 class LocalSource(Source):
@@ -349,3 +352,23 @@ class LocalTarget(Target):
             os.close(self._fd)
             self._fd = None
         _local_write.remove_quietly(self.tmp)
+
+
+def verify_npz(path: str | os.PathLike[str]) -> list[str]:
+    """Check every member of the ``.npz`` archive at ``path`` against its CRC-32 (:func:`npydask.format.npz.verify`).
+
+    Returns the names of the members checked, in the archive's order; raises
+    what :func:`~npydask.format.npz.verify` raises, and ``OSError`` where
+    ``path`` cannot be opened as a regular file.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz"); np.savez_compressed(p, x=np.arange(3), y=np.ones(2))
+    >>> verify_npz(p)
+    ['x.npy', 'y.npy']
+    """
+    path = os.fspath(path)
+    f, st = open_regular(path)
+    with f:
+        return npz.verify(reader(f.fileno()), st.st_size, path)

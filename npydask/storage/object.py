@@ -53,6 +53,7 @@ from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._handles import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import call
 from npydask.storage._stores import (
+    import_obstore,
     StoreSpec,
     check_not_forked,
     run_all,
@@ -128,7 +129,7 @@ class ObjectSource(Source):
     def identity(self, path: str) -> ObjectIdentity:
         """One HEAD request."""
         store = self.store(path)
-        meta = call(path, "asking for its size and ETag", _obstore().head, store, self.key(path))
+        meta = call(path, "asking for its size and ETag", import_obstore().head, store, self.key(path))
         return self.opened(path, meta)
 
     def opened(self, path: str, meta: Any) -> ObjectIdentity:
@@ -305,7 +306,7 @@ class ObjectSource(Source):
         self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
     ) -> memoryview:
         """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many."""
-        obstore = _obstore()
+        obstore = import_obstore()
         options: dict[str, Any] = {"range": (start, stop)}
         if identity is not None and identity.etag is not None:
             options["if_match"] = identity.etag
@@ -343,7 +344,7 @@ class ObjectSource(Source):
     def _head(self, path: str) -> tuple[ObjectIdentity, _Blocks]:
         """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them."""
         first = self.spec.settings.header_bytes
-        obstore = _obstore()
+        obstore = import_obstore()
         store, key = self.store(path), self.key(path)
 
         def get() -> tuple[bytes, Any] | None:
@@ -398,12 +399,6 @@ def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) ->
     headers[name] = value
     found["default_headers"] = tuple(sorted(headers.items()))
     return tuple(sorted(found.items()))
-
-
-def _obstore() -> Any:
-    from npydask.storage._stores import import_obstore
-
-    return import_obstore()
 
 
 def _unsatisfiable(e: BaseException) -> bool:
@@ -534,11 +529,3 @@ class RangeReader:
             buf[:] = source._get(url, identity, offset, offset + len(buf), "reading a region")
 
         run_all(one, jobs, source.spec.settings.concurrency)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ObjectLister":  # (its home is npydask.storage.object_list)
-        from npydask.storage.object_list import ObjectLister
-
-        return ObjectLister
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
