@@ -22,7 +22,7 @@ from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
 from npydask.dataset.stacking import FileGroup
 from npydask.storage import _handles
-from npydask.storage._handles import HeaderCheck
+from npydask.storage import HeaderCheck
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, region_slices, regions, save_npy, shapes
 
 P3 = NpyHeader((1, 0), (64, 256, 256), np.dtype("<f4"), False, 128, 64 * 256 * 256 * 4)

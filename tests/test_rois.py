@@ -11,7 +11,7 @@ import npydask
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.plan.region import Box, plan_read
-from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage._rois import read_rois
 
 _BOX = Box((1, 2, 3), (5, 9, 40))

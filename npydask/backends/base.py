@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage._handles import OpenFile
+from npydask.storage import OpenFile
 from npydask._buffers import empty
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, raw, raw_copy

@@ -16,7 +16,7 @@ from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan
 from npydask.storage import read_local, read_plan
-from npydask.storage._handles import OpenFile
+from npydask.storage import OpenFile
 
 __all__ = ["PreadBackend"]
 

@@ -70,7 +70,7 @@ import numpy as np
 
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.format.header import NpyHeader, parse_header
-from npydask.storage._handles import FileIdentity, open_regular
+from npydask.storage import FileIdentity, open_regular
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
 from npydask.dataset.table import common_root

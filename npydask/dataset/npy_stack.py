@@ -37,7 +37,7 @@ from npydask.format._pickle_values import UnexpectedPickle, plain_values
 from npydask._keywords import suggest_keywords
 from npydask.dataset.open import open_dataset
 from npydask.errors import NpyDaskWarning
-from npydask.storage._handles import open_regular
+from npydask.storage import open_regular
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import join_url, redact

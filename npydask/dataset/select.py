@@ -85,7 +85,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from npydask._warn import warn
-from npydask.storage._handles import open_regular
+from npydask.storage import open_regular
 from npydask.storage.base import Identity, Lister
 from npydask.storage.local import LocalLister
 from npydask.storage.urls import is_url, join_url, redact, split_url

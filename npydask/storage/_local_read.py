@@ -26,7 +26,8 @@ import numpy as np
 from npydask._buffers import scratch_pieces
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, align_span
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile, acquire, check_unchanged, pread_exact
+from npydask.storage._handles import OpenFile, acquire, pread_exact
+from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged
 from npydask.storage._iovec import read_iovecs
 from npydask.storage._runs import BATCH_BYTES, coalesced, grid, pread_strategy, read_plan
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from npydask.storage._local_read import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.format.header import parse_header
-from npydask.storage._batch import _FLAGS, _explain
-from npydask.storage._handles import InodeIdentity, _changed, header_mismatch, retry_open
+from npydask.storage._batch import OPEN_FLAGS, explain
+from npydask.storage._handles import retry_open
+from npydask.storage.identity import InodeIdentity, file_changed, header_mismatch
 from npydask.storage._headers import truncated
 
 __all__ = ["read_rois"]
@@ -40,7 +41,7 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
     ------
     FileChangedError
         If a file's size, mtime or inode (for an
-        :class:`~npydask.storage._handles.InodeIdentity`: its inode, and a
+        :class:`~npydask.storage.identity.InodeIdentity`: its inode, and a
         status change before the listing began) is not the job's once it
         was read, or it ends early.
     NpyFormatError
@@ -53,9 +54,9 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
             read_grid(path, ident, plan, options, dest, check)
             continue
         try:
-            fd = open_(path, _FLAGS)
+            fd = open_(path, OPEN_FLAGS)
         except OSError as e:
-            fd = retry_open(path, _FLAGS, e)
+            fd = retry_open(path, OPEN_FLAGS, e)
         try:
             head = None
             try:
@@ -69,12 +70,12 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
                 else:
                     read_scratch_spans(fd, path, spans, dest)
             except OSError as e:
-                _explain(fd, path, ident, e, check, plan.end)
+                explain(fd, path, ident, e, check, plan.end)
             st = fstat(fd)
             inode_only = type(ident) is InodeIdentity
             if (st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0 if inode_only
                     else st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]):
-                raise _changed(path, ident, st)
+                raise file_changed(path, ident, st)
             if head is not None:
                 if head != check.raw:
                     raise header_mismatch(path, check, head)

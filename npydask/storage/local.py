@@ -30,19 +30,8 @@ from npydask.format.header import NpyHeader
 from npydask.plan.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._rois import read_rois
-from npydask.storage._handles import (
-    CTIME_MARGIN_NS,
-    FileIdentity,
-    HeaderCheck,
-    InodeIdentity,
-    OpenFile,
-    _check_regular,
-    acquire,
-    open_regular,
-    reader,
-    scan_file,
-    scan_members,
-)
+from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
+from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
@@ -51,7 +40,7 @@ __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
 class LocalSource(Source):
     """Files of the local file system (one stateless object, :data:`LOCAL`, serves every dataset).
 
-    Identities are :class:`~npydask.storage._handles.FileIdentity` values
+    Identities are :class:`~npydask.storage.identity.FileIdentity` values
     (size, mtime, inode). It pickles as a reference to :data:`LOCAL`.
 
     Examples
@@ -83,7 +72,7 @@ class LocalSource(Source):
         for p in paths:
             st = stat_(p)
             if not isreg(st.st_mode):
-                _check_regular(st, p)
+                check_regular(st, p)
             append(new(st.st_size, st.st_mtime_ns, st.st_ino))
         return out
 
@@ -92,7 +81,7 @@ class LocalSource(Source):
         return scan_files(paths, key)
 
     def scan_members(self, paths: Sequence[str], keys: Sequence[str]) -> list[list[Scanned] | BaseException]:
-        """:func:`~npydask.storage._handles.scan_members` of each path: one open, fstat and directory read per file."""
+        """:func:`~npydask.storage.scan_members` of each path: one open, fstat and directory read per file."""
         out: list[list[Scanned] | BaseException] = []
         for p in paths:
             try:
@@ -102,13 +91,13 @@ class LocalSource(Source):
         return out
 
     def header(self, path: str, key: str | None = None) -> NpyHeader:
-        """:func:`~npydask.storage._handles.scan_file`'s header: one open, fstat, pread and close."""
+        """:func:`~npydask.storage.scan_file`'s header: one open, fstat, pread and close."""
         return scan_file(path, key)[1]
 
     def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
     ) -> OpenFile:
-        """The cached open file (:func:`~npydask.storage._handles.acquire`)."""
+        """The cached open file (:func:`~npydask.storage.acquire`)."""
         return acquire(path, expected, key=key, check=check)
 
     def read_runs(
@@ -156,10 +145,10 @@ class LocalLister(Lister):
     ``PermissionError``. No file is ``stat``-ed (``os.DirEntry`` answers from
     the directory), so sizes and identities are ``None``; with ``inodes``,
     the identities are each file's
-    :class:`~npydask.storage._handles.InodeIdentity`, which the directory
+    :class:`~npydask.storage.identity.InodeIdentity`, which the directory
     gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``),
     with the wall-clock time the listing began (less
-    :data:`~npydask.storage._handles.CTIME_MARGIN_NS`): a file whose status
+    :data:`~npydask.storage.identity.CTIME_MARGIN_NS`): a file whose status
     changes after that is refused where a task reads it.
 
     Examples

@@ -50,7 +50,7 @@ from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
 from npydask.plan.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
-from npydask.storage._handles import HeaderCheck, header_mismatch
+from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import call
 from npydask.storage._stores import (
     import_obstore,
@@ -454,7 +454,7 @@ class _Blocks:
 class RemoteFile:
     """An object opened for a backend: its URL, identity, header and (for ``.npz``) member.
 
-    The object-store twin of :class:`~npydask.storage._handles.OpenFile`:
+    The object-store twin of :class:`~npydask.storage.OpenFile`:
     ``read_at`` is a conditional range GET, :meth:`range_reader` serves the
     pread backend, and there is nothing to close.
     """

@@ -103,7 +103,7 @@ class ObjectLister(Lister):
         wanted = match is None or match(bad[len(self.prefix) :].rpartition("/")[2])
         where = redact(self.url)
         if not wanted and self.source.spec.kind == "s3" and _has_boto3():
-            from npydask.storage._s3_upload import list_objects
+            from npydask.storage.s3_upload import list_objects
 
             metas = []
             for meta in list_objects(self.source.spec, self.url, self.prefix):
