@@ -3,7 +3,8 @@
 The reads themselves are the storage layer's: a local file's
 (:func:`npydask.storage.read_local`: spans or scattered runs by the cost model,
 ``O_DIRECT`` with the ``direct_io`` setting) or an object's range requests
-through the one run planner (:func:`npydask.storage.read_plan`).
+through its source's :meth:`~npydask.storage.base.Source.read_runs` (the
+one run planner, :func:`npydask.storage.read_plan`, behind both).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import numpy as np
 from npydask.backends.base import Backend, as_bytes, destination, finish
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan
-from npydask.storage import read_local, read_plan
-from npydask.storage import OpenFile
+from npydask.storage import OpenFile, read_local
 
 __all__ = ["PreadBackend"]
 
@@ -31,6 +31,6 @@ class PreadBackend(Backend):
         if plan.n_runs:
             if isinstance(f, OpenFile):
                 read_local(f, plan, options, as_bytes(buffer))
-            else:  # an object store's file brings its own reader: range requests instead of preadv
-                read_plan(f.range_reader(), plan, options, as_bytes(buffer))
+            else:  # an object: its source's range requests (the run planner it shares with local files)
+                f.source.read_runs(f.url, f.identity, plan, as_bytes(buffer), options)
         return finish(result, buffer)
