@@ -470,7 +470,7 @@ def cache_limit() -> int:
     global _budget
     soft = nofile_soft()
     _budget = 1 << 62 if soft < 0 else max(1, soft // 8)
-    return min(config.get("handle_cache_size"), _budget)
+    return min(int(config.get("handle_cache_size")), _budget)
 
 
 def _trim(limit: int) -> None:

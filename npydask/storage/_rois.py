@@ -62,9 +62,8 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
             try:
                 if check is not None:
                     head = pread(fd, len(check.raw), 0)
-                spans = prepared.get((id(plan), id(options)), False)
-                if spans is False:
-                    spans = prepared[(id(plan), id(options))] = scratch_spans(plan, options)
+                job = (id(plan), id(options))
+                spans = prepared[job] if job in prepared else prepared.setdefault(job, scratch_spans(plan, options))
                 if spans is None:
                     read_fd(fd, path, plan, options, dest)
                 else:
