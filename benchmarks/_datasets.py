@@ -127,9 +127,9 @@ def clear_npydask_caches() -> None:
     Object stores (their connection pools) are kept, as every peer keeps its client.
     """
     from npydask.format import header
-    from npydask.storage import _handles
+    from npydask.storage import clear_cache
 
-    _handles.clear_cache()
+    clear_cache()
     for name, value in vars(header).items():
         if "MEMO" in name.upper() and isinstance(value, dict):
             value.clear()

@@ -441,7 +441,7 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     from npydask.dataset.open import _select
     from npydask.dataset.scan import scan_headers, scan_table as _table
     from npydask.plan.roi import RoiArgs
-    from npydask.storage._batch import read_files
+    from npydask.storage import read_files
     from npydask.storage.local import LOCAL
     from npydask.dataset.uniform import first_table
 

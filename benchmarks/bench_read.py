@@ -151,10 +151,10 @@ def make_data(folder: str, size: Size) -> tuple[list[str], str]:
 
 def clear_npydask_caches() -> None:
     """Forget npydask's open-file cache and header memo (a first build in a fresh process)."""
-    from npydask.storage import _handles
+    from npydask.storage import clear_cache
     from npydask.format import header
 
-    _handles.clear_cache()
+    clear_cache()
     for name, value in vars(header).items():
         if "MEMO" in name.upper() and isinstance(value, dict):
             value.clear()

@@ -54,11 +54,11 @@ import _common  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
-from npydask.backends.pread import _FdReader  # noqa: E402
+from npydask.storage import FdReader  # noqa: E402
 from npydask._buffers import pieces  # noqa: E402
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
 from npydask.plan.region import Box, plan_read  # noqa: E402
-from npydask.storage import _handles  # noqa: E402
+from npydask.storage import acquire, clear_cache  # noqa: E402
 
 SHAPE = (64, 256, 256)
 DTYPE = np.dtype("<f4")
@@ -116,8 +116,8 @@ def measure(paths: list[str], repeat: int, q: float) -> tuple[Costs, dict[str, s
     read_back(paths)
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     try:
-        f = _handles.acquire(paths[0])
-        reader = _FdReader(f.fd, f.path)
+        f = acquire(paths[0])
+        reader = FdReader(f.fd, f.path)
         size = f.identity.size
 
         # -- syscall + kernel_byte: npydask's span loop, N reads of s bytes spread over the file
@@ -256,7 +256,7 @@ def validate(paths: list[str], costs: Costs, repeat: int, q: float) -> list[list
         choice = choose(plan, opts.gap_bytes, opts.max_span_bytes, STRATEGIES, "auto", costs)
 
         def opened_only() -> None:
-            _handles.clear_cache()
+            clear_cache()
             for p in paths:
                 npydask.read_region(p, (0, 0, 0), (1, 1, 1), backend="auto")
 
@@ -266,7 +266,7 @@ def validate(paths: list[str], costs: Costs, repeat: int, q: float) -> list[list
             with config.set(roi_strategy=strategy):
 
                 def fresh() -> None:
-                    _handles.clear_cache()  # every file opened and mapped afresh, as a dataset larger than the cache
+                    clear_cache()  # every file opened and mapped afresh, as a dataset larger than the cache
                     for p in paths:
                         npydask.read_region(p, start, stop, backend="auto")
 

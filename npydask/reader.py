@@ -2,7 +2,7 @@
 
 :class:`FileRef` is what a lazy task carries: the path, the identity the file
 had when the graph was built, the parsed header, the header bytes it relies
-on (a :class:`~npydask.storage._handles.HeaderCheck`) and the read settings.
+on (a :class:`~npydask.storage.identity.HeaderCheck`) and the read settings.
 It pickles as those few fields and reopens the file (through the
 per-process handle cache) wherever it lands; a file whose identity changed
 meanwhile, or changes while it is read, fails the task with
@@ -24,7 +24,7 @@ import numpy as np
 
 from npydask import backends
 from npydask._keywords import suggest_keywords
-from npydask.storage._handles import FileIdentity, HeaderCheck, OpenFile
+from npydask.storage import FileIdentity, HeaderCheck, OpenFile
 from npydask.plan.region import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options

@@ -28,7 +28,7 @@ import npydask
 from npydask import config
 from npydask.storage import _handles
 from npydask.backends import mmap as mmap_backend
-from npydask.backends import pread as pread_backend
+from npydask.storage import _local_read as pread_backend
 from npydask.errors import FileChangedError, NpyDaskWarning
 from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
@@ -82,7 +82,7 @@ class PreadvCounter:
         self._real = os.preadv
         self._fail = fail
         self._lock = threading.Lock()
-        # pread.py and _handles.py both call os.preadv through the os module.
+        # _local_read.py and _handles.py both call os.preadv through the os module.
         monkeypatch.setattr(pread_backend.os, "preadv", self)
         monkeypatch.setattr(_handles.os, "preadv", self)
 

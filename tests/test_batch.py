@@ -10,7 +10,7 @@ import pytest
 
 from npydask.storage import _batch
 from npydask.storage._batch import SCAN_READ, read_files, scan_files
-from npydask.storage._handles import FileIdentity, HeaderCheck, scan_file
+from npydask.storage import FileIdentity, HeaderCheck, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
 
 

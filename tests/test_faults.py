@@ -775,7 +775,7 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
     found then), or after the compute started (a group of small files or ROIs). The planned mtime is far in
     the past, so every rewrite shows in the mtime: the documented same-tick window is not in play.
     """
-    from npydask.backends import pread
+    from npydask.storage import _local_read as pread
     from npydask.storage import local
 
     n_files, shape, plan = _REWRITE_READS[how]

@@ -764,7 +764,7 @@ def test_device_reads_check_the_file_after_the_read(save, monkeypatch, branch):
 
 @pytest.mark.parametrize("branch", ["host", "kvikio"])
 def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeypatch, branch):
-    from npydask.storage._handles import HeaderCheck, clear_cache
+    from npydask.storage import HeaderCheck, clear_cache
     from npydask.errors import NpyFormatError
 
     p = save(np.arange(64.0).reshape(8, 8))
@@ -977,7 +977,7 @@ def test_kvikio_end_of_file_in_an_unchanged_file_is_a_truncated_file(save):
     p = save(np.arange(10.0))
     fd = os.open(p, os.O_RDONLY)
     try:
-        from npydask.storage._handles import FileIdentity
+        from npydask.storage import FileIdentity
 
         error = kvikio_backend.kvikio_error(p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd)))
     finally:
@@ -1016,7 +1016,7 @@ def test_kvikio_files_open_at_once_stay_under_the_open_file_limit(tmp_path):
     import resource
     from concurrent.futures import ThreadPoolExecutor
 
-    from npydask.storage._handles import clear_cache
+    from npydask.storage import clear_cache
 
     arrays = [np.full((50,), i, "<i8") for i in range(150)]
     paths = []

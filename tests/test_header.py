@@ -709,7 +709,7 @@ def test_permission_denied_as_nobody():
 
 def test_same_bytes_twice_give_equal_headers():
     data = SMALL["struct"]
-    header_mod.MEMO.clear()
+    header_mod.HEADER_MEMO.clear()
     first = npydask.parse_header(data)
     second = npydask.parse_header(data)
     assert first == second
@@ -721,21 +721,21 @@ def test_header_differing_only_in_payload_reuses_the_memo():
     b = io.BytesIO()
     np.save(a, np.zeros((3, 4), "<f4"))
     np.save(b, np.ones((3, 4), "<f4"))
-    header_mod.MEMO.clear()
+    header_mod.HEADER_MEMO.clear()
     ha = npydask.parse_header(a.getvalue())
     hb = npydask.parse_header(b.getvalue())
     assert ha == hb and ha.dtype is hb.dtype
-    assert len(header_mod.MEMO) == 1
+    assert len(header_mod.HEADER_MEMO) == 1
 
 
 def test_memo_is_bounded():
-    header_mod.MEMO.clear()
+    header_mod.HEADER_MEMO.clear()
     text = dict_text() + " " * (header_mod._MEMO_MAX_KEY + 10)
     npydask.parse_header(npy(text, (2, 0)))
-    assert len(header_mod.MEMO) == 0  # long headers are parsed, not kept
+    assert len(header_mod.HEADER_MEMO) == 0  # long headers are parsed, not kept
     for n in range(header_mod._MEMO_LIMIT + 5):
         npydask.parse_header(npy(dict_text(shape=f"({n},)")))
-    assert len(header_mod.MEMO) <= header_mod._MEMO_LIMIT
+    assert len(header_mod.HEADER_MEMO) <= header_mod._MEMO_LIMIT
 
 
 def test_memo_does_not_hide_errors_or_sources():
@@ -929,7 +929,7 @@ def test_refusing_a_1_MiB_header_costs_little_memory_and_quotes_little(name):
 
     data = BIG_HEADERS[name]
     assert len(data) > 800_000
-    header_mod.MEMO.clear()
+    header_mod.HEADER_MEMO.clear()
     error: BaseException | None = None
     tracemalloc.start()
     try:
@@ -961,7 +961,7 @@ def test_reading_a_1_MiB_structured_header_costs_little_memory(tmp_path):
         np.save(path, np.zeros(2, dtype))
     data = path.read_bytes()
     assert npydask.parse_header(data).data_offset > 500_000
-    header_mod.MEMO.clear()
+    header_mod.HEADER_MEMO.clear()
     tracemalloc.start()
     try:
         h = npydask.parse_header(data)

@@ -195,7 +195,7 @@ import struct  # noqa: E402
 import zlib  # noqa: E402
 
 from npydask.errors import NpzCrcError  # noqa: E402
-from npydask.format.npz import verify  # noqa: E402
+from npydask.storage.local import verify_npz as verify  # noqa: E402
 
 CRC_MEMBERS = {
     "f4": np.arange(3 * 50, dtype="<f4").reshape(3, 50) / 7,
@@ -301,6 +301,8 @@ def test_raw_flip_in_the_zip_file_is_refused(tmp_path, key):
                     read()
             with pytest.raises(npydask.NpyFormatError):
                 verify(path)
+            with pytest.raises(npydask.NpyFormatError):  # the format layer's check over bytes in memory
+                npydask.format.npz.verify(lambda offset, n, b=bytes(blob): b[offset : offset + n], len(blob), path)
 
 
 @pytest.mark.parametrize("key", ["f4", "i8be", "fortran", "big"])
@@ -320,6 +322,9 @@ def test_verify_passes_intact_archives(tmp_path, save):
     path = tmp_path / "ok.npz"
     save(path, **CRC_MEMBERS, empty=np.zeros((0, 3)), v0=np.zeros(4, "V0"))
     assert verify(path) == [f"{k}.npy" for k in [*CRC_MEMBERS, "empty", "v0"]]
+    data = path.read_bytes()  # the format layer's check, over bytes in memory, finds the same members
+    got = npydask.format.npz.verify(lambda offset, n: data[offset : offset + n], len(data), str(path))
+    assert got == verify(path)
     with np.load(path) as z:
         for key in z.files:
             got = npydask.read_region(path, key=key)
@@ -389,4 +394,4 @@ def test_whole_reads_of_stored_structured_members_with_padding_pass_their_crc(tm
     for _ in range(3):  # (freed heap bytes differ from one try to the next)
         got = npydask.read_region(tmp_path / "s.npz", key="x")
         assert got.tobytes() == want
-        npydask.format.npz.verify(str(tmp_path / "s.npz"))
+        verify(str(tmp_path / "s.npz"))

@@ -14,7 +14,7 @@ import npydask
 from npydask import config
 from npydask.backends import get as get_backend
 from npydask.storage._iovec import iov_layout, read_iovecs
-from npydask.backends.pread import pread_strategy
+from npydask.storage import pread_strategy
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.format.header import NpyHeader
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose, estimate, measure_shape, touched_blocks
@@ -22,7 +22,7 @@ from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
 from npydask.dataset.stacking import FileGroup
 from npydask.storage import _handles
-from npydask.storage._handles import HeaderCheck
+from npydask.storage import HeaderCheck
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, region_slices, regions, save_npy, shapes
 
 P3 = NpyHeader((1, 0), (64, 256, 256), np.dtype("<f4"), False, 128, 64 * 256 * 256 * 4)
@@ -176,7 +176,7 @@ def test_strategy_is_the_one_used(save, strategy, monkeypatch) -> None:
     a = np.arange(40 * 50 * 3, dtype=">i4").reshape(40, 50, 3)
     path = save(a)
     calls = []
-    import npydask.backends.pread as pread_mod
+    import npydask.storage._local_read as pread_mod
     import npydask.backends.mmap as mmap_mod
 
     real = {"runs": pread_mod.read_iovecs, "spans": pread_mod.read_plan, "mapped": mmap_mod.copy_runs}

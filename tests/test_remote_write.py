@@ -23,7 +23,7 @@ import pytest
 
 import npydask
 from npydask.write._remote import plan_parts
-from npydask.storage._s3_upload import client_kwargs, translate_boto
+from npydask.storage.s3_upload import client_kwargs, translate_boto
 from npydask.storage._stores import StoreSpec
 
 boto3 = pytest.importorskip("boto3")
@@ -167,7 +167,7 @@ def test_client_kwargs_map_storage_options_and_their_aliases():
 def test_skip_signature_makes_an_unsigned_client():
     from botocore import UNSIGNED
 
-    from npydask.storage._s3_upload import client_for
+    from npydask.storage.s3_upload import client_for
 
     client = client_for(StoreSpec.of("s3://b", {"endpoint": "http://127.0.0.1:9", "skip_signature": "true"}))
     assert client.meta.config.signature_version is UNSIGNED
@@ -468,7 +468,7 @@ def test_to_npy_files_default_names_and_prefix_without_slash(place):
 
 
 def test_object_target_sends_one_whole_object_or_nothing(place):
-    from npydask.storage._object_write import ObjectTarget
+    from npydask.storage.object_write import ObjectTarget
     from npydask.storage.where import resolve
 
     p = place
@@ -542,7 +542,7 @@ def test_to_npy_files_from_a_dataset_read_back_from_s3(place, tmp_path):
 
 def test_to_zarr_to_a_url_with_the_same_storage_options(place):
     zarr = pytest.importorskip("zarr")
-    from npydask.storage._zarr_store import SpecObjectStore
+    from npydask.storage.zarr_store import SpecObjectStore
 
     p, so = place, place.so
     a = np.random.default_rng(4).random((100, 60))

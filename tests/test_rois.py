@@ -11,7 +11,7 @@ import npydask
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.plan.region import Box, plan_read
-from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage._rois import read_rois
 
 _BOX = Box((1, 2, 3), (5, 9, 40))
@@ -89,7 +89,7 @@ def test_a_folder_in_place_of_a_file_is_refused(tmp_path):
 
 def test_the_prepared_spans_read_is_the_spans_strategy(tmp_path):
     """``scratch_spans`` prepares only what read_fd would read as spans through one scratch; both agree."""
-    from npydask.backends.pread import read_fd, read_scratch_spans, scratch_spans
+    from npydask.storage import read_fd, read_scratch_spans, scratch_spans
 
     paths, arrays = _files(tmp_path, n=1)
     plan = plan_read(npydask.read_header(paths[0]), _BOX)

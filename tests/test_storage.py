@@ -27,7 +27,7 @@ from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.plan.region import normalize_box, plan_read
 from npydask.storage import _handles
-from npydask.storage._handles import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
+from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from npydask.config import read_options
 from npydask.format.header import NpyHeader
 from npydask.plan.roi import RoiArgs, resolve_roi
-from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
 from npydask.dataset.views import Context, FileViews
@@ -142,7 +142,7 @@ def test_a_slice_shares_the_buffers_and_pickles_only_its_own_rows():
 
 
 _ALLOWED = {("npydask.config", "ReadOptions"), ("npydask.format.header", "NpyHeader"), ("npydask.plan.region", "Box"),
-            ("npydask.plan.roi", "FileRoi"), ("npydask.storage._handles", "HeaderCheck"), ("npydask.storage.local", "LOCAL"),
+            ("npydask.plan.roi", "FileRoi"), ("npydask.storage.identity", "HeaderCheck"), ("npydask.storage.local", "LOCAL"),
             ("npydask.dataset.views", "Context"), ("npydask.dataset.views", "FileViews"), ("npydask.dataset._strings", "Strings"),
             ("npydask.dataset.table", "_rebuild")}
 _NUMPY = {"dtype", "scalar", "_frombuffer", "_reconstruct", "ndarray"}  # (numpy's own array and dtype reducers)

@@ -19,7 +19,7 @@ import pytest
 
 import npydask
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.storage._handles import CTIME_MARGIN_NS, FileIdentity, InodeIdentity, clear_cache
+from npydask.storage import CTIME_MARGIN_NS, FileIdentity, InodeIdentity, clear_cache
 
 N = 24
 

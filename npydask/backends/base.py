@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage._handles import OpenFile
+from npydask.storage import OpenFile
 from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, same_layout

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage._handles import OpenFile
+from npydask.storage import OpenFile
 from npydask._buffers import empty
 from npydask._buffers import as_bytes
 from npydask.backends.base import Backend, copy_runs, destination, finish

@@ -1,6 +1,6 @@
 """The ``mmap`` backend: read-only views of one shared mapping per open file.
 
-Each cached open file (see :func:`~npydask.storage._handles.acquire`) maps its
+Each cached open file (see :func:`~npydask.storage.acquire`) maps its
 payload once, on first use; every chunk of that file is then a slice of the
 same mapping. A region that is one contiguous run in C layout comes back as a
 zero-copy, read-only view; anything else is copied out with one strided copy.
@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage._handles import OpenFile, clear_cache
+from npydask.storage import OpenFile, clear_cache
 from npydask.backends.base import Backend, copy_runs
 from npydask.plan.region import same_layout
 from npydask.config import ReadOptions

@@ -38,7 +38,7 @@ import npydask
 from npydask._buffers import pool
 from npydask.cli._common import duration, number, size, table
 from npydask.cli._measure import Measured, measure
-from npydask.storage._handles import clear_cache
+from npydask.storage import clear_cache
 
 __all__ = [
     "BIG_SHAPE",

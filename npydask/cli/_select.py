@@ -24,7 +24,7 @@ from npydask.cli._progress import progress_line
 from npydask.cli._remote import is_prefix, npz_members_at, source_of, url_or_none
 from npydask.dataset.select import select_files
 from npydask.dataset.scan import scan_headers
-from npydask.storage._batch import Scanned
+from npydask.storage import Scanned
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact

@@ -176,7 +176,7 @@ def _shape(shape: list[int]) -> str:
 def _verify(path: str, recursive: bool, sort: str = "bytes") -> int:
     """``--verify``: each archive's members against their CRC-32; 1 if any archive fails."""
     from npydask.dataset.select import select_files
-    from npydask.format.npz import verify
+    from npydask.storage.local import verify_npz
 
     if url_or_none(path) is not None:
         raise UsageError(f"{redact(path)}: --verify reads archives on local disk; download the object first")
@@ -189,7 +189,7 @@ def _verify(path: str, recursive: bool, sort: str = "bytes") -> int:
     failed = 0
     for archive in archives:
         try:
-            names = verify(archive)
+            names = verify_npz(archive)
         except (ValueError, OSError) as e:  # NpzCrcError, NpyFormatError, OSError: each names the archive
             failed += 1
             say(f"  {e}")

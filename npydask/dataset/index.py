@@ -69,7 +69,7 @@ import numpy as np
 
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.format.header import NpyHeader, parse_header
-from npydask.storage._handles import FileIdentity
+from npydask.storage import FileIdentity
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import StoragePath, resolve
@@ -406,7 +406,7 @@ def _scan_objects(
     objects not selected this time are kept (other shards, other filters);
     they cost index space, never data.
     """
-    from npydask.storage._stores import run_each
+    from npydask.storage import run_each
 
     index, existed = _load(index_path, OBJECTS, storage_options)
     rows, sizes, numbers, raws, headers = index.rows, index.sizes, index.numbers, index.raws, index.headers

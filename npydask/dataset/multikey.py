@@ -10,7 +10,7 @@ Files are opened once for all their members: at open, each archive's zip
 directory is read once for every member (:meth:`Source.scan_members
 <npydask.storage.base.Source.scan_members>`); where a task or a batch reads
 the members, they share the archive's descriptor through the handle cache
-(:func:`npydask.storage._handles.acquire`), so reading ``k`` members of a
+(:func:`npydask.storage.acquire`), so reading ``k`` members of a
 file costs one ``open``, not ``k``.
 """
 

@@ -325,7 +325,7 @@ def _select(
     """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
 
     With ``inodes``, a local folder's listing keeps each file's
-    :class:`~npydask.storage._handles.InodeIdentity` (``headers="first"``).
+    :class:`~npydask.storage.identity.InodeIdentity` (``headers="first"``).
     """
     first = file_root
     if first is None and files is not None and not isinstance(files, str | bytes | os.PathLike):

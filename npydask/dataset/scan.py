@@ -21,7 +21,7 @@ import numpy as np
 
 from npydask.format.header import NpyHeader
 from npydask.plan.roi import RoiArgs, cutting_roi
-from npydask.storage._handles import HeaderCheck, header_mismatch
+from npydask.storage import HeaderCheck, header_mismatch
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact

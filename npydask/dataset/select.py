@@ -84,7 +84,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from npydask._warn import warn
-from npydask.storage._handles import open_regular
+from npydask.storage import open_regular
 from npydask.storage.base import Identity, Lister
 from npydask.storage.local import LocalLister
 from npydask.storage.urls import is_url, join_url, redact, split_url
@@ -148,7 +148,7 @@ def select_files(
         subdirectories. Ignored for ``files`` and ``file_list``.
     lister : Lister, optional
         Lists ``file_root`` (an object-store prefix's
-        :class:`~npydask.storage.object.ObjectLister`); a local folder's by
+        :class:`~npydask.storage.object_list.ObjectLister`); a local folder's by
         default. Its listing is ordered by the same rules, and entries join
         ``file_root`` with ``/``.
     sort : {"bytes", "natural"} or None, default ``"bytes"``

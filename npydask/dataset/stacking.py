@@ -376,7 +376,7 @@ def _fast_roi(view: NpyFileArray, inner: Box, dtype: np.dtype, source: Any) -> R
 
 def _strided_plan(view: NpyFileArray, inner: Box, dtype: np.dtype) -> ReadPlan | None:
     """The plan of ``inner`` of ``view``'s ROI, when it lies inside the file, reads as ``dtype`` in C order
-    and is read with ``pread`` (spans or runs: :func:`npydask.backends.pread.pread_strategy`).
+    and is read with ``pread`` (spans or runs: :func:`npydask.storage.pread_strategy`).
 
     Anything else (padding, a byte swap, a Fortran layout, a ROI the cost
     model maps) takes the general path.

@@ -71,7 +71,7 @@ import numpy as np
 from npydask.dataset._strings import ENCODING, Strings, encode, gather, pack, starts_of, unpack
 from npydask.format.header import NpyHeader
 from npydask.plan.roi import FileRoi
-from npydask.storage._handles import FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.object import ObjectIdentity
 from npydask.storage.urls import redact
 
@@ -137,7 +137,7 @@ class FileTable:
 
     Examples
     --------
-    >>> from npydask.storage._handles import FileIdentity
+    >>> from npydask.storage import FileIdentity
     >>> h = NpyHeader((1, 0), (3,), np.dtype("<f4"), False, 128, 12)
     >>> t = FileTable.from_lists(["/d/a.npy", "/d/b.npy"], [FileIdentity(140, 7, 1), FileIdentity(140, 8, 2)], [h, h])
     >>> len(t), t.root, t.path(1), t.identity(1), t[1:].paths()
@@ -388,7 +388,7 @@ class FileTable:
         """Row ``i``'s identity, as the readers expect it.
 
         A local row of unknown size (-1: ``headers="first"`` over a listing)
-        is an :class:`~npydask.storage._handles.InodeIdentity`, its
+        is an :class:`~npydask.storage.identity.InodeIdentity`, its
         ``mtime_ns`` column holding when the listing began (or -1), which
         the readers compare by inode and status change time.
         """

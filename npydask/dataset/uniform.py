@@ -2,17 +2,17 @@
 
 Most training folders hold files of one shape and dtype. In this mode the
 folder's listing gives each file's identity without a request per file (a
-local file's inode, :class:`~npydask.storage._handles.InodeIdentity`, from
+local file's inode, :class:`~npydask.storage.identity.InodeIdentity`, from
 ``os.scandir``; an object's size and ETag from the LIST), only the first
 file's header is read, and every file gets that header and one shared
-:class:`~npydask.storage._handles.HeaderCheck`. The reads compare each
+:class:`~npydask.storage.identity.HeaderCheck`. The reads compare each
 file's header bytes where they read them anyway (the grouped loop's
 ``preadv`` of header and payload, the handle cache's header read, an
 object's whole GET or its header GET), so a file unlike the first fails its
 task with :class:`~npydask.errors.NpyFormatError` naming it, the header
 expected and the one found; a task whose box lies wholly outside a file (a
 ``"pad"`` ROI) still checks its header. A listed local file carries the
-time the listing began (:class:`~npydask.storage._handles.InodeIdentity`):
+time the listing began (:class:`~npydask.storage.identity.InodeIdentity`):
 one whose ctime is later (created, renamed in, written or truncated after
 opening, whatever its inode number) fails with
 :class:`~npydask.errors.FileChangedError`. Files whose output holds no
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from npydask.plan.roi import RoiArgs, cutting_roi
-from npydask.storage._handles import HeaderCheck, InodeIdentity, header_mismatch
+from npydask.storage import HeaderCheck, InodeIdentity, header_mismatch
 from npydask.storage.base import Source
 from npydask.storage.urls import redact
 from npydask.dataset.table import FileTable

@@ -58,9 +58,9 @@ from npydask.errors import NpyFormatError
 
 __all__ = [
     "MAGIC",
+    "HEADER_MEMO",
     "MAX_HEADER_BYTES",
     "MAX_ZERO_ITEMSIZE_ELEMENTS",
-    "MEMO",
     "VERSIONS",
     "NpyHeader",
     "Preamble",
@@ -257,7 +257,7 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
     """
     if not isinstance(buf, bytes):
         buf = bytes(memoryview(buf).cast("B")[: MAX_PREAMBLE + MAX_HEADER_BYTES])
-    hit = MEMO.get(buf[: header_end(buf)])
+    hit = HEADER_MEMO.get(buf[: header_end(buf)])
     if hit is not None:
         return hit
     version, start, hlen = parse_preamble(buf[:MAX_PREAMBLE], source)
@@ -276,16 +276,16 @@ def parse_header(buf: bytes, *, source: str = "<bytes>") -> NpyHeader:
         nbytes=math.prod(shape) * dtype.itemsize,
     )
     if hlen <= _MEMO_MAX_KEY:
-        if len(MEMO) >= _MEMO_LIMIT:
-            MEMO.clear()
-        MEMO[buf[: start + hlen]] = header
+        if len(HEADER_MEMO) >= _MEMO_LIMIT:
+            HEADER_MEMO.clear()
+        HEADER_MEMO[buf[: start + hlen]] = header
     return header
 
 
 # --------------------------------------------------------------------------
 # Header text -> (dtype, fortran_order, shape), memoised on the raw bytes.
 
-MEMO: dict[bytes, NpyHeader] = {}
+HEADER_MEMO: dict[bytes, NpyHeader] = {}
 """Validated headers keyed on their exact preamble and header bytes (version and length included).
 
 A batch scan looks headers up here directly; only :func:`parse_header` adds to it.

@@ -420,7 +420,7 @@ def _file_crc(read: Read, pos: int, end: int, crc: int = 0) -> tuple[int, int]:
     return crc, pos
 
 
-def verify(path: str | os.PathLike[str]) -> list[str]:
+def verify(read: Read, size: int, path: str) -> list[str]:
     """Check every member of an ``.npz`` archive against its CRC-32, as ``numpy.load`` would on reading it.
 
     Reads each member once, in pieces (a deflated one is inflated and
@@ -430,8 +430,12 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
 
     Parameters
     ----------
-    path : str or os.PathLike
-        The archive.
+    read : Read
+        Reads the archive (see :data:`Read`).
+    size : int
+        The archive's size in bytes.
+    path : str
+        The archive's name in messages.
 
     Returns
     -------
@@ -447,38 +451,30 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
         The file is not a zip archive, or a member is encrypted, compressed
         other than stored/deflated, or not valid deflate data.
     OSError
-        The path cannot be opened as a regular file.
+        A read fails.
 
     Examples
     --------
-    >>> import numpy as np, tempfile, os
-    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz"); np.savez_compressed(p, x=np.arange(3), y=np.ones(2))
-    >>> verify(p)
+    >>> import io, numpy as np
+    >>> buf = io.BytesIO(); np.savez_compressed(buf, x=np.arange(3), y=np.ones(2)); data = buf.getvalue()
+    >>> verify(lambda offset, n: data[offset : offset + n], len(data), "a.npz")
     ['x.npy', 'y.npy']
+
+    A file on disk: :func:`npydask.storage.local.verify_npz`.
     """
-    from npydask.storage._handles import open_regular  # (backends import this module)
-
-    path = os.fspath(path)
-    f, st = open_regular(path)
-    with f:
-        fd = f.fileno()
-
-        def read(offset: int, n: int) -> bytes:
-            return os.pread(fd, n, offset)
-
-        try:
-            infos = zipfile.ZipFile(RangeFile(read, st.st_size)).infolist()
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
-            raise NpyFormatError(f"{path}: expected a .npz (zip) archive, found something else ({e})") from e
-        for info in infos:
-            member = _member(read, path, info)
-            if member.stored:
-                crc, stop = _file_crc(read, member.data_start, member.data_start + member.file_size)
-                size = stop - member.data_start
-                if size != member.file_size:
-                    raise _crc_error(path, member, f"end after {size} of the {member.file_size} bytes its zip "
-                                     "directory records")  # fmt: skip
-                _check_crc(path, member, crc)
-            else:
-                inflate_into(read, member, path, memoryview(b""), 0, verify=True)
+    try:
+        infos = zipfile.ZipFile(RangeFile(read, size)).infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+        raise NpyFormatError(f"{path}: expected a .npz (zip) archive, found something else ({e})") from e
+    for info in infos:
+        member = _member(read, path, info)
+        if member.stored:
+            crc, stop = _file_crc(read, member.data_start, member.data_start + member.file_size)
+            got = stop - member.data_start
+            if got != member.file_size:
+                raise _crc_error(path, member, f"end after {got} of the {member.file_size} bytes its zip "
+                                 "directory records")  # fmt: skip
+            _check_crc(path, member, crc)
+        else:
+            inflate_into(read, member, path, memoryview(b""), 0, verify=True)
     return [info.filename for info in infos]

@@ -31,7 +31,7 @@ unpadded) with an ``out`` slab goes straight into it either way: one
 and no copy kernel.
 
 Either way the file's identity (size, mtime, inode) is checked before reading:
-through the shared handle cache (:func:`~npydask.storage._handles.acquire`) on
+through the shared handle cache (:func:`~npydask.storage.acquire`) on
 the host path; on the path and then on kvikio's own descriptor with kvikio. A
 file replaced after the graph was built fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
@@ -80,7 +80,7 @@ from npydask.gpu._kvikio_runtime import (
 )
 from npydask.gpu._exec import Pending, ReadSpan, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
 from npydask.gpu.plan import GpuReadPlan
-from npydask.storage._handles import FileIdentity, _changed, check_unchanged, clear_cache, differs, pread_exact
+from npydask.storage import FileIdentity, check_unchanged, clear_cache, differs, file_changed, pread_exact
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
@@ -298,7 +298,7 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
         if differs(ref.identity, st):  # replaced between the check and the open
-            raise _changed(ref.path, ref.identity, st)
+            raise file_changed(ref.path, ref.identity, st)
     except BaseException:
         handle.close()
         raise

@@ -27,7 +27,7 @@ import threading
 from typing import Any
 
 from npydask.errors import GpuUnavailableError, NpyFormatError
-from npydask.storage._handles import FileIdentity, _changed, _nofile_soft, differs
+from npydask.storage import FileIdentity, differs, file_changed, nofile_soft
 
 __all__ = [
     "IO_THREADS",
@@ -139,7 +139,7 @@ def kvikio_error(
         if fd >= 0 and identity is not None:
             st = os.fstat(fd)
             if differs(identity, st):
-                return _changed(path, identity, st, during=True)
+                return file_changed(path, identity, st, during=True)
         return NpyFormatError(
             f"{path}: truncated .npy file: it ended before the bytes its header promises ({said}); "
             "rewrite the file, or open it again if it is being replaced"
@@ -148,7 +148,7 @@ def kvikio_error(
         if os.strerror(code) in text:
             if code == errno.EMFILE:
                 advice = (
-                    f"the process's open-file limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used "
+                    f"the process's open-file limit (RLIMIT_NOFILE, `ulimit -n`, soft {nofile_soft()}) is used "
                     "up; raise it, or read fewer files at once (fewer scheduler threads)"
                 )
             elif code == errno.ENFILE:
@@ -342,7 +342,7 @@ def cufile_limit() -> int:
     """How many ``CuFile`` s the process may hold open at once: 3/16 of the soft ``RLIMIT_NOFILE``.
 
     The host handle cache takes at most a quarter of the limit's descriptors
-    (see :func:`npydask.storage._handles.cache_limit`); each ``CuFile``
+    (see :func:`npydask.storage.cache_limit`); each ``CuFile``
     holds two (buffered and ``O_DIRECT``), and takes half of what is left,
     leaving the rest to the process (sockets, libraries, reads in flight).
     Read at every window, so a limit lowered at run time is followed.
@@ -353,7 +353,7 @@ def cufile_limit() -> int:
     >>> cufile_limit() == max(1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] * 3 // 16)
     True
     """
-    soft = _nofile_soft()
+    soft = nofile_soft()
     return 1 << 30 if soft < 0 else max(1, soft * 3 // 16)
 
 

@@ -19,28 +19,17 @@ import threading
 import time
 from collections.abc import Sequence
 
-from npydask.storage._handles import (
-    FileIdentity,
-    HeaderCheck,
-    InodeIdentity,
-    _changed,
-    _check_regular,
-    _read_header_raw,
-    differs,
-    header_mismatch,
-    pread_exact,
-    retry_open,
-    scan_file,
-)
-from npydask.format.header import MEMO, NpyHeader, header_end, parse_header
+from npydask.storage._handles import check_regular, pread_exact, read_header_raw, retry_open, scan_file
+from npydask.storage.identity import FileIdentity, HeaderCheck, InodeIdentity, differs, file_changed, header_mismatch
+from npydask.format.header import HEADER_MEMO, NpyHeader, header_end, parse_header
 from npydask.storage._headers import truncated
 
-__all__ = ["Scanned", "read_files", "scan_files"]
+__all__ = ["OPEN_FLAGS", "Scanned", "explain", "read_files", "scan_files"]
 
 Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
 """(identity, header, raw header bytes, deflated) of one file, as :func:`scan_file` gives it."""
 
-_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
 SCAN_READ = 512
 """Bytes :func:`scan_files` reads first: numpy's headers take 128 or 256 (a
@@ -50,7 +39,7 @@ allocator), 5% of a file's scan."""
 
 
 def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
-    """:func:`~npydask.storage._handles.scan_file` for each path; failures come back as exceptions.
+    """:func:`~npydask.storage.scan_file` for each path; failures come back as exceptions.
 
     The loop reads each file's first :data:`SCAN_READ` bytes once; a header
     already seen (the exact same bytes) is taken from the header memo with
@@ -77,7 +66,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
                 append(e)
         return out
     open_, fstat, pread, close, isreg = os.open, os.fstat, os.pread, os.close, stat.S_ISREG
-    memo_get = MEMO.get
+    memo_get = HEADER_MEMO.get
     canonical: dict[bytes, bytes] = {}  # one bytes object per distinct header text (each file's slice is freed)
     same = canonical.setdefault
     identity = tuple.__new__  # (FileIdentity built in C: its own __new__ is a Python call)
@@ -86,17 +75,17 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
     last_raw, last_hit, last_end = b"\0" * (SCAN_READ + 1), None, 0  # (longer than any read: matches nothing)
     for p in paths:
         try:
-            fd = open_(p, _FLAGS)
+            fd = open_(p, OPEN_FLAGS)
         except OSError as e:
             try:
-                fd = retry_open(p, _FLAGS, e)
+                fd = retry_open(p, OPEN_FLAGS, e)
             except OSError as e:
                 append(e)
                 continue
         try:
             st = fstat(fd)
             if not isreg(st.st_mode):
-                _check_regular(st, p)
+                check_regular(st, p)
             size = st.st_size
             first = pread(fd, SCAN_READ, 0)
             if first.startswith(last_raw) and size >= last_end:
@@ -110,7 +99,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
                 append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), hit, raw, False))
                 last_raw, last_hit, last_end = raw, hit, hit.data_offset + hit.nbytes
             else:  # unseen, long or truncated: parse (and report) as the general path does
-                header, raw = _read_header_raw(fd, size, p)
+                header, raw = read_header_raw(fd, size, p)
                 append((FileIdentity(size, st.st_mtime_ns, st.st_ino), header, raw, False))
         except (OSError, ValueError) as e:
             append(e)
@@ -142,7 +131,7 @@ def read_files(items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
     files (a network or cold file system) are read by all threads at once.
 
     A group whose identities are inodes only
-    (:class:`~npydask.storage._handles.InodeIdentity`: a dataset opened with
+    (:class:`~npydask.storage.identity.InodeIdentity`: a dataset opened with
     ``headers="first"``, every file of it alike) compares the inode and,
     from the same ``fstat``, the status change time against when the
     listing began; a file of it that ends early is reported as another
@@ -181,9 +170,9 @@ def _read_loop(items: Sequence[Item], dest: memoryview, nbytes: int) -> bool:
     whole = not items or type(items[0][1]) is not InodeIdentity  # (per group: inode-only identities compare less)
     for path, ident, offset, check in items:
         try:
-            fd = open_(path, _FLAGS)
+            fd = open_(path, OPEN_FLAGS)
         except OSError as e:
-            fd = retry_open(path, _FLAGS, e)
+            fd = retry_open(path, OPEN_FLAGS, e)
         try:
             part = dest[pos : pos + nbytes]
             try:
@@ -202,11 +191,11 @@ def _read_loop(items: Sequence[Item], dest: memoryview, nbytes: int) -> bool:
                     else:  # a run inside the payload: the header apart
                         _read_apart(fd, head, part, offset, path)
             except OSError as e:
-                _explain(fd, path, ident, e, check, offset + nbytes)
+                explain(fd, path, ident, e, check, offset + nbytes)
             st = fstat(fd)
             if (st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1] if whole
                     else st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0):
-                raise _changed(path, ident, st)
+                raise file_changed(path, ident, st)
             if check is not None and head != check[0]:
                 raise header_mismatch(path, check, bytes(head))
         finally:
@@ -237,7 +226,7 @@ def _read_apart(fd: int, head: bytearray, part: memoryview, offset: int, path: s
     pread_exact(fd, part, offset, path)
 
 
-def _explain(
+def explain(
     fd: int, path: str, ident: FileIdentity | InodeIdentity, error: OSError, check: HeaderCheck | None, end: int
 ) -> None:
     """Re-raise a failed read: as a change of file when it is no longer the planned one, else naming the path.
@@ -248,12 +237,12 @@ def _explain(
     if type(ident) is InodeIdentity:
         st = os.fstat(fd)
         if differs(ident, st):
-            raise _changed(path, ident, st) from error
+            raise file_changed(path, ident, st) from error
         if check is not None and st.st_size < end:
             _too_short(fd, path, check, st.st_size)
     if error.filename is not None:
         raise error
     st = os.fstat(fd)
     if differs(ident, st):
-        raise _changed(path, ident, st) from error
+        raise file_changed(path, ident, st) from error
     raise OSError(error.errno, error.strerror, path) from error

@@ -43,33 +43,34 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from npydask import config
-from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
-from npydask.format.header import NpyHeader, parse_header
+from npydask.errors import FileChangedError, NpyDaskWarning
+from npydask.format.header import NpyHeader
 from npydask.format.npz import Member, Read, directory
 from npydask.storage._headers import member_header as _member_header
 from npydask.storage._headers import member_header_in as _member_header_in
 from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
+from npydask.storage._mounts import is_local
+from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged, differs, file_changed, header_mismatch
 
 __all__ = [
-    "CTIME_MARGIN_NS",
-    "FileIdentity",
-    "HeaderCheck",
-    "InodeIdentity",
     "OpenFile",
     "acquire",
     "cache_limit",
-    "check_unchanged",
+    "check_regular",
     "clear_cache",
-    "differs",
-    "fs_type",
+    "member_header",
+    "nofile_soft",
     "open_regular",
     "pread_exact",
     "read_header_from",
+    "read_header_raw",
+    "reader",
     "retry_open",
+    "scan_file",
     "scan_members",
 ]
 
@@ -83,159 +84,7 @@ _KINDS = {
 }
 
 
-class FileIdentity(NamedTuple):
-    """What must stay the same for cached facts about a file to stay true.
-
-    (A named tuple: built once per file when opening big folders, where a
-    frozen dataclass costs four times as much.)
-    """
-
-    size: int
-    mtime_ns: int
-    ino: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileIdentity:
-        """The identity in a ``stat`` result."""
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-CTIME_MARGIN_NS = 20_000_000
-"""How long before a listing starts a file's status change still counts as after it (20 ms, in ns).
-
-File systems stamp ``st_ctime`` from the kernel's coarse clock, which lags
-the wall clock by up to one tick (4 ms at ``HZ=250``, 10 ms at ``HZ=100``):
-a change made just after the listing began may carry a time just before
-it. The margin covers two such ticks; a file written less than this before
-the listing is refused with it (see :class:`InodeIdentity`)."""
-
-
-class InodeIdentity(NamedTuple):
-    """A file known only from its folder's listing: its inode, and when the listing began (``headers="first"``).
-
-    The listing (``os.scandir``) gives the inode without a ``stat``; size
-    and mtime stay unknown. A task, which ``fstat``s the file anyway,
-    checks the inode (a file replaced by a rename usually has another) and
-    that the file's status last changed (``st_ctime``) before ``listed_ns``:
-    the wall-clock time at which the listing began, less
-    :data:`CTIME_MARGIN_NS`. Creating, renaming into place, writing or
-    truncating a file sets its ctime, so a file replaced after opening
-    fails even where the file system gave the replacement the old inode
-    number back (ext4 does, for a file replaced twice by write-and-rename).
-    This relies on the clock of whoever stamps the ctime (the file server,
-    for a network file system) agreeing with this machine's, and on
-    timestamps finer than the margin (a file system with one- or two-second
-    timestamps may stamp a change just after the listing as before it). A
-    file changed less than the margin before the listing is refused too.
-    Header bytes are checked against the dataset's :class:`HeaderCheck`,
-    and the payload's presence, where the file is read. ``listed_ns`` of
-    -1 means unknown: the inode alone is compared. Compared with
-    :func:`differs`, never with ``==`` against a :class:`FileIdentity`;
-    ``listed_ns`` does not enter tokens (two opens of the same files give
-    the same graph names).
-    """
-
-    ino: int
-    listed_ns: int = -1
-
-    def facts(self) -> str:
-        """The text a task's token hashes (the inode: when the listing ran does not change what is read)."""
-        return f"ino {self.ino}"
-
-
-def differs(expected: FileIdentity | InodeIdentity, st: os.stat_result) -> bool:
-    """Whether the file whose ``stat`` is ``st`` is not the one ``expected`` describes.
-
-    An :class:`InodeIdentity` compares the inode, and the status change time
-    against when the listing began.
-
-    Examples
-    --------
-    >>> import os, tempfile, time
-    >>> fd, p = tempfile.mkstemp(); os.close(fd); st = os.stat(p)
-    >>> differs(InodeIdentity(st.st_ino), st), differs(FileIdentity(st.st_size, st.st_mtime_ns - 1, st.st_ino), st)
-    (False, True)
-    >>> differs(InodeIdentity(st.st_ino, time.time_ns() - CTIME_MARGIN_NS), st)  # (changed moments ago)
-    True
-    """
-    if type(expected) is InodeIdentity:
-        return expected.ino != st.st_ino or st.st_ctime_ns >= expected.listed_ns >= 0
-    return expected != (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-class HeaderCheck(NamedTuple):
-    """The header bytes a task relies on, checked against the file wherever it reads them.
-
-    A task's header may come from somewhere else than the file it reads: a
-    persistent header index, or another file's header. Each read site
-    compares ``raw`` with the bytes in the file (without a second read: the
-    handle cache parsed them when it opened the file, and the grouped
-    small-file loop reads them with the payload), so such a header can never
-    change the data. Equal headers share one object, so a task carrying
-    thousands of files carries each distinct header once.
-    """
-
-    raw: bytes
-    """The preamble and header bytes, up to ``data_offset`` (of the member, for an ``.npz`` member)."""
-    source: str
-    """Where they came from, for the error (``"the header index '/data/index.json'"``)."""
-    remedy: str
-    """What to do when they differ (``"delete '/data/index.json' and open the dataset again"``)."""
-    read_there: bool = False
-    """Whether ``raw`` was read from this very file at the identity the task carries.
-
-    Local files are compared wherever they are read anyway (the handle cache
-    holds their header bytes). An object whose header came from its own GET,
-    at the ETag every later range read is conditional on, cannot hold other
-    bytes, so its tasks skip the header request; a header from anywhere else
-    (an index, another file) costs one range GET of the header, checked
-    against the ETag, where the object is first read in a process.
-    """
-
-
-def header_mismatch(path: str, check: HeaderCheck, found: bytes) -> NpyFormatError:
-    """The error for a file whose header bytes are not the ones ``check`` expects.
-
-    Headers are described by what they parse to; where those descriptions
-    agree (headers that differ only in spacing, key order or quoting), the
-    raw bytes are shown instead, so the message always shows a difference.
-
-    Examples
-    --------
-    >>> import io, numpy as np
-    >>> f = io.BytesIO(); np.save(f, np.zeros(3, "<f4")); a = f.getvalue()[:128]
-    >>> b = a.replace(b"(3,), }", b"(3,),} ")  # (the same length, and it parses alike)
-    >>> msg = str(header_mismatch("/d/b.npy", HeaderCheck(a, "the first file's header", "open it again"), b))
-    >>> "'shape': (3,),}" in msg and "'shape': (3,), }" in msg
-    True
-    """
-    expected, found_text = _describe(check.raw), _describe(found)
-    if expected == found_text:  # (they parse alike: only the bytes differ)
-        expected = f"{expected}, in {_raw_bytes(check.raw)}"
-        found_text = f"the same array in other header bytes, {_raw_bytes(found)} (headers are compared byte for byte)"
-    return NpyFormatError(
-        f"{path}: the header this read relies on, from {check.source}, is {expected}, "
-        f"but the file holds {found_text}; npydask refuses to read it as something else: {check.remedy}"
-    )
-
-
-def _raw_bytes(raw: bytes) -> str:
-    """Header bytes as a reader can compare them: their length and ``repr`` (long ones cut in the middle)."""
-    shown = repr(raw) if len(raw) <= 600 else f"{raw[:300]!r}...{raw[-200:]!r}"
-    return f"the {len(raw)} bytes {shown}"
-
-
-def _describe(raw: bytes) -> str:
-    """Shape, dtype, order and payload offset of header bytes, or why they do not parse (short)."""
-    try:
-        h = parse_header(raw, source="<header>")
-    except NpyFormatError:
-        return f"header bytes that do not parse ({raw[:80]!r}...)"
-    order = "Fortran" if h.fortran_order else "C"
-    return f"shape {h.shape}, dtype {h.dtype.str}, {order} order, payload at byte {h.data_offset}"
-
-
-def _check_regular(st: os.stat_result, path: str, what: str = "a regular .npy file") -> None:
+def check_regular(st: os.stat_result, path: str, what: str = "a regular .npy file") -> None:
     if stat.S_ISREG(st.st_mode):
         return
     kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
@@ -297,7 +146,7 @@ def _open_fd(path: str, flags: int, what: str = "a regular .npy file") -> tuple[
         fd = retry_open(path, flags, e)
     try:
         st = os.fstat(fd)
-        _check_regular(st, path, what)
+        check_regular(st, path, what)
     except BaseException:
         os.close(fd)
         raise
@@ -333,7 +182,7 @@ def retry_open(path: str, flags: int, error: OSError) -> int:
                 raise OSError(
                     again.errno,
                     f"{again.strerror} even after closing npydask's cached files: the process's open-file "
-                    f"limit (RLIMIT_NOFILE, `ulimit -n`, soft {_nofile_soft()}) is used up elsewhere; raise it",
+                    f"limit (RLIMIT_NOFILE, `ulimit -n`, soft {nofile_soft()}) is used up elsewhere; raise it",
                     path,
                 ) from error
         time.sleep(pause)
@@ -378,7 +227,7 @@ def scan_file(path: str, key: str | None = None) -> tuple[FileIdentity, NpyHeade
         return FileIdentity.of(st), header, raw, not member.stored
     fd, st = _open_fd(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        header, raw = _read_header_raw(fd, st.st_size, path)
+        header, raw = read_header_raw(fd, st.st_size, path)
         return FileIdentity.of(st), header, raw, False
     finally:
         os.close(fd)
@@ -408,10 +257,10 @@ def pread_exact(fd: int, dest: memoryview, offset: int, path: str) -> None:
 
 def read_header_from(f: io.FileIO | int, size: int, path: str) -> NpyHeader:
     """Read and parse the header of an open file (or descriptor) and check its payload is all there."""
-    return _read_header_raw(f if isinstance(f, int) else f.fileno(), size, path)[0]
+    return read_header_raw(f if isinstance(f, int) else f.fileno(), size, path)[0]
 
 
-def _read_header_raw(fd: int, size: int, path: str) -> tuple[NpyHeader, bytes]:
+def read_header_raw(fd: int, size: int, path: str) -> tuple[NpyHeader, bytes]:
     """Header and raw header bytes of an open file (:func:`npydask.storage._headers.npy_header`)."""
     return npy_header(reader(fd), size, path)
 
@@ -484,7 +333,7 @@ class OpenFile:
                     found = FileIdentity.of(st)
                     if found != self.identity:
                         direct.close()
-                        raise _changed(self.path, self.identity, found)
+                        raise file_changed(self.path, self.identity, found)
                     self._direct = direct
             return self._direct
 
@@ -540,7 +389,7 @@ def acquire(
     st = os.stat(path)
     ident = FileIdentity.of(st)
     if expected is not None and differs(expected, st):
-        raise _changed(path, expected, st)
+        raise file_changed(path, expected, st)
     cache_key = (path, key)
     with _cache_lock:
         hit = _cache.get(cache_key)
@@ -574,9 +423,9 @@ def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: 
     try:
         ident = FileIdentity.of(fst)
         if expected is not None and differs(expected, fst):
-            raise _changed(path, expected, fst)
+            raise file_changed(path, expected, fst)
         if key is None:
-            header, raw = _read_header_raw(f.fileno(), fst.st_size, path)
+            header, raw = read_header_raw(f.fileno(), fst.st_size, path)
             opened = OpenFile(path, f, ident, header, is_local(fst), raw=raw)
         else:  # (the archive's directory is kept: its other members are found without reading it again)
             read = reader(f.fileno())
@@ -591,29 +440,11 @@ def _open_new(path: str, expected: FileIdentity | None, key: str | None, check: 
     return opened
 
 
-def check_unchanged(fd: int, expected: FileIdentity, path: str) -> None:
-    """After a read: the open file ``fd`` still has the identity the read relied on.
-
-    One ``fstat`` on the descriptor. A rewrite in place updates the mtime
-    before its bytes land, so any byte of another version in the result
-    shows here (unless the rewrite kept size and inode and fell in the same
-    mtime tick: the documented window).
-
-    Raises
-    ------
-    FileChangedError
-        If its size, mtime or inode differ from ``expected``.
-    """
-    st = os.fstat(fd)
-    if st.st_size != expected[0] or st.st_mtime_ns != expected[1] or st.st_ino != expected[2]:
-        raise _changed(path, expected, FileIdentity.of(st), during=True)
-
-
 _budget = 1 << 62
 """The cache's share of the open-file limit, in files, as :func:`cache_limit` last found it."""
 
 
-def _nofile_soft() -> int:
+def nofile_soft() -> int:
     try:
         import resource
     except ImportError:  # (not a POSIX system)
@@ -637,9 +468,9 @@ def cache_limit() -> int:
     True
     """
     global _budget
-    soft = _nofile_soft()
+    soft = nofile_soft()
     _budget = 1 << 62 if soft < 0 else max(1, soft // 8)
-    return min(config.get("handle_cache_size"), _budget)
+    return min(int(config.get("handle_cache_size")), _budget)
 
 
 def _trim(limit: int) -> None:
@@ -648,95 +479,8 @@ def _trim(limit: int) -> None:
         _cache.popitem(last=False)  # drop our reference only; readers keep theirs
 
 
-def _changed(
-    path: str, expected: FileIdentity | InodeIdentity, found: FileIdentity | os.stat_result, *, during: bool = False
-) -> FileChangedError:
-    """The error for a file that is not the one ``expected`` describes (``found``: its identity, or its ``stat``)."""
-    if type(expected) is InodeIdentity and isinstance(found, os.stat_result) and found.st_ino == expected.ino:
-        return _changed_since_listing(path, expected, found.st_ctime_ns)
-    if isinstance(found, os.stat_result):
-        found = FileIdentity.of(found)
-    what = [
-        f"{name} {getattr(expected, name)} -> {getattr(found, name)}"
-        for name in FileIdentity._fields
-        if name in expected._fields and getattr(expected, name) != getattr(found, name)
-    ]
-    when = "while it was being read" if during else "after it was opened lazily"
-    return FileChangedError(
-        errno.ESTALE,
-        f"file changed {when} ({', '.join(what)}); npydask refuses to return other data: open it again "
-        "(rewrite files by writing a new file and renaming it over the old one)",
-        path,
-    )
-
-
-def _changed_since_listing(path: str, expected: InodeIdentity, ctime_ns: int) -> FileChangedError:
-    """The error for a listed file (``headers="first"``) whose status changed at or after the listing began."""
-    margin_ms = CTIME_MARGIN_NS // 1_000_000
-    began = _utc(expected.listed_ns + CTIME_MARGIN_NS)
-    return FileChangedError(
-        errno.ESTALE,
-        f"file created, renamed into place or modified at {_utc(ctime_ns)} (its ctime), at or after the "
-        f"dataset's listing began at {began} less {margin_ms} ms for the file system's coarse clock: it may hold "
-        "other data than the file listed (the same inode number can come back for a replacement), and "
-        "npydask refuses to return other data. Open the dataset again; a file written within "
-        f"{margin_ms} ms before opening is refused too (wait a moment after writing before opening), and "
-        "the check relies on the file server's clock agreeing with this machine's",
-        path,
-    )
-
-
-def _utc(ns: int) -> str:
-    """``ns`` since the epoch as ISO 8601 UTC with microseconds."""
-    seconds, rest = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d}Z"
-
-
 def clear_cache() -> None:
     """Forget every cached open file (descriptors close once no reader holds them)."""
     with _cache_lock:
         _cache.clear()
         _archives.clear()
-
-
-# --------------------------------------------------------------------------
-# Local or network file system: from /proc/self/mountinfo, keyed by st_dev.
-
-_REMOTE = {
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "9p",
-    "afs", "glusterfs", "fuse", "fuseblk", "orangefs", "pvfs2", "ocfs2", "gfs2", "davfs",
-}  # fmt: skip
-_fs_types: dict[int, str] = {}
-
-
-def _load_mountinfo() -> None:
-    try:
-        with open("/proc/self/mountinfo", encoding="utf8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        parts = line.split(" - ", 1)
-        fields = parts[0].split()
-        if len(parts) != 2 or len(fields) < 3:
-            continue
-        try:
-            major, minor = (int(x) for x in fields[2].split(":"))
-        except ValueError:
-            continue
-        fstype = parts[1].split()[0] if parts[1].split() else ""
-        _fs_types[os.makedev(major, minor)] = fstype
-
-
-def fs_type(st: os.stat_result) -> str:
-    """File system type name of the mount holding a file ('' if unknown)."""
-    if st.st_dev not in _fs_types:
-        _load_mountinfo()
-        _fs_types.setdefault(st.st_dev, "")
-    return _fs_types[st.st_dev]
-
-
-def is_local(st: os.stat_result) -> bool:
-    """Whether a file lives on a local file system (mapping it is safe and cheap)."""
-    kind = fs_type(st)
-    return kind.split(".", 1)[0] not in _REMOTE

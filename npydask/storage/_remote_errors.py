@@ -145,7 +145,7 @@ def error_for(
 
     ``text`` (the client's message, never shown) only helps tell timeouts,
     refused connections and region redirects apart. Shared by obstore's
-    errors (:func:`translate`) and boto3's (:mod:`npydask.storage._s3_upload`).
+    errors (:func:`translate`) and boto3's (:mod:`npydask.storage.s3_upload`).
 
     Examples
     --------

@@ -11,8 +11,8 @@ before or during it); when the group carries a header check (``index=``,
 ``headers="first"``), by its header bytes (one ``pread``); and where only
 its inode is known, by its size against the payload that header promises.
 The strided read itself is the pread backend's
-(:func:`npydask.backends.pread.read_fd`: spans or runs by the cost model),
-its spans prepared once per plan (:func:`~npydask.backends.pread.scratch_spans`).
+(:func:`npydask.storage.read_fd`: spans or runs by the cost model),
+its spans prepared once per plan (:func:`~npydask.storage.scratch_spans`).
 ``O_DIRECT`` reads (``direct_io``) take the cached handle's path, which
 holds the second descriptor.
 """
@@ -24,10 +24,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.backends.pread import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
+from npydask.storage._local_read import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.format.header import parse_header
-from npydask.storage._batch import _FLAGS, _explain
-from npydask.storage._handles import InodeIdentity, _changed, header_mismatch, retry_open
+from npydask.storage._batch import OPEN_FLAGS, explain
+from npydask.storage._handles import retry_open
+from npydask.storage.identity import InodeIdentity, file_changed, header_mismatch
 from npydask.storage._headers import truncated
 
 __all__ = ["read_rois"]
@@ -40,7 +41,7 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
     ------
     FileChangedError
         If a file's size, mtime or inode (for an
-        :class:`~npydask.storage._handles.InodeIdentity`: its inode, and a
+        :class:`~npydask.storage.identity.InodeIdentity`: its inode, and a
         status change before the listing began) is not the job's once it
         was read, or it ends early.
     NpyFormatError
@@ -53,28 +54,27 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
             read_grid(path, ident, plan, options, dest, check)
             continue
         try:
-            fd = open_(path, _FLAGS)
+            fd = open_(path, OPEN_FLAGS)
         except OSError as e:
-            fd = retry_open(path, _FLAGS, e)
+            fd = retry_open(path, OPEN_FLAGS, e)
         try:
             head = None
             try:
                 if check is not None:
                     head = pread(fd, len(check.raw), 0)
-                spans = prepared.get((id(plan), id(options)), False)
-                if spans is False:
-                    spans = prepared[(id(plan), id(options))] = scratch_spans(plan, options)
+                job = (id(plan), id(options))
+                spans = prepared[job] if job in prepared else prepared.setdefault(job, scratch_spans(plan, options))
                 if spans is None:
                     read_fd(fd, path, plan, options, dest)
                 else:
                     read_scratch_spans(fd, path, spans, dest)
             except OSError as e:
-                _explain(fd, path, ident, e, check, plan.end)
+                explain(fd, path, ident, e, check, plan.end)
             st = fstat(fd)
             inode_only = type(ident) is InodeIdentity
             if (st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0 if inode_only
                     else st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]):
-                raise _changed(path, ident, st)
+                raise file_changed(path, ident, st)
             if head is not None:
                 if head != check.raw:
                     raise header_mismatch(path, check, head)

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from npydask.config import ReadOptions
     from npydask.format.header import NpyHeader
     from npydask.plan.region import ReadPlan
-    from npydask.storage._handles import HeaderCheck, OpenFile
+    from npydask.storage._handles import OpenFile
+from npydask.storage.identity import HeaderCheck
 
 __all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
 
@@ -85,7 +86,7 @@ class Source(abc.ABC):
     for a missing one, :class:`~npydask.errors.FileChangedError` for one whose
     identity is not the planned one (before or during a read, or ending
     early), :class:`~npydask.errors.NpyFormatError` for header bytes other
-    than a :class:`~npydask.storage._handles.HeaderCheck` expects.
+    than a :class:`~npydask.storage.identity.HeaderCheck` expects.
     """
 
     @property

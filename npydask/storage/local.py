@@ -3,7 +3,7 @@
 The work is done where it always was: safe opening and the per-process
 handle cache in :mod:`npydask.storage._handles`, the tight loops over many
 small files in :mod:`npydask.storage._batch`, the run grid of a region in
-:func:`npydask.backends.pread.read_grid`. These classes only give them one
+:func:`npydask.storage.read_grid`. These classes only give them one
 interface, so readers pick a source once per dataset (:data:`LOCAL`, one
 shared object) and never test what kind of storage they read.
 """
@@ -24,34 +24,25 @@ from typing import Any
 import numpy as np
 
 from npydask import config
-from npydask.write import _tasks as _write
-from npydask.backends.pread import read_grid
+from npydask.storage import _local_write
+from npydask.storage._local_read import read_grid
 from npydask.config import ReadOptions
+from npydask.format import npz
 from npydask.format.header import NpyHeader
 from npydask.plan.region import ReadPlan
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._rois import read_rois
-from npydask.storage._handles import (
-    CTIME_MARGIN_NS,
-    FileIdentity,
-    HeaderCheck,
-    InodeIdentity,
-    OpenFile,
-    _check_regular,
-    acquire,
-    open_regular,
-    scan_file,
-    scan_members,
-)
+from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
+from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
 
-__all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget"]
+__all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
 
 
 class LocalSource(Source):
     """Files of the local file system (one stateless object, :data:`LOCAL`, serves every dataset).
 
-    Identities are :class:`~npydask.storage._handles.FileIdentity` values
+    Identities are :class:`~npydask.storage.identity.FileIdentity` values
     (size, mtime, inode). It pickles as a reference to :data:`LOCAL`.
 
     Examples
@@ -83,7 +74,7 @@ class LocalSource(Source):
         for p in paths:
             st = stat_(p)
             if not isreg(st.st_mode):
-                _check_regular(st, p)
+                check_regular(st, p)
             append(new(st.st_size, st.st_mtime_ns, st.st_ino))
         return out
 
@@ -92,7 +83,7 @@ class LocalSource(Source):
         return scan_files(paths, key)
 
     def scan_members(self, paths: Sequence[str], keys: Sequence[str]) -> list[list[Scanned] | BaseException]:
-        """:func:`~npydask.storage._handles.scan_members` of each path: one open, fstat and directory read per file."""
+        """:func:`~npydask.storage.scan_members` of each path: one open, fstat and directory read per file."""
         out: list[list[Scanned] | BaseException] = []
         for p in paths:
             try:
@@ -102,13 +93,13 @@ class LocalSource(Source):
         return out
 
     def header(self, path: str, key: str | None = None) -> NpyHeader:
-        """:func:`~npydask.storage._handles.scan_file`'s header: one open, fstat, pread and close."""
+        """:func:`~npydask.storage.scan_file`'s header: one open, fstat, pread and close."""
         return scan_file(path, key)[1]
 
     def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
     ) -> OpenFile:
-        """The cached open file (:func:`~npydask.storage._handles.acquire`)."""
+        """The cached open file (:func:`~npydask.storage.acquire`)."""
         return acquire(path, expected, key=key, check=check)
 
     def read_runs(
@@ -120,7 +111,7 @@ class LocalSource(Source):
         options: ReadOptions,
         check: HeaderCheck | None = None,
     ) -> None:
-        """:func:`~npydask.backends.pread.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
+        """:func:`~npydask.storage.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
         read_grid(path, identity, plan, options, dest, check)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
@@ -176,10 +167,10 @@ class LocalLister(Lister):
     ``PermissionError``. No file is ``stat``-ed (``os.DirEntry`` answers from
     the directory), so sizes and identities are ``None``; with ``inodes``,
     the identities are each file's
-    :class:`~npydask.storage._handles.InodeIdentity`, which the directory
+    :class:`~npydask.storage.identity.InodeIdentity`, which the directory
     gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``),
     with the wall-clock time the listing began (less
-    :data:`~npydask.storage._handles.CTIME_MARGIN_NS`): a file whose status
+    :data:`~npydask.storage.identity.CTIME_MARGIN_NS`): a file whose status
     changes after that is refused where a task reads it.
 
     Examples
@@ -332,16 +323,16 @@ class LocalTarget(Target):
         self.path = path
         self.size = size
         self.overwrite = overwrite
-        self.tmp = _write.temporary_name(path, _write.new_run())  # (cut by bytes: always a legal name)
+        self.tmp = _local_write.temporary_name(path, _local_write.new_run())  # (cut by bytes: always a legal name)
         self._fd: int | None = None
 
     def write_block(self, offset: int, data: Any) -> None:
         """``pwrite`` ``data`` at ``offset`` of the temporary file (created on the first call)."""
         if self._fd is None:
             if not self.overwrite and os.path.lexists(self.path):
-                raise _write.exists_error(self.path)
+                raise _local_write.exists_error(self.path)
             self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        _write._pwrite_all(self._fd, memoryview(data).cast("B"), offset, self.path)
+        _local_write.pwrite_all(self._fd, memoryview(data).cast("B"), offset, self.path)
 
     def finish(self) -> None:
         """Check the size, ``fsync``, and publish under :attr:`path`; aborts on failure."""
@@ -361,7 +352,7 @@ class LocalTarget(Target):
             os.fsync(fd)
             os.close(fd)
             self._fd = None
-            _write.publish(self.tmp, self.path, overwrite=self.overwrite)
+            _local_write.publish(self.tmp, self.path, overwrite=self.overwrite)
         except BaseException:
             self.abort()
             raise
@@ -371,4 +362,24 @@ class LocalTarget(Target):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        _write._remove_quietly(self.tmp)
+        _local_write.remove_quietly(self.tmp)
+
+
+def verify_npz(path: str | os.PathLike[str]) -> list[str]:
+    """Check every member of the ``.npz`` archive at ``path`` against its CRC-32 (:func:`npydask.format.npz.verify`).
+
+    Returns the names of the members checked, in the archive's order; raises
+    what :func:`~npydask.format.npz.verify` raises, and ``OSError`` where
+    ``path`` cannot be opened as a regular file.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz"); np.savez_compressed(p, x=np.arange(3), y=np.ones(2))
+    >>> verify_npz(p)
+    ['x.npy', 'y.npy']
+    """
+    path = os.fspath(path)
+    f, st = open_regular(path)
+    with f:
+        return npz.verify(reader(f.fileno()), st.st_size, path)

@@ -50,9 +50,10 @@ from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
 from npydask.plan.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
-from npydask.storage._handles import HeaderCheck, header_mismatch
+from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import call
 from npydask.storage._stores import (
+    import_obstore,
     StoreSpec,
     check_not_forked,
     run_all,
@@ -63,6 +64,7 @@ from npydask.storage._stores import (
 )
 from npydask.storage.base import Item, Scanned, Source
 from npydask.storage.urls import http_target, redact, split_url
+from npydask.storage._runs import read_plan
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
 
@@ -140,7 +142,7 @@ class ObjectSource(Source):
     def identity(self, path: str) -> ObjectIdentity:
         """One HEAD request."""
         store = self.store(path)
-        meta = call(path, "asking for its size and ETag", _obstore().head, store, self.key(path))
+        meta = call(path, "asking for its size and ETag", import_obstore().head, store, self.key(path))
         return self.opened(path, meta)
 
     def opened(self, path: str, meta: Any) -> ObjectIdentity:
@@ -244,8 +246,6 @@ class ObjectSource(Source):
         so it costs no round trip of its own, unless this process read that
         header already.
         """
-        from npydask.backends.pread import read_plan
-
         def runs() -> None:
             read_plan(RangeReader(self, path, identity), plan, options, dest)
 
@@ -319,7 +319,7 @@ class ObjectSource(Source):
         self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
     ) -> memoryview:
         """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many."""
-        obstore = _obstore()
+        obstore = import_obstore()
         options: dict[str, Any] = {"range": (start, stop)}
         if identity is not None and identity.etag is not None:
             options["if_match"] = identity.etag
@@ -357,7 +357,7 @@ class ObjectSource(Source):
     def _head(self, path: str) -> tuple[ObjectIdentity, _Blocks]:
         """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them."""
         first = self.spec.settings.header_bytes
-        obstore = _obstore()
+        obstore = import_obstore()
         store, key = self.store(path), self.key(path)
 
         def get() -> tuple[bytes, Any] | None:
@@ -432,12 +432,6 @@ def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) ->
     return tuple(sorted(found.items()))
 
 
-def _obstore() -> Any:
-    from npydask.storage._stores import import_obstore
-
-    return import_obstore()
-
-
 def _unsatisfiable(e: BaseException) -> bool:
     """Whether obstore's ``e`` is a 416 (a range of an empty object)."""
     return "status code: 416" in str(e) and type(e).__module__.startswith("obstore")
@@ -491,7 +485,7 @@ class _Blocks:
 class RemoteFile:
     """An object opened for a backend: its URL, identity, header and (for ``.npz``) member.
 
-    The object-store twin of :class:`~npydask.storage._handles.OpenFile`:
+    The object-store twin of :class:`~npydask.storage.OpenFile`:
     ``read_at`` is a conditional range GET, :meth:`range_reader` serves the
     pread backend, and there is nothing to close.
     """
@@ -540,7 +534,7 @@ class RangeReader:
     """Reads byte ranges of one object into buffers: parts of at most ``remote_part_bytes``, in parallel.
 
     The remote twin of the pread backend's local reader (the same two
-    methods), so one run-grid planner (:func:`npydask.backends.pread.read_plan`)
+    methods), so one run-grid planner (:func:`npydask.storage.read_plan`)
     serves both.
     """
 
@@ -566,11 +560,3 @@ class RangeReader:
             buf[:] = source._get(url, identity, offset, offset + len(buf), "reading a region")
 
         run_all(one, jobs, source.spec.settings.concurrency)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ObjectLister":  # (its home is npydask.storage.object_list)
-        from npydask.storage.object_list import ObjectLister
-
-        return ObjectLister
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from npydask.storage._remote_errors import call, unlistable_key
-from npydask.storage._stores import run_all
+from npydask.storage._stores import import_obstore, run_all
 from npydask.storage.base import Lister, Listing
-from npydask.storage.object import ObjectIdentity, ObjectSource, _obstore
+from npydask.storage.object import ObjectIdentity, ObjectSource
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url, unlistable
 
 __all__ = ["ObjectLister"]
@@ -79,7 +79,7 @@ class ObjectLister(Lister):
 
     def _pages(self, recursive: bool) -> tuple[list[Sequence[Any]], str | None]:
         """obstore's listing pages, or the key it failed on (one it cannot represent)."""
-        obstore = _obstore()
+        obstore = import_obstore()
         store = self.source.store(self.url)
         try:
             if recursive:
@@ -103,7 +103,7 @@ class ObjectLister(Lister):
         wanted = match is None or match(bad[len(self.prefix) :].rpartition("/")[2])
         where = redact(self.url)
         if not wanted and self.source.spec.kind == "s3" and _has_boto3():
-            from npydask.storage._s3_upload import list_objects
+            from npydask.storage.s3_upload import list_objects
 
             metas = []
             for meta in list_objects(self.source.spec, self.url, self.prefix):

@@ -43,7 +43,7 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.storage import _handles
+from npydask.storage import acquire, clear_cache
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
@@ -225,10 +225,10 @@ class BackendConformance:
             pytest.skip("BackendConformance is abstract: set backend_name in a subclass")
         if self.direct_io and not direct_io_supported(tmp_path):
             pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
-        _handles.clear_cache()
+        clear_cache()
         with config.set(direct_io=self.direct_io):
             yield
-        _handles.clear_cache()
+        clear_cache()
 
     @pytest.fixture
     def npy(self, tmp_path: Path) -> Callable[..., str]:
@@ -461,7 +461,7 @@ class BackendConformance:
         """The file shrinks between the identity check and the read: an error, never SIGBUS or wrong data."""
         shape = (40, 50)
         path = npy(sample_array(shape, "<f8", seed=12), order=order)
-        f = _handles.acquire(path)
+        f = acquire(path)
         boxes = [Box.whole(shape), Box((39, 0), (40, 50)), Box((30, 45), (40, 50)), Box((0, 49), (40, 50))]
         os.truncate(path, f.identity.size - cut)
         for box in boxes:

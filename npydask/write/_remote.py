@@ -3,7 +3,7 @@
 :func:`npydask.to_npy` and :func:`npydask.to_npy_files` hand URLs here.
 
 ``to_npy(x, "s3://bucket/key.npy")`` is an S3 multipart upload driven by
-dask tasks (boto3, :mod:`npydask.storage._s3_upload`): a first task checks
+dask tasks (boto3, :mod:`npydask.storage.s3_upload`): a first task checks
 the target (``overwrite=False``) and creates the upload; each chunk task
 uploads its part, the contiguous byte range of a slab of whole rows (part 1
 carries the header before its rows); a last task checks that every byte is
@@ -15,7 +15,7 @@ byte-identical until the new one replaces it whole. :func:`plan_parts`
 last), at most 5 GiB, at most 10,000 of them.
 
 ``to_npy_files(arrays, "s3://bucket/prefix/")`` writes each array as one
-object by one PUT (:class:`~npydask.storage._object_write.ObjectTarget`) in
+object by one PUT (:class:`~npydask.storage.object_write.ObjectTarget`) in
 one task that takes the array's chunks, on any store obstore writes to
 (``s3://``, ``gs://``, ``az://``).
 """
@@ -38,7 +38,7 @@ from npydask.write._tasks import as_block, block_runs
 from npydask._buffers import as_bytes
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box
-from npydask.storage._stores import StoreSpec, run_each
+from npydask.storage import StoreSpec, run_each
 from npydask.storage.object import ObjectSource
 from npydask.storage.urls import join_url, redact, split_url
 from npydask.write._graph import (
@@ -148,34 +148,34 @@ class Upload:
 
 def _create(upload: Upload) -> str:
     """The first task: refuse an existing target (``overwrite=False``), then start the upload."""
-    from npydask.write._tasks import exists_error
-    from npydask.storage import _s3_upload
+    from npydask.storage import exists_error
+    from npydask.storage import s3_upload
 
-    if not upload.overwrite and _s3_upload.object_exists(upload.spec, upload.url):
+    if not upload.overwrite and s3_upload.object_exists(upload.spec, upload.url):
         raise exists_error(redact(upload.url))
-    return _s3_upload.create_upload(upload.spec, upload.url)
+    return s3_upload.create_upload(upload.spec, upload.url)
 
 
 def _part(block: Any, upload_id: str, upload: Upload, number: int, start: int, stop: int) -> tuple[int, str, int]:
     """A chunk task: upload rows ``start..stop`` as part ``number`` (the header first in part 1); abort on failure."""
-    from npydask.storage import _s3_upload
+    from npydask.storage import s3_upload
 
     try:
         shape = upload.header.shape
         box = Box((start, *(0,) * (len(shape) - 1)), (stop, *shape[1:])) if shape else Box((), ())
         data = as_bytes(as_block(block, upload.header, box, redact(upload.url)))
         body = b"".join((upload.preamble, data)) if number == 1 else data.tobytes()  # (one copy)
-        etag = _s3_upload.upload_part(upload.spec, upload.url, upload_id, number, body)
+        etag = s3_upload.upload_part(upload.spec, upload.url, upload_id, number, body)
     except BaseException:
         with contextlib.suppress(Exception):
-            _s3_upload.abort_upload(upload.spec, upload.url, upload_id)
+            s3_upload.abort_upload(upload.spec, upload.url, upload_id)
         raise
     return number, etag, len(body)
 
 
 def _complete(parts: Sequence[tuple[int, str, int]], upload_id: str, upload: Upload) -> None:
     """The last task: every part there and every byte, then complete (publish); abort on failure."""
-    from npydask.storage import _s3_upload
+    from npydask.storage import s3_upload
 
     try:
         parts = sorted(parts)
@@ -188,19 +188,19 @@ def _complete(parts: Sequence[tuple[int, str, int]], upload_id: str, upload: Upl
                 f"bytes, expected parts 1..{len(parts)} holding {upload.size}: not publishing an incomplete object",
                 redact(upload.url),
             )
-        _s3_upload.complete_upload(
+        s3_upload.complete_upload(
             upload.spec, upload.url, upload_id, [p[1] for p in parts], overwrite=upload.overwrite
         )
     except BaseException:
         with contextlib.suppress(Exception):
-            _s3_upload.abort_upload(upload.spec, upload.url, upload_id)
+            s3_upload.abort_upload(upload.spec, upload.url, upload_id)
         raise
 
 
 def _abort(upload_id: str, upload: Upload) -> None:
-    from npydask.storage import _s3_upload
+    from npydask.storage import s3_upload
 
-    _s3_upload.abort_upload(upload.spec, upload.url, upload_id)
+    s3_upload.abort_upload(upload.spec, upload.url, upload_id)
 
 
 def _as_slabs(x: Any, what: str) -> tuple[da.Array, np.dtype, tuple[int, ...]]:
@@ -233,10 +233,10 @@ def to_npy_url(
     if slabs is not None:
         array = array.rechunk((slabs, *((n,) for n in shape[1:])))
     if not overwrite:
-        from npydask.storage._object_write import exists
+        from npydask.storage.object_write import exists
 
         if exists(source, url):
-            from npydask.write._tasks import exists_error
+            from npydask.storage import exists_error
 
             raise exists_error(shown)
     upload = Upload(source.spec, url, preamble, header, overwrite)
@@ -283,7 +283,7 @@ class ObjectFile:
 
 def _put(blocks: Sequence[Any], boxes: Sequence[Box], target: ObjectFile) -> None:
     """Write one object: the header and each block's byte runs into the buffer, then one PUT."""
-    from npydask.storage._object_write import ObjectTarget
+    from npydask.storage.object_write import ObjectTarget
 
     size = len(target.preamble) + target.header.nbytes
     with ObjectTarget(target.source, target.url, size, overwrite=target.overwrite) as out:
@@ -325,7 +325,7 @@ def to_npy_files_url(
             if isinstance(there, BaseException):
                 raise there
             if there:
-                from npydask.write._tasks import exists_error
+                from npydask.storage import exists_error
 
                 raise exists_error(source.display(u))
     dsk: dict = {}
@@ -352,7 +352,7 @@ def to_npy_files_url(
 
 
 def _exists(source: ObjectSource, url: str) -> bool:
-    from npydask.storage._object_write import exists
+    from npydask.storage.object_write import exists
 
     return exists(source, url)
 

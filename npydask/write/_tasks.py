@@ -21,11 +21,9 @@ leave the padding uninitialised).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import secrets
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,11 +35,10 @@ from npydask._buffers import as_bytes, raw_copy
 from npydask.errors import FileChangedError
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, plan_read
+from npydask.storage import TMP_SUFFIX, check_inside, fsync_folder, publish, pwrite_all, remove_quietly
 
 __all__ = [
     "STAMP_BYTES",
-    "NAME_MAX",
-    "TMP_SUFFIX",
     "WRITTEN",
     "ChunkTarget",
     "FileTarget",
@@ -49,70 +46,12 @@ __all__ = [
     "all_written",
     "as_block",
     "block_runs",
-    "check_inside",
-    "exists_error",
     "finish_file",
-    "new_run",
-    "temporary_name",
     "write_block_task",
     "write_chunk",
     "write_file",
 ]
 
-TMP_SUFFIX = ".npydask-tmp"
-"""Ending of every temporary file (never ``.npy``)."""
-NAME_MAX = 255
-"""Bytes in one file name (Linux, macOS and Windows file systems alike)."""
-RUN_HEX = 16
-"""Hex digits of the random id of one write call in its temporary names."""
-_STEM_BYTES = NAME_MAX - len(b"..") - RUN_HEX - len(b".12345678") - len(TMP_SUFFIX)
-"""Bytes of the target's name kept in a temporary name (room for the 8 digits of a task's own copy)."""
-
-
-def new_run() -> str:
-    """A fresh random id for one call's temporary file (shared by its retried tasks, never by two calls)."""
-    return secrets.token_hex(RUN_HEX // 2)
-
-
-def temporary_name(path: str, run: str) -> str:
-    """The hidden temporary file beside ``path`` for the write call ``run``: ``.<name>.<run>.npydask-tmp``.
-
-    The target's name is cut to :data:`_STEM_BYTES` bytes on a UTF-8
-    character boundary, so the temporary name always fits ``NAME_MAX``.
-
-    Raises
-    ------
-    OSError
-        ``ENAMETOOLONG`` naming ``path`` when its name is over :data:`NAME_MAX` bytes.
-
-    Examples
-    --------
-    >>> temporary_name("/data/a.npy", "0123abcd")
-    '/data/.a.npy.0123abcd.npydask-tmp'
-    """
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f".{_stem(name, path)}.{run}{TMP_SUFFIX}")
-
-
-def _stem(name: str, path: str) -> str:
-    """The first :data:`_STEM_BYTES` bytes of ``name``, never splitting a UTF-8 character.
-
-    Raises ``OSError(ENAMETOOLONG)`` naming ``path`` when ``name`` itself is
-    over :data:`NAME_MAX` bytes.
-    """
-    raw = os.fsencode(name)
-    if len(raw) > NAME_MAX:
-        raise OSError(
-            errno.ENAMETOOLONG,
-            f"File name too long: {len(raw)} bytes, the file system allows {NAME_MAX}; use a shorter name",
-            path,
-        )
-    if len(raw) <= _STEM_BYTES:
-        return name
-    cut = _STEM_BYTES
-    while cut and raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back up to its lead byte
-        cut -= 1
-    return os.fsdecode(raw[:cut])
 
 STAMP_BYTES = 16
 """Random bytes that mark one temporary file, kept just past its payload until the last step."""
@@ -183,8 +122,6 @@ class FileTarget:
         return len(self.preamble) + self.chunk.header.nbytes
 
 
-
-
 def write_chunk(block: Any, target: ChunkTarget, box: Box) -> Written:
     """Write ``block``, the region ``box`` of the output, into the temporary file; say what was written.
 
@@ -248,7 +185,7 @@ def finish_file(written: Sequence[Any], target: FileTarget) -> None:
             os.close(fd)
         _publish(target, mine)
     except BaseException:
-        _remove_quietly(mine)
+        remove_quietly(mine)
         raise
 
 
@@ -265,14 +202,14 @@ def write_file(block: Any, target: FileTarget) -> None:
             os.close(fd)
         _publish(target, mine)
     except BaseException:
-        _remove_quietly(mine)
+        remove_quietly(mine)
         raise
 
 
 def all_written(results: Sequence[Any], folders: Sequence[str]) -> None:
     """The task joining the files of :func:`to_npy_files`: sync each folder once."""
     for folder in folders:
-        _fsync_folder(folder)
+        fsync_folder(folder)
 
 
 def as_block(block: Any, header: NpyHeader, box: Box, path: str) -> np.ndarray:
@@ -312,13 +249,13 @@ def block_runs(data: np.ndarray, header: NpyHeader, box: Box) -> Iterator[tuple[
 def _write_runs(fd: int, data: np.ndarray, target: ChunkTarget, box: Box, name: str) -> None:
     """``pwrite`` the C-contiguous ``data``, the region ``box`` of the output, at its byte runs in ``name``."""
     for offset, piece in block_runs(data, target.header, box):
-        _pwrite_all(fd, piece, offset, name)
+        pwrite_all(fd, piece, offset, name)
 
 
 def _write_header(fd: int, target: FileTarget, name: str) -> None:
     """Size the file (cutting off any stamp), write the header at offset 0 and ``fsync``."""
     os.ftruncate(fd, target.size)
-    _pwrite_all(fd, memoryview(target.preamble), 0, name)
+    pwrite_all(fd, memoryview(target.preamble), 0, name)
     os.fsync(fd)
 
 
@@ -376,7 +313,7 @@ def _take_tmp(target: FileTarget, stamps: set[bytes]) -> tuple[int, str]:
             os.close(fd)
             raise
     except BaseException:
-        _remove_quietly(mine)
+        remove_quietly(mine)
         raise
     return fd, mine
 
@@ -392,7 +329,7 @@ def _open_shared(target: ChunkTarget) -> tuple[int, bytes]:
         while stamp == _NO_STAMP:
             stamp = secrets.token_bytes(STAMP_BYTES)
         try:
-            _pwrite_all(fd, memoryview(stamp), target.header.data_offset + target.header.nbytes, target.tmp)
+            pwrite_all(fd, memoryview(stamp), target.header.data_offset + target.header.nbytes, target.tmp)
         except BaseException:
             os.close(fd)
             raise
@@ -457,74 +394,8 @@ def _open_tmp(target: ChunkTarget, name: str, create: int) -> int:
         return os.open(name, _OPEN_FLAGS | create, 0o666)
 
 
-def check_inside(folder: str, root: str, path: str) -> None:
-    """Refuse a folder whose real path (symlinks resolved) leaves ``root`` (a real path)."""
-    real = os.path.realpath(folder)
-    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-        raise PermissionError(
-            errno.EACCES,
-            f"the file's folder resolves to {real!r}, outside the output folder {root!r} (a symbolic link "
-            f"inside the output folder points out of it); not writing there: remove the link or pick another name",
-            path,
-        )
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int, path: str) -> None:
-    try:
-        while data:
-            n = os.pwrite(fd, data, offset)
-            if n <= 0:
-                raise OSError(errno.EIO, f"pwrite wrote nothing at offset {offset}", path)
-            data, offset = data[n:], offset + n
-    except OSError as e:
-        if e.filename is None:  # ENOSPC, EIO, ...: name the file
-            raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes at offset {offset})", path) from e
-        raise
-
-
 def _publish(target: FileTarget, tmp: str) -> None:
     """Move the finished file ``tmp`` to the target, then sync the folder."""
     publish(tmp, target.path, overwrite=target.overwrite, sync_folder=target.sync_folder)
 
 
-def publish(tmp: str, path: str, *, overwrite: bool, sync_folder: bool = True) -> None:
-    """Move the finished file ``tmp`` to ``path`` (``overwrite=False``: only if nothing is there), then sync the folder."""
-    if overwrite:
-        with contextlib.suppress(OSError):  # keep the replaced file's permissions
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(tmp, path)
-    else:
-        try:  # a hard link never replaces a file that appeared meanwhile
-            os.link(tmp, path)
-        except FileExistsError:
-            raise exists_error(path, "appeared while it was being written") from None
-        except OSError:  # no hard links on this file system
-            if os.path.lexists(path):
-                raise exists_error(path, "appeared while it was being written") from None
-            os.replace(tmp, path)
-        else:
-            os.unlink(tmp)
-    if sync_folder:
-        _fsync_folder(os.path.dirname(path))
-
-
-def _fsync_folder(folder: str) -> None:
-    try:
-        fd = os.open(folder or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some file systems refuse fsync on a folder
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def exists_error(path: str, why: str = "exists") -> FileExistsError:
-    msg = f"the target {why} and overwrite=False; pass overwrite=True to replace it"
-    return FileExistsError(errno.EEXIST, msg, path)

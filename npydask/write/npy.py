@@ -32,6 +32,7 @@ from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
 from npydask.storage.where import resolve
+from npydask.storage import check_inside, exists_error, new_run, temporary_name
 from npydask.write._graph import (
     MAX_ALIGN,
     WriteInput,
@@ -50,12 +51,8 @@ from npydask.write._tasks import (
     ChunkTarget,
     FileTarget,
     all_written,
-    check_inside,
-    exists_error,
-    finish_file,
-    new_run,
-    temporary_name,
     write_block_task,
+    finish_file,
     write_file,
 )
 

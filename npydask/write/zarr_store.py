@@ -6,7 +6,7 @@ path or URL, as for every read) and
 :func:`object_store` (an object-store URL as zarr's
 ``zarr.storage.ObjectStore`` over npydask's own obstore store, rooted at the
 URL, with the same ``storage_options`` dialect, remote settings and fork
-guard as every read: :class:`~npydask.storage._zarr_store.SpecObjectStore`).
+guard as every read: :class:`~npydask.storage.zarr_store.SpecObjectStore`).
 So what ``to_zarr(x, url, storage_options=so)`` wrote,
 ``zarr.open_array(npydask.zarr_store(url, so))`` reads back.
 
@@ -71,8 +71,8 @@ def object_store(url: str, storage_options: dict[str, Any] | None, *, read_only:
     only (``zarr.json`` is ``url/zarr.json``). It pickles as its spec, not as
     an obstore store, and builds the store again once per process.
     """
-    from npydask.storage._stores import StoreSpec, import_obstore
-    from npydask.storage._zarr_store import SpecObjectStore
+    from npydask.storage import StoreSpec, import_obstore
+    from npydask.storage.zarr_store import SpecObjectStore
 
     import_obstore()
     parts = split_url(url)

@@ -22,7 +22,7 @@ from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.open import open_dataset
 from npydask.format.npz import arrays_in
 from npydask.dataset.stacking import FileGroup
-from npydask.storage._handles import open_regular, reader
+from npydask.storage import open_regular, reader
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, resolve
 from npydask.xarray._array import FILE_DIM, NpyBackendArray, axis_names, file_names, npy_attrs, same_shapes

@@ -95,6 +95,7 @@ class ObjectTarget(Target):
             obstore.put(store, key, buffer, mode=mode, use_multipart=self.size > SINGLE_PUT_BYTES)
             return
         except BaseException as e:  # (obstore's panics are BaseExceptions)
+            error: BaseException
             if type(e).__name__ == "NotSupportedError" and not self.overwrite:
                 error = OSError(
                     errno.EOPNOTSUPP,
