@@ -383,7 +383,7 @@ class ObjectSource(Source):
 
     def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
         """One GET (a larger object than ``limit``: a range GET of its first ``limit`` bytes instead)."""
-        obstore = _obstore()
+        obstore = import_obstore()
         store, key = self.store(path), self.key(path)
 
         def get() -> bytes:
@@ -396,7 +396,7 @@ class ObjectSource(Source):
 
     def write_bytes(self, path: str, data: bytes, *, what: str = "file") -> None:
         """One PUT (the store publishes the object whole)."""
-        obstore = _obstore()
+        obstore = import_obstore()
         call(path, f"writing the {what}", obstore.put, self.store(path), self.key(path), data)
 
     def __repr__(self) -> str:
