@@ -15,11 +15,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from npydask._optional import missing
+
 __all__ = ["EXPORTS", "Export", "adapter"]
 
 
 class Export(NamedTuple):
-    """An adapter: its dotted path, and the module it cannot work without (``None``: it checks itself)."""
+    """An adapter: its dotted path, the module it cannot work without (``None``: it checks itself) and who needs it."""
 
     path: str
     needs: str | None = None
@@ -49,8 +51,6 @@ def adapter(name: str) -> Callable[..., Any]:
         try:
             importlib.import_module(export.needs)
         except ImportError as e:
-            raise ImportError(
-                f"{export.what} needs {export.needs}, which is not installed: pip install 'npydask[{export.needs}]'"
-            ) from e
+            raise ImportError(missing(export.needs, export.what)) from e
     module, _, attr = export.path.rpartition(".")
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]

