@@ -380,7 +380,7 @@ def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> Non
 
 
 def test_dali_order_of_a_listing_is_pure_and_bytewise() -> None:
-    from npydask.dataset.select import dali_order
+    from npydask.dataset.order import dali_order
 
     listed = ["s1/c.npy", "B.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy", "\u00e9.npy", "a10.npy", "a2.npy"]
     assert dali_order(listed, sep="/") == ["B.npy", "a.npy", "a10.npy", "a2.npy", "\u00e9.npy",

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import add_storage_option
 from npydask.dataset.npy_dataset import _human
-from npydask.dataset.select import SORTS
+from npydask.dataset.order import SORTS
 
 __all__ = [
     "SCAN_COUNT_FROM",

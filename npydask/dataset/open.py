@@ -178,13 +178,13 @@ def open_dataset(
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
         ``slice_2``), or ``"natural"``, runs of digits by value (``slice_2``
-        before ``slice_10``; :func:`npydask.dataset.select.natural_key`).
+        before ``slice_10``; :func:`npydask.dataset.order.natural_key`).
         ``None`` is ``"bytes"`` and, when natural order would differ, warns
         once (an :class:`~npydask.errors.NpyDaskWarning` naming two files
         that swap); passing either value silences it. The check compares
         adjacent names only, and only those whose digits sit differently,
         sampling them in very long lists
-        (:func:`npydask.dataset.select.natural_swap`): a few percent of opening
+        (:func:`npydask.dataset.order.natural_swap`): a few percent of opening
         a million files. ``files`` and ``file_list`` keep their order
         either way and never warn.
     on_error : {"raise", "skip"}, default ``"raise"``
