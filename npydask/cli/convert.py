@@ -61,8 +61,8 @@ from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, se
 from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.storage.urls import redact
 from npydask.write.npy import check_names
+from npydask.cli._errors import UsageError
 from npydask.cli._common import (
-    UsageError,
     add_cluster_options,
     add_quiet_option,
     add_sort_option,

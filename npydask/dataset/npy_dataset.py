@@ -27,7 +27,7 @@ from npydask.dataset.stacking import join
 from npydask.storage.urls import redact
 from npydask.dataset.table import FileTable, Layout
 
-__all__ = ["NpyDataset", "Skipped", "file_index"]
+__all__ = ["NpyDataset", "Skipped", "file_index", "human_bytes"]
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class NpyDataset:
         more = f" .. {self._shown(-1)}" if len(self) > 1 else ""
         return (
             f"NpyDataset({len(self)} files, dtype={dtype_name(self.dtype)}, ndim={self.ndim}, "
-            f"shape {shown}, {_human(self.nbytes)}, device={self._device!r}: {first}{more})"
+            f"shape {shown}, {human_bytes(self.nbytes)}, device={self._device!r}: {first}{more})"
         )
 
     def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
@@ -462,7 +462,12 @@ def _rebuild(
     return NpyDataset(table, context, device=device, sharding=sharding, start=start, skipped=skipped)
 
 
-def _human(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """A byte count in binary units, as the dataset's repr shows it.
+
+    >>> human_bytes(512), human_bytes(1536), human_bytes(3 << 30)
+    ('512 B', '1.5 KiB', '3.0 GiB')
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

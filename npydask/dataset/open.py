@@ -27,7 +27,7 @@ from npydask.dataset.select import Selected, select_listed, shard_range
 from npydask.errors import NpyFormatError
 from npydask.dataset.views import Context
 from npydask.storage.paths import absolute_all
-from npydask.reader import BACKENDS, _check_key
+from npydask.reader import BACKENDS, check_key
 from npydask.plan.roi import RoiArgs
 from npydask.dataset.scan import check_unread, scan_headers, scan_members_of, scan_table
 from npydask.storage.base import Source
@@ -247,7 +247,7 @@ def open_dataset(
     (paths, listed), source = _select(
         file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
     )
-    _check_key(key)
+    check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
         rel_roi_start=rel_roi_start,

@@ -686,6 +686,7 @@ class _PortTaken(Exception):
 
 
 if __name__ == "__main__":  # python -m npydask.testing.seaweed: a local S3 sandbox until Ctrl-C
-    from npydask.testing.sandbox import main
+    import runpy
 
-    sys.exit(main())
+    # (the sandbox command sits above this module and imports it: run by name, not imported from here)
+    runpy.run_module("npydask.testing.sandbox", run_name="__main__", alter_sys=True)
