@@ -2,7 +2,7 @@
 
 ``open_dataset(folder)`` with the default ``sort=None`` reads files in DALI's
 byte-wise order and warns when natural order would differ; the check
-(``npydask.dataset.select.natural_swap``) must cost at most 5% of opening a
+(``npydask.dataset.order.natural_swap``) must cost at most 5% of opening a
 million files with ``headers="first"``. Rows, each the best CPU time of
 ``--repeat`` runs (CPU time moves much less than wall time on a shared
 machine):
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import npydask  # noqa: E402
-from npydask.dataset.select import natural_swap  # noqa: E402
+from npydask.dataset.order import natural_swap  # noqa: E402
 
 NAMES = {"tiny": 20_000, "small": 200_000, "full": 1_000_000}
 GOAL_SHARE = 0.05

@@ -37,12 +37,13 @@ from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.storage.where import fspath, resolve
 
-__all__ = ["BACKENDS", "FileRef", "choose_backend", "read_header", "read_region"]
+__all__ = ["BACKENDS", "FileRef", "check_key", "choose_backend", "read_header", "read_region"]
 
 BACKENDS = ("auto", "mmap", "pread")
 
 
-def _check_key(key: str | None) -> None:
+def check_key(key: str | None) -> None:
+    """Refuse a ``key`` that is not ``None`` or a str (the name of an ``.npz`` member)."""
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be the name of an .npz member (a str), found {key!r}")
 
@@ -84,7 +85,7 @@ def read_header(
     >>> h.shape, h.dtype.str, h.fortran_order
     ((3, 4), '>f8', False)
     """
-    _check_key(key)
+    check_key(key)
     where = resolve(path, storage_options)
     return where.source.header(where.path, key)
 
@@ -248,7 +249,7 @@ def read_region(
     array([[ 7,  8],
            [12, 13]])
     """
-    _check_key(key)
+    check_key(key)
     _check_backend(backend)
     where = resolve(path, storage_options)
     path, source = where.path, where.source
@@ -312,7 +313,7 @@ class FileRef(NamedTuple):
             path = absolute(fspath(path))
         _check_backend(backend)
         check_backend_for(backend, source, path)
-        _check_key(key)
+        check_key(key)
         f = source.open(path, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again", True)
         options = options or read_options(gap_bytes=source.gap_bytes)

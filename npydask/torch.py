@@ -63,18 +63,19 @@ from typing import Any
 
 import numpy as np
 
+from npydask._optional import install_hint, missing
+
 try:
     import torch
     import torch.utils.data
 except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr and device="gpu" do)
     if isinstance(e, ModuleNotFoundError) and (e.name or "torch").split(".")[0] == "torch":
         raise ModuleNotFoundError(
-            "npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]' (or see "
-            "pytorch.org for a build matching your CUDA version)",
+            missing("torch", "npydask.torch") + " (or see pytorch.org for a build matching your CUDA version)",
             name="torch",
         ) from e
     raise ImportError(
-        f"npydask.torch: PyTorch is installed but fails to import ({e}); pip install 'npydask[torch]'"
+        f"npydask.torch: PyTorch is installed but fails to import ({e}); {install_hint('torch')}"
     ) from e
 
 from npydask.dataset.npy_dataset import file_index

@@ -21,7 +21,7 @@ import pytest
 
 from npydask.cli import build_parser
 from npydask.cli import convert as convert_module
-from npydask.cli._common import UsageError
+from npydask.cli._errors import UsageError
 from npydask.cli.convert import destination_kind, plan_batches
 
 zarr = pytest.importorskip("zarr")

@@ -1,4 +1,4 @@
-"""npydask.dataset.select: DALI's file selection order, list files, symlinks, and shard tables."""
+"""npydask.dataset.select and .order: DALI's file selection order, list files, symlinks, and shard tables."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask.dataset.select import (
-    DEFAULT_FILE_FILTER, SORTS, SWAP_PAIRS, _matcher, dali_order, folder_order, natural_key, natural_swap, select_files,
-    select_listed,
-)  # fmt: skip
+from npydask.dataset.order import SORTS, SWAP_PAIRS, dali_order, folder_order, matcher, natural_key, natural_swap
+from npydask.dataset.select import DEFAULT_FILE_FILTER, select_files, select_listed
+from npydask.plan.sampling import shard_range
 from npydask.errors import NpyDaskWarning
 from npydask.plan.sampling import shard_range
 from npydask.storage.local import LocalLister
@@ -238,7 +237,7 @@ def test_matcher_is_fnmatchcase(glob):
     import fnmatch
 
     names = ["a.npy", "a.NPY", "a1.npy", ".npy", "a.npyx", "b.n.py", "x.npy", "\\.npy", "a\\.npy", "npy", ""]
-    assert [bool(_matcher(glob)(n)) for n in names] == [fnmatch.fnmatchcase(n, glob) for n in names]
+    assert [bool(matcher(glob)(n)) for n in names] == [fnmatch.fnmatchcase(n, glob) for n in names]
 
 
 def test_a_local_listing_in_dali_order_keeps_each_files_inode(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.dataset.npy_dataset import _layout
+from npydask.dataset.views import view_layout
 from npydask.dataset.views import Context, FileViews
 from npydask.plan.region import Box
 from npydask.dataset.table import FileTable
@@ -63,7 +63,7 @@ def test_file_views_read_as_todays_views(tmp_path, roi):
     assert views[0].ref.path in repr(views)
     with pytest.raises(AttributeError, match="read-only"):
         views.table = views.table[:1]
-    shapes, sizes, fortran = _layout(old)  # what stacking plans from today
+    shapes, sizes, fortran = view_layout(old)  # what stacking plans from today
     layout = views.table.layout()
     assert [layout.shapes[k] for k in layout.shape_id.tolist()] == shapes
     assert layout.nbytes.tolist() == sizes and layout.fortran.tolist() == fortran

@@ -22,8 +22,7 @@ from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError, Roi
 from npydask.storage._stores import StoreSpec
 from npydask.storage.base import Source
 from npydask.storage.object import ObjectIdentity, ObjectSource, source_for
-
-from test_storage import SourceTests
+from npydask.testing.source_conformance import SourceConformance
 
 pytest.importorskip("obstore")
 boto3 = pytest.importorskip("boto3")
@@ -72,7 +71,7 @@ def bucket(s3_server: Any) -> Bucket:
     return Bucket(s3_server, s3_server.bucket, f"t-{uuid.uuid4().hex[:12]}/")
 
 
-class TestObjectSource(SourceTests):
+class TestObjectSource(SourceConformance):
     """The conformance checks every source passes, on objects."""
 
     @pytest.fixture

@@ -1,14 +1,12 @@
-"""The storage seam: a conformance class every :class:`~npydask.storage.base.Source` passes, and the local one.
+"""The storage seam on local files: the conformance suite every source passes, and the local one's own checks.
 
-:class:`SourceTests` is written against the interface only (in the manner of
-zarr's ``testing/store.py``): a subclass says how to put, replace and remove
-a file in its storage and how to make reads come back short, and inherits
-every check. ``numpy.load`` of the same bytes is the oracle throughout.
+:class:`~npydask.testing.source_conformance.SourceConformance` is the suite
+(``tests/test_remote.py`` runs it on objects). ``numpy.load`` of the same
+bytes is the oracle throughout.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import stat
@@ -24,30 +22,11 @@ import pytest
 import npydask
 
 from npydask.config import read_options
-from npydask.errors import FileChangedError, NpyFormatError
-from npydask.plan.region import normalize_box, plan_read
 from npydask.storage import _handles
 from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
-
-ARRAYS: dict[str, Callable[[], np.ndarray]] = {
-    "c3d-f4": lambda: np.arange(6 * 7 * 9, dtype="<f4").reshape(6, 7, 9),
-    "f3d-i2": lambda: np.asfortranarray(np.arange(5 * 8 * 3, dtype="<i2").reshape(5, 8, 3)),
-    "c2d-be-f8": lambda: np.arange(11 * 13, dtype=">f8").reshape(11, 13),
-    "c1d-u1": lambda: np.arange(200, dtype=np.uint8),
-    "struct": lambda: np.array([(i, i * 0.5) for i in range(17)], dtype=[("a", "<i4"), ("b", "<f8")]),
-}
-BOXES = [None, (0.0, 1.0), (0.3, 0.7), (0.5, 0.51), (0.9, 1.0)]
-
-
-def _box(shape: tuple[int, ...], frac: tuple[float, float] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if frac is None:
-        return (0,) * len(shape), shape
-    start = tuple(int(n * frac[0]) for n in shape)
-    stop = tuple(max(a + 1, int(n * frac[1])) if n else 0 for a, n in zip(start, shape))
-    return start, tuple(min(b, n) for b, n in zip(stop, shape))
-
+from npydask.testing.source_conformance import SourceConformance
 
 def _run_with_timeout(fn: Callable[[], Any], seconds: float = 20) -> Any:
     """``fn()`` in a thread; fails the test (instead of hanging it) if it blocks."""
@@ -68,217 +47,7 @@ def _run_with_timeout(fn: Callable[[], Any], seconds: float = 20) -> Any:
     return box["value"]
 
 
-class SourceTests:
-    """Checks every source passes. Subclasses provide the fixtures and the four storage hooks."""
-
-    @pytest.fixture
-    def source(self) -> Source:
-        raise NotImplementedError
-
-    @pytest.fixture
-    def short_reads(self) -> None:
-        """Make the storage return fewer bytes than asked for each read (while the fixture is active)."""
-        raise NotImplementedError
-
-    def put(self, where: Path, name: str, array: np.ndarray) -> str:
-        """Store ``array`` as ``.npy`` under ``name``; return what the source reads it by."""
-        raise NotImplementedError
-
-    def put_bytes(self, where: Path, name: str, data: bytes) -> str:
-        raise NotImplementedError
-
-    def remove(self, path: str) -> None:
-        raise NotImplementedError
-
-    def get_bytes(self, path: str) -> bytes:
-        """The stored bytes of ``path`` (read around the source under test)."""
-        raise NotImplementedError
-
-    def load(self, path: str) -> np.ndarray:
-        """``numpy.load`` of the stored bytes: the oracle."""
-        return np.load(io.BytesIO(self.get_bytes(path)))
-
-    # -- identity and headers --------------------------------------------------------------
-
-    def test_identity_is_stable_and_follows_a_rewrite(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "a.npy", np.arange(10))
-        first = source.identity(p)
-        assert source.identity(p) == first
-        assert hash(first) == hash(source.identity(p))  # (usable as a key)
-        self.remove(p)
-        self.put(tmp_path, "a.npy", np.arange(11))
-        assert source.identity(p) != first
-
-    def test_identity_of_a_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "gone.npy", np.arange(3))
-        self.remove(p)
-        with pytest.raises(FileNotFoundError, match="gone.npy"):
-            source.identity(p)
-
-    @pytest.mark.parametrize("kind", sorted(ARRAYS))
-    def test_scan_gives_headers_raw_bytes_and_identities(self, source: Source, tmp_path: Path, kind: str) -> None:
-        values = ARRAYS[kind]()
-        paths = [self.put(tmp_path, f"{kind}-{i}.npy", values) for i in range(3)]
-        for p, found in zip(paths, source.scan(paths)):
-            assert not isinstance(found, BaseException), found
-            identity, header, raw, deflated = found
-            assert identity == source.identity(p)
-            assert (header.shape, header.dtype, header.fortran_order) == (
-                values.shape,
-                values.dtype,
-                values.flags.f_contiguous and not values.flags.c_contiguous,
-            )
-            assert raw == self.get_bytes(p)[: header.data_offset]
-            assert deflated is False
-            assert source.header(p) == header
-
-    def test_scan_reports_failures_in_place(self, source: Source, tmp_path: Path) -> None:
-        good = self.put(tmp_path, "good.npy", np.arange(4))
-        missing = self.put(tmp_path, "missing.npy", np.arange(4))
-        self.remove(missing)
-        bad = self.put_bytes(tmp_path, "bad.npy", b"\x93NUMPY\x01\x00garbage")
-        results = source.scan([good, missing, bad])
-        assert not isinstance(results[0], BaseException)
-        assert isinstance(results[1], FileNotFoundError) and "missing.npy" in str(results[1])
-        assert isinstance(results[2], NpyFormatError) and "bad.npy" in str(results[2])
-        with pytest.raises(FileNotFoundError, match="missing.npy"):
-            source.header(missing)
-
-    # -- read_runs -------------------------------------------------------------------------
-
-    @pytest.mark.parametrize("frac", BOXES)
-    @pytest.mark.parametrize("kind", sorted(ARRAYS))
-    @pytest.mark.parametrize("gap", [0, 64, 4096])
-    def test_read_runs_equals_numpy(
-        self, source: Source, tmp_path: Path, kind: str, frac: Any, gap: int
-    ) -> None:
-        values = ARRAYS[kind]()
-        p = self.put(tmp_path, "a.npy", values)
-        identity, header, raw, _ = source.scan([p])[0]
-        start, stop = _box(values.shape, frac)
-        plan = plan_read(header, normalize_box(header.shape, start, stop))
-        dest = np.full(plan.nbytes, 0xAB, np.uint8)
-        options = read_options(gap_bytes=gap)
-        source.read_runs(p, identity, plan, dest, options, HeaderCheck(raw, "the test", "none"))
-        region = self.load(p)[tuple(slice(a, b) for a, b in zip(start, stop))]
-        assert dest.tobytes() == region.tobytes(order="F" if header.fortran_order else "C")
-
-    def test_read_runs_refuses_a_changed_file(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "a.npy", np.arange(100, dtype="<i8"))
-        identity, header, raw, _ = source.scan([p])[0]
-        self.remove(p)
-        self.put(tmp_path, "a.npy", np.arange(100, 201, dtype="<i8"))  # (another size: an inode may be reused)
-        plan = plan_read(header, normalize_box(header.shape, (10,), (20,)))
-        dest = np.zeros(plan.nbytes, np.uint8)
-        with pytest.raises(FileChangedError, match="a.npy"):
-            source.read_runs(p, identity, plan, dest, read_options())
-
-    def test_read_runs_refuses_other_header_bytes(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "a.npy", np.arange(100, dtype="<i8"))
-        identity, header, raw, _ = source.scan([p])[0]
-        other = source.scan([self.put(tmp_path, "b.npy", np.arange(100, dtype="<u8"))])[0][2]
-        plan = plan_read(header, normalize_box(header.shape, None, None))
-        with pytest.raises(NpyFormatError, match="a.npy.*from the index"):
-            source.read_runs(p, identity, plan, np.zeros(plan.nbytes, np.uint8), read_options(),
-                             HeaderCheck(other, "the index", "rebuild it"))
-
-    def test_read_runs_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "a.npy", np.arange(10))
-        identity, header, _, _ = source.scan([p])[0]
-        self.remove(p)
-        plan = plan_read(header, normalize_box(header.shape, None, None))
-        with pytest.raises(FileNotFoundError, match="a.npy"):
-            source.read_runs(p, identity, plan, np.zeros(plan.nbytes, np.uint8), read_options())
-
-    # -- read_many -------------------------------------------------------------------------
-
-    @pytest.mark.parametrize("checked", [False, True])
-    @pytest.mark.parametrize("skip", [0, 8])
-    def test_read_many_equals_numpy(self, source: Source, tmp_path: Path, checked: bool, skip: int) -> None:
-        rng = np.random.default_rng(7)
-        arrays = [rng.standard_normal((4, 5)).astype("<f8") for _ in range(9)]
-        paths = [self.put(tmp_path, f"s{i}.npy", a) for i, a in enumerate(arrays)]
-        scanned = source.scan(paths)
-        nbytes = arrays[0].nbytes - skip
-        items = [
-            (p, s[0], s[1].data_offset + skip, HeaderCheck(s[2], "the test", "none") if checked else None)
-            for p, s in zip(paths, scanned)
-        ]
-        dest = bytearray(nbytes * len(items))
-        source.read_many(items, memoryview(dest), nbytes)
-        assert bytes(dest) == b"".join(self.load(p).tobytes()[skip:] for p in paths)
-
-    def test_read_many_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
-        paths = [self.put(tmp_path, f"s{i}.npy", np.arange(8)) for i in range(3)]
-        scanned = source.scan(paths)
-        self.remove(paths[1])
-        items = [(p, s[0], s[1].data_offset, None) for p, s in zip(paths, scanned)]
-        with pytest.raises(FileNotFoundError, match="s1.npy"):
-            source.read_many(items, memoryview(bytearray(64 * 3)), 64)
-
-    def test_read_many_refuses_a_changed_file(self, source: Source, tmp_path: Path) -> None:
-        paths = [self.put(tmp_path, f"s{i}.npy", np.arange(8)) for i in range(3)]
-        scanned = source.scan(paths)
-        self.remove(paths[2])
-        self.put(tmp_path, "s2.npy", np.arange(9))
-        items = [(p, s[0], s[1].data_offset, None) for p, s in zip(paths, scanned)]
-        with pytest.raises(FileChangedError, match="s2.npy"):
-            source.read_many(items, memoryview(bytearray(64 * 3)), 64)
-
-    def test_read_many_refuses_other_header_bytes(self, source: Source, tmp_path: Path) -> None:
-        p = self.put(tmp_path, "s.npy", np.arange(8, dtype="<i8"))
-        q = self.put(tmp_path, "t.npy", np.arange(8, dtype="<u8"))
-        (ident, header, _, _), (_, _, other, _) = source.scan([p, q])
-        with pytest.raises(NpyFormatError, match="s.npy"):
-            source.read_many([(p, ident, header.data_offset, HeaderCheck(other, "x", "y"))],
-                             memoryview(bytearray(64)), 64)
-
-    # -- small whole files -----------------------------------------------------------------
-
-    def test_write_bytes_replaces_whole_and_read_bytes_reads_it_back(self, source: Source, tmp_path: Path) -> None:
-        p = self.put_bytes(tmp_path, "small.bin", b"old bytes, longer than the new ones")
-        source.write_bytes(p, b"new", what="test file")
-        assert self.get_bytes(p) == b"new"  # (read around the source: no old tail left)
-        assert source.read_bytes(p) == b"new"
-        data = bytes(range(256)) * 5
-        source.write_bytes(p, data)
-        assert source.read_bytes(p) == self.get_bytes(p) == data
-        source.write_bytes(p, b"")
-        assert source.read_bytes(p) == b""
-
-    def test_read_bytes_with_a_limit_reads_only_the_first_bytes(self, source: Source, tmp_path: Path) -> None:
-        data = bytes(range(200))
-        p = self.put_bytes(tmp_path, "long.bin", data)
-        assert source.read_bytes(p, 11) == data[:11]
-        assert source.read_bytes(p, 200) == source.read_bytes(p, 10_000) == data
-
-    def test_read_bytes_of_a_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
-        p = self.put_bytes(tmp_path, "gone.bin", b"x")
-        self.remove(p)
-        with pytest.raises(FileNotFoundError) as e:
-            source.read_bytes(p, what="test file")
-        assert source.display(p) in str(e.value)
-
-    # -- short reads -----------------------------------------------------------------------
-
-    @pytest.mark.usefixtures("short_reads")
-    def test_short_reads_still_give_every_byte(self, source: Source, tmp_path: Path) -> None:
-        values = np.arange(3 * 40 * 50, dtype="<f4").reshape(3, 40, 50)
-        paths = [self.put(tmp_path, f"v{i}.npy", values + i) for i in range(3)]
-        scanned = source.scan(paths)
-        assert all(not isinstance(s, BaseException) for s in scanned), scanned
-        identity, header, raw, _ = scanned[0]
-        plan = plan_read(header, normalize_box(header.shape, (1, 5, 7), (3, 30, 41)))
-        dest = np.zeros(plan.nbytes, np.uint8)
-        source.read_runs(paths[0], identity, plan, dest, read_options(), HeaderCheck(raw, "t", "t"))
-        assert dest.tobytes() == values[1:3, 5:30, 7:41].tobytes()
-        items = [(p, s[0], s[1].data_offset, HeaderCheck(s[2], "t", "t")) for p, s in zip(paths, scanned)]
-        dest2 = bytearray(values.nbytes * 3)
-        source.read_many(items, memoryview(dest2), values.nbytes)
-        assert bytes(dest2) == b"".join((values + i).tobytes() for i in range(3))
-
-
-class TestLocalSource(SourceTests):
+class TestLocalSource(SourceConformance):
     @pytest.fixture
     def source(self) -> Source:
         return LOCAL
@@ -406,7 +175,7 @@ def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> Non
 
 
 def test_dali_order_of_a_listing_is_pure_and_bytewise() -> None:
-    from npydask.dataset.select import dali_order
+    from npydask.dataset.order import dali_order
 
     listed = ["s1/c.npy", "B.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy", "\u00e9.npy", "a10.npy", "a2.npy"]
     assert dali_order(listed, sep="/") == ["B.npy", "a.npy", "a10.npy", "a2.npy", "\u00e9.npy",

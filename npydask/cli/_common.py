@@ -31,15 +31,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from npydask.cli._progress import progress_line
+from npydask.cli._errors import UsageError
 from npydask.cli._remote import add_storage_option
-from npydask.dataset.npy_dataset import _human
-from npydask.dataset.select import SORTS
+from npydask.dataset.npy_dataset import human_bytes
+from npydask.dataset.order import SORTS
 
 __all__ = [
     "SCAN_COUNT_FROM",
     "TINY_BYTES",
     "TINY_FILES",
-    "UsageError",
     "check_scheduler",
     "cli_words",
     "compute",
@@ -58,10 +58,6 @@ SCAN_COUNT_FROM = 2000  # scanning more files than this shows "scanned N / M fil
 TINY_BYTES = 64 * 2**20  # a job under TINY_BYTES and TINY_FILES runs on threads, not a LocalCluster
 TINY_FILES = 256
 DEFAULT_WORKERS = 2
-
-
-class UsageError(Exception):
-    """Bad input: one line on stderr, exit status 2."""
 
 
 def say(*parts: object) -> None:
@@ -89,7 +85,7 @@ def number(x: float | int) -> str:
 
 def size(nbytes: int) -> str:
     """A byte count in binary units (``512 B``, ``1.5 KiB``), as the dataset's repr shows it."""
-    return _human(nbytes)
+    return human_bytes(nbytes)
 
 
 def duration(seconds: float) -> str:

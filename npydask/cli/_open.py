@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.cli._common import UsageError, number, say
+from npydask.cli._errors import UsageError
+from npydask.cli._common import number, say
 from npydask.cli._select import Selection, root_of, select
 from npydask.cli._remote import source_of, url_or_none
 from npydask.dataset.npy_dataset import NpyDataset

@@ -22,6 +22,7 @@ import re
 import zipfile
 from typing import Any
 
+from npydask.cli._errors import UsageError
 from npydask.storage.urls import is_url, redact, split_url
 
 __all__ = ["add_storage_option", "is_prefix", "npz_members_at", "storage_options", "url_or_none"]
@@ -57,8 +58,6 @@ def storage_options(args: Any) -> dict[str, Any] | None:
     >>> storage_options(argparse.Namespace(storage_option=["region=eu-west-1", "skip_signature=TRUE"]))
     {'region': 'eu-west-1', 'skip_signature': True}
     """
-    from npydask.cli._common import UsageError
-
     pairs = getattr(args, "storage_option", None)
     if not pairs:
         return None
@@ -82,8 +81,6 @@ def storage_options(args: Any) -> dict[str, Any] | None:
 
 def url_or_none(path: str) -> str | None:
     """``path`` if it is an object URL, else ``None``; an unknown scheme is a :class:`UsageError`."""
-    from npydask.cli._common import UsageError
-
     try:
         return path if is_url(path) else None
     except ValueError as e:
@@ -117,7 +114,6 @@ def is_prefix(url: str, file_filter: str, options: dict[str, Any] | None) -> boo
 
 def source_of(url: str, options: dict[str, Any] | None) -> Any:
     """The source that reads ``url`` (``storage_options`` the store refuses: a :class:`UsageError`)."""
-    from npydask.cli._common import UsageError
     from npydask.storage.where import resolve
 
     try:
@@ -134,7 +130,6 @@ def npz_members_at(url: str, options: dict[str, Any] | None) -> list[str]:
     UsageError
         Not a readable zip archive, or no member.
     """
-    from npydask.cli._common import UsageError
     from npydask.format.npz import RangeFile
 
     source = source_of(url, options)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from npydask.cli import _common
-from npydask.cli._common import UsageError, number
+from npydask.cli._errors import UsageError
+from npydask.cli._common import number
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import is_prefix, npz_members_at, source_of, url_or_none
 from npydask.dataset.select import select_files

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import npydask
-from npydask.cli._common import UsageError, add_quiet_option, duration, say
+from npydask.cli._errors import UsageError
+from npydask.cli._common import add_quiet_option, duration, say
 
 __all__ = ["SCRIPTS", "add_parser", "run"]
 

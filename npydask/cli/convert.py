@@ -56,12 +56,13 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask._optional import install_hint
 from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
 from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.storage.urls import redact
 from npydask.write.npy import check_names
+from npydask.cli._errors import UsageError
 from npydask.cli._common import (
-    UsageError,
     add_cluster_options,
     add_quiet_option,
     add_sort_option,
@@ -475,7 +476,7 @@ def _need_zarr() -> None:
     import importlib.util
 
     if importlib.util.find_spec("zarr") is None:
-        raise UsageError("writing zarr needs zarr>=3: pip install 'npydask[zarr]'")
+        raise UsageError(f"writing zarr needs zarr>=3: {install_hint('zarr')}")
 
 
 def _check_zarr_dtypes(dtypes: Sequence[np.dtype], src: str) -> None:

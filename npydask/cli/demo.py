@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 import npydask
+from npydask._optional import install_hint
 from npydask.cli._common import add_cluster_options, add_quiet_option, compute, duration, number, say, size, table
 from npydask.cli._figures import write_and_show
 from npydask.cli._measure import measure
@@ -184,7 +185,7 @@ def _png(root: str, slices: list[str]) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        say("(matplotlib is not installed: no PNG; pip install matplotlib to get one)")
+        say(f"(matplotlib is not installed: no PNG; {install_hint('matplotlib')} to get one)")
         return
     picks = [slices[k] for k in (16, 28, 40, 52)]
     fig, axes = plt.subplots(1, len(picks), figsize=(3 * len(picks), 3))

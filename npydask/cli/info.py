@@ -13,8 +13,8 @@ import os
 from collections import Counter
 from typing import Any
 
+from npydask.cli._errors import UsageError
 from npydask.cli._common import (
-    UsageError,
     add_selection_options,
     emit_json,
     number,

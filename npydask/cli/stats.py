@@ -21,8 +21,8 @@ import numpy as np
 
 from npydask.cli._open import add_open_options, dataset_of, kinds_of, selection_for
 from npydask.cli._remote import storage_options
+from npydask.cli._errors import UsageError
 from npydask.cli._common import (
-    UsageError,
     add_cluster_options,
     add_selection_options,
     compute,

@@ -9,7 +9,6 @@ for (``ds[i]``, ``ds.stack()``, ``ds.concatenate()``), grouped into tasks by
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,9 @@ import numpy as np
 
 from npydask.array import NpyFileArray, resolve_chunks, wrap
 from npydask.plan.chunks import chunk_limit
-from npydask.dataset.views import Context, FileViews
+from npydask.plan.sampling import shard_range
+from npydask.dataset._exports import adapter
+from npydask.dataset.views import Context, FileViews, per_file_shapes
 from npydask.format.header import NpyHeader
 from npydask.dataset.scan import dtype_name
 from npydask.plan.grouping import plan_groups
@@ -27,7 +28,7 @@ from npydask.plan.sampling import shard_range
 from npydask.dataset.stacking import join
 from npydask.dataset.table import FileTable, Layout
 
-__all__ = ["NpyDataset", "Skipped", "file_index"]
+__all__ = ["NpyDataset", "Skipped", "file_index", "human_bytes"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class NpyDataset:
     def shapes(self) -> list[tuple[int, ...]]:
         """Each file's output shape, after the ROI."""
         lay = self._table.layout()
-        return _per_file(lay.shapes, lay.shape_id)
+        return per_file_shapes(lay.shapes, lay.shape_id)
 
     @property
     def dtype(self) -> np.dtype:
@@ -186,7 +187,7 @@ class NpyDataset:
         more = f" .. {self._shown(-1)}" if len(self) > 1 else ""
         return (
             f"NpyDataset({len(self)} files, dtype={dtype_name(self.dtype)}, ndim={self.ndim}, "
-            f"shape {shown}, {_human(self.nbytes)}, device={self._device!r}: {first}{more})"
+            f"shape {shown}, {human_bytes(self.nbytes)}, device={self._device!r}: {first}{more})"
         )
 
     def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
@@ -307,15 +308,7 @@ class NpyDataset:
         >>> da.dims, da["file"].values.tolist(), int(da.sel(file="2.npy").sum())
         (('file', 'y', 'x'), ['0.npy', '1.npy', '2.npy'], 16)
         """
-        try:
-            import xarray  # noqa: F401  (npydask imports it only here)
-        except ImportError as e:
-            raise ImportError(
-                "NpyDataset.to_xarray needs xarray, which is not installed: pip install 'npydask[xarray]'"
-            ) from e
-        from npydask.xarray import dataset_to_xarray
-
-        return dataset_to_xarray(self, dims=dims, name=name)
+        return adapter("to_xarray")(self, dims=dims, name=name)
 
     def to_ray(
         self,
@@ -335,12 +328,9 @@ class NpyDataset:
         along ``axis`` of the joined files; read tasks follow npydask's
         grouping with ``block_size`` as the limit, and planning reads no payload.
         """
-        from npydask.ray.datasource import dataset_to_ray
-
-        options = dict(column=column, index_column=index_column, path_column=path_column, concatenate=concatenate,
-                       axis=axis, block_size=block_size, override_num_blocks=override_num_blocks,
-                       ray_remote_args=ray_remote_args)
-        return dataset_to_ray(self, options)
+        return adapter("to_ray")(self, column=column, index_column=index_column, path_column=path_column,
+                                 concatenate=concatenate, axis=axis, block_size=block_size,
+                                 override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args)
 
     def _need_files(self, what: str) -> None:
         if not len(self):
@@ -348,7 +338,7 @@ class NpyDataset:
 
     def _join(self, chunks: Any, lay: Layout, *, axis: int, stacked: bool) -> da.Array:
         views = self.views
-        shapes = _per_file(lay.shapes, lay.shape_id)
+        shapes = per_file_shapes(lay.shapes, lay.shape_id)
         limit = chunk_limit("auto" if chunks is None else chunks)
         if limit is None:
             return self._join_explicit(chunks, shapes, axis=axis, stacked=stacked)
@@ -442,34 +432,6 @@ def _cluster_threads() -> int | None:
         return None
 
 
-_Layout = tuple[list[tuple[int, ...]], list[int], list[bool]]
-
-
-def _per_file(shapes: tuple[tuple[int, ...], ...], shape_id: np.ndarray) -> list[tuple[int, ...]]:
-    """Each file's shape from a :class:`~npydask.dataset.table.Layout` (one shape: one list repeat, no loop)."""
-    if len(shapes) == 1:
-        return [shapes[0]] * len(shape_id)
-    return [shapes[k] for k in shape_id.tolist()]
-
-
-def _layout(views: Sequence[NpyFileArray]) -> _Layout:
-    """Each view's output shape, output bytes and file order, in one pass (per-file cost counts here)."""
-    shapes: list[tuple[int, ...]] = []
-    sizes: list[int] = []
-    fortran: list[bool] = []
-    for v in views:
-        h = v.ref.header
-        roi = v.roi
-        if roi is None:
-            shapes.append(h.shape)
-            sizes.append(h.nbytes)
-        else:
-            shapes.append(roi.shape)
-            sizes.append(math.prod(roi.shape) * h.dtype.itemsize)
-        fortran.append(h.fortran_order)
-    return shapes, sizes, fortran
-
-
 def file_index(i: Any, n: int, kinds: str) -> int:
     """``i`` as a file index in ``range(n)`` (negative counts from the end); ``kinds`` says what is accepted.
 
@@ -499,7 +461,12 @@ def _rebuild(
     return NpyDataset(table, context, device=device, sharding=sharding, start=start, skipped=skipped)
 
 
-def _human(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """A byte count in binary units, as the dataset's repr shows it.
+
+    >>> human_bytes(512), human_bytes(1536), human_bytes(3 << 30)
+    ('512 B', '1.5 KiB', '3.0 GiB')
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -28,7 +28,7 @@ from npydask.plan.sampling import shard_range
 from npydask.errors import NpyFormatError
 from npydask.dataset.views import Context
 from npydask.storage.paths import absolute_all
-from npydask.reader import BACKENDS, _check_key
+from npydask.reader import BACKENDS, check_key
 from npydask.plan.roi import RoiArgs
 from npydask.dataset.scan import check_unread, scan_headers, scan_members_of, scan_table
 from npydask.storage.base import Source
@@ -179,13 +179,13 @@ def open_dataset(
         Order of discovered files (every discovery mode: flat, ``recursive``,
         object-store prefixes): DALI's byte-wise order (``slice_10`` before
         ``slice_2``), or ``"natural"``, runs of digits by value (``slice_2``
-        before ``slice_10``; :func:`npydask.dataset.select.natural_key`).
+        before ``slice_10``; :func:`npydask.dataset.order.natural_key`).
         ``None`` is ``"bytes"`` and, when natural order would differ, warns
         once (an :class:`~npydask.errors.NpyDaskWarning` naming two files
         that swap); passing either value silences it. The check compares
         adjacent names only, and only those whose digits sit differently,
         sampling them in very long lists
-        (:func:`npydask.dataset.select.natural_swap`): a few percent of opening
+        (:func:`npydask.dataset.order.natural_swap`): a few percent of opening
         a million files. ``files`` and ``file_list`` keep their order
         either way and never warn.
     on_error : {"raise", "skip"}, default ``"raise"``
@@ -248,7 +248,7 @@ def open_dataset(
     (paths, listed), source = _select(
         file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
     )
-    _check_key(key)
+    check_key(key)
     roi_args = RoiArgs.from_user(
         roi_start=roi_start,
         rel_roi_start=rel_roi_start,

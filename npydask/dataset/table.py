@@ -444,7 +444,7 @@ class FileTable:
     def layout(self) -> Layout:
         """Each row's output shape (after its ROI), bytes and file order, computed per distinct (header, ROI).
 
-        What stacking plans from (``dataset._layout`` for views), without a
+        What stacking plans from (:func:`~npydask.dataset.views.view_layout` for views), without a
         loop over rows: a table of one header and one shared ROI costs O(1)
         Python work.
         """

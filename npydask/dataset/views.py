@@ -14,9 +14,12 @@ instead of a view per file.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from npydask.dataset._strings import ENCODING
 from npydask.array import NpyFileArray
@@ -26,7 +29,7 @@ from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.dataset.table import FileTable
 
-__all__ = ["Context", "FileViews"]
+__all__ = ["Context", "FileViews", "ViewLayout", "per_file_shapes", "view_layout"]
 
 
 class Context(NamedTuple):
@@ -97,3 +100,40 @@ class FileViews(Sequence[NpyFileArray]):
         """The table's token with the context's facts."""
         text = f"{self.table.token()}|{self.context.facts()}"
         return hashlib.blake2b(text.encode(*ENCODING), digest_size=16).hexdigest()
+
+
+class ViewLayout(NamedTuple):
+    """Each view's output shape, output bytes and file order (``True``: Fortran order), one entry per view."""
+
+    shapes: list[tuple[int, ...]]
+    sizes: list[int]
+    fortran: list[bool]
+
+
+def per_file_shapes(shapes: tuple[tuple[int, ...], ...], shape_id: np.ndarray) -> list[tuple[int, ...]]:
+    """Each file's shape from a :class:`~npydask.dataset.table.Layout` (one shape: one list repeat, no loop).
+
+    >>> per_file_shapes(((2, 3), (4,)), np.array([0, 1, 0]))
+    [(2, 3), (4,), (2, 3)]
+    """
+    if len(shapes) == 1:
+        return [shapes[0]] * len(shape_id)
+    return [shapes[k] for k in shape_id.tolist()]
+
+
+def view_layout(views: Sequence[NpyFileArray]) -> ViewLayout:
+    """Each view's output shape, output bytes and file order, in one pass (per-file cost counts here)."""
+    shapes: list[tuple[int, ...]] = []
+    sizes: list[int] = []
+    fortran: list[bool] = []
+    for v in views:
+        h = v.ref.header
+        roi = v.roi
+        if roi is None:
+            shapes.append(h.shape)
+            sizes.append(h.nbytes)
+        else:
+            shapes.append(roi.shape)
+            sizes.append(math.prod(roi.shape) * h.dtype.itemsize)
+        fortran.append(h.fortran_order)
+    return ViewLayout(shapes, sizes, fortran)

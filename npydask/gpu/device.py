@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._optional import install_hint
 from npydask.errors import GpuUnavailableError
 from npydask.gpu.process import check_cuda_fork, note_cuda_use, visible_devices
 from npydask.gpu.plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read, through_host
@@ -47,8 +48,7 @@ from npydask.plan.region import Box
 __all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "array_module", "check_gpu_dtype", "on_device", "require_gpu"]
 
 INSTALL_HINT = (
-    "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): "
-    "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]'"
+    "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): " + install_hint("cupy")
 )
 
 WORKER_HINT = (

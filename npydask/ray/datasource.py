@@ -41,8 +41,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from dask.utils import parse_bytes
 
-from npydask.dataset.npy_dataset import NpyDataset, _layout
+from npydask.dataset.npy_dataset import NpyDataset
+from npydask.dataset.views import view_layout
 from npydask._keywords import suggest_keywords
+from npydask._optional import install_hint
 from npydask.dataset.open import open_dataset
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.plan.region import Box
@@ -57,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["NpyDatasource", "RowRange", "check_arrow_dtype", "dataset_to_ray", "plan_row_ranges", "read_npy"]
 
-INSTALL = "pip install 'npydask[ray]'"
+INSTALL = install_hint("ray")
 
 # The keys of ray_remote_args that Ray 2.60's read_datasource takes as named parameters (the dict
 # itself is deprecated there): passed by name, so only the others go through the dict.
@@ -137,27 +139,39 @@ def read_npy(
     if open_dataset_kwargs.get("device", "cpu") != "cpu":
         raise ValueError(_gpu_refusal(open_dataset_kwargs["device"]))
     _require_ray()
-    return open_dataset(file_root, **open_dataset_kwargs).to_ray(
-        column=column, index_column=index_column, path_column=path_column, concatenate=concatenate, axis=axis,
-        block_size=block_size, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
+    return dataset_to_ray(
+        open_dataset(file_root, **open_dataset_kwargs), column=column, index_column=index_column,
+        path_column=path_column, concatenate=concatenate, axis=axis, block_size=block_size,
+        override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args,
     )
 
 
-def dataset_to_ray(ds: NpyDataset | MultiKeyDataset, options: dict[str, Any]) -> ray.data.Dataset:
-    """``ds`` as a ``ray.data.Dataset``: what :meth:`NpyDataset.to_ray` calls with its keywords.
+def dataset_to_ray(
+    ds: NpyDataset | MultiKeyDataset,
+    *,
+    column: str = "data",
+    index_column: str | None = "index",
+    path_column: str | None = None,
+    concatenate: bool = False,
+    axis: int = 0,
+    block_size: int | str = "128MiB",
+    override_num_blocks: int | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
+) -> ray.data.Dataset:
+    """``ds`` as a ``ray.data.Dataset``: what :meth:`NpyDataset.to_ray` and :func:`read_npy` call.
 
-    ``options`` are :func:`read_npy`'s keywords other than ``open_dataset``'s.
+    The keywords are :func:`read_npy`'s other than ``open_dataset``'s.
     """
     ray_data = _require_ray()
-    options = dict(options)
-    remote = options.pop("ray_remote_args", None)
-    source = _datasource_class()(ds, **options)
-    named, rest = _split_remote_args(remote, ray_data.read_datasource)
+    source = _datasource_class()(ds, column=column, index_column=index_column, path_column=path_column,
+                                 concatenate=concatenate, axis=axis, block_size=block_size,
+                                 override_num_blocks=override_num_blocks)
+    named, rest = _split_remote_args(ray_remote_args, ray_data.read_datasource)
     if rest:
         named["ray_remote_args"] = rest
     # Without override_num_blocks, Ray would split each task's block into pieces until it reaches the
     # parallelism it guesses (1 MiB blocks, hundreds of them); the plan's tasks are the blocks instead.
-    blocks = options["override_num_blocks"] or len(source._plan.ranges) or None
+    blocks = override_num_blocks or len(source._plan.ranges) or None
     return ray_data.read_datasource(source, override_num_blocks=blocks, **named)
 
 
@@ -223,7 +237,7 @@ class _Plan:
             raise ValueError(f"block_size must be a positive byte count or a size like '128MiB', found {block_size!r}")
         if ds._device != "cpu":
             raise ValueError(_gpu_refusal(ds._device))
-        shapes, sizes, fortran = _layout(views)
+        shapes, sizes, fortran = view_layout(views)
         dtype = ds.dtype if views else np.dtype("f8")
         if views:
             check_arrow_dtype(dtype, ds.files[0])
@@ -381,8 +395,8 @@ class _MembersPlan:
             for j, (k, d) in enumerate(ds.members.items())
         ]
         first = self.plans[0]
-        sizes = [sum(v) for v in zip(*(_layout(p.views)[1] for p in self.plans))]
-        shapes, _, fortran = _layout(first.views)
+        sizes = [sum(v) for v in zip(*(view_layout(p.views)[1] for p in self.plans))]
+        shapes, _, fortran = view_layout(first.views)
         limit = int(parse_bytes(block_size)) if isinstance(block_size, str) else block_size
         self.ranges = plan_row_ranges([1] * len(sizes), sizes, shapes, first.dtype, fortran, axis=0, stacked=True,
                                       limit=limit, num_blocks=override_num_blocks, threads=_cluster_cpus())

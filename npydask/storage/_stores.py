@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from npydask import config
+from npydask._optional import install_hint
 from npydask.storage.urls import OBJECT_SCHEMES, redact
 
 __all__ = [
@@ -96,7 +97,7 @@ ENDPOINT_KEYS = frozenset(("endpoint", "aws_endpoint", "aws_endpoint_url", "goog
 PUBLIC_KEYS = ("endpoint", "region")
 """The only ``storage_options`` that enter a lazy array's name (with the bucket)."""
 
-INSTALL = "pip install 'npydask[remote]'"
+INSTALL = install_hint("obstore")
 
 
 class RemoteSettings(NamedTuple):

@@ -3,7 +3,7 @@
 Three small interfaces, one implementation each per kind of storage (local
 files in :mod:`npydask.storage.local`, objects in :mod:`npydask.storage.object`), all planned by
 the same pure modules (:mod:`npydask.format.header`, :mod:`npydask.plan.region`,
-:mod:`npydask.plan.roi`, the ordering rules of :mod:`npydask.dataset.select`):
+:mod:`npydask.plan.roi`, the ordering rules of :mod:`npydask.dataset.order`):
 
 * a :class:`Source` reads: a file's identity, headers of many files, a
   region's byte runs (a :class:`~npydask.plan.region.ReadPlan`) into a

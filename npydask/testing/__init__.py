@@ -15,5 +15,10 @@ a server exchange. The documentation's "Contributing and testing" page says how 
 device array that is not a numpy array, a kvikio that raises at end of file
 and reads on its own threads), for CPU tests of ``device="gpu"``; it needs
 neither CuPy nor kvikio.
+
+Conformance suites to subclass in tests:
+:class:`~npydask.testing.conformance.BackendConformance` (a host backend) and
+:class:`~npydask.testing.source_conformance.SourceConformance` (a storage
+source, local or object store).
 Importing this package needs ``hypothesis`` (the ``test`` extra).
 """

@@ -106,3 +106,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop(signal.Signals(signum).name)
+
+
+if __name__ == "__main__":  # (what python -m npydask.testing.seaweed runs)
+    sys.exit(main())

