@@ -248,7 +248,8 @@ def test_torch_spawned_workers_collate_dicts(archives, mapped):
     seen = []
     for batch, idx in loader:
         for k in ds.keys:
-            np.testing.assert_array_equal(batch[k].numpy(), np.stack([load_member(archives[i], k) for i in idx.tolist()]))
+            expected = np.stack([load_member(archives[i], k) for i in idx.tolist()])
+            np.testing.assert_array_equal(batch[k].numpy(), expected)
         seen += idx.tolist()
     assert sorted(seen) == list(range(N))
 
