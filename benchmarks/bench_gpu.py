@@ -30,7 +30,7 @@ its first call shows that would take over 4 s); wall-clock time around work
 that ends with ``cupy.cuda.Device().synchronize()``; medians. ``KVIKIO_NTHREADS`` is set to the
 first thread count before kvikio is imported, so npydask leaves the pool size to the script.
 
-``--dry-run`` needs no GPU: NumPy stands in for CuPy (as in ``tests/test_gpu.py``), sizes are tiny,
+``--dry-run`` needs no GPU: NumPy stands in for CuPy (as in ``tests/gpu/test_gpu.py``), sizes are tiny,
 the kvikio rows are skipped, and every host row and the device path's host side still run and are
 checked; the test suite runs it so the script never rots.
 
@@ -91,7 +91,7 @@ class Device:
         self.dry = dry
         if dry:
             from npydask.gpu import device as gpu
-            gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/test_gpu.py
+            gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/gpu/test_gpu.py
             gpu.array_module = lambda: np
             self.xp: Any = np
         else:

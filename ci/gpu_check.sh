@@ -213,7 +213,7 @@ PY
 
 stage_pytest() {
   py=${PYTHON:-python3}
-  args=(-q -p no:cacheprovider -m gpu tests/test_gpu.py -rfEs)
+  args=(-q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -rfEs)
   if "$py" -c "import pytest_timeout" 2>/dev/null; then args+=(--timeout 60); fi
   ok=1 log="$NPYD_OUT/pytest.log"
   before=$(wc -l < "$log")

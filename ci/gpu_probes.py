@@ -7,7 +7,7 @@ marks a failure the GPU review predicts and whose fix has not landed (it names t
 finding); once fixed, the probe passes.
 
 ``--dry-run`` runs every probe at tiny size with numpy standing in for CuPy (the
-same stand-in as the CPU tests in ``tests/test_gpu.py``: ``npydask.gpu.device`` reads into
+same stand-in as the CPU tests in ``tests/gpu/test_gpu.py``: ``npydask.gpu.device`` reads into
 numpy), so the probes themselves are checked on any machine; a dry PASS says the
 probe's logic and the host side work, nothing about a GPU.
 
@@ -48,7 +48,7 @@ class Context:
         self.scale = scale
         if dry:
             from npydask.gpu import device as gpu
-            gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/test_gpu.py
+            gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/gpu/test_gpu.py
             gpu.array_module = lambda: np
             self.xp: Any = np
         else:

@@ -1,7 +1,7 @@
 """The object-storage tests' view of the shared S3 server, and a counter of the requests npydask makes.
 
-:func:`s3` wraps the session's ``s3_server`` (tests/conftest.py: SeaweedFS on
-127.0.0.1, ``npydask.testing.seaweed``) with the few helpers these modules
+:class:`S3` (the ``s3`` fixture of tests/conftest.py) wraps the session's ``s3_server``
+(SeaweedFS on 127.0.0.1, ``npydask.testing.seaweed``) with the few helpers these modules
 use: a fresh ``bucket/prefix`` per test, puts and gets by ``bucket/key``, and
 the admin's ``storage_options`` and environment.
 """
@@ -50,12 +50,6 @@ class S3:
     def env(self) -> dict[str, str]:
         """The credentials as a process environment gives them (what the CLI and workers read)."""
         return self.server.env()
-
-
-@pytest.fixture(scope="session")
-def s3(s3_server: Any) -> S3:
-    """The session's S3 server, as these modules use it."""
-    return S3(s3_server)
 
 
 class Requests:

@@ -10,6 +10,8 @@ from hypothesis import HealthCheck, settings
 
 from npydask.storage import _handles
 
+from _s3 import S3
+
 # Before any test imports Ray (nothing above does): Ray posts usage statistics to an outside host
 # about a minute after ray.init unless this is 0, and no test may send traffic beyond 127.0.0.1.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -80,6 +82,12 @@ def s3_server():
     server = _seaweed_or_skip()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(s3_server):
+    """The session's S3 server with the object-storage tests' helpers (``_s3.S3``)."""
+    return S3(s3_server)
 
 
 @pytest.fixture

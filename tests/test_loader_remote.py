@@ -16,7 +16,6 @@ import textwrap
 import numpy as np
 import pytest
 
-from _s3 import s3  # noqa: F401  (the fixture; swap for the shared s3_server when it lands)
 
 N = 12
 SHAPE = (3, 4)

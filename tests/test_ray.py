@@ -451,9 +451,9 @@ def test_blocks_are_the_plans_tasks_not_split_further_by_ray(ray_session, tmp_pa
 def test_ray_gives_one_column_per_member(ray_session, tmp_path):
     import npydask.ray
 
-    from test_multikey import _load, _open, _write
+    from _multikey import load_member, open_archives, write_archives
 
-    paths = _write(str(tmp_path), compressed=False)
+    paths = write_archives(str(tmp_path), compressed=False)
     rds = npydask.ray.read_npy(str(tmp_path), file_filter="*.npz", key=["x", "m"], path_column="path",
                                override_num_blocks=3)
     assert rds.schema().names == ["x", "m", "index", "path"]
@@ -463,14 +463,14 @@ def test_ray_gives_one_column_per_member(ray_session, tmp_path):
     assert [r["index"] for r in rows] == list(range(n))
     for i, row in enumerate(rows):
         assert row["path"] == paths[i]
-        np.testing.assert_array_equal(row["x"], _load(paths[i], "x"))
-        np.testing.assert_array_equal(row["m"], _load(paths[i], "m"))
-    ds = _open(paths)
+        np.testing.assert_array_equal(row["x"], load_member(paths[i], "x"))
+        np.testing.assert_array_equal(row["m"], load_member(paths[i], "m"))
+    ds = open_archives(paths)
     batches = list(ds.to_ray(block_size="1KiB").iter_batches(batch_size=4, batch_format="numpy"))
     got = {k: np.concatenate([b[k] for b in batches]) for k in ("x", "y", "m")}
     order = np.argsort(np.concatenate([b["index"] for b in batches]))
     for k in ("x", "y", "m"):
-        np.testing.assert_array_equal(got[k][order], np.stack([_load(p, k) for p in paths]))
+        np.testing.assert_array_equal(got[k][order], np.stack([load_member(p, k) for p in paths]))
     with pytest.raises(ValueError, match="concatenate=True joins the files of one array"):
         ds.to_ray(concatenate=True)
     with pytest.raises(ValueError, match="must differ"):

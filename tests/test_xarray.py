@@ -23,8 +23,6 @@ from npydask.errors import FileChangedError, NpyDaskWarning, RoiError  # noqa: E
 from npydask.storage.local import LocalSource  # noqa: E402
 from npydask.xarray import NpyBackendArray, NpyBackendEntrypoint  # noqa: E402
 
-from _s3 import s3  # noqa: E402,F401  (the fixture)
-
 
 def _xarray_computes_dask_arrays() -> bool:
     """Whether this xarray recognises this dask's arrays (with dask's array query planning on, xarray

@@ -27,7 +27,7 @@ the one place it is more lenient is the header size, accepted up to
 :data:`MAX_HEADER_BYTES` (numpy stops at 10,000 characters). It is stricter
 on purpose where numpy is lenient or loads something else than the header
 says (fuzzing against numpy found exactly these; see ``tests/test_fuzz.py``
-and the table of header spellings in ``tests/test_header.py``; the README's
+and the table of header spellings in ``tests/format/test_header.py``; the README's
 Security section lists the same):
 
 * object dtypes (they need pickle), and ``S0``/``U0`` strings;

@@ -43,7 +43,7 @@ memory:
     A context manager putting both (and a fake ``pynvml`` counting the same
     devices) into ``sys.modules`` and restoring what was there afterwards.
 
-What it cannot show is listed in ``tests/test_gpu_strict.py``: the order of
+What it cannot show is listed in ``tests/gpu/test_gpu_strict.py``: the order of
 work on real CUDA streams, NVRTC and kernel compilation, GPUDirect Storage,
 the driver, and speed.
 

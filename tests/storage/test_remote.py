@@ -636,9 +636,9 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     import sys
 
     from npydask.gpu import device as gpu
-    from test_gpu import FakeKvikio, _cupy_like, same
+    from _gpu_fakes import FakeKvikio, cupy_like, same
 
-    xp = _cupy_like()
+    xp = cupy_like()
     fake = FakeKvikio()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
     monkeypatch.setattr(gpu, "array_module", lambda: xp)

@@ -1,6 +1,6 @@
 """obstore's exceptions as builtin ones (npydask.storage._remote_errors): pure, with stand-ins of obstore's classes.
 
-The real ones are raised against the SeaweedFS server in tests/test_remote.py;
+The real ones are raised against the SeaweedFS server in tests/storage/test_remote.py;
 here every branch is checked with exceptions of the same names and module,
 carrying text shaped as obstore's (a request dump with a presigned query).
 """

@@ -469,7 +469,7 @@ def test_bench_sizes_are_the_scripts_sizes(monkeypatch):
 
     from npydask.cli import bench
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "_common.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_common.py"
     spec = importlib.util.spec_from_file_location("_bench_common", path)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "_bench_common", module)  # dataclasses look their module up

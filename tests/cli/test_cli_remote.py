@@ -20,7 +20,6 @@ import pytest
 import npydask
 from npydask.cli import main
 
-from _s3 import s3  # noqa: F401  (the fixture; swap for the shared s3_server when it lands)
 
 SHAPES = [(4, 5)] * 5
 

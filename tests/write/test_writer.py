@@ -38,7 +38,7 @@ from npydask.format.header import format_header, parse_header
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, shapes
 from npydask.write.npy import check_names, to_npy, to_npy_files
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_write.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_write.py"
 
 
 # --------------------------------------------------------------------------

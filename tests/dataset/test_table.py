@@ -168,11 +168,12 @@ def test_pickles_carry_only_npydask_types_numpy_arrays_and_builtins():
 
 
 def test_token_is_stable_across_processes():
-    code = ("from tests.test_table import _bench_table; t = _bench_table(2000); "
+    code = ("from tests.dataset.test_table import _bench_table; t = _bench_table(2000); "
             "print(t.token(), t[100:900].token(), t.take([5, 1, 5]).token())")
     env = dict(os.environ, PYTHONHASHSEED="123")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         cwd=os.path.dirname(os.path.dirname(__file__))).stdout.split()
+                         cwd=root).stdout.split()
     t = _bench_table(2000)
     assert out == [t.token(), t[100:900].token(), t.take([5, 1, 5]).token()]
 

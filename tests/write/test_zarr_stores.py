@@ -16,8 +16,6 @@ from npydask.write.zarr_store import where_to
 
 zarr = pytest.importorskip("zarr")
 
-from _s3 import s3  # noqa: E402,F401  (the fixture)
-
 
 def test_an_s3_round_trip_with_the_same_storage_options(s3):  # noqa: F811
     pytest.importorskip("obstore")

@@ -978,8 +978,8 @@ def test_reading_a_1_MiB_structured_header_costs_little_memory(tmp_path):
 # inside it, key order and spellings, every kind of shape, fortran_order and descr), each checked
 # in versions 1.0 and 3.0 against numpy.load on the header plus the payload it asks for.
 
-_README = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
-_FUZZ = pathlib.Path(__file__).resolve().parent.parent / "ci" / "fuzz_npy.py"
+_README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "errors.md"
+_FUZZ = pathlib.Path(__file__).resolve().parents[2] / "ci" / "fuzz_npy.py"
 
 
 def _fuzz_module():

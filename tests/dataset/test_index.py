@@ -346,7 +346,7 @@ def test_object_names_are_stored_after_their_common_root(urls, root):
 # --------------------------------------------------------------------------
 # index= over object storage (a real S3 server): identities from the LIST, no header request on reuse.
 
-from _s3 import Requests, s3  # noqa: E402,F401  (the fixture; swap for the shared s3_server when it lands)
+from _s3 import Requests  # noqa: E402
 
 
 def _objects(s3, n_top=60, n_sub=(120, 120), shape=(4, 3), dtype="<f4"):

@@ -21,7 +21,6 @@ import pickle
 import re
 import subprocess
 import sys
-import threading
 import time
 import types
 
@@ -41,7 +40,9 @@ from npydask.gpu.plan import GpuReadOptions, plan_gpu_read
 from npydask.reader import FileRef
 from npydask.plan.region import Box
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _gpu_fakes import KVIKIO_EOF, CupyLikeArray, FakeKvikio, cupy_like, install_kvikio, kvikio_system_error, same
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOOD = ["<f4", ">f4", ">f8", "<f2", ">c8", ">c16", "?", "|u1", ">i2", "<u4", ">i8"]
 REFUSED = ["S3", "U2", "V4", "M8[s]", "m8[ms]", "g", "G", [("a", "<f4"), ("b", "<i4")], [("a", ">i8", (2,))]]
 
@@ -53,14 +54,6 @@ def random_array(shape, dtype, seed=0):
     if dtype.kind == "b":
         raw = raw % 2
     return np.frombuffer(raw.tobytes(), dtype=dtype).reshape(shape)
-
-
-def same(got, expected):
-    got = np.asarray(got)
-    expected = np.asarray(expected)
-    assert got.dtype.str == expected.dtype.newbyteorder("=").str, (got.dtype, expected.dtype)
-    assert got.shape == expected.shape
-    assert got.tobytes() == expected.astype(got.dtype).tobytes()
 
 
 def chunks(x):
@@ -295,67 +288,28 @@ def _scalar(tmp_path):
     return tmp_path / "s.npy"
 
 
-class _CupyLikeArray(np.ndarray):
-    def set(self, host):
-        self[...] = host
-
-
-def _cupy_like(log=None):
-    """A module shaped like CuPy over host memory: exercises the device-only branches here.
-
-    ``log``, when given, records ``"alloc"`` for each ``empty`` and ``"sync"`` for each stream synchronisation.
-    """
-    log = [] if log is None else log
-
-    def empty(shape, dtype=float):
-        log.append("alloc")
-        return np.empty(shape, dtype).view(_CupyLikeArray)
-
-    synced, events = [], []
-
-    def synchronize():
-        synced.append(1)
-        log.append("sync")
-
-    stream = types.SimpleNamespace(synchronize=synchronize)
-
-    class Event:  # (copies are synchronous here: recording and waiting are only counted)
-        def __init__(self, **flags):
-            self.waited = 0
-
-        def record(self, stream=None):
-            events.append(self)
-
-        def synchronize(self):
-            self.waited += 1
-
-    cuda = types.SimpleNamespace(alloc_pinned_memory=bytearray, get_current_stream=lambda: stream, Event=Event)
-    return types.SimpleNamespace(__name__="cupy", empty=empty, uint8=np.uint8, cuda=cuda, synced=synced,
-                                 events=events, asarray=lambda a: np.asarray(a).view(_CupyLikeArray))  # fmt: skip
-
-
 def test_device_branches_pinned_host_and_kvikio_with_a_cupy_like_module(save, monkeypatch):
     monkeypatch.setitem(sys.modules, "kvikio", None)
-    xp = _cupy_like()
+    xp = cupy_like()
     a = random_array((20, 30), ">c8", seed=8)
     paths = [save(a), save(a, order="F")]
     for how in ({}, {"kvikio": FakeKvikio()}):  # kvikio not installed -> pinned host memory; then kvikio
         got = kvikio_backend.read_to_device(_jobs(paths, Box((2, 3), (19, 28))), xp, **how)
         for g in got:
-            assert isinstance(g, _CupyLikeArray)
+            assert isinstance(g, CupyLikeArray)
             same(g, a[2:19, 3:28])
         assert xp.synced or xp.events  # a stream sync before staging is reused / an event per pinned copy
         xp.synced.clear()
 
 
 def test_from_npy_through_a_cupy_like_module(save, monkeypatch, tmp_path):
-    xp = _cupy_like()
+    xp = cupy_like()
     monkeypatch.setattr(gpu, "require_gpu", lambda: None)
     monkeypatch.setattr(gpu, "array_module", lambda: xp)
     monkeypatch.setitem(sys.modules, "kvikio", None)
     a = random_array((9, 10), ">u2", seed=1)
     x = npydask.from_npy(save(a, order="F"), chunks=(4, 5), device="gpu")
-    assert isinstance(x._meta, _CupyLikeArray)
+    assert isinstance(x._meta, CupyLikeArray)
     same(x.compute(), a)
     np.savez_compressed(tmp_path / "c.npz", a=a)
     ds = npydask.open_dataset(files=[str(tmp_path / "c.npz")] * 3, key="a", device="gpu")
@@ -364,171 +318,6 @@ def test_from_npy_through_a_cupy_like_module(save, monkeypatch, tmp_path):
 
 # --------------------------------------------------------------------------
 # The kvikio branch, through a fake kvikio that reads into host buffers (as kvikio can).
-
-
-class FakeFuture:
-    def __init__(self, n, error=None):
-        self.n, self.error = n, error
-
-    def get(self):
-        if self.error:
-            raise RuntimeError(self.error)
-        return self.n
-
-
-KVIKIO_EOF = "KvikIO failure at: /kvikio/cpp/include/kvikio/detail/posix_io.hpp:173: POSIX error on pread: EOF"
-"""What kvikio's POSIX reads raise where the file ends before the bytes asked for (they never return short)."""
-
-
-def kvikio_system_error(code):
-    """kvikio's text for a failed system call (``KVIKIO_SYSCALL_CHECK``: a ``std::system_error``)."""
-    return f"Unable to open file. Linux system/library function call error at: /kvikio/cpp/src/file_utils.cpp:160: {os.strerror(code)}"
-
-
-class FakeDefaults(types.ModuleType):
-    """``kvikio.defaults`` of kvikio 26.10: ``get``/``set`` (a context manager too), ``is_compat_mode_preferred``."""
-
-    def __init__(self, compat_mode, num_threads, gds):
-        super().__init__("kvikio.defaults")
-        self.values = {"compat_mode": compat_mode, "num_threads": num_threads, "task_size": 4 << 20,
-                       "gds_threshold": 16384}  # fmt: skip
-        self.gds, self.sets = gds, []
-
-    def get(self, name):
-        return self.values[name]
-
-    def set(self, *config):
-        items = config[0] if len(config) == 1 else {config[0]: config[1]}
-        old = {k: self.values[k] for k in items}
-        self.values.update(items)
-        self.sets.append(dict(items))
-        defaults = self
-
-        class Restore:
-            def __enter__(self):
-                return None
-
-            def __exit__(self, *exc):
-                defaults.values.update(old)
-
-        return Restore()
-
-    def is_compat_mode_preferred(self):
-        mode = self.values["compat_mode"]  # 0 OFF, 1 ON, 2 AUTO (kvikio's default)
-        return mode == 1 or (mode == 2 and not self.gds)
-
-
-class FakeCufileDriver(types.ModuleType):
-    def __init__(self, gds):
-        super().__init__("kvikio.cufile_driver")
-        self.gds = gds
-
-    def get(self, name):
-        return {"is_gds_available": self.gds, "major_version": 1, "minor_version": 16}[name]
-
-
-class FakeKvikio(types.ModuleType):
-    """kvikio 26.10 as far as npydask uses it: ``CuFile`` over ``os.pread``; ``defaults``; ``cufile_driver``.
-
-    Each ``CuFile`` holds two descriptors (kvikio opens the file buffered and
-    with ``O_DIRECT``) and the fake counts the ``CuFile`` s open at once; an
-    ``OSError`` opening one comes out as kvikio's ``RuntimeError`` text. As
-    kvikio's POSIX reads, a read past the end of the file raises
-    (:data:`KVIKIO_EOF`), never returns short: at once for reads under
-    ``gds_threshold`` (kvikio runs those synchronously), from ``get()``
-    otherwise. Records opens, closes, reads and, in ``events``, the order
-    of its reads among what else appends there. ``lazy``: ``defaults`` and
-    ``cufile_driver`` appear only once imported (``import kvikio.defaults``),
-    as with kvikio's own ``__init__`` (install it with :func:`install_kvikio`).
-    """
-
-    def __init__(self, open_error=None, read_error=None, other_file=None, start_error_at=None, *, lazy=False,
-                 compat_mode=2, num_threads=1, gds=False, before_read=None, events=None):  # fmt: skip
-        super().__init__("kvikio")
-        self.__path__ = []  # a package: its submodules import through install_kvikio's finder
-        self.__version__ = "26.10.00"
-        self.open_error, self.read_error, self.other_file = open_error, read_error, other_file
-        self.start_error_at, self.before_read = start_error_at, before_read
-        self.opened, self.closed, self.reads = 0, 0, []
-        self.open_now = self.open_peak = 0
-        self.events = [] if events is None else events
-        self.submodules = {"defaults": FakeDefaults(compat_mode, num_threads, gds), "cufile_driver": FakeCufileDriver(gds)}
-        if not lazy:
-            self.defaults, self.cufile_driver = self.submodules["defaults"], self.submodules["cufile_driver"]
-        lock = threading.Lock()
-        fake = self
-
-        class CuFile:
-            def __init__(self, path, flags="r"):
-                assert flags == "r"
-                if fake.open_error:
-                    raise RuntimeError(fake.open_error)
-                time.sleep(0.0002)  # (lets other threads run, as kvikio's open does: opens of threads interleave)
-                try:
-                    self.fd = os.open(fake.other_file or path, os.O_RDONLY)
-                    try:
-                        self.fd_direct = os.open(fake.other_file or path, os.O_RDONLY)
-                    except OSError:
-                        os.close(self.fd)
-                        raise
-                except OSError as e:
-                    raise RuntimeError(kvikio_system_error(e.errno)) from None
-                with lock:
-                    fake.opened += 1
-                    fake.open_now += 1
-                    fake.open_peak = max(fake.open_peak, fake.open_now)
-
-            def fileno(self):
-                return self.fd
-
-            def close(self):
-                os.close(self.fd)
-                os.close(self.fd_direct)
-                with lock:
-                    fake.closed += 1
-                    fake.open_now -= 1
-
-            def pread(self, buf, size, file_offset, task_size=None):
-                if len(fake.reads) == fake.start_error_at:
-                    raise RuntimeError("cuFileRead: invalid device pointer")
-                fake.reads.append((file_offset, size))
-                fake.events.append("pread")
-                if fake.before_read:
-                    fake.before_read(self)
-                data = os.pread(self.fd, size, file_offset)
-                buf[: len(data)] = np.frombuffer(data, np.uint8)
-                if len(data) < size:
-                    if size < fake.submodules["defaults"].values["gds_threshold"]:
-                        raise RuntimeError(KVIKIO_EOF)
-                    return FakeFuture(0, KVIKIO_EOF)
-                return FakeFuture(size, fake.read_error)
-
-        self.CuFile = CuFile
-
-
-class _FakeSubmodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``kvikio.defaults`` and ``kvikio.cufile_driver`` of the :class:`FakeKvikio` in ``sys.modules``."""
-
-    def find_spec(self, name, path=None, target=None):
-        parent = sys.modules.get("kvikio")
-        if isinstance(parent, FakeKvikio) and name.startswith("kvikio.") and name[7:] in parent.submodules:
-            return importlib.util.spec_from_loader(name, self)
-        return None
-
-    def create_module(self, spec):
-        return sys.modules["kvikio"].submodules[spec.name[7:]]
-
-    def exec_module(self, module):
-        pass
-
-
-def install_kvikio(monkeypatch, fake):
-    """Make ``import kvikio`` give ``fake``, and ``import kvikio.defaults`` its submodule (for this test)."""
-    monkeypatch.setitem(sys.modules, "kvikio", fake)
-    for name in ("kvikio.defaults", "kvikio.cufile_driver"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_FakeSubmodules(), *sys.meta_path])
-    return fake
 
 
 def _jobs(paths, box=None, options=None):
@@ -935,7 +724,7 @@ def test_the_pinned_path_is_logged_once(save, monkeypatch, fresh_kvikio_state, c
     caplog.set_level("INFO", logger="npydask.gpu._kvikio")
     p = save(np.arange(50.0))
     for _ in range(2):
-        kvikio_backend.read_to_device(_jobs([p]), _cupy_like())
+        kvikio_backend.read_to_device(_jobs([p]), cupy_like())
     logged = [r.getMessage() for r in caplog.records if r.name == "npydask.gpu._kvikio"]
     assert logged == ["npydask reads onto the device with " + kvikio_backend.describe()]
     assert "pinned host memory (kvikio not installed)" in logged[0]
@@ -1045,7 +834,7 @@ def test_kvikio_files_open_at_once_stay_under_the_open_file_limit(tmp_path):
 
 def test_kvikio_staging_is_synchronised_after_it_is_allocated(save):
     events = []
-    xp = _cupy_like(events)
+    xp = cupy_like(events)
     p = save(random_array((20, 30), ">f4", seed=3))
     fake = FakeKvikio(events=events)
     same(kvikio_backend.read_to_device(_jobs([p]), xp, kvikio=fake)[0], np.load(p))
@@ -1097,7 +886,7 @@ def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, 
     fake = FakeKvikio()
     caplog.set_level("INFO", logger="npydask.gpu._kvikio")
     for _ in range(2):
-        for got in kvikio_backend.read_to_device(jobs, _cupy_like(), kvikio=fake):
+        for got in kvikio_backend.read_to_device(jobs, cupy_like(), kvikio=fake):
             same(got, a)
     logged = [r.getMessage() for r in caplog.records if r.name == "npydask.gpu._kvikio"]
     assert len(logged) == 2 and "kvikio POSIX compatibility mode" in logged[0], logged
@@ -1149,7 +938,7 @@ def test_direct_reads_skip_staging_on_the_host_paths_too(save, monkeypatch):
     monkeypatch.setitem(sys.modules, "kvikio", None)
     arrays = [random_array((5, 9), "<f8", seed=i) for i in range(3)] + [random_array((5, 9), ">f8", seed=9)]
     paths = [save(a) for a in arrays]
-    for xp in (np, _cupy_like()):
+    for xp in (np, cupy_like()):
         sizes = _staging_sizes(monkeypatch)
         out = xp.empty((3, 5, 9), np.float64)
         jobs = [j._replace(out=out[k]) for k, j in enumerate(_jobs(paths[:3]))]
@@ -1301,7 +1090,7 @@ def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, mon
     monkeypatch.setitem(sys.modules, "kvikio", None)
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 4096)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())  # (a fresh ring for this test)
-    xp = _cupy_like()
+    xp = cupy_like()
     pinned = []
     xp.cuda.alloc_pinned_memory = lambda n: pinned.append(n) or bytearray(n)
     arrays = [random_array((50, 70 + 9 * k), ">f8" if k % 2 else "<f8", seed=k) for k in range(5)]
@@ -1321,7 +1110,7 @@ def test_the_pinned_ring_waits_on_the_stream_without_events(monkeypatch):
     from npydask.gpu import _pinned as gpu_pinned
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 1024)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())
-    xp = _cupy_like()
+    xp = cupy_like()
     del xp.cuda.Event
     host = random_array((10, 300), ">u2", seed=3).astype("<u2")
     same(gpu.to_device(host, xp), host)

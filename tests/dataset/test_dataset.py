@@ -3,7 +3,7 @@
 numpy is the oracle (np.load, slicing, np.pad, np.stack, np.concatenate) and
 the files are real. The ROI suite re-expresses DALI's own numpy-reader tests
 (``test_numpy_reader_roi``/``_roi_error``: the same eight 2-D shapes in C,
-Fortran and mixed order); tests/test_dataset_dali.py compares with DALI itself.
+Fortran and mixed order); tests/dataset/test_dataset_dali.py compares with DALI itself.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import npydask.dataset.stacking
 from npydask.dataset.npy_dataset import Skipped
 from npydask.errors import NpyDaskWarning
 
-from _s3 import s3  # noqa: F401  (the fixture)
 
 SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
 

@@ -74,7 +74,7 @@ def test_an_unknown_argument_keeps_pythons_message(folder):
 def test_the_docs_map_every_dali_argument():
     import pathlib
 
-    readme = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "many-files.md").read_text()
+    readme = (pathlib.Path(__file__).parents[2] / "docs" / "guide" / "many-files.md").read_text()
     table = readme.split("| DALI `fn.readers.numpy` | npydask |", 1)[1].split("\n\n", 1)[0]
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
     mapped = {name for row in rows for name in re.findall(r"`(\w+)`", row)}

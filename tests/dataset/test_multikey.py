@@ -13,46 +13,16 @@ import npydask
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.storage import _handles
 
-from _s3 import s3  # noqa: F401  (the fixture)
-
-N = 11
-
-
-def _member_arrays(i: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(i)
-    return {
-        "x": rng.standard_normal((4, 6)).astype(">f4"),  # big-endian: batches come back native
-        "y": np.int64(i * 7),  # 0-d
-        "m": rng.integers(0, 255, (3, 5, 2), dtype=np.uint8),
-    }
-
-
-def _write(root: str, compressed: bool, n: int = N) -> list[str]:
-    save = np.savez_compressed if compressed else np.savez
-    paths = []
-    for i in range(n):
-        p = os.path.join(root, f"s{i:03d}.npz")
-        save(p, **_member_arrays(i))
-        paths.append(p)
-    return paths
-
-
-def _load(path: str, key: str) -> np.ndarray:
-    with np.load(path) as z:
-        return z[key]
+from _multikey import N, load_member, member_arrays, open_archives, write_archives
 
 
 @pytest.fixture(params=["stored", "deflated"])
 def archives(request, tmp_path):
-    return _write(str(tmp_path), request.param == "deflated")
-
-
-def _open(paths, **kw):
-    return npydask.open_dataset(os.path.dirname(paths[0]), file_filter="*.npz", key=["x", "y", "m"], **kw)
+    return write_archives(str(tmp_path), request.param == "deflated")
 
 
 def test_stack_and_items_equal_numpy_load_of_each_member(archives):
-    ds = _open(archives)
+    ds = open_archives(archives)
     assert isinstance(ds, MultiKeyDataset)
     assert len(ds) == N and ds.keys == ("x", "y", "m") and ds.files == archives
     assert ds.dtypes == {"x": np.dtype(">f4"), "y": np.dtype("<i8"), "m": np.dtype("u1")}
@@ -60,7 +30,7 @@ def test_stack_and_items_equal_numpy_load_of_each_member(archives):
     assert set(stacked) == {"x", "y", "m"}
     (computed,) = dask.compute(stacked)
     for k in ds.keys:
-        expected = np.stack([_load(p, k) for p in archives])
+        expected = np.stack([load_member(p, k) for p in archives])
         assert computed[k].shape == expected.shape
         np.testing.assert_array_equal(computed[k], expected)
     for i in (0, 5, -1):
@@ -68,20 +38,20 @@ def test_stack_and_items_equal_numpy_load_of_each_member(archives):
         assert set(sample) == {"x", "y", "m"}
         for k, a in sample.items():
             got = a.compute()
-            np.testing.assert_array_equal(got, _load(archives[i], k))
-            assert got.dtype == _load(archives[i], k).dtype
+            np.testing.assert_array_equal(got, load_member(archives[i], k))
+            assert got.dtype == load_member(archives[i], k).dtype
     sub = ds[[3, 1]]
     assert isinstance(sub, MultiKeyDataset) and sub.files == [archives[3], archives[1]]
-    np.testing.assert_array_equal(sub.stack()["m"].compute(), np.stack([_load(archives[j], "m") for j in (3, 1)]))
+    np.testing.assert_array_equal(sub.stack()["m"].compute(), np.stack([load_member(archives[j], "m") for j in (3, 1)]))
     assert ds[2:4].files == archives[2:4]
     assert ds.shard(1, 3).files == archives[3:7] and ds.shard(1, 3).sharding == (1, 3)
 
 
 def test_explicit_chunks_apply_to_every_member(archives):
-    ds = _open(archives)
+    ds = open_archives(archives)
     got = ds.stack(chunks=3)
     assert got["x"].chunks[0] == (3, 3, 3, 2) and got["y"].chunks[0] == (3, 3, 3, 2)
-    np.testing.assert_array_equal(got["x"].compute(), np.stack([_load(p, "x") for p in archives]))
+    np.testing.assert_array_equal(got["x"].compute(), np.stack([load_member(p, "x") for p in archives]))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -89,7 +59,7 @@ def test_explicit_chunks_apply_to_every_member(archives):
 def test_loader_epochs_give_dict_batches(archives, shuffle, shards):
     from npydask.loader import dataset_fingerprint
 
-    ds = _open(archives)
+    ds = open_archives(archives)
     loaders = [
         npydask.Loader(ds, 4, shuffle=shuffle, seed=3, shard_id=k, num_shards=shards, with_index=True)
         for k in range(shards)
@@ -102,7 +72,7 @@ def test_loader_epochs_give_dict_batches(archives, shuffle, shards):
             for batch, idx in loader:
                 assert set(batch) == {"x", "y", "m"}
                 for k in ds.keys:
-                    expected = np.stack([_load(archives[i], k) for i in idx.tolist()])
+                    expected = np.stack([load_member(archives[i], k) for i in idx.tolist()])
                     np.testing.assert_array_equal(batch[k], expected)
                     assert batch[k].dtype == expected.dtype.newbyteorder("=")
                 mine += idx.tolist()
@@ -142,16 +112,16 @@ def test_roi_and_pad_apply_to_every_member(tmp_path):
         paths.append(p)
     ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["a", "b"], roi_start=[1, 2], roi_shape=[2, 2])
     got = ds.stack()
-    np.testing.assert_array_equal(got["a"].compute(), np.stack([_load(p, "a")[1:3, 2:4] for p in paths]))
-    np.testing.assert_array_equal(got["b"].compute(), np.stack([_load(p, "b")[1:3, 2:4] for p in paths]))
+    np.testing.assert_array_equal(got["a"].compute(), np.stack([load_member(p, "a")[1:3, 2:4] for p in paths]))
+    np.testing.assert_array_equal(got["b"].compute(), np.stack([load_member(p, "b")[1:3, 2:4] for p in paths]))
     padded = npydask.open_dataset(
         str(tmp_path), file_filter="*.npz", key=["a", "b"], roi_start=[2, 3], roi_shape=[4, 4],
         out_of_bounds_policy="pad", fill_value=-1,
     )
     for i, batch in enumerate(npydask.Loader(padded, 1)):
         for k in ("a", "b"):
-            full = np.full((4, 4), -1, _load(paths[i], k).dtype)
-            src = _load(paths[i], k)[2:6, 3:7]
+            full = np.full((4, 4), -1, load_member(paths[i], k).dtype)
+            src = load_member(paths[i], k)[2:6, 3:7]
             full[: src.shape[0], : src.shape[1]] = src
             np.testing.assert_array_equal(batch[k][0], full)
             np.testing.assert_array_equal(padded[i][k].compute(), full)
@@ -210,13 +180,13 @@ def test_open_reads_each_zip_directory_once_and_a_batch_opens_each_file_once(arc
     """At open: one open per archive for all members; reading a batch of all members: one open per archive."""
     opened = _count_opens(monkeypatch)
     _handles.clear_cache()
-    ds = _open(archives)
+    ds = open_archives(archives)
     assert sorted(opened) == sorted(archives)  # 3 members, one open each
     opened.clear()
     _handles.clear_cache()
     batch = next(iter(npydask.Loader(ds, N, prefetch=0)))
     assert sorted(opened) == sorted(archives)
-    np.testing.assert_array_equal(batch["m"], np.stack([_load(p, "m") for p in archives]))
+    np.testing.assert_array_equal(batch["m"], np.stack([load_member(p, "m") for p in archives]))
     opened.clear()
     _handles.clear_cache()
     dask.compute(ds.stack(), scheduler="sync")
@@ -225,7 +195,7 @@ def test_open_reads_each_zip_directory_once_and_a_batch_opens_each_file_once(arc
 
 def test_a_rewritten_archive_is_not_read_through_a_siblings_descriptor(tmp_path):
     """A member's cached descriptor serves its siblings only at the same identity."""
-    paths = _write(str(tmp_path), False, n=3)
+    paths = write_archives(str(tmp_path), False, n=3)
     ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "y"])
     _handles.clear_cache()
     ds[0]["x"].compute()
@@ -241,7 +211,7 @@ def test_a_rewritten_archive_is_not_read_through_a_siblings_descriptor(tmp_path)
 def test_pickled_dataset_reads_the_same(archives):
     import pickle
 
-    ds = pickle.loads(pickle.dumps(_open(archives)))
+    ds = pickle.loads(pickle.dumps(open_archives(archives)))
     np.testing.assert_array_equal(ds.stack()["y"].compute(), np.arange(N) * 7)
 
 
@@ -249,13 +219,13 @@ def test_torch_dataloader_collates_dicts(archives):
     torch = pytest.importorskip("torch")
     from npydask.torch import NpyIterableDataset, NpyMapDataset
 
-    ds = _open(archives)
+    ds = open_archives(archives)
     for wrapped in (NpyIterableDataset(ds, with_index=True), NpyMapDataset(ds, with_index=True)):
         seen = []
         for batch, idx in torch.utils.data.DataLoader(wrapped, batch_size=4):
             assert set(batch) == {"x", "y", "m"}
             for k in ds.keys:
-                expected = np.stack([_load(archives[i], k) for i in idx.tolist()])
+                expected = np.stack([load_member(archives[i], k) for i in idx.tolist()])
                 np.testing.assert_array_equal(batch[k].numpy(), expected)
             seen += idx.tolist()
         assert sorted(seen) == list(range(N))
@@ -269,7 +239,7 @@ def test_torch_spawned_workers_collate_dicts(archives, mapped):
     torch = pytest.importorskip("torch")
     from npydask.torch import NpyIterableDataset, NpyMapDataset
 
-    ds = _open(archives)
+    ds = open_archives(archives)
     wrapped = NpyMapDataset(ds, with_index=True) if mapped else NpyIterableDataset(ds, with_index=True)
     loader = torch.utils.data.DataLoader(
         wrapped, batch_size=3, num_workers=2, multiprocessing_context=torch.multiprocessing.get_context("spawn"),
@@ -278,7 +248,8 @@ def test_torch_spawned_workers_collate_dicts(archives, mapped):
     seen = []
     for batch, idx in loader:
         for k in ds.keys:
-            np.testing.assert_array_equal(batch[k].numpy(), np.stack([_load(archives[i], k) for i in idx.tolist()]))
+            expected = np.stack([load_member(archives[i], k) for i in idx.tolist()])
+            np.testing.assert_array_equal(batch[k].numpy(), expected)
         seen += idx.tolist()
     assert sorted(seen) == list(range(N))
 
@@ -298,7 +269,7 @@ def test_object_store_prefix(s3):
     arrays = []
     for i in range(5):
         buf = io.BytesIO()
-        members = _member_arrays(i)
+        members = member_arrays(i)
         (np.savez_compressed if i % 2 else np.savez)(buf, **members)
         s3.put(f"{root}/{i}.npz", buf.getvalue())
         arrays.append(members)
@@ -309,7 +280,6 @@ def test_object_store_prefix(s3):
     for batch, idx in npydask.Loader(ds, 2, shuffle=True, with_index=True):
         for k in ("x", "m"):
             np.testing.assert_array_equal(batch[k], np.stack([arrays[i][k] for i in idx.tolist()]))
-
 
 
 @pytest.mark.timeout(300)

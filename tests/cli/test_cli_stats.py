@@ -1,6 +1,6 @@
 """``npydask stats --device gpu`` on the CPU, through a stand-in for CuPy that refuses host arrays.
 
-numpy as the array module (``tests/test_gpu.py``'s ``numpy_device``) accepts a
+numpy as the array module (``tests/gpu/test_gpu.py``'s ``numpy_device``) accepts a
 host array stacked with device arrays, as CuPy does not: its ``concatenate``
 raises ``TypeError`` for a ``numpy.ndarray``. The stand-in here is a numpy
 subclass whose ``stack`` and ``concatenate`` refuse plain numpy arrays, so a

@@ -26,7 +26,7 @@ from npydask.cli.convert import destination_kind, plan_batches
 
 zarr = pytest.importorskip("zarr")
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def run(*args, timeout=240):
