@@ -81,12 +81,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-from _common import Result  # noqa: E402
 import bench_dataset  # noqa: E402  (its data layout and generator)
-from _datasets import make_set  # noqa: E402
-
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
+from _common import Result  # noqa: E402
+from _datasets import make_set  # noqa: E402
 
 import npydask  # noqa: E402
 

@@ -49,7 +49,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-
 import dask  # noqa: E402
 
 import npydask  # noqa: E402

@@ -84,19 +84,20 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-from _common import Result  # noqa: E402
 import _peers  # noqa: E402
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+from _common import Result  # noqa: E402
 from _datasets import (  # noqa: E402
     DATASET_SIZES,
-    DatasetSize as Size,
     clear_npydask_caches,
     make_data,
     make_roi_volumes,
     sum_one_by_one,
 )
-
-import dask  # noqa: E402
-import dask.array as da  # noqa: E402
+from _datasets import (
+    DatasetSize as Size,
+)
 
 import npydask  # noqa: E402
 from npydask.plan.read_strategy import STRATEGIES, choose  # noqa: E402
@@ -439,11 +440,12 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     private steps: a profile, not an API.
     """
     from npydask.dataset.open import _select
-    from npydask.dataset.scan import scan_headers, scan_table as _table
+    from npydask.dataset.scan import scan_headers
+    from npydask.dataset.scan import scan_table as _table
+    from npydask.dataset.uniform import first_table
     from npydask.plan.roi import RoiArgs
     from npydask.storage import read_files
     from npydask.storage.local import LOCAL
-    from npydask.dataset.uniform import first_table
 
     def per_file(fn: Callable[[], Any], n: int) -> tuple[float, Any]:
         cpu: list[float] = []

@@ -61,8 +61,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from _datasets import make_set  # noqa: E402
 
-import npydask  # noqa: E402
-
 GOAL = 2.0
 BATCH = 8
 BLOCKS = 16

@@ -69,11 +69,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-from _common import Result  # noqa: E402
-from _datasets import sum_one_by_one  # noqa: E402
-
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
+from _common import Result  # noqa: E402
+from _datasets import sum_one_by_one  # noqa: E402
 
 import npydask  # noqa: E402
 
@@ -151,8 +150,8 @@ def make_data(folder: str, size: Size) -> tuple[list[str], str]:
 
 def clear_npydask_caches() -> None:
     """Forget npydask's open-file cache and header memo (a first build in a fresh process)."""
-    from npydask.storage import clear_cache
     from npydask.format import header
+    from npydask.storage import clear_cache
 
     clear_cache()
     for name, value in vars(header).items():

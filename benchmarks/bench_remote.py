@@ -96,9 +96,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _link  # noqa: E402
 import _peers  # noqa: E402
-from _datasets import DATASET_SIZES, DatasetSize as Size, clear_npydask_caches, make_data  # noqa: E402
-
 import dask.array as da  # noqa: E402
+from _datasets import DATASET_SIZES, clear_npydask_caches, make_data  # noqa: E402
+from _datasets import DatasetSize as Size
 
 import npydask  # noqa: E402
 from npydask.testing.counting_proxy import CountingProxy, ProxyCounts  # noqa: E402

@@ -46,7 +46,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 

@@ -54,11 +54,14 @@ import _common  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
-from npydask.storage import FdReader  # noqa: E402
 from npydask._buffers import pieces  # noqa: E402
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
 from npydask.plan.region import Box, plan_read  # noqa: E402
-from npydask.storage import acquire, clear_cache  # noqa: E402
+from npydask.storage import (  # noqa: E402
+    FdReader,  # noqa: E402
+    acquire,
+    clear_cache,
+)
 
 SHAPE = (64, 256, 256)
 DTYPE = np.dtype("<f4")

@@ -246,8 +246,8 @@ def probe_loader_torch_gpu(c: Context) -> str:
     import torch
 
     import npydask
-    from npydask.gpu import process as gpu_process
     from npydask.errors import GpuUnavailableError
+    from npydask.gpu import process as gpu_process
     from npydask.torch import NpyIterableDataset, NpyMapDataset
 
     folder, arrays = _loader_files(c)
@@ -361,8 +361,8 @@ def probe_kvikio_errors(c: Context) -> str:
     import resource
 
     import npydask
-    from npydask.gpu import _kvikio_runtime as kr
     from npydask.gpu import _kvikio as kb
+    from npydask.gpu import _kvikio_runtime as kr
     from npydask.storage import _handles
 
     text = kb.describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
@@ -584,8 +584,8 @@ def probe_nvrtc_check(c: Context) -> str:
 def _toolkit_dry() -> str:
     import types
 
-    from npydask.gpu import toolkit as gpu_toolkit
     from npydask.errors import GpuUnavailableError
+    from npydask.gpu import toolkit as gpu_toolkit
 
     made: list[str] = []
 

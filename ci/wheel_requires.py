@@ -42,7 +42,6 @@ except ImportError:  # pip always carries a copy
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
-    from pip._vendor.packaging.version import Version  # type: ignore[no-redef]
 
 __all__ = ["Provided", "check", "main", "read_image", "read_wheel"]
 

@@ -47,15 +47,15 @@ from __future__ import annotations
 from npydask import config
 from npydask.array import from_npy
 from npydask.dataset.npy_dataset import NpyDataset
+from npydask.dataset.npy_stack import from_npy_stack
 from npydask.dataset.open import open_dataset
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.format.header import NpyHeader, parse_header
 from npydask.loader import Loader
-from npydask.dataset.npy_stack import from_npy_stack
 from npydask.reader import read_header, read_region
 from npydask.write.npy import to_npy, to_npy_files
-from npydask.write.zarr_store import zarr_store
 from npydask.write.zarr import to_zarr
+from npydask.write.zarr_store import zarr_store
 
 __version__ = "0.1.0"
 

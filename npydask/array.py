@@ -23,14 +23,13 @@ import dask.array as da
 import numpy as np
 from dask.array.core import normalize_chunks
 
+from npydask._buffers import empty, raw
 from npydask._keywords import suggest_keywords
-from npydask._buffers import empty
 from npydask.graph.build import chunk_array
-from npydask.reader import BACKENDS, FileRef
-from npydask._buffers import raw
 from npydask.plan.chunks import auto_chunks, chunk_limit, drop_empty_chunks, regular_grid
 from npydask.plan.region import Box, split_index
 from npydask.plan.roi import FileRoi, fill_like
+from npydask.reader import BACKENDS, FileRef
 from npydask.storage.where import fspath, resolve
 
 __all__ = ["NpyFileArray", "from_npy"]

@@ -30,12 +30,12 @@ import numpy as np
 
 from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
+from npydask.dataset.multikey import MultiKeyDataset, pick
+from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
-from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.plan.region import Box
 from npydask.plan.sampling import EpochPlan, check_int
-from npydask.dataset.stacking import FileGroup, joined_dtype
 
 __all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
 

@@ -24,17 +24,16 @@ import numpy as np
 
 from npydask import backends
 from npydask._keywords import suggest_keywords
-from npydask.storage import FileIdentity, HeaderCheck, OpenFile
-from npydask.plan.region import same_layout
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader
 from npydask.format.npz import check_stored
-from npydask.storage.paths import absolute
 from npydask.plan.read_strategy import STRATEGIES, choose
-from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read
+from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
+from npydask.storage import FileIdentity, HeaderCheck, OpenFile
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
+from npydask.storage.paths import absolute
 from npydask.storage.where import fspath, resolve
 
 __all__ = ["BACKENDS", "FileRef", "check_key", "choose_backend", "read_header", "read_region"]

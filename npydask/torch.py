@@ -78,12 +78,12 @@ except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr
         f"npydask.torch: PyTorch is installed but fails to import ({e}); {install_hint('torch')}"
     ) from e
 
+from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.dataset.npy_dataset import file_index
+from npydask.dataset.stacking import joined_dtype
 from npydask.gpu import check_cuda_fork
 from npydask.loader import check_process, read_batch, warn_if_resharded
-from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.plan.sampling import check_int, epoch_order
-from npydask.dataset.stacking import joined_dtype
 
 __all__ = ["NpyIterableDataset", "NpyMapDataset", "check_torch_dtype", "split_for"]
 

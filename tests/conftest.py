@@ -6,11 +6,10 @@ import os
 
 import numpy as np
 import pytest
+from _s3 import S3
 from hypothesis import HealthCheck, settings
 
 from npydask.storage import _handles
-
-from _s3 import S3
 
 # Before any test imports Ray (nothing above does): Ray posts usage statistics to an outside host
 # about a minute after ray.init unless this is 0, and no test may send traffic beyond 127.0.0.1.

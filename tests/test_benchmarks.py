@@ -164,9 +164,9 @@ def test_scale_benchmark_runs_at_tiny_size(tmp_path):
 def test_scale_benchmark_files_are_numpy_files(tmp_path, monkeypatch):
     """The files bench_scale.py writes with os.write load with numpy.load, in DALI's order, and resume after a stop."""
     monkeypatch.syspath_prepend(str(BENCH))
+    import bench_scale
     import numpy as np
 
-    import bench_scale
     import npydask
 
     fs = bench_scale.file_set(str(tmp_path), 2_345)

@@ -38,9 +38,9 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.storage import _handles
 from npydask.errors import FileChangedError, NpyDaskWarning, NpyFormatError
 from npydask.format.header import MAX_HEADER_BYTES, MAX_PREAMBLE
+from npydask.storage import _handles
 from npydask.testing.strategies import assert_same_array
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
-import subprocess
 import math
+import os
 import pathlib
 import struct
+import subprocess
 import sys
 import time
 import warnings

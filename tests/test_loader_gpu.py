@@ -21,6 +21,8 @@ import pytest
 import npydask
 from npydask.gpu import device as gpu
 from npydask.gpu import process as gpu_process
+
+
 class _DeviceArray(np.ndarray):
     def set(self, host):
         self[...] = host

@@ -16,7 +16,6 @@ import textwrap
 import numpy as np
 import pytest
 
-
 N = 12
 SHAPE = (3, 4)
 HANG = 150  # seconds: far beyond any of these reads, far below the suite's patience

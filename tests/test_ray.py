@@ -449,9 +449,9 @@ def test_blocks_are_the_plans_tasks_not_split_further_by_ray(ray_session, tmp_pa
 
 @pytest.mark.timeout(600)
 def test_ray_gives_one_column_per_member(ray_session, tmp_path):
-    import npydask.ray
-
     from _multikey import load_member, open_archives, write_archives
+
+    import npydask.ray
 
     paths = write_archives(str(tmp_path), compressed=False)
     rds = npydask.ray.read_npy(str(tmp_path), file_filter="*.npz", key=["x", "m"], path_column="path",

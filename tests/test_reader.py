@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import npydask
 from npydask.errors import NpyFormatError, RoiError
-from npydask.reader import FileRef, read_header, read_region
 from npydask.plan.region import Box
+from npydask.reader import FileRef, read_header, read_region
 from npydask.testing.conformance import assert_same_array, expected_region, sample_array
 
 BACKENDS = ("pread", "mmap", "auto")

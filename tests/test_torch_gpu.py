@@ -18,9 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import npydask  # noqa: E402
+from npydask.errors import GpuUnavailableError  # noqa: E402
 from npydask.gpu import device as gpu
 from npydask.gpu import process as gpu_process
-from npydask.errors import GpuUnavailableError  # noqa: E402
 from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(  # (Python 3.12+ warns on a fork while other threads run)

@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage import OpenFile
 from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, same_layout
+from npydask.storage import OpenFile
 
 __all__ = ["Backend", "copy_runs", "destination", "finish"]
 

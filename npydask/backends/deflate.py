@@ -16,13 +16,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage import OpenFile
-from npydask._buffers import empty
-from npydask._buffers import as_bytes
+from npydask._buffers import as_bytes, empty
 from npydask.backends.base import Backend, copy_runs, destination, finish
 from npydask.config import ReadOptions
 from npydask.format.npz import inflate_into
 from npydask.plan.region import ReadPlan
+from npydask.storage import OpenFile
 
 __all__ = ["DeflateBackend"]
 

@@ -29,13 +29,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from npydask.storage import OpenFile, clear_cache
 from npydask.backends.base import Backend, copy_runs
-from npydask.plan.region import same_layout
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.plan.read_strategy import choose
-from npydask.plan.region import ReadPlan
+from npydask.plan.region import ReadPlan, same_layout
+from npydask.storage import OpenFile, clear_cache
 
 __all__ = ["MapError", "MmapBackend"]
 

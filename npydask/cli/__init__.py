@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import npydask
 from npydask.cli import bench, convert, demo, info, stats
-from npydask.cli._errors import UsageError
 from npydask.cli._common import check_scheduler, cli_words, say
+from npydask.cli._errors import UsageError
 
 __all__ = ["build_parser", "main"]
 

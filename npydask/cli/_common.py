@@ -30,8 +30,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from npydask.cli._progress import progress_line
 from npydask.cli._errors import UsageError
+from npydask.cli._progress import progress_line
 from npydask.cli._remote import add_storage_option
 from npydask.dataset.npy_dataset import human_bytes
 from npydask.dataset.order import SORTS

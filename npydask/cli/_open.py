@@ -21,17 +21,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.cli._errors import UsageError
 from npydask.cli._common import number, say
-from npydask.cli._select import Selection, root_of, select
+from npydask.cli._errors import UsageError
 from npydask.cli._remote import source_of, url_or_none
-from npydask.dataset.npy_dataset import NpyDataset
-from npydask.dataset.views import Context
+from npydask.cli._select import Selection, root_of, select
 from npydask.config import read_options
-from npydask.storage.paths import absolute_all
-from npydask.plan.roi import RoiArgs
+from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.scan import scan_table
+from npydask.dataset.views import Context
+from npydask.plan.roi import RoiArgs
 from npydask.storage.local import LOCAL
+from npydask.storage.paths import absolute_all
 from npydask.storage.urls import redact
 
 __all__ = ["add_open_options", "dataset_of", "kinds_of", "lazy", "read_whole", "selection_for", "views_of"]

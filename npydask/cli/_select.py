@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from npydask.cli import _common
-from npydask.cli._errors import UsageError
 from npydask.cli._common import number
+from npydask.cli._errors import UsageError
 from npydask.cli._progress import progress_line
 from npydask.cli._remote import is_prefix, npz_members_at, source_of, url_or_none
-from npydask.dataset.select import select_files
 from npydask.dataset.scan import scan_headers
+from npydask.dataset.select import select_files
 from npydask.storage import Scanned
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL

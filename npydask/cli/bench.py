@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import npydask
-from npydask.cli._errors import UsageError
 from npydask.cli._common import add_quiet_option, duration, say
+from npydask.cli._errors import UsageError
 
 __all__ = ["SCRIPTS", "add_parser", "run"]
 

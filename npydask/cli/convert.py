@@ -57,11 +57,6 @@ import numpy as np
 
 import npydask
 from npydask._optional import install_hint
-from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
-from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
-from npydask.storage.urls import redact
-from npydask.write.npy import check_names
-from npydask.cli._errors import UsageError
 from npydask.cli._common import (
     add_cluster_options,
     add_quiet_option,
@@ -73,7 +68,12 @@ from npydask.cli._common import (
     report_bad,
     say,
 )
+from npydask.cli._errors import UsageError
+from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
+from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.cli._select import is_npz, npz_members, select
+from npydask.storage.urls import redact
+from npydask.write.npy import check_names
 
 __all__ = ["GROUP_FILES", "SMALL_BYTES", "add_parser", "destination_kind", "plan_batches", "run"]
 

@@ -13,7 +13,6 @@ import os
 from collections import Counter
 from typing import Any
 
-from npydask.cli._errors import UsageError
 from npydask.cli._common import (
     add_selection_options,
     emit_json,
@@ -23,9 +22,10 @@ from npydask.cli._common import (
     size,
     table,
 )
-from npydask.cli._select import Selection, expand_globs, is_npz, npz_members
+from npydask.cli._errors import UsageError
 from npydask.cli._open import add_open_options, selection_for
 from npydask.cli._remote import source_of, storage_options, url_or_none
+from npydask.cli._select import Selection, expand_globs, is_npz, npz_members
 from npydask.dataset.scan import scan_headers
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact

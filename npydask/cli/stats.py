@@ -19,9 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from npydask.cli._open import add_open_options, dataset_of, kinds_of, selection_for
-from npydask.cli._remote import storage_options
-from npydask.cli._errors import UsageError
 from npydask.cli._common import (
     add_cluster_options,
     add_selection_options,
@@ -34,6 +31,9 @@ from npydask.cli._common import (
     report_bad,
     table,
 )
+from npydask.cli._errors import UsageError
+from npydask.cli._open import add_open_options, dataset_of, kinds_of, selection_for
+from npydask.cli._remote import storage_options
 
 __all__ = ["add_parser", "block_partials", "combine", "extreme", "partials", "run"]
 

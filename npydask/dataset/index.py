@@ -67,13 +67,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from npydask.dataset.table import common_root
 from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.format.header import NpyHeader, parse_header
 from npydask.storage import FileIdentity
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import StoragePath, resolve
-from npydask.dataset.table import common_root
 
 __all__ = ["FORMAT", "VERSION", "Index", "load_index", "scan_with_index", "write_index"]
 

@@ -9,24 +9,23 @@ for (``ds[i]``, ``ds.stack()``, ``ds.concatenate()``), grouped into tasks by
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from npydask.array import NpyFileArray, resolve_chunks, wrap
-from npydask.plan.chunks import chunk_limit
-from npydask.plan.sampling import shard_range
+from npydask.array import resolve_chunks, wrap
 from npydask.dataset._exports import adapter
-from npydask.dataset.views import Context, FileViews, per_file_shapes
-from npydask.format.header import NpyHeader
 from npydask.dataset.scan import dtype_name
-from npydask.plan.grouping import plan_groups
-from npydask.plan.sampling import shard_range
 from npydask.dataset.stacking import join
 from npydask.dataset.table import FileTable, Layout
+from npydask.dataset.views import Context, FileViews, per_file_shapes
+from npydask.format.header import NpyHeader
+from npydask.plan.chunks import chunk_limit
+from npydask.plan.grouping import plan_groups
+from npydask.plan.sampling import shard_range
 
 __all__ = ["NpyDataset", "Skipped", "file_index", "human_bytes"]
 

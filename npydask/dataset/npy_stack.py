@@ -33,10 +33,10 @@ from typing import Any, NamedTuple
 
 import dask.array as da
 
-from npydask.format import UnexpectedPickle, plain_values
 from npydask._keywords import suggest_keywords
 from npydask.dataset.open import open_dataset
 from npydask.errors import NpyDaskWarning
+from npydask.format import UnexpectedPickle, plain_values
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import join_url

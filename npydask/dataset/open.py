@@ -23,20 +23,20 @@ from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dataset.dali_args import refuse_dali_arguments
 from npydask.dataset.npy_dataset import NpyDataset, Skipped
-from npydask.dataset.select import Selected, select_listed
-from npydask.plan.sampling import shard_range
-from npydask.errors import NpyFormatError
-from npydask.dataset.views import Context
-from npydask.storage.paths import absolute_all
-from npydask.reader import BACKENDS, check_key
-from npydask.plan.roi import RoiArgs
 from npydask.dataset.scan import check_unread, scan_headers, scan_members_of, scan_table
-from npydask.storage.base import Source
-from npydask.storage.local import LOCAL, LocalLister
-from npydask.storage.urls import is_url, redact, split_url
-from npydask.storage.where import fspath, lister_for, resolve
+from npydask.dataset.select import Selected, select_listed
 from npydask.dataset.table import FileTable
 from npydask.dataset.uniform import check_headers, first_table
+from npydask.dataset.views import Context
+from npydask.errors import NpyFormatError
+from npydask.plan.roi import RoiArgs
+from npydask.plan.sampling import shard_range
+from npydask.reader import BACKENDS, check_key
+from npydask.storage.base import Source
+from npydask.storage.local import LOCAL, LocalLister
+from npydask.storage.paths import absolute_all
+from npydask.storage.urls import is_url, redact, split_url
+from npydask.storage.where import fspath, lister_for, resolve
 
 if TYPE_CHECKING:
     from npydask.dataset.multikey import MultiKeyDataset

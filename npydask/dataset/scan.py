@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from npydask.dataset.table import FileTable
 from npydask.format.header import NpyHeader
 from npydask.plan.roi import RoiArgs, cutting_roi
 from npydask.storage import HeaderCheck, header_mismatch
 from npydask.storage.base import Scanned, Source
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
-from npydask.dataset.table import FileTable
 
 __all__ = ["check_unread", "scan_headers", "scan_members_of", "scan_table"]
 

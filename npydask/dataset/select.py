@@ -76,16 +76,19 @@ Sharding is contiguous, as DALI's ``start_index``: shard ``k`` of ``S`` over
 from __future__ import annotations
 
 import errno
-import fnmatch
-import operator
 import os
 import stat
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from npydask._warn import warn
 from npydask.dataset.order import (
-    InOrder, check_sort, dali_order, folder_order, fs_sorted, matcher, warn_if_natural_differs,
+    InOrder,
+    check_sort,
+    dali_order,
+    folder_order,
+    fs_sorted,
+    matcher,
+    warn_if_natural_differs,
 )  # fmt: skip
 from npydask.storage import open_regular
 from npydask.storage.base import Identity, Lister

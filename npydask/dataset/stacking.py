@@ -29,18 +29,16 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from npydask._buffers import as_bytes, empty
 from npydask.array import NpyFileArray, wrap
-from npydask.plan.region import same_layout, split_index
-from npydask.dataset.views import Context, FileViews
-from npydask.plan.grouping import GroupPlan, one_grid
-from npydask._buffers import empty
-from npydask._buffers import as_bytes
-from npydask.format.header import NpyHeader
-from npydask.plan.read_strategy import STRATEGIES, choose
-from npydask.reader import shared_facts
-from npydask.plan.region import Box, ReadPlan, plan_read
-from npydask.storage.base import Item
 from npydask.dataset.table import FileTable
+from npydask.dataset.views import Context, FileViews
+from npydask.format.header import NpyHeader
+from npydask.plan.grouping import GroupPlan, one_grid
+from npydask.plan.read_strategy import STRATEGIES, choose
+from npydask.plan.region import Box, ReadPlan, plan_read, same_layout, split_index
+from npydask.reader import shared_facts
+from npydask.storage.base import Item
 
 __all__ = ["LIGHT_FILE_TASKS", "FileGroup", "join", "joined_dtype"]
 

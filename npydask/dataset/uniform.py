@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from npydask.dataset.table import FileTable
 from npydask.plan.roi import RoiArgs, cutting_roi
 from npydask.storage import HeaderCheck, InodeIdentity, header_mismatch
 from npydask.storage.base import Source
 from npydask.storage.urls import redact
-from npydask.dataset.table import FileTable
 
 __all__ = ["HEADERS", "check_headers", "first_table"]
 

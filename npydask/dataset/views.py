@@ -21,13 +21,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask.dataset._strings import ENCODING
 from npydask.array import NpyFileArray
 from npydask.config import ReadOptions
+from npydask.dataset._strings import ENCODING
+from npydask.dataset.table import FileTable
 from npydask.reader import FileRef
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL
-from npydask.dataset.table import FileTable
 
 __all__ = ["Context", "FileViews", "ViewLayout", "per_file_shapes", "view_layout"]
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
 from npydask._buffers import raw_copy
+from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError
 
 __all__ = [
     "Member",

@@ -63,6 +63,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from npydask.gpu._exec import (
+    Pending,
+    ReadSpan,
+    address,
+    aligned_empty,
+    as_bytes,
+    drain,
+    finish,
+    issue_direct,
+    issue_reads,
+    wait_reads,
+)
 from npydask.gpu._kvikio_runtime import (
     IO_THREADS,
     OBJECTS,
@@ -78,7 +90,6 @@ from npydask.gpu._kvikio_runtime import (
     reserve_cufiles,
     unavailable,
 )
-from npydask.gpu._exec import Pending, ReadSpan, address, aligned_empty, as_bytes, drain, finish, issue_direct, issue_reads, wait_reads
 from npydask.gpu.plan import GpuReadPlan
 from npydask.storage import FileIdentity, check_unchanged, clear_cache, differs, file_changed, pread_exact
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 

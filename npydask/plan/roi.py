@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from npydask.errors import RoiError
 from npydask._buffers import exact_empty, raw
+from npydask.errors import RoiError
 from npydask.plan.region import Box
 
 __all__ = [

@@ -19,10 +19,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from npydask.storage._handles import check_regular, pread_exact, read_header_raw, retry_open, scan_file
-from npydask.storage.identity import FileIdentity, HeaderCheck, InodeIdentity, differs, file_changed, header_mismatch
 from npydask.format.header import HEADER_MEMO, NpyHeader, header_end, parse_header
+from npydask.storage._handles import check_regular, pread_exact, read_header_raw, retry_open, scan_file
 from npydask.storage._headers import truncated
+from npydask.storage.identity import FileIdentity, HeaderCheck, InodeIdentity, differs, file_changed, header_mismatch
 
 __all__ = ["OPEN_FLAGS", "Scanned", "explain", "read_files", "scan_files"]
 

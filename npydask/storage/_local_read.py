@@ -27,9 +27,9 @@ from npydask._buffers import scratch_pieces
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, align_span
 from npydask.storage._handles import OpenFile, acquire, pread_exact
-from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged
 from npydask.storage._iovec import read_iovecs
 from npydask.storage._runs import BATCH_BYTES, coalesced, grid, pread_strategy, read_plan
+from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged
 
 __all__ = [
     "DIRECT_ALIGNMENT",

@@ -24,12 +24,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from npydask.storage._local_read import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
 from npydask.format.header import parse_header
 from npydask.storage._batch import OPEN_FLAGS, explain
 from npydask.storage._handles import retry_open
-from npydask.storage.identity import InodeIdentity, file_changed, header_mismatch
 from npydask.storage._headers import truncated
+from npydask.storage._local_read import ScratchSpans, read_fd, read_grid, read_scratch_spans, scratch_spans
+from npydask.storage.identity import InodeIdentity, file_changed, header_mismatch
 
 __all__ = ["read_rois"]
 

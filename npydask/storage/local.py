@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 
 from npydask import config
-from npydask.storage import _local_write
-from npydask.storage._local_read import read_grid
 from npydask.config import ReadOptions
 from npydask.format import npz
 from npydask.format.header import NpyHeader
 from npydask.plan.region import ReadPlan
+from npydask.storage import _local_write
 from npydask.storage._batch import read_files, scan_files
-from npydask.storage._rois import read_rois
 from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
-from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage._local_read import read_grid
+from npydask.storage._rois import read_rois
 from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
+from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
 

@@ -50,12 +50,12 @@ from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
 from npydask.plan.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
-from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage._remote_errors import call
+from npydask.storage._runs import read_plan
 from npydask.storage._stores import (
-    import_obstore,
     StoreSpec,
     check_not_forked,
+    import_obstore,
     run_all,
     run_beside,
     run_each,
@@ -63,8 +63,8 @@ from npydask.storage._stores import (
     store_for,
 )
 from npydask.storage.base import Item, Scanned, Source
+from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
-from npydask.storage._runs import read_plan
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
 

@@ -17,9 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from npydask.storage.paths import absolute
 from npydask.storage.base import Lister, Source
 from npydask.storage.local import LOCAL, LocalLister
+from npydask.storage.paths import absolute
 from npydask.storage.urls import is_url, split_url, to_local
 
 __all__ = ["StoragePath", "fspath", "lister_for", "resolve"]

@@ -43,10 +43,10 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.storage import acquire, clear_cache
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
+from npydask.reader import FileRef, choose_backend, read_region
+from npydask.storage import acquire, clear_cache
 
 __all__ = [
     "DTYPES",

@@ -34,7 +34,6 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
-from npydask.write._tasks import as_block, block_runs
 from npydask._buffers import as_bytes
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box
@@ -51,6 +50,7 @@ from npydask.write._graph import (
     plan_header,
     write_input,
 )
+from npydask.write._tasks import as_block, block_runs
 
 __all__ = ["MAX_PARTS", "MAX_PART_BYTES", "MIN_PART_BYTES", "ObjectFile", "Upload", "plan_parts"]
 
@@ -148,8 +148,7 @@ class Upload:
 
 def _create(upload: Upload) -> str:
     """The first task: refuse an existing target (``overwrite=False``), then start the upload."""
-    from npydask.storage import exists_error
-    from npydask.storage import s3_upload
+    from npydask.storage import exists_error, s3_upload
 
     if not upload.overwrite and s3_upload.object_exists(upload.spec, upload.url):
         raise exists_error(redact(upload.url))

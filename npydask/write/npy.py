@@ -31,8 +31,8 @@ from dask.delayed import Delayed
 from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
-from npydask.storage.where import resolve
 from npydask.storage import check_inside, exists_error, new_run, temporary_name
+from npydask.storage.where import resolve
 from npydask.write._graph import (
     MAX_ALIGN,
     WriteInput,
@@ -51,8 +51,8 @@ from npydask.write._tasks import (
     ChunkTarget,
     FileTarget,
     all_written,
-    write_block_task,
     finish_file,
+    write_block_task,
     write_file,
 )
 

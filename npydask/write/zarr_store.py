@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from npydask._optional import install_hint
 from npydask._keywords import suggest_keywords
+from npydask._optional import install_hint
 from npydask.storage.urls import is_url, split_url
 from npydask.storage.where import StoragePath, resolve
 

@@ -27,9 +27,9 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from npydask.array import NpyFileArray
+from npydask.dataset.stacking import FileGroup
 from npydask.format.header import NpyHeader
 from npydask.storage.paths import absolute
-from npydask.dataset.stacking import FileGroup
 from npydask.storage.urls import is_url, redact
 
 __all__ = ["NpyBackendArray", "axis_names", "file_names", "npy_attrs", "runs", "same_shapes"]

@@ -20,8 +20,8 @@ from xarray.core import indexing
 
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.open import open_dataset
-from npydask.format.npz import arrays_in
 from npydask.dataset.stacking import FileGroup
+from npydask.format.npz import arrays_in
 from npydask.storage import open_regular, reader
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import fspath, resolve

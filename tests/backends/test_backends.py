@@ -26,12 +26,12 @@ import pytest
 
 import npydask
 from npydask import config
-from npydask.storage import _handles
 from npydask.backends import mmap as mmap_backend
-from npydask.storage import _local_read as pread_backend
 from npydask.errors import FileChangedError, NpyDaskWarning
-from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
+from npydask.reader import FileRef, choose_backend, read_region
+from npydask.storage import _handles
+from npydask.storage import _local_read as pread_backend
 from npydask.testing.conformance import (
     BackendConformance,
     assert_same_array,

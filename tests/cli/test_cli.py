@@ -347,7 +347,7 @@ def test_tiny_jobs_run_on_threads_without_a_cluster(folder, tmp_path, capsys, no
 
 @pytest.mark.parametrize("limit", ["files", "bytes"])
 def test_jobs_over_the_tiny_limits_start_a_cluster(folder, capsys, monkeypatch, no_cluster, limit):
-    from npydask.cli import _common, _progress
+    from npydask.cli import _common
 
     started, refused = no_cluster
     monkeypatch.setattr(_common, "TINY_FILES" if limit == "files" else "TINY_BYTES", 7 if limit == "files" else 96 * 7)

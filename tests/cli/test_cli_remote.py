@@ -20,7 +20,6 @@ import pytest
 import npydask
 from npydask.cli import main
 
-
 SHAPES = [(4, 5)] * 5
 
 

@@ -18,8 +18,8 @@ import types
 import numpy as np
 import pytest
 
-from npydask.gpu import device as gpu
 from npydask.cli.stats import block_partials
+from npydask.gpu import device as gpu
 
 
 class _DeviceArray(np.ndarray):

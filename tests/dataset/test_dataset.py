@@ -29,7 +29,6 @@ import npydask.dataset.stacking
 from npydask.dataset.npy_dataset import Skipped
 from npydask.errors import NpyDaskWarning
 
-
 SHAPES = [(10, 10), (12, 10), (10, 12), (20, 15), (10, 11), (12, 11), (13, 11), (19, 10)]
 
 
@@ -852,8 +851,8 @@ def test_a_local_stack_holds_every_file_in_one_source_key(tmp_path):
 def test_a_cluster_stack_of_few_files_is_one_layer_each_task_carrying_every_file(tmp_path, monkeypatch):
     """On a cluster (``shared=False``) a light dataset is one source in every task: one layer, which
     dask fuses with the reduction after it; past ``LIGHT_FILE_TASKS`` each group has its own source."""
-    from npydask.plan import grouping
     from npydask.dataset import stacking
+    from npydask.plan import grouping
     arrays = [np.full((16, 32), i, "<f4") + np.arange(32, dtype="<f4") for i in range(12)]
     for i, a in enumerate(arrays):
         np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
@@ -1368,8 +1367,8 @@ def test_open_dataset_leaves_the_garbage_collector_as_it_found_it(tmp_path, enab
 
 def test_group_token_follows_every_identity_local_or_object(tmp_path):
     from npydask.array import NpyFileArray
-    from npydask.reader import FileRef
     from npydask.dataset.stacking import group_token
+    from npydask.reader import FileRef
     from npydask.storage.object import ObjectIdentity
 
     for i in range(3):

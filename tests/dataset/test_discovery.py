@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from npydask.dataset.order import SORTS, SWAP_PAIRS, dali_order, folder_order, matcher, natural_key, natural_swap
 from npydask.dataset.select import DEFAULT_FILE_FILTER, select_files, select_listed
-from npydask.plan.sampling import shard_range
 from npydask.errors import NpyDaskWarning
 from npydask.plan.sampling import shard_range
 from npydask.storage.local import LocalLister

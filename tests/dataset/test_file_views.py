@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.dataset.views import view_layout
-from npydask.dataset.views import Context, FileViews
-from npydask.plan.region import Box
 from npydask.dataset.table import FileTable
+from npydask.dataset.views import Context, FileViews, view_layout
+from npydask.plan.region import Box
 
 
 def _context_of(view) -> Context:

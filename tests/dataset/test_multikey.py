@@ -8,12 +8,11 @@ import os
 import dask
 import numpy as np
 import pytest
+from _multikey import N, load_member, member_arrays, open_archives, write_archives
 
 import npydask
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.storage import _handles
-
-from _multikey import N, load_member, member_arrays, open_archives, write_archives
 
 
 @pytest.fixture(params=["stored", "deflated"])

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.errors import NpyDaskWarning, NpyFormatError
 from npydask.dataset.npy_stack import StackInfo, parse_info, stack_files
+from npydask.errors import NpyDaskWarning, NpyFormatError
 
 STRUCTURED = np.dtype([("axis", "<i4"), ("v", ">f8", (2,))])  # (a field named like info's key)
 

@@ -11,12 +11,12 @@ import pytest
 
 import npydask
 from npydask.config import read_options
+from npydask.dataset.stacking import FileGroup, table_token
+from npydask.dataset.table import FileTable
 from npydask.dataset.views import Context, FileViews
 from npydask.format.header import NpyHeader
-from npydask.dataset.stacking import FileGroup, table_token
 from npydask.storage.object import ObjectIdentity
 from npydask.storage.where import resolve
-from npydask.dataset.table import FileTable
 
 
 def _folder(tmp_path, n, shape=(4, 5), dtype="<f4", fortran_every=0):

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npydask.config import read_options
+from npydask.dataset.table import FileTable, Strings, TableBuilder, common_root
+from npydask.dataset.views import Context, FileViews
 from npydask.format.header import NpyHeader
 from npydask.plan.roi import RoiArgs, resolve_roi
 from npydask.storage import FileIdentity, HeaderCheck, InodeIdentity
 from npydask.storage.local import LOCAL
 from npydask.storage.object import ObjectIdentity
-from npydask.dataset.views import Context, FileViews
-from npydask.dataset.table import FileTable, Strings, TableBuilder, common_root
 
 H1 = NpyHeader((1, 0), (4, 5), np.dtype("<f4"), False, 128, 80)
 H2 = NpyHeader((1, 0), (2, 3), np.dtype(">i2"), True, 128, 12)

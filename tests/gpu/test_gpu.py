@@ -26,21 +26,20 @@ import types
 
 import numpy as np
 import pytest
+from _gpu_fakes import KVIKIO_EOF, CupyLikeArray, FakeKvikio, cupy_like, install_kvikio, kvikio_system_error, same
 from dask.core import flatten
 from dask.local import get_sync
 
 import npydask
+from npydask.array import NpyFileArray
+from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
+from npydask.gpu import _kvikio as kvikio_backend
+from npydask.gpu import _kvikio_runtime as kvikio_runtime
 from npydask.gpu import device as gpu
 from npydask.gpu import process as gpu_process
-from npydask.array import NpyFileArray
-from npydask.gpu import _kvikio_runtime as kvikio_runtime
-from npydask.gpu import _kvikio as kvikio_backend
-from npydask.errors import FileChangedError, GpuUnavailableError, NpyFormatError
 from npydask.gpu.plan import GpuReadOptions, plan_gpu_read
-from npydask.reader import FileRef
 from npydask.plan.region import Box
-
-from _gpu_fakes import KVIKIO_EOF, CupyLikeArray, FakeKvikio, cupy_like, install_kvikio, kvikio_system_error, same
+from npydask.reader import FileRef
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOOD = ["<f4", ">f4", ">f8", "<f2", ">c8", ">c16", "?", "|u1", ">i2", "<u4", ">i8"]
@@ -553,8 +552,8 @@ def test_device_reads_check_the_file_after_the_read(save, monkeypatch, branch):
 
 @pytest.mark.parametrize("branch", ["host", "kvikio"])
 def test_device_reads_refuse_a_header_other_than_the_one_relied_on(save, monkeypatch, branch):
-    from npydask.storage import HeaderCheck, clear_cache
     from npydask.errors import NpyFormatError
+    from npydask.storage import HeaderCheck, clear_cache
 
     p = save(np.arange(64.0).reshape(8, 8))
     q = save(np.arange(64, dtype="<i8").reshape(8, 8))  # same size, other dtype

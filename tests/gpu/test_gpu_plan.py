@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 import npydask
 from npydask.errors import FileChangedError, RoiError
+from npydask.format.header import parse_header
 from npydask.gpu._exec import aligned_empty, execute_plan
 from npydask.gpu.plan import DEFAULT_TASK_BYTES, GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read
-from npydask.format.header import parse_header
 from npydask.plan.region import Box
 from npydask.plan.roi import RoiArgs, resolve_roi
 

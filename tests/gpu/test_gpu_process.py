@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from npydask.gpu import process as gpu_process
 from npydask.errors import GpuUnavailableError
+from npydask.gpu import process as gpu_process
 from npydask.gpu.process import DeviceCount, check_cuda_fork, cuda_visible_count, visible_devices
 
 

@@ -293,11 +293,11 @@ def test_a_file_cut_short_during_a_pool_read_is_a_changed_file(sim, save):
 
 
 def test_a_file_cut_short_during_a_small_synchronous_read_is_a_changed_file(sim, save):
-    from npydask.gpu._kvikio import DeviceRead, read_to_device
     from npydask.errors import FileChangedError
+    from npydask.gpu._kvikio import DeviceRead, read_to_device
     from npydask.gpu.plan import plan_gpu_read
-    from npydask.reader import FileRef
     from npydask.plan.region import Box
+    from npydask.reader import FileRef
 
     p = save(np.arange(1000.0))
     ref = FileRef.open(p)

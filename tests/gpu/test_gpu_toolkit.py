@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import npydask
+from npydask.errors import GpuUnavailableError
 from npydask.gpu import device as gpu
 from npydask.gpu import toolkit as gpu_toolkit
-from npydask.errors import GpuUnavailableError
 
 
 class CompileException(Exception):

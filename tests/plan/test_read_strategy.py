@@ -13,16 +13,14 @@ from hypothesis import strategies as st
 import npydask
 from npydask import config
 from npydask.backends import get as get_backend
-from npydask.storage._iovec import iov_layout, read_iovecs
-from npydask.storage import pread_strategy
+from npydask.dataset.stacking import FileGroup
 from npydask.errors import FileChangedError, NpyFormatError
 from npydask.format.header import NpyHeader
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose, estimate, measure_shape, touched_blocks
-from npydask.reader import FileRef, choose_backend, read_region
 from npydask.plan.region import Box, plan_read
-from npydask.dataset.stacking import FileGroup
-from npydask.storage import _handles
-from npydask.storage import HeaderCheck
+from npydask.reader import FileRef, choose_backend, read_region
+from npydask.storage import HeaderCheck, _handles, pread_strategy
+from npydask.storage._iovec import iov_layout, read_iovecs
 from npydask.testing.strategies import arrays, assert_same_array, dtypes, region_slices, regions, save_npy, shapes
 
 P3 = NpyHeader((1, 0), (64, 256, 256), np.dtype("<f4"), False, 128, 64 * 256 * 256 * 4)
@@ -176,8 +174,8 @@ def test_strategy_is_the_one_used(save, strategy, monkeypatch) -> None:
     a = np.arange(40 * 50 * 3, dtype=">i4").reshape(40, 50, 3)
     path = save(a)
     calls = []
-    import npydask.storage._local_read as pread_mod
     import npydask.backends.mmap as mmap_mod
+    import npydask.storage._local_read as pread_mod
 
     real = {"runs": pread_mod.read_iovecs, "spans": pread_mod.read_plan, "mapped": mmap_mod.copy_runs}
     for name, module in (("runs", pread_mod), ("spans", pread_mod), ("mapped", mmap_mod)):

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npydask.plan.sampling import DEFAULT_SEED, EpochPlan, batch_count, epoch_batches, epoch_order, epoch_shard, shard_samples
+from npydask.plan.sampling import (
+    DEFAULT_SEED,
+    EpochPlan,
+    batch_count,
+    epoch_batches,
+    epoch_order,
+    epoch_shard,
+    shard_samples,
+)
 
 
 def table(n, s, b, **kw):

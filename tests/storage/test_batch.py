@@ -8,10 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from npydask.storage import _batch
-from npydask.storage._batch import SCAN_READ, read_files, scan_files
-from npydask.storage import FileIdentity, HeaderCheck, scan_file
 from npydask.errors import FileChangedError, NpyFormatError
+from npydask.storage import FileIdentity, HeaderCheck, _batch, scan_file
+from npydask.storage._batch import SCAN_READ, read_files, scan_files
 
 
 def _outcome(result):

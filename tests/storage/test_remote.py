@@ -635,8 +635,9 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     """kvikio has no conditional reads: objects go through the pinned host buffer even where kvikio is there."""
     import sys
 
-    from npydask.gpu import device as gpu
     from _gpu_fakes import FakeKvikio, cupy_like, same
+
+    from npydask.gpu import device as gpu
 
     xp = cupy_like()
     fake = FakeKvikio()

@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import npydask
-
 from npydask.config import read_options
-from npydask.storage import _handles
-from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity
+from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity, _handles
 from npydask.storage.base import Source
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 from npydask.testing.source_conformance import SourceConformance
+
 
 def _run_with_timeout(fn: Callable[[], Any], seconds: float = 20) -> Any:
     """``fn()`` in a thread; fails the test (instead of hanging it) if it blocks."""
@@ -325,8 +324,8 @@ def test_readers_take_the_sources_gap(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mappable", [True, False])
 def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: bool) -> None:
-    from npydask.reader import FileRef
     from npydask.plan.region import Box
+    from npydask.reader import FileRef
 
     values = np.arange(4096, dtype="<f8").reshape(64, 64)
     np.save(tmp_path / "a.npy", values)
@@ -342,8 +341,8 @@ def test_auto_maps_only_where_the_source_is_mappable(tmp_path: Path, mappable: b
 def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     from npydask.array import NpyFileArray
     from npydask.dataset.scan import scan_headers
-    from npydask.reader import FileRef
     from npydask.dataset.stacking import FileGroup
+    from npydask.reader import FileRef
 
     arrays = [np.full((8, 8), i, "<i4") for i in range(40)]
     paths = []

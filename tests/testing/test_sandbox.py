@@ -76,7 +76,7 @@ def test_the_sandbox_prints_what_reaches_it_and_stops_on_a_signal(tmp_path, stop
 
         # the exported environment alone: boto3 writes an object, npydask reads it (no storage_options)
         a = np.arange(12, dtype="<i2").reshape(3, 4)
-        child = textwrap.dedent(f"""
+        child = textwrap.dedent("""
             import io, boto3, numpy as np, npydask
             buf = io.BytesIO(); np.save(buf, np.arange(12, dtype="<i2").reshape(3, 4))
             boto3.client("s3").put_object(Bucket="npydask", Key="sandbox/a.npy", Body=buf.getvalue())

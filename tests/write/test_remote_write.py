@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import npydask
-from npydask.write._remote import plan_parts
-from npydask.storage.s3_upload import client_kwargs, translate_boto
 from npydask.storage._stores import StoreSpec
+from npydask.storage.s3_upload import client_kwargs, translate_boto
+from npydask.write._remote import plan_parts
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("obstore")

@@ -1201,8 +1201,8 @@ def test_structured_padding_is_read_as_the_file_holds_it(tmp_path, dtype, order,
 
 
 def test_a_chunk_task_never_writes_into_an_unstamped_temporary_file(tmp_path, monkeypatch):
-    from npydask.write import _tasks as _write
     from npydask.plan.region import Box
+    from npydask.write import _tasks as _write
     from npydask.write.npy import plan_target
 
     a = _filled((6, 4), "<f8")
