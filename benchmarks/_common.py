@@ -27,7 +27,9 @@ def parser(description: str, *, default_size: str = "small", default_repeat: int
     """An ``ArgumentParser`` with ``--size``, ``--repeat`` and ``--json``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--size", choices=SIZES, default=default_size, help=f"problem size (default {default_size})")
-    p.add_argument("--repeat", type=int, default=default_repeat, help=f"timed runs per variant (default {default_repeat})")
+    p.add_argument(
+        "--repeat", type=int, default=default_repeat, help=f"timed runs per variant (default {default_repeat})"
+    )
     p.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
     return p
 

@@ -78,8 +78,11 @@ def make_set(
     return files, made
 
 
+F4 = np.dtype("<f4")  # the default dtype of the benchmark data
+
+
 def make_data(
-    folder: str, size: DatasetSize, dtype: np.dtype = np.dtype("<f4")
+    folder: str, size: DatasetSize, dtype: np.dtype = F4
 ) -> tuple[list[str], list[str]]:
     """The volumes and the small files of ``size`` under ``folder``, written only where missing.
 
@@ -98,7 +101,7 @@ def make_data(
     return volumes, small
 
 
-def make_roi_volumes(folder: str, size: DatasetSize, dtype: np.dtype = np.dtype("<f4")) -> list[str]:
+def make_roi_volumes(folder: str, size: DatasetSize, dtype: np.dtype = F4) -> list[str]:
     """The volumes the ROI benchmark reads: ``make_data``'s own when the counts agree, else a set of their own.
 
     The set lives in ``volumes-COUNTxSHAPE`` like the others (written once,

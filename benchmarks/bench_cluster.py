@@ -389,9 +389,11 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
               "the medians carry its load")
     floor = by_name.get(FLOOR)
     if floor and ref and goal:
-        print(f"# (info) P5's floor: dask's own sum of the same chunks already in worker memory / reference: "
-              f"{floor.median / ref.median:.2f}x; npydask open+stack+sum / that floor: {goal.median / floor.median:.2f}x "
-              "(what reading the files adds)")
+        print(
+            f"# (info) P5's floor: dask's own sum of the same chunks already in worker memory / reference: "
+            f"{floor.median / ref.median:.2f}x; npydask open+stack+sum / that floor: {goal.median / floor.median:.2f}x "
+            "(what reading the files adds)"
+        )
     zero_copy = by_name.get(ZERO_COPY)
     if zero_copy and goal:
         print(f"# (info) npydask open+stack+sum on the cluster / on threads summing zero-copy mappings: "

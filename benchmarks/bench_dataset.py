@@ -78,6 +78,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         sbytes = size.n_small * int(np.prod(size.small_shape)) * DTYPE.itemsize
         print(
             f"# size={args.size}: {len(volumes)} volumes of {size.volume_shape} ({vbytes / MiB:g} MiB), "
-            f"ROI {size.roi_shape} at {size.roi_start} of {len(rvolumes)} volumes; {len(small)} files of {size.small_shape} "
+            f"ROI {size.roi_shape} at {size.roi_start} of {len(rvolumes)} volumes; "
+            f"{len(small)} files of {size.small_shape} "
             f"({sbytes / MiB:g} MiB payload); data in {folder} ({time.perf_counter() - t0:.1f} s); "
             f"median of {args.repeat} runs",
             flush=True,
@@ -305,7 +307,9 @@ def run_all(
         if dali is not None:
             variants.append(("peer: DALI fn.readers.numpy (CPU), pipeline built before", dali, "2 threads", as_array))
         elif want("DALI", "roi"):
-            print("  roi  peer: DALI is not installed here (pip install nvidia-dali-cuda120): no DALI figures", flush=True)
+            print(
+                "  roi  peer: DALI is not installed here (pip install nvidia-dali-cuda120): no DALI figures", flush=True
+            )
         run_rounds("roi", variants, rvolumes, roi_bytes)
         del ds, dali
 
@@ -342,9 +346,20 @@ def run_all(
         run("many", "npydask: open(index)+stack+sum",
             lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(), small, payload, check=as_sum)
         run("many", "npydask: open_dataset alone", lambda: npydask.open_dataset(sroot), small, payload)
-        run("many", "npydask: open_dataset(headers='first') alone", lambda: npydask.open_dataset(sroot, headers="first"),
-            small, payload)
-        run("many", "npydask: open_dataset(index) alone", lambda: npydask.open_dataset(sroot, index=index), small, payload)
+        run(
+            "many",
+            "npydask: open_dataset(headers='first') alone",
+            lambda: npydask.open_dataset(sroot, headers="first"),
+            small,
+            payload,
+        )
+        run(
+            "many",
+            "npydask: open_dataset(index) alone",
+            lambda: npydask.open_dataset(sroot, index=index),
+            small,
+            payload,
+        )
         run("many", "npydask: open_dataset alone, cold caches", lambda: npydask.open_dataset(sroot), small, payload,
             setup=clear_npydask_caches, note="handle cache + header memo cleared")
         if want("npydask: stack+sum (opened before)", "many"):
@@ -382,7 +397,15 @@ def run_all(
         vbytes = len(volumes) * int(np.prod(size.volume_shape)) * DTYPE.itemsize
         arrays = [np.load(p) for p in volumes]
 
-        run("set", "floor: np.sum of in-memory arrays", lambda: sum_one_by_one(arrays), volumes, vbytes, note="1 thread", check=as_sum)
+        run(
+            "set",
+            "floor: np.sum of in-memory arrays",
+            lambda: sum_one_by_one(arrays),
+            volumes,
+            vbytes,
+            note="1 thread",
+            check=as_sum,
+        )
         name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
         if want(name):
             in_memory = da.stack([da.from_array(a, chunks=a.shape) for a in arrays])
@@ -421,7 +444,9 @@ def print_roi_model(model: dict[str, Any], by_name: dict[tuple[str, str], Result
         if r is not None and r.cpu:
             per = (r.cpu_median - (opened.cpu_median if opened and opened.cpu else 0.0)) / model["files"]
             measured = f"{per * 1e6:.1f}"
-        rows.append([s, f"{model['estimates_ns'][s] / 1e3:.1f}", measured, "<- chosen" if s == model["strategy"] else ""])
+        rows.append(
+            [s, f"{model['estimates_ns'][s] / 1e3:.1f}", measured, "<- chosen" if s == model["strategy"] else ""]
+        )
     _common.table(rows, ["strategy", "model us/file", "measured cpu us/file", ""])
     print("# (measured: the forced run's process CPU per file less the opening's: read, stack and dask overhead "
           "included, so above the model's read-only estimate; compare the differences between strategies)")
@@ -458,26 +483,32 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
         select = (root, "*.npy", None, None, False, None, "bytes")
         selected, _ = _select(*select, inodes=mode == "first")
         paths, n = selected.paths, len(selected.paths)
-        steps["listing"], _ = per_file(lambda: _select(*select, inodes=mode == "first"), n)
+        # (every closure below runs inside per_file, in this iteration: partial and defaults bind its values)
+        steps["listing"], _ = per_file(partial(_select, *select, inodes=mode == "first"), n)
         no_roi = RoiArgs.from_user(n_files=n)
         if mode == "all":
-            steps["header scan"], scanned = per_file(lambda: scan_headers(paths), n)
+            steps["header scan"], scanned = per_file(partial(scan_headers, paths), n)
             origin = ("the header read when the dataset was opened", "open the dataset again", True)
-            steps["table"], _ = per_file(lambda: _table(range(n), paths, scanned, origin, no_roi, None), n)
+            steps["table"], _ = per_file(partial(_table, range(n), paths, scanned, origin, no_roi, None), n)
         else:
-            steps["header scan"], _ = per_file(lambda: LOCAL.scan(paths[:1]), n)
-            steps["table"], _ = per_file(lambda: first_table(range(n), paths, selected.identities, no_roi, LOCAL),
-                                         n)
+            steps["header scan"], _ = per_file(partial(LOCAL.scan, paths[:1]), n)
+            steps["table"], _ = per_file(
+                partial(first_table, range(n), paths, selected.identities, no_roi, LOCAL), n
+            )
         ds = npydask.open_dataset(root, headers=mode)
         steps["graph (stack)"], x = per_file(ds.stack, n)
         refs = [v.ref for v in ds.views]
         nbytes = refs[0].header.nbytes
         items = [(r.path, r.identity, r.header.data_offset, r.check) for r in refs]
         block = np.empty((n, *refs[0].header.shape), refs[0].header.dtype)
-        steps["read loop"], _ = per_file(lambda: read_files(items, memoryview(block.reshape(-1).view(np.uint8)),
-                                                            nbytes), n)
-        steps["sum"], _ = per_file(lambda: block.sum(), n)
-        whole, _ = per_file(lambda: x.sum().compute(), n)
+        steps["read loop"], _ = per_file(
+            lambda items=items, block=block, nbytes=nbytes: read_files(
+                items, memoryview(block.reshape(-1).view(np.uint8)), nbytes
+            ),
+            n,
+        )
+        steps["sum"], _ = per_file(block.sum, n)
+        whole, _ = per_file(lambda x=x: x.sum().compute(), n)
         steps["dask and groups"] = whole - steps["read loop"] - steps["sum"]
         steps["total"] = sum(steps.values())
         out[mode] = steps

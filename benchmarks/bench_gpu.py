@@ -169,7 +169,9 @@ def write_data(folder: str, size: Size, groups: tuple[str, ...]) -> dict[str, An
             os.makedirs(d + ".part", exist_ok=True)
             rng = np.random.default_rng(5)
             for i in range(size.n_small):
-                np.save(os.path.join(d + ".part", f"s{i:05d}.npy"), rng.standard_normal(size.small_shape, dtype=np.float32))
+                np.save(
+                    os.path.join(d + ".part", f"s{i:05d}.npy"), rng.standard_normal(size.small_shape, dtype=np.float32)
+                )
             os.replace(d + ".part", d)
         data["small"] = d
         files = sorted(os.path.join(d, f) for f in os.listdir(d))
@@ -246,7 +248,9 @@ class Bench:
             ok = bool(check(value))
             row = Row(group, variant, nbytes, first, times, ok, note, threads)
         except Exception as e:  # a failing variant is reported, the others still run
-            row = Row(group, variant, nbytes, first, times, False, note, threads, error=f"{type(e).__name__}: {e}"[:300])
+            row = Row(
+                group, variant, nbytes, first, times, False, note, threads, error=f"{type(e).__name__}: {e}"[:300]
+            )
         del value
         self.rows.append(row)
         status = "" if row.ok else ("  WRONG VALUE" if not row.error else f"  ERROR {row.error}")
@@ -339,17 +343,25 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
         _common.warm_page_cache([p])
         rw = b.find("big", f"raw kvikio pread, threads={t}")
         if rw is not None and rc.ok:
-            facts["page cache drop"] = (f"took effect (cold raw {rc.median * 1e3:.1f} ms, warm {rw.median * 1e3:.1f} ms)"
-                                        if rc.median > 1.3 * rw.median else
-                                        f"no visible effect (cold raw {rc.median * 1e3:.1f} ms, warm {rw.median * 1e3:.1f} ms):"
-                                        " cold rows are warm")
+            facts["page cache drop"] = (
+                f"took effect (cold raw {rc.median * 1e3:.1f} ms, warm {rw.median * 1e3:.1f} ms)"
+                if rc.median > 1.3 * rw.median
+                else f"no visible effect (cold raw {rc.median * 1e3:.1f} ms, warm {rw.median * 1e3:.1f} ms):"
+                " cold rows are warm"
+            )
         del buf
         with kvikio_hidden():
             b.time("big", "npydask from_npy(gpu) sum, kvikio hidden (pinned host path)", nbytes, npyd, same,
                    note="fallback")
     else:
-        b.time("big", "npydask from_npy(gpu) sum (numpy standing in)" if dry else "npydask from_npy(gpu) sum, no kvikio",
-               nbytes, npyd, same, note="P7" if not dry else "dry")
+        b.time(
+            "big",
+            "npydask from_npy(gpu) sum (numpy standing in)" if dry else "npydask from_npy(gpu) sum, no kvikio",
+            nbytes,
+            npyd,
+            same,
+            note="P7" if not dry else "dry",
+        )
     b.time("big", "cupy.asarray(np.load(p)) sum", nbytes,
            lambda: dev.copy_in(np.load(p)).sum(dtype=xp.int64), same, note="host + copy")
     b.time("big", "cupy.asarray(np.load(p, mmap_mode='r')) sum", nbytes,
@@ -463,15 +475,37 @@ def goals(b: Bench, threads: list[int], dry: bool) -> list[dict[str, Any]]:
 
     if not dry:
         for t in threads:
-            add(f"P7 npydask / raw kvikio throughput, threads={t}", b.find("big", f"npydask from_npy(gpu) sum, threads={t}"),
-                b.find("big", f"raw kvikio pread, threads={t}"), 0.9, True)
+            add(
+                f"P7 npydask / raw kvikio throughput, threads={t}",
+                b.find("big", f"npydask from_npy(gpu) sum, threads={t}"),
+                b.find("big", f"raw kvikio pread, threads={t}"),
+                0.9,
+                True,
+            )
         t = threads[-1]
-        add(f"P7 npydask (threads={t}) speed-up over cupy.asarray(np.load(p))",
-            b.find("big", f"npydask from_npy(gpu) sum, threads={t}"), b.find("big", "cupy.asarray(np.load(p)) sum"), 2.0, True)
-    add("ROI stack: npydask gpu / CPU npydask + one copy (time)", b.find("roi", "npydask open_dataset(roi, device='gpu').stack()"),
-        b.find("roi", "cupy.asarray(CPU npydask open_dataset(roi).stack())"), 1.2, False, speed=False)
-    add("small files: npydask gpu / CPU npydask + one copy (time)", b.find("small", "npydask open_dataset(device='gpu').stack()"),
-        b.find("small", "cupy.asarray(CPU npydask open_dataset().stack())"), 1.0, False, speed=False)
+        add(
+            f"P7 npydask (threads={t}) speed-up over cupy.asarray(np.load(p))",
+            b.find("big", f"npydask from_npy(gpu) sum, threads={t}"),
+            b.find("big", "cupy.asarray(np.load(p)) sum"),
+            2.0,
+            True,
+        )
+    add(
+        "ROI stack: npydask gpu / CPU npydask + one copy (time)",
+        b.find("roi", "npydask open_dataset(roi, device='gpu').stack()"),
+        b.find("roi", "cupy.asarray(CPU npydask open_dataset(roi).stack())"),
+        1.2,
+        False,
+        speed=False,
+    )
+    add(
+        "small files: npydask gpu / CPU npydask + one copy (time)",
+        b.find("small", "npydask open_dataset(device='gpu').stack()"),
+        b.find("small", "cupy.asarray(CPU npydask open_dataset().stack())"),
+        1.0,
+        False,
+        speed=False,
+    )
     return out
 
 
@@ -489,9 +523,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per variant after the first (default 5)")
     ap.add_argument("--threads", default="1,8,16", help="kvikio thread counts for the big file (default 1,8,16)")
     ap.add_argument("--only", default="", help="groups to run, comma-separated: " + ", ".join(GROUPS))
-    ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a folder under /var/tmp, removed)")
+    ap.add_argument(
+        "--data", metavar="DIR", help="keep the data here and reuse it (default: a folder under /var/tmp, removed)"
+    )
     ap.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
-    ap.add_argument("--dry-run", action="store_true", help="no GPU: numpy stands in for CuPy, tiny sizes, no kvikio rows")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="no GPU: numpy stands in for CuPy, tiny sizes, no kvikio rows"
+    )
     args = ap.parse_args(argv)
     groups = tuple(g for g in (args.only.split(",") if args.only else GROUPS) if g)
     unknown = set(groups) - set(GROUPS)
@@ -534,8 +572,13 @@ def main(argv: list[str] | None = None) -> int:
         ["grp", "variant", "first", "median ms", "GB/s", "exact", "note"])
     gl = goals(bench, threads, args.dry_run)
     print()
-    _common.table([[g["goal"], "" if g["measured"] is None else f"{g['measured']:.2f}x", f"{g['target']}x", g["verdict"]]
-                   for g in gl], ["goal", "measured", "target", "verdict"])
+    _common.table(
+        [
+            [g["goal"], "" if g["measured"] is None else f"{g['measured']:.2f}x", f"{g['target']}x", g["verdict"]]
+            for g in gl
+        ],
+        ["goal", "measured", "target", "verdict"],
+    )
     all_exact = all(r.ok for r in bench.rows)
     print(f"# every result equal to numpy: {'yes' if all_exact else 'NO'}; total {time.perf_counter() - t_all:.1f} s")
     _common.write_json(args.json, {

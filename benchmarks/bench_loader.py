@@ -32,6 +32,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -132,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"MISMATCH: {name} / {variant} gives other samples than numpy", file=sys.stderr)
                     ok = False
                     continue
-                times, count = _common.measure(
-                    lambda: run_epoch(make()), args.repeat, setup=lambda: _common.warm_page_cache(files)
+                times, count = _common.measure(  # (both closures run here, in this iteration)
+                    lambda make=make: run_epoch(make()),
+                    args.repeat,
+                    setup=partial(_common.warm_page_cache, files),
                 )
                 t = _common.median(times)
                 rate = count / t

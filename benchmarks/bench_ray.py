@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"MISMATCH: {group} / {variant} gives other samples than numpy", file=sys.stderr)
                     ok = False
                     continue
-                t, n = timed(lambda: count_rows(make(), rows_per_sample), volumes, args.repeat)
+                t, n = timed(  # (the closure runs here, in this iteration)
+                    lambda make=make, rows=rows_per_sample: count_rows(make(), rows), volumes, args.repeat
+                )
                 r = record(group, variant, t, n, ref, "samples/s")
                 ref = ref or t
             return r
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"MISMATCH: big / {variant} sums to {got}, numpy to {want_total}", file=sys.stderr)
                 ok = False
                 continue
-            t, _ = timed(lambda: total(make()), [big], args.repeat)
+            t, _ = timed(lambda make=make: total(make()), [big], args.repeat)  # (runs here, in this iteration)
             r = record("big", variant, t, os.path.getsize(big) / 2**20, ref, "MiB/s")
             ref = ref or t
         goals.append([f"big: sum over iter_batches, read_npy({BLOCKS} tasks) speed over read_numpy's",

@@ -219,8 +219,12 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
         r = Result(group, name, times, nbytes, scalar, note, cpu)
         results.append(r)
         rate = "" if scalar is None else f"{r.gbps:6.2f} GB/s"
-        print(f"  {group:3s} {name:58s} {_common.fmt_seconds(r.median):>10s}  cpu {_common.fmt_seconds(r.cpu_median):>10s}  "
-              f"{rate}", flush=True)
+        print(
+            f"  {group:3s} {name:58s} {_common.fmt_seconds(r.median):>10s}  "
+            f"cpu {_common.fmt_seconds(r.cpu_median):>10s}  "
+            f"{rate}",
+            flush=True,
+        )
         return r
 
     # first dask compute of a process pays for imports and the thread pool: not part of any variant

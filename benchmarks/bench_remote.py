@@ -168,7 +168,9 @@ def roi_plane_offsets(path: str, shape: Sequence[int], roi_start: Sequence[int],
     header = os.path.getsize(path) - int(np.prod(shape)) * DTYPE.itemsize
     strides = [int(np.prod(shape[k + 1 :])) for k in range(len(shape))]
     inner = sum(a * s for a, s in zip(roi_start[1:], strides[1:]))
-    return [header + (z * strides[0] + inner) * DTYPE.itemsize for z in range(roi_start[0], roi_start[0] + roi_shape[0])]
+    return [
+        header + (z * strides[0] + inner) * DTYPE.itemsize for z in range(roi_start[0], roi_start[0] + roi_shape[0])
+    ]
 
 
 def numpy_sum(paths: Sequence[str]) -> float:
@@ -233,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 1000)")
     ap.add_argument("--only", default="roi,sum,small", metavar="GROUPS",
                     help="comma-separated groups to run: roi (R1), sum (R2), small (R3 and R4); default all")
-    ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto",
-                    help="how the link is emulated: the kernel's shaper where it can (auto), only it, or the pacing proxy")
+    ap.add_argument(
+        "--link-via",
+        choices=["auto", "tc", "proxy"],
+        default="auto",
+        help="how the link is emulated: the kernel's shaper where it can (auto), only it, or the pacing proxy",
+    )
     ap.add_argument("--slow-budget", type=float, default=30.0, metavar="S",
                     help="run a sequential peer loop once only when its first run takes over S seconds (default 30)")
     args = ap.parse_args(argv)
@@ -525,7 +531,9 @@ class Bench:
         self.facts["small LIST pages expected"] = math.ceil(n / LIST_PAGE)
         for label, kw in variants:
             if kw is None:
-                self.rows.append(Row("open", f"npydask {label}: open_dataset alone", [], [], [], nbytes, note=NOT_MERGED))
+                self.rows.append(
+                    Row("open", f"npydask {label}: open_dataset alone", [], [], [], nbytes, note=NOT_MERGED)
+                )
                 continue
             row = self.time("open", f"npydask {label}: open_dataset alone", lambda kw=kw: opened(self.direct, **kw),
                             nbytes)
@@ -588,8 +596,11 @@ class Bench:
             if t.unframed:
                 self.notes.append(f"{r.variant}: {t.unframed} connections not counted request by request")
         print()
-        print(f"# traffic: one run through the counting proxy; per-plane span {self.facts.get('roi per-plane span bytes'):,}"
-              f" bytes, all ROI spans {spans:,} bytes (from the first to the last ROI byte in each plane)")
+        print(
+            "# traffic: one run through the counting proxy; "
+            f"per-plane span {self.facts.get('roi per-plane span bytes'):,}"
+            f" bytes, all ROI spans {spans:,} bytes (from the first to the last ROI byte in each plane)"
+        )
         _common.table(traffic, ["grp", "variant", "bytes down", "bytes up", "/ spans", "LIST", "GET", "HEAD",
                                 "header GETs", "other"])
 

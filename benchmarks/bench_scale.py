@@ -552,9 +552,9 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
           "gc off = open all with the cyclic garbage collector off (what collecting per-file objects costs); "
           "held = RSS after open - before, dataset held; peak = VmHWM - before; traced = tracemalloc; "
           "pickled = pickle of the local graph; sent = bytes Client.compute sends (cluster graph)")
-    _common.table(table, ["files", "floor s", "us/f", "hdr floor s", "us/f", "open all s", "us/f", "-hdr us/f", "gc off s", "open first s",
-                          "us/f", "held B/f", "peak B/f", "traced B/f", "stack s", "us/f", "stack(cl) s",
-                          "pickled B/f", "sent B/f", "tasks", "tasks(cl)"])
+    _common.table(table, ["files", "floor s", "us/f", "hdr floor s", "us/f", "open all s", "us/f", "-hdr us/f",
+                          "gc off s", "open first s", "us/f", "held B/f", "peak B/f", "traced B/f", "stack s", "us/f",
+                          "stack(cl) s", "pickled B/f", "sent B/f", "tasks", "tasks(cl)"])
     if not first_mode:
         print("# open first: n/a (this npydask's open_dataset has no headers= argument)")
 

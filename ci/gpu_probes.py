@@ -177,12 +177,16 @@ def probe_concatenate(c: Context) -> str:
         np.save(c.path(f"long/{i}.npy"), np.asfortranarray(g) if i % 4 == 1 else g)
     out = [
         same(
-            c.host(npydask.open_dataset(os.path.dirname(c.path("wide/0.npy")), device="gpu").concatenate(axis=1).compute()),
+            c.host(
+                npydask.open_dataset(os.path.dirname(c.path("wide/0.npy")), device="gpu").concatenate(axis=1).compute()
+            ),
             np.concatenate(wide, 1),
             "axis 1",
         ),
         same(
-            c.host(npydask.open_dataset(os.path.dirname(c.path("long/0.npy")), device="gpu").concatenate(axis=0).compute()),
+            c.host(
+                npydask.open_dataset(os.path.dirname(c.path("long/0.npy")), device="gpu").concatenate(axis=0).compute()
+            ),
             np.concatenate(long, 0),
             "axis 0",
         ),
@@ -203,7 +207,10 @@ def probe_zero_d_and_empty(c: Context) -> str:
 
 
 def probe_stats_gpu(c: Context) -> str:
-    """``npydask stats --device gpu --json`` equals ``--device cpu`` (blocks reduced on the device, no host array mixed)."""
+    """``npydask stats --device gpu --json`` equals ``--device cpu``.
+
+    The blocks are reduced on the device, with no host array mixed in.
+    """
     from npydask.cli import main
 
     folder = os.path.dirname(c.path("stats/0.npy"))
@@ -219,7 +226,9 @@ def probe_stats_gpu(c: Context) -> str:
         results[device] = json.loads(out.getvalue())
     # count, min and max are exact; mean and std are float64 sums taken in another order on the device (an ulp)
     gpu_, cpu_ = results["gpu"], results["cpu"]
-    exact = {k: v for k, v in gpu_.items() if k not in ("mean", "std")} == {k: v for k, v in cpu_.items() if k not in ("mean", "std")}
+    exact = {k: v for k, v in gpu_.items() if k not in ("mean", "std")} == {
+        k: v for k, v in cpu_.items() if k not in ("mean", "std")
+    }
     close = all(np.isclose(gpu_[k], cpu_[k], rtol=1e-12, atol=0) for k in ("mean", "std"))
     if set(gpu_) != set(cpu_) or not exact or not close:
         raise AssertionError(f"--device gpu {gpu_} differs from --device cpu {cpu_}")
@@ -350,7 +359,9 @@ def probe_to_npy_of_device_array(c: Context) -> str:
 
 
 def probe_kvikio_errors(c: Context) -> str:
-    """kvikio's errors, descriptors and settings: describe(), a file shrunk after opening, many files under a low ``ulimit -n``.
+    """kvikio's errors, descriptors and settings.
+
+    describe(), a file shrunk after opening, many files under a low ``ulimit -n``.
 
     Real kvikio raises at end of file (its POSIX reads never return short): a
     file truncated after kvikio opened it must give the CPU path's error class
@@ -367,7 +378,9 @@ def probe_kvikio_errors(c: Context) -> str:
 
     text = kb.describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
     paths = ("GPUDirect Storage:", "kvikio POSIX compatibility mode:", "pinned host memory (kvikio not installed)")
-    if not text.startswith(paths) or (not text.startswith(paths[2]) and not ("num_threads" in text and "GDS available" in text)):
+    if not text.startswith(paths) or (
+        not text.startswith(paths[2]) and not ("num_threads" in text and "GDS available" in text)
+    ):
         raise AssertionError(f"describe() says {text!r}")
     out = [f"describe(): {text}"]
 
@@ -382,14 +395,18 @@ def probe_kvikio_errors(c: Context) -> str:
         done: list[int] = []
         real_open, real_pread = kb._open_checked, kb.pread_exact
 
-        def open_then_shrink(kvikio: Any, ref: Any) -> Any:  # after kvikio opened and checked it
+        # (both stand-ins are installed for this iteration's compute only: the finally below restores the real ones)
+        def open_then_shrink(kvikio: Any, ref: Any, *, real_open: Any = real_open, done: list[int] = done) -> Any:
+            # after kvikio opened and checked it
             opened = real_open(kvikio, ref)
             if not done:
                 done.append(1)
                 os.truncate(p, 256)
             return opened
 
-        def shrink_then_pread(fd: int, dest: Any, offset: int, path: str) -> None:  # (pinned path, dry run)
+        def shrink_then_pread(
+            fd: int, dest: Any, offset: int, path: str, *, real_pread: Any = real_pread, done: list[int] = done
+        ) -> None:  # (pinned path, dry run)
             if not done and path == p:
                 done.append(1)
                 os.truncate(p, 256)
@@ -427,7 +444,11 @@ def probe_kvikio_errors(c: Context) -> str:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         _handles.clear_cache()
-    out.append(same(got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kr._open_peak})"))
+    out.append(
+        same(
+            got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kr._open_peak})"
+        )
+    )
     return "; ".join(out)
 
 
@@ -451,7 +472,8 @@ def probe_read_routes(c: Context) -> str:
             ds = npydask.open_dataset(folder, device="gpu")
             out.append(same(c.host(ds.stack().compute()), np.stack(small), f"{len(small)} small files ({host_bytes})"))
             roi = npydask.open_dataset(os.path.dirname(c.path("routes/big/0.npy")), roi_start=[3, 1000],
-                                       roi_shape=[4 * c.scale, 40], out_of_bounds_policy="pad", device="gpu")  # fmt: skip
+                                       roi_shape=[4 * c.scale, 40], out_of_bounds_policy="pad",
+                                       device="gpu")  # fmt: skip
             want = np.zeros((4, 4 * c.scale, 40), "<f4")
             rows = min(4 * c.scale, 8 * c.scale - 3)
             want[:, :rows, :24] = np.stack([a[3 : 3 + rows, 1000:] for a in big])
@@ -490,9 +512,9 @@ def probe_pinned_ring(c: Context) -> str:
         raise AssertionError(f"{slots} pinned slots in this thread, expected {gpu_pinned.SLOTS}")
     pool = None if c.dry else c.xp.get_default_pinned_memory_pool()
     free = getattr(pool, "n_free_blocks", lambda: "?")() if pool is not None else "-"
-    return "; ".join(out) + f"; ring: {slots} slots of {gpu_pinned.SLOT_BYTES >> 20} MiB, pinned pool free blocks {free}"
-
-
+    return (
+        "; ".join(out) + f"; ring: {slots} slots of {gpu_pinned.SLOT_BYTES >> 20} MiB, pinned pool free blocks {free}"
+    )
 
 
 def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
@@ -687,8 +709,8 @@ def probe_dask_cuda(c: Context) -> str:
                 raise AssertionError(f"{name}: stack().sum() {total} differs from numpy's {want_sum}")
             x = npydask.from_npy(c.path("cuda/big.npy"), device="gpu", chunks=(8 * c.scale, 100))
             same(c.host(x.compute()), big, f"{name}: from_npy")
-            kinds = dask.compute(*[dask.delayed(_block_is)(b, c.xp.__name__) for b in x.to_delayed().ravel()],
-                                 *[dask.delayed(_block_is)(b, c.xp.__name__) for b in stacked.to_delayed().ravel()])  # fmt: skip
+            blocks = [*x.to_delayed().ravel(), *stacked.to_delayed().ravel()]
+            kinds = dask.compute(*[dask.delayed(_block_is)(b, c.xp.__name__) for b in blocks])
             wrong = [k for k in kinds if not k.startswith("ok")]
             if wrong:
                 raise AssertionError(f"{name}: chunks on the worker are {sorted(set(wrong))}")
@@ -759,7 +781,10 @@ def _agreement(cp: Any, kvikio: Any, work: str) -> tuple[list[str], int]:
         opened = len(os.listdir("/proc/self/fd")) - fds
         claims += [
             ("a small read is done at once", lambda: None if f.pread(buf, 100, 0).done() else "not done"),
-            ("EOF raises in a small read", lambda: _raises(lambda: f.pread(buf, 8192, 36_000).get(), RuntimeError, "EOF")),
+            (
+                "EOF raises in a small read",
+                lambda: _raises(lambda: f.pread(buf, 8192, 36_000).get(), RuntimeError, "EOF"),
+            ),
             ("EOF raises in a pool read", lambda: _raises(lambda: f.pread(buf, 65_536, 0).get(), RuntimeError, "EOF")),
             ("a CuFile holds two descriptors", lambda: None if opened == 2 else f"{opened}"),
             ("kvikio.defaults numbers", lambda: None if (kvikio.defaults.get("task_size"),

@@ -36,7 +36,6 @@ try:
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name
-    from packaging.version import Version
 except ImportError:  # pip always carries a copy
     from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
@@ -223,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             image = read_image(f.read())
         files = []
         for p in args.paths:
-            files += sorted(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".whl")) if os.path.isdir(p) else [p]
+            files += (
+                sorted(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".whl")) if os.path.isdir(p) else [p]
+            )
         wheels = [read_wheel(p) for p in files]
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         print(f"wheel_requires: {e}", file=sys.stderr)

@@ -71,7 +71,9 @@ def tour(root: str) -> int:
 
     # Absolute ROI: rows 30..70, columns 20..60 of every slice.
     ds = npydask.open_dataset(folder, roi_start=(30, 20), roi_end=(70, 60))
-    ok &= check("roi_start=(30, 20), roi_end=(70, 60)", ds.stack().compute(), np.stack([a[30:70, 20:60] for a in images]))
+    ok &= check(
+        "roi_start=(30, 20), roi_end=(70, 60)", ds.stack().compute(), np.stack([a[30:70, 20:60] for a in images])
+    )
 
     # Relative ROI (DALI rounds start and end half away from zero, in float32).
     ds = npydask.open_dataset(folder, rel_roi_start=(0.25, 0.25), rel_roi_end=(0.75, 0.75))

@@ -205,7 +205,9 @@ def from_npy(
     resolved = resolve(given, storage_options)
     path, where = resolved.path, resolved.source
     if not resolved.local and backend != "auto":
-        raise ValueError(f"{resolved.shown}: object URLs are read with backend='auto' (range requests), found {backend!r}")
+        raise ValueError(
+            f"{resolved.shown}: object URLs are read with backend='auto' (range requests), found {backend!r}"
+        )
     check_device(device)
     try:
         ref = FileRef.open(path, backend, key=key, source=where)
@@ -223,8 +225,10 @@ def several_files_advice(paths: list[Any] | tuple[Any, ...]) -> str:
 
     Examples
     --------
-    >>> print(several_files_advice(["a.npy", "b.npy"]))
-    from_npy reads one file, found a list of 2 paths; for several files use npydask.open_dataset(files=['a.npy', 'b.npy']).stack() (.concatenate(axis) for slabs of different lengths, .arrays() for one array per file)
+    >>> print(several_files_advice(["a.npy", "b.npy"]))  # doctest: +NORMALIZE_WHITESPACE
+    from_npy reads one file, found a list of 2 paths; for several files use
+    npydask.open_dataset(files=['a.npy', 'b.npy']).stack() (.concatenate(axis) for slabs of different lengths,
+    .arrays() for one array per file)
     """
     shown = [os.fspath(p) if isinstance(p, str | os.PathLike) else p for p in paths[:3]]
     listing = repr(shown) if len(paths) <= 3 else repr(shown)[:-1] + ", ...]"
@@ -244,8 +248,10 @@ def glob_advice(path: str) -> str | None:
 
     Examples
     --------
-    >>> print(glob_advice("data/*.npy"))
-    'data/*.npy' looks like a glob pattern, and from_npy reads one file: for the files it matches use npydask.open_dataset('data', file_filter='*.npy').stack() (DALI's order, byte-wise sorted), or exactly the glob's files with npydask.open_dataset(files=sorted(glob.glob('data/*.npy'))).stack()
+    >>> print(glob_advice("data/*.npy"))  # doctest: +NORMALIZE_WHITESPACE
+    'data/*.npy' looks like a glob pattern, and from_npy reads one file: for the files it matches use
+    npydask.open_dataset('data', file_filter='*.npy').stack() (DALI's order, byte-wise sorted),
+    or exactly the glob's files with npydask.open_dataset(files=sorted(glob.glob('data/*.npy'))).stack()
     >>> glob_advice("data/a.npy") is None
     True
     """

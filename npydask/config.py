@@ -11,7 +11,8 @@ setting                environment variable           default    meaning
                                                                  (see :mod:`npydask.plan.read_strategy`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128        open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``      64 KiB     GPU reads: runs closer than this are one read
-``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread`` (0: one per span)
+``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread``
+                                                                 (0: one per span)
 ``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``      4096       GPU reads: offsets and sizes aligned for GDS
 ``gpu_host_bytes``     ``NPYDASK_GPU_HOST_BYTES``     1 MiB      GPU reads: a task whose reads average less goes
                                                                  through host memory (one copy); 0: never
