@@ -117,7 +117,9 @@ def _rois(table: Any) -> tuple[bytes, str, set[str]]:
     data = repr(list(number)).encode() + b"|" + canon[inverse.reshape(-1)].astype("<i8").tobytes()
     first_roi = next(iter(number))
     if len(number) > 1:
-        shown = f"{len(number)} different ROIs, the first file's {'whole' if first_roi is None else _roi_text(first_roi)}"
+        shown = (
+            f"{len(number)} different ROIs, the first file's {'whole' if first_roi is None else _roi_text(first_roi)}"
+        )
     else:
         shown = "whole files" if first_roi is None else f"{_roi_text(first_roi)} for every file"
     fills = {repr(np.asarray(r.fill_value).tolist()) for r in found if r is not None and r.padded}
@@ -408,7 +410,11 @@ class Loader:
             check_process(pick(dataset, [0]))  # (before a thread starts: in a forked child, a clear error, not a hang)
             if self.device == "gpu":
                 check_cuda_fork()  # (a child forked after CUDA was used: a clear error, not CUDA's)
-        fetch = _ClusterFetch(self.client, self.device) if self.client is not None else _LocalFetch(self.prefetch, self.device)
+        fetch = (
+            _ClusterFetch(self.client, self.device)
+            if self.client is not None
+            else _LocalFetch(self.prefetch, self.device)
+        )
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
         try:
@@ -480,7 +486,7 @@ class _DeviceHandOff:
     def receive(self, done: tuple[Any, Any]) -> Any:
         """On the consumer thread: its current stream waits for the batch's kernels; the batch."""
         batch, event = done
-        if event is not None:
+        if event is not None and self.cuda is not None:  # (an event comes only from a device)
             self.cuda.get_current_stream().wait_event(event)
         return batch
 

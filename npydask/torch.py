@@ -186,7 +186,10 @@ def _shared_epoch(value: Any) -> _SharedEpoch:
 
 
 def _samples(picked: Any, device: str) -> list[Any]:
-    """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member (:func:`npydask.dataset.multikey.pick`)."""
+    """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member.
+
+    ``picked`` is what :func:`npydask.dataset.multikey.pick` returns.
+    """
     if isinstance(picked, dict):
         columns = {k: _arrays(views, device) for k, views in picked.items()}
         n = len(next(iter(columns.values())))

@@ -17,8 +17,8 @@ import numpy as np
 from npydask.errors import FileChangedError
 from npydask.gpu.plan import DEFAULT_ALIGNMENT, GpuReadPlan, SpanRead, c_contiguous
 
-__all__ = ["Pending", "ReadSpan", "address", "aligned_empty", "as_bytes", "drain", "execute_plan", "fill_staging", "finish",
-           "issue_direct", "issue_reads", "wait_reads"]  # fmt: skip
+__all__ = ["Pending", "ReadSpan", "address", "aligned_empty", "as_bytes", "drain", "execute_plan", "fill_staging",
+           "finish", "issue_direct", "issue_reads", "wait_reads"]  # fmt: skip
 
 
 

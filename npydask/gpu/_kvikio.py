@@ -59,7 +59,7 @@ import errno
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -176,6 +176,13 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     return results
 
 
+@runtime_checkable
+class _RangeReadable(Protocol):
+    """An opened file read by range requests (:class:`~npydask.storage.object.RemoteFile`)."""
+
+    def range_reader(self) -> Any: ...
+
+
 def _layout(window: Sequence[DeviceRead], direct: Sequence[bool] = ()) -> tuple[list[int], int, int]:
     """Each job's staging offset in one shared buffer (aligned), the total, and the alignment.
 
@@ -231,24 +238,29 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
     staging = aligned_empty(xp, total, alignment) if not all(direct) else None
     for k, (job, at) in enumerate(zip(window, offsets)):
         f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
+        read_span: ReadSpan
         if not job.ref.source.mappable:  # an object: range requests (each checked)
+            assert isinstance(f, _RangeReadable)  # (what a source that cannot be mapped opens)
             reader = f.range_reader()
 
-            def read_span(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
+            def read_range(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
                 reader.read_into(dest, offset)
                 return size
 
+            read_span = read_range
         else:
 
-            def read_span(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
-                pread_exact(fd, memoryview(dest), offset, path)  # (a short read there: FileChangedError)
+            def read_file(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
+                pread_exact(fd, dest.data, offset, path)  # (a short read there: FileChangedError)
                 return size
 
+            read_span = read_file
         if on_device:
             read_span = _through_ring(read_span, xp)
         if direct[k]:
             wait_reads(issue_direct(job.plan, read_span, job.out), f.path)
         else:
+            assert staging is not None  # (allocated unless every job is direct)
             wait_reads(issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), f.path)
         if job.ref.source.mappable:
             check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
@@ -357,6 +369,7 @@ def _read_window_kvikio(window: Sequence[DeviceRead], xp: Any, kvikio: Any) -> l
                 if straight:
                     issued.append((issue_direct(job.plan, read_span, job.out), path))
                 else:
+                    assert staging is not None  # (allocated unless every job is direct)
                     issued.append((issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), path))
         except BaseException:
             for pending, _ in issued:

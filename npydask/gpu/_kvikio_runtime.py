@@ -178,7 +178,7 @@ def _setting(kvikio: Any, name: str) -> Any:
     """``kvikio.defaults.get(name)`` (kvikio >= 25.04), else the older ``defaults.<name>()``; ``None`` if neither."""
     defaults = getattr(kvikio, "defaults", None)
     try:
-        if hasattr(defaults, "get"):
+        if defaults is not None and hasattr(defaults, "get"):
             return defaults.get(name)
         old = {"num_threads": "get_num_threads"}.get(name, name)
         getter = getattr(defaults, old, None) or getattr(defaults, name, None)

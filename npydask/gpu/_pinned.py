@@ -53,7 +53,7 @@ def _ring(xp: Any) -> list[_Slot]:
     return ring
 
 
-def upload(xp: Any, dest: Any, fill: Callable[[np.ndarray, int], None]) -> int:
+def upload(xp: Any, dest: Any, fill: Callable[[np.ndarray, int], object]) -> int:
     """Fill ``dest`` (a 1-D contiguous ``uint8`` device array) piece by piece through the ring.
 
     ``fill(buf, at)`` writes bytes ``at .. at + buf.size`` of what ``dest``

@@ -258,7 +258,7 @@ class DeviceArray:
         else:
             parts = self._met(box)
             met = [(view, part, None) for view, part, _ in parts[:1]]
-        if met and math.prod(box.shape) and self._through_host(met[0][0], met[0][1], plans):
+        if met and math.prod(box.shape) > 0 and self._through_host(met[0][0], met[0][1], plans):
             return self._read_host(box, xp)
         if not hasattr(source, "views"):
             return self._read([(source, box, None)], xp, plans)[0]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from npydask import config
 from npydask.errors import RoiError
@@ -360,7 +361,7 @@ def plan_gpu_read(
         hi = tuple(b + s for b, s in zip(box.stop, roi.start))
     inner = _clamp_box(header.shape, lo, hi) if roi is not None else box
     pad = None
-    if roi is not None and (inner.start != tuple(lo) or inner.stop != tuple(hi)) and math.prod(shape):
+    if roi is not None and (inner.start != tuple(lo) or inner.stop != tuple(hi)) and math.prod(shape) > 0:
         fill = roi.fill_value if roi.fill_value is not None else 0
         before = tuple(a - b for a, b in zip(inner.start, lo))
         after = tuple(b - a for a, b in zip(inner.stop, hi))
@@ -444,8 +445,8 @@ def _span_reads(
     """Every span rounded out to the alignment, clamped to the file, split into tasks (vectorised).
 
     ``task_bytes`` 0: one read per span."""
-    file_at = np.full((), offset, np.int64)
-    staged_at = np.full((), base, np.int64)
+    file_at: npt.NDArray[np.int64] = np.full((), offset, np.int64)
+    staged_at: npt.NDArray[np.int64] = np.full((), base, np.int64)
     for n, fs, ss in zip(outer_shape, outer_strides, staging_strides):
         file_at = file_at[..., None] + np.arange(n, dtype=np.int64) * fs
         staged_at = staged_at[..., None] + np.arange(n, dtype=np.int64) * ss

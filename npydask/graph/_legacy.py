@@ -10,6 +10,7 @@ the source's key (when the source is not inlined).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dask._task_spec import Task, TaskRef
@@ -61,7 +62,7 @@ class ReadLayer(Blockwise):
             cached = self._cached_dict = {"dsk": dsk}
         return cached["dsk"]
 
-    def cull(self, keys: Any, all_hlg_keys: Any) -> tuple[Any, dict[Any, set[Any]]]:
+    def cull(self, keys: Any, all_hlg_keys: Any) -> tuple[Any, Mapping[Any, set[Any]]]:
         name = self.output
         blocks = {key[1:] for key in keys if key[0] == name}
         if self.output_blocks is not None:

@@ -148,7 +148,9 @@ def _canonical(x: da.Array) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     layers = getattr(graph, "layers", None)  # (the legacy engine's HighLevelGraph)
     if layers is not None:
-        kinds = {k: next(c.__name__ for c in type(v).__mro__ if c.__module__.startswith("dask.")) for k, v in layers.items()}
+        kinds = {
+            k: next(c.__name__ for c in type(v).__mro__ if c.__module__.startswith("dask.")) for k, v in layers.items()
+        }
         out[("layers",)] = sorted((repr(plain(k)), kind) for k, kind in kinds.items())
     for key, task in dict(graph).items():
         func = getattr(task, "func", None)
@@ -193,4 +195,5 @@ def _computed(x: da.Array) -> np.ndarray:
         return [blocks(n) for n in nested] if isinstance(nested, list | tuple) else nested
 
     (x,) = dask.optimize(x)
-    return concatenate3(blocks(get_sync(dict(x.__dask_graph__()), x.__dask_keys__())))
+    keys = x.__dask_keys__()  # (nested lists, as compute passes them: get_sync's hint says flat)
+    return concatenate3(blocks(get_sync(dict(x.__dask_graph__()), keys)))  # type: ignore[arg-type]  # dask's hint

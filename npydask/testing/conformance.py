@@ -31,12 +31,13 @@ import itertools
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pytest
@@ -62,20 +63,19 @@ __all__ = [
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]
 
-DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(d)
-    for d in [
-        "?", "i1", "u1", "<i2", ">i2", "<u2", ">u4", "<i4", ">i8", "<u8",
-        "<f2", ">f2", "<f4", ">f4", "<f8", ">f8", "<c8", ">c8", "<c16", ">c16",
-        np.dtype(np.longdouble), np.dtype(np.longdouble).newbyteorder(),
-        np.dtype(np.clongdouble), np.dtype(np.clongdouble).newbyteorder(),
-        "<M8[ns]", ">M8[D]", "<m8[s]", ">m8[us]",
-        "S1", "S5", "<U1", "<U3", ">U4", "V3", "V16",
-        np.dtype([("a", "u1"), ("b", "<f8"), ("c", ">i2", (2,))], align=True),
-        np.dtype([("p", [("x", "<f4"), ("y", ">u2")]), ("s", "S3"), ("m", "<i4", (2, 2))]),
-        np.dtype({"names": ["a", "b"], "formats": ["<i4", ">f8"], "offsets": [0, 8], "itemsize": 24}),
-    ]
-)  # fmt: skip
+_DTYPE_SPECS: list[str | np.dtype] = [
+    "?", "i1", "u1", "<i2", ">i2", "<u2", ">u4", "<i4", ">i8", "<u8",
+    "<f2", ">f2", "<f4", ">f4", "<f8", ">f8", "<c8", ">c8", "<c16", ">c16",
+    np.dtype(np.longdouble), np.dtype(np.longdouble).newbyteorder(),
+    np.dtype(np.clongdouble), np.dtype(np.clongdouble).newbyteorder(),
+    "<M8[ns]", ">M8[D]", "<m8[s]", ">m8[us]",
+    "S1", "S5", "<U1", "<U3", ">U4", "V3", "V16",
+    np.dtype([("a", "u1"), ("b", "<f8"), ("c", ">i2", (2,))], align=True),
+    np.dtype([("p", [("x", "<f4"), ("y", ">u2")]), ("s", "S3"), ("m", "<i4", (2, 2))]),
+    np.dtype({"names": ["a", "b"], "formats": ["<i4", ">f8"], "offsets": [0, 8], "itemsize": 24}),
+]  # fmt: skip
+
+DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(d) for d in _DTYPE_SPECS)
 """Dtypes the suite round-trips: every kind numpy saves without pickling, in both byte orders."""
 
 
@@ -235,7 +235,7 @@ class BackendConformance:
         """Save an array with :func:`numpy.save` (C or Fortran order) and return its path."""
         counter = itertools.count()
 
-        def _save(array: np.ndarray, *, order: str = "C", name: str | None = None) -> str:
+        def _save(array: np.ndarray, *, order: Literal["C", "F"] = "C", name: str | None = None) -> str:
             path = tmp_path / (name or f"c{next(counter)}.npy")
             np.save(path, np.array(array, order=order, copy=True), allow_pickle=False)
             return str(path)
@@ -417,20 +417,20 @@ class BackendConformance:
         bad_value.append(readonly)
         bad_dtype = [np.empty((4, 6), "<f8"), np.empty((4, 6), ">f4"), np.empty((4, 6), "<i4")]
         for out in bad_value:
-            with pytest.raises(ValueError) as info:
+            with pytest.raises(ValueError, match=re.escape(path)):  # the message names the file
                 self.read(path, *region, out=out)
-            assert path in str(info.value)
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match="out must be a writeable C-contiguous array"):
                 ref.read(Box(*region), out=out)
         for out in bad_dtype:
             with pytest.raises((ValueError, TypeError)):
                 self.read(path, *region, out=out)
             with pytest.raises((ValueError, TypeError)):
                 ref.read(Box(*region), out=out)
+        not_an_array: Any = [[0.0] * 6] * 4  # (a list on purpose: the TypeError is what is tested)
         with pytest.raises(TypeError):
-            self.read(path, *region, out=[[0.0] * 6] * 4)
+            self.read(path, *region, out=not_an_array)
         with pytest.raises(TypeError):
-            ref.read(Box(*region), out=[[0.0] * 6] * 4)
+            ref.read(Box(*region), out=not_an_array)
 
     # ---------------------------------------------------------------- truncated files
 
@@ -451,9 +451,9 @@ class BackendConformance:
                 ref.read(box)
             assert path in str(info.value)
         # A fresh read sees a truncated file, never a short or stale array.
-        with pytest.raises(NpyFormatError) as info:
+        with pytest.raises(NpyFormatError) as fresh:
             self.read(path)
-        assert path in str(info.value)
+        assert path in str(fresh.value)
 
     @pytest.mark.parametrize("order", ["C", "F"])
     @pytest.mark.parametrize("cut", [1, 8 * 50, 4096, 10_000])

@@ -61,9 +61,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npydask._optional import install_hint
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
 
 __all__ = ["S3Identity", "SeaweedServer", "find_weed", "free_ports"]
 
@@ -382,7 +385,8 @@ class SeaweedServer:
     @property
     def pid(self) -> int | None:
         """The server's process id (and process group id) while it runs, else ``None``."""
-        return self._proc.pid if self.running else None
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def endpoint(self) -> str:
@@ -448,8 +452,8 @@ class SeaweedServer:
         identity: str = "admin",
         bucket: str | None = None,
         *,
-        client_options: Mapping[str, Any] | None = None,
-        retry_config: Mapping[str, Any] | None = None,
+        client_options: ClientConfig | None = None,
+        retry_config: RetryConfig | None = None,
         **config: Any,
     ) -> Any:
         """An ``obstore.store.S3Store`` of ``bucket`` (default :attr:`bucket`) as ``identity``.
@@ -462,7 +466,7 @@ class SeaweedServer:
         from obstore.store import S3Store
 
         options = {**self.storage_options(identity), **config}
-        client = {"allow_http": options.pop("allow_http"), **(client_options or {})}
+        client: ClientConfig = {"allow_http": options.pop("allow_http"), **(client_options or {})}
         return S3Store(
             bucket or self.bucket, **options, client_options=client, retry_config=retry_config
         )

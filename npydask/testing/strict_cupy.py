@@ -80,10 +80,19 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import numpy as np
+
+_Order = Literal["K", "A", "C", "F"]
+"""The memory layouts numpy (and CuPy) accept where a copy is made."""
+_OrderACF = Literal["A", "C", "F"]
+"""The layouts a reshape accepts."""
+_OrderCF = Literal["C", "F"]
+"""The layouts a new array is allocated in."""
+_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+"""numpy's casting rules."""
 
 __all__ = ["NVRTC_ERROR", "State", "cupy", "installed", "make_kvikio", "ndarray", "state"]
 
@@ -223,7 +232,7 @@ class ndarray:  # noqa: N801 (CuPy's name)
     __slots__ = ("_a", "_device")
 
     def __init__(self, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None,
-                 strides: Any = None, order: str = "C") -> None:  # fmt: skip
+                 strides: Any = None, order: _OrderCF = "C") -> None:  # fmt: skip
         if memptr is None:
             _cuda()
             self._a = np.empty(shape, dtype, order=order)
@@ -313,7 +322,7 @@ class ndarray:  # noqa: N801 (CuPy's name)
         return (_from_host, (self.get(),))
 
     # ---- host transfer
-    def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
+    def get(self, stream: Any = None, order: _Order = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
         """A numpy copy (``cupy.ndarray.get``)."""
         _cuda()
         if out is not None:
@@ -355,9 +364,9 @@ class ndarray:  # noqa: N801 (CuPy's name)
             )
         return self._a
 
-    def reshape(self, *shape: Any, order: str = "C") -> ndarray:
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        view = self._a.reshape(shape, order=order)
+    def reshape(self, *shape: Any, order: _OrderACF = "C") -> ndarray:
+        dims: Sequence[Any] = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        view = self._a.reshape(dims, order=order)
         if not np.shares_memory(view, self._a) and self.size:
             _kernel("reshape copy")
         return self._view(view)
@@ -374,21 +383,21 @@ class ndarray:  # noqa: N801 (CuPy's name)
     def squeeze(self, axis: Any = None) -> ndarray:
         return self._view(self._a.squeeze(axis))
 
-    def ravel(self, order: str = "C") -> ndarray:
+    def ravel(self, order: _OrderACF = "C") -> ndarray:
         return self.reshape(-1, order=order)
 
-    def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None,
+    def astype(self, dtype: Any, order: _Order = "K", casting: Any = None, subok: Any = None,
                copy: bool = True) -> ndarray:  # fmt: skip
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         _kernel("astype")
         return ndarray._wrap(self._here().astype(dtype, order=order), current_device())
 
-    def copy(self, order: str = "C") -> ndarray:
+    def copy(self, order: _Order = "C") -> ndarray:
         _kernel("copy")
         return ndarray._wrap(self._here().copy(order=order), current_device())
 
-    def flatten(self, order: str = "C") -> ndarray:
+    def flatten(self, order: _Order = "C") -> ndarray:
         return self.copy(order).reshape(-1)
 
     def fill(self, value: Any) -> None:
@@ -491,6 +500,15 @@ class ndarray:  # noqa: N801 (CuPy's name)
     imag = property(lambda self: self._view(self._a.imag))
 
 
+def _unary(name: str) -> Callable[..., Any]:
+    ufunc = getattr(np, name)
+
+    def op(self: ndarray) -> Any:
+        return ufunc(self)
+
+    return op
+
+
 def _binary(name: str, reflected: bool = False) -> Callable[..., Any]:
     ufunc = getattr(np, name)
 
@@ -509,10 +527,8 @@ for _name, _ufunc in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), 
 for _name, _ufunc in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
                       ("eq", "equal"), ("ne", "not_equal")]:  # fmt: skip
     setattr(ndarray, f"__{_name}__", _binary(_ufunc))
-ndarray.__neg__ = lambda self: np.negative(self)  # type: ignore[method-assign]
-ndarray.__pos__ = lambda self: np.positive(self)  # type: ignore[method-assign]
-ndarray.__abs__ = lambda self: np.absolute(self)  # type: ignore[method-assign]
-ndarray.__invert__ = lambda self: np.invert(self)  # type: ignore[method-assign]
+for _name, _ufunc in [("neg", "negative"), ("pos", "positive"), ("abs", "absolute"), ("invert", "invert")]:
+    setattr(ndarray, f"__{_name}__", _unary(_ufunc))
 ndarray.__hash__ = None  # type: ignore[assignment]
 
 
@@ -589,7 +605,7 @@ def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = Fa
     return ndarray._wrap(np.array(a, dtype=dtype, order=order or "K"))
 
 
-def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0) -> ndarray:
+def array(obj: Any, dtype: Any = None, copy: bool = True, order: _Order = "K", ndmin: int = 0) -> ndarray:
     if isinstance(obj, ndarray):
         out = obj.astype(dtype or obj.dtype, order=order) if copy else asarray(obj, dtype)
         return out.reshape((1,) * (ndmin - out.ndim) + out.shape) if ndmin > out.ndim else out
@@ -597,7 +613,7 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmi
     return ndarray._wrap(np.array(obj, dtype=dtype, order=order, ndmin=ndmin))
 
 
-def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
+def asnumpy(a: Any, stream: Any = None, order: _Order = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
     if isinstance(a, ndarray):
         return a.get(stream, order, out)
     return np.asarray(a, order=order)
@@ -658,7 +674,9 @@ def full_like(a: Any, fill_value: Any, dtype: Any = None, order: str = "K", subo
 _CONCAT = "Only cupy arrays can be concatenated"
 
 
-def concatenate(tup: Any, axis: int | None = 0, out: Any = None, *, dtype: Any = None, casting: str = "same_kind") -> ndarray:
+def concatenate(
+    tup: Any, axis: int | None = 0, out: Any = None, *, dtype: Any = None, casting: _Casting = "same_kind"
+) -> ndarray:
     """``cupy.concatenate``: every input a stand-in array (a host one raises ``TypeError``)."""
     arrays = list(tup)
     if not arrays:
@@ -676,7 +694,7 @@ def concatenate(tup: Any, axis: int | None = 0, out: Any = None, *, dtype: Any =
     return ndarray._wrap(got)
 
 
-def stack(tup: Any, axis: int = 0, out: Any = None, *, dtype: Any = None, casting: str = "same_kind") -> ndarray:
+def stack(tup: Any, axis: int = 0, out: Any = None, *, dtype: Any = None, casting: _Casting = "same_kind") -> ndarray:
     """``cupy.stack``: expands each input and concatenates (host inputs raise as there)."""
     arrays = list(tup)
     for a in arrays:
@@ -688,11 +706,11 @@ def stack(tup: Any, axis: int = 0, out: Any = None, *, dtype: Any = None, castin
     return concatenate(expanded, axis=axis, out=out, dtype=dtype, casting=casting)
 
 
-def vstack(tup: Any, *, dtype: Any = None, casting: str = "same_kind") -> ndarray:
+def vstack(tup: Any, *, dtype: Any = None, casting: _Casting = "same_kind") -> ndarray:
     return concatenate([atleast_2d(a) for a in tup], 0, dtype=dtype, casting=casting)
 
 
-def hstack(tup: Any, *, dtype: Any = None, casting: str = "same_kind") -> ndarray:
+def hstack(tup: Any, *, dtype: Any = None, casting: _Casting = "same_kind") -> ndarray:
     arrays = [atleast_1d(a) for a in tup]
     return concatenate(arrays, 0 if arrays and arrays[0].ndim == 1 else 1, dtype=dtype, casting=casting)
 
@@ -911,10 +929,14 @@ runtime = types.SimpleNamespace(
 )  # fmt: skip
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Mod: operator.mod, ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
-        ast.LShift: operator.lshift, ast.RShift: operator.rshift}  # fmt: skip
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
+_OPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Mod: operator.mod, ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+    ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+}  # fmt: skip
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert
+}
 
 
 def _params(text: str) -> list[tuple[str, str]]:
@@ -1011,10 +1033,10 @@ for _f in (Device, Stream, Event, get_current_stream, alloc_pinned_memory, is_av
            PinnedMemoryPointer):  # fmt: skip
     setattr(cuda, _f.__name__, _f)
 cuda.runtime = runtime  # type: ignore[attr-defined]
-for _f in (ndarray, asarray, array, asnumpy, get_array_module, empty, zeros, ones, full, empty_like, zeros_like,
+for _g in (ndarray, asarray, array, asnumpy, get_array_module, empty, zeros, ones, full, empty_like, zeros_like,
            ones_like, full_like, concatenate, stack, vstack, hstack, atleast_1d, atleast_2d, ascontiguousarray,
            asfortranarray, amin, amax, ElementwiseKernel):  # fmt: skip
-    setattr(cupy, _f.__name__, _f)
+    setattr(cupy, _g.__name__, _g)
 cupy.cuda = cuda  # type: ignore[attr-defined]
 cupy.min, cupy.max = amin, amax  # type: ignore[attr-defined]
 cupy.__version__ = "14.2.0"  # type: ignore[attr-defined]
@@ -1182,7 +1204,7 @@ class FakeKvikio(types.ModuleType):
         settings = _Settings(values, self._changed)
         defaults = types.ModuleType("kvikio.defaults")
         defaults.get, defaults.set = settings.get, settings.set  # type: ignore[attr-defined]
-        defaults.is_compat_mode_preferred = lambda: True  # type: ignore[attr-defined]  (no GDS here)
+        defaults.is_compat_mode_preferred = lambda: True  # type: ignore[attr-defined]  # (no GDS here)
         driver = _Settings({"is_gds_available": False, "major_version": 1, "minor_version": 15,
                             "allow_compat_mode": True, "per_buffer_cache_size": 0, "poll_mode": False,
                             "poll_thresh_size": 4, "max_device_cache_size": 0, "max_pinned_memory_size": 0},
@@ -1248,7 +1270,7 @@ def _read_exact(fd: int, dest: np.ndarray, offset: int) -> int:
     """POSIX reads until ``dest`` is full; a read at the end of the file raises as kvikio's does."""
     done = 0
     while done < dest.size:
-        got = os.preadv(fd, [memoryview(dest[done:])], offset + done)
+        got = os.preadv(fd, [dest[done:].data], offset + done)
         if got == 0:
             raise RuntimeError(_EOF)
         done += got
@@ -1347,7 +1369,10 @@ def make_kvikio() -> FakeKvikio:
 
 
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``kvikio.defaults`` and ``kvikio.cufile_driver`` on request, setting the attribute as a real import does."""
+    """Imports ``kvikio.defaults`` and ``kvikio.cufile_driver`` on request.
+
+    Each sets the attribute on the parent as a real import does.
+    """
 
     def __init__(self, kvikio: FakeKvikio) -> None:
         self.kvikio = kvikio
@@ -1411,7 +1436,7 @@ def installed(devices: int = 1, kvikio: bool = True) -> Iterator[types.SimpleNam
     """
     global state
     _import_bystanders()
-    saved = {name: sys.modules.get(name, _MISSING) for name in _NAMES}
+    saved: dict[str, Any] = {name: sys.modules.get(name, _MISSING) for name in _NAMES}  # (modules or _MISSING)
     old_state, state = state, State(devices)
     fake = make_kvikio() if kvikio else None
     finder = _SubmoduleFinder(fake) if fake is not None else None
@@ -1419,7 +1444,7 @@ def installed(devices: int = 1, kvikio: bool = True) -> Iterator[types.SimpleNam
     sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "pynvml": _fake_pynvml()})
     sys.modules.pop("kvikio.defaults", None)
     sys.modules.pop("kvikio.cufile_driver", None)
-    sys.modules["kvikio"] = fake  # type: ignore[assignment]  (None: import kvikio raises ImportError)
+    sys.modules["kvikio"] = fake  # type: ignore[assignment]  # typeshed: modules only; None makes import kvikio raise ImportError
     if finder is not None:
         sys.meta_path.insert(0, finder)
     try:
