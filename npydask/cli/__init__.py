@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say(f"npydask {args.command}: interrupted")
         return 130
-    except (UsageError, npydask.NpyFormatError, npydask.RoiError, OSError, ImportError, npydask.GpuUnavailableError) as e:
+    except (
+        UsageError, npydask.NpyFormatError, npydask.RoiError, OSError, ImportError, npydask.GpuUnavailableError
+    ) as e:
         say(f"npydask {args.command}: error: {cli_words(str(e))}")
         return 2
     except KeyError as e:

@@ -105,7 +105,10 @@ def emit_json(payload: Any) -> None:
     sys.stdout.flush()
 
 
-_CLI_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+Replacement = str | Callable[[re.Match[str]], str]
+"""What ``re.Pattern.sub`` puts in: a template, or a function of the match."""
+
+_CLI_WORDS: tuple[tuple[re.Pattern[str], Replacement], ...] = tuple(
     (re.compile(pattern), flag)
     for pattern, flag in (
         (r"\brecursive=True\b", "--recursive"),
@@ -118,7 +121,7 @@ _CLI_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\bfill_value\b", "--fill-value"),
         (r"\b(rel_)?roi_(start|end|shape|axes)\b", lambda m: "--" + m.group(0).replace("_", "-")),
     )
-)  # type: ignore[misc]
+)
 
 
 def cli_words(message: str) -> str:
@@ -132,7 +135,7 @@ def cli_words(message: str) -> str:
     'use --oob trim_to_shape or --oob pad; --roi-axes=[0] --key x'
     """
     for pattern, flag in _CLI_WORDS:
-        message = pattern.sub(flag, message)  # type: ignore[arg-type]
+        message = pattern.sub(flag, message)
     return message
 
 
@@ -158,7 +161,10 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, right: Se
 
 
 def report_bad(selection: Any, *, summary: bool = False) -> int:
-    """List the files a :class:`~npydask.cli._select.Selection` could not read on stderr; the exit status they call for."""
+    """List on stderr the files a :class:`~npydask.cli._select.Selection` could not read.
+
+    Returns the exit status they call for.
+    """
     return report_errors(selection.bad, len(selection.paths), summary=summary)
 
 
@@ -230,7 +236,9 @@ def check_scheduler(address: str) -> None:
     try:
         scheme, _ = parse_address(address)
         if scheme == "inproc":
-            raise ValueError("an inproc:// scheduler lives inside one process and cannot be reached from the command line")
+            raise ValueError(
+                "an inproc:// scheduler lives inside one process and cannot be reached from the command line"
+            )
         resolve_address(address)
     except (OSError, ValueError, TypeError) as e:
         raise UsageError(f"cannot reach the scheduler at {address!r} ({expected}): {e}") from e
@@ -255,7 +263,9 @@ def client(scheduler: str | None, workers: int | None, *, quiet: bool = False) -
         try:
             c = Client(scheduler, timeout="5s")
         except (OSError, ValueError, TypeError) as e:
-            raise UsageError(f"cannot reach the scheduler at {scheduler!r} (is a dask scheduler running there?): {e}") from e
+            raise UsageError(
+                f"cannot reach the scheduler at {scheduler!r} (is a dask scheduler running there?): {e}"
+            ) from e
         with c:
             yield c
         return

@@ -92,7 +92,9 @@ def select(
     storage_options: dict[str, Any] | None = None,
     sort: str = "bytes",
 ) -> Selection:
-    """The files under ``path`` (a file or a folder, an object or a prefix URL) with their headers; unreadable ones apart.
+    """The files under ``path`` (a file or a folder, an object or a prefix URL) with their headers.
+
+    Unreadable ones are kept apart.
 
     Scanning more than ``SCAN_COUNT_FROM`` files shows a running count on
     stderr (unless ``quiet``). With ``lenient``, a single file that cannot
@@ -208,7 +210,9 @@ def _npz_hint(path: str, key: str | None) -> str:
 
 
 def npz_members(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """The member names of the ``.npz`` archive ``path`` (a file or an object URL; ``"x"`` for ``x.npy``), in archive order.
+    """The member names of the ``.npz`` archive ``path``, in archive order.
+
+    ``path`` is a file or an object URL; a member ``x.npy`` is named ``"x"``.
 
     Raises
     ------

@@ -108,7 +108,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", metavar="SRC", help="a .npy file, a .npz archive, or a folder of them")
-    p.add_argument("dest", metavar="DEST", help="a .npy file, a .zarr store, or a folder (no extension, or ending in /)")
+    p.add_argument(
+        "dest", metavar="DEST", help="a .npy file, a .zarr store, or a folder (no extension, or ending in /)"
+    )
     p.add_argument("--filter", help="glob on file names when SRC is a folder (default '*.npy', '*.npz' with --key)")
     p.add_argument("--recursive", action="store_true", help="look in every subfolder of SRC")
     add_sort_option(p)
@@ -142,7 +144,7 @@ def destination_kind(dest: str) -> str:
     ['zarr', 'zarr', 'npy', 'folder', 'folder']
     >>> destination_kind("out.h5")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    npydask.cli._common.UsageError: out.h5: unknown destination extension '.h5'; ...
+    npydask.cli._errors.UsageError: out.h5: unknown destination extension '.h5'; ...
     """
     stripped = dest.rstrip("/" + os.sep) or dest
     ext = os.path.splitext(os.path.basename(stripped))[1]
@@ -201,7 +203,8 @@ def write_npy_group(items: Sequence[tuple[Any, str]], folder: str, dest_options:
     import dask
 
     arrays = [read_whole(view) for view, _ in items]
-    writes = npydask.to_npy_files(arrays, folder, [name for _, name in items], compute=False, **_so(folder, dest_options))
+    names = [name for _, name in items]
+    writes = npydask.to_npy_files(arrays, folder, names, compute=False, **_so(folder, dest_options))
     # local threads, never the cluster's client: each file waits on its fsync, so waits overlap
     dask.compute(writes, scheduler="threads", num_workers=_TASK_THREADS)
     return len(items)
@@ -209,7 +212,10 @@ def write_npy_group(items: Sequence[tuple[Any, str]], folder: str, dest_options:
 
 @dataclass(frozen=True)
 class ZarrItem:
-    """One small file to write as its own zarr array: its view (:func:`views_of`), array name, shape, dtype and chunks."""
+    """One small file to write as its own zarr array.
+
+    Its view (:func:`views_of`), array name, shape, dtype and chunks.
+    """
 
     view: Any
     name: str
@@ -343,7 +349,9 @@ def _plan(args: argparse.Namespace) -> Plan:
     shown = redact(src)
     if kind == "zarr":
         _check_zarr_dtypes([x.dtype], shown)
-        return Plan(f"{shown} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite, run), _nbytes(x))
+        return Plan(
+            f"{shown} to zarr {dest}", lambda: _zarr_writes([x], None, dest_abs, args.overwrite, run), _nbytes(x)
+        )
     if kind == "folder":
         name = args.key or _stem(redact(src_abs).rpartition("/")[2] if src_url else os.path.basename(src_abs))
         return Plan(f"{shown} to {dest}/{name}.npy (C order)",
@@ -414,7 +422,9 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
                     total, len(paths))
     if layout == "per-file":
         if kind == "npy":
-            raise UsageError(f"{args.dest}: --layout per-file writes one array per file: give a .zarr store or a folder")
+            raise UsageError(
+                f"{args.dest}: --layout per-file writes one array per file: give a .zarr store or a folder"
+            )
         _check_zarr_dtypes([h.dtype for h in headers], src)
         if run.dest_options is not None:
             raise UsageError(f"{args.dest}: --layout per-file writes zarr to local disk only; write it locally and "

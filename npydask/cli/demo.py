@@ -140,7 +140,10 @@ def _tour(args: argparse.Namespace, root: str) -> int:
           f"opened and built in {duration(opened.seconds)}, reading {read} bytes (headers) "
           f"of {number(sum(h.nbytes for h in slice_ds.headers))} bytes of payload")
 
-    print("\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume (DALI's roi_start/roi_shape)")
+    print(
+        "\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume "
+        "(DALI's roi_start/roi_shape)"
+    )
     roi = dict(roi_start=[20, 96, 96], roi_shape=[16, 64, 64], out_of_bounds_policy="pad", fill_value=-1)
     vol_ds = npydask.open_dataset(os.path.join(root, "volumes"), **roi)
     crops = vol_ds.stack().compute()
@@ -164,7 +167,8 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     for p, r in zip(volumes, results):
         n, lo, hi, mean, std = combine(r)
         a = np.load(p).astype(np.float64)
-        good = np.isclose(mean, a.mean(), rtol=1e-9) and np.isclose(std, a.std(), rtol=1e-9) and lo == a.min() and hi == a.max()
+        close = np.isclose(mean, a.mean(), rtol=1e-9) and np.isclose(std, a.std(), rtol=1e-9)
+        good = close and lo == a.min() and hi == a.max()
         ok &= bool(good)
         rows.append([os.path.basename(p), number(int(n)), number(lo), number(hi), number(mean), number(std),
                      "yes" if good else "NO"])

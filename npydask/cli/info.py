@@ -120,7 +120,9 @@ def _collect(args: argparse.Namespace) -> tuple[Found, int]:
     """Records, dtype names and failures (shown name, reason) of every file or member; how many files."""
     paths = expand_globs(args.paths)
     if args.index is not None and len(paths) > 1:
-        raise UsageError(f"--index keeps the headers of one dataset; found {len(paths)} paths: give one folder or prefix")
+        raise UsageError(
+            f"--index keeps the headers of one dataset; found {len(paths)} paths: give one folder or prefix"
+        )
     options = storage_options(args)
     lenient = len(paths) > 1
     found: Found = ([], [], [])
@@ -183,7 +185,10 @@ def _verify(path: str, recursive: bool, sort: str = "bytes") -> int:
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
     try:
-        archives = select_files(path, file_filter="*.npz", recursive=recursive, sort=sort) if os.path.isdir(path) else [path]
+        if os.path.isdir(path):
+            archives = select_files(path, file_filter="*.npz", recursive=recursive, sort=sort)
+        else:
+            archives = [path]
     except ValueError as e:  # no archive in the folder
         raise UsageError(f"{path}: {e}") from e
     failed = 0
@@ -234,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         common = ", ".join(_shape(list(s)) for s, _ in shapes.most_common(3))
         more = f" (most common: {common})" if len(shapes) > 1 else f" ({common})" if shapes else ""
         unreadable = f"; {number(len(bad))} unreadable" if bad else ""
-        print(f"{_counted(plain, archives, len(records) - plain)}, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
+        counted = _counted(plain, archives, len(records) - plain)
+        print(f"{counted}, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
               f"{number(len(shapes))} distinct shape{'s' if len(shapes) != 1 else ''}{more}{unreadable}")
     return report_errors(bad, max(seen, len(records) + len(bad)), summary=args.summary)

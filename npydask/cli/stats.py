@@ -188,7 +188,9 @@ def _json(field: str, v: float, count: float) -> float | int | str | None:
 
 
 def extreme(x: float, dtype: np.dtype) -> str:
-    """A min or max as a table shows it: every digit that tells it apart in ``dtype`` (float32 ``0.99999994`` is not ``1``).
+    """A min or max as a table shows it: every digit that tells it apart in ``dtype``.
+
+    (float32 ``0.99999994`` is not ``1``.)
 
     Whole numbers print whole, with thousands separators; other floats as numpy's shortest
     text that reads back as the same value of ``dtype`` (positional from 1e-4 to 1e16, else
@@ -212,9 +214,10 @@ def extreme(x: float, dtype: np.dtype) -> str:
 
 
 def _print(args: argparse.Namespace, total: tuple[float, ...], files: list[dict[str, Any]], dtype: np.dtype) -> None:
-    summary = dict(zip(FIELDS, total), dtype=dtype)
+    totals = dict(zip(FIELDS, total))
+    summary: dict[str, Any] = {**totals, "dtype": dtype}
     if args.json:
-        payload: dict[str, Any] = {k: _json(k, summary[k], summary["count"]) for k in FIELDS}
+        payload: dict[str, Any] = {k: _json(k, totals[k], totals["count"]) for k in FIELDS}
         if args.per_file:
             payload["files"] = [{"path": f["path"], **{k: _json(k, f[k], f["count"]) for k in FIELDS}} for f in files]
         emit_json(payload)

@@ -105,7 +105,7 @@ class Strings:
 
     def values(self, a: int, b: int) -> list[str | None]:
         """Rows ``a..b``."""
-        out: list[str | None] = unpack(self.data, self.starts()[a:b], self.ends[a:b])
+        out: list[str | None] = list(unpack(self.data, self.starts()[a:b], self.ends[a:b]))
         if self.missing is not None:
             for k in np.flatnonzero(self.missing[a:b]).tolist():
                 out[k] = None

@@ -13,9 +13,9 @@ The table is :data:`DALI_ONLY` (the user guide on folders of many files prints t
 Examples
 --------
 >>> refuse_dali_arguments({})
->>> refuse_dali_arguments({"dont_use_mmap": True})
+>>> refuse_dali_arguments({"dont_use_mmap": True})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
-TypeError: open_dataset() takes no DALI reader argument dont_use_mmap: dont_use_mmap=True -> open_dataset(..., backend="pread") (plain reads, no mapping)
+TypeError: open_dataset() takes no DALI reader argument dont_use_mmap: ... backend="pread") (plain reads, no mapping)
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ import os
 import stat
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -74,6 +74,9 @@ from npydask.storage import FileIdentity
 from npydask.storage.base import Identity, Source
 from npydask.storage.urls import is_url, redact
 from npydask.storage.where import StoragePath, resolve
+
+if TYPE_CHECKING:
+    from npydask.storage.object import ObjectIdentity
 
 __all__ = ["FORMAT", "VERSION", "Index", "load_index", "scan_with_index", "write_index"]
 
@@ -218,16 +221,17 @@ def _parse(data: Any, index_path: str, kind: str) -> Index:
         raise ValueError(f"expected a name per table row, found {len(names)} names and {len(table)} rows")
     if len(table) and not (0 <= table["header"].min() and table["header"].max() < len(headers)):
         raise ValueError("a header number is out of range")
-    columns = [table[field].tolist() for field in ("size", "mtime_ns", "ino", "header")]
+    sizes, mtimes, inodes, numbers = (table[field].tolist() for field in ("size", "mtime_ns", "ino", "header"))
     if kind == FILES:
-        return Index(dict(zip(names, range(len(names)))), *columns, raws, headers)
+        return Index(dict(zip(names, range(len(names)))), sizes, mtimes, inodes, numbers, raws, headers)
     root, etags, modified = data["root"], data["etags"], data["modified"]
     if not isinstance(root, str) or (names and not is_url(root)):
         raise ValueError(f"expected the URL prefix of the names as 'root', found {root!r}")
     for column, name in ((etags, "etags"), (modified, "modified")):
         if not isinstance(column, list) or len(column) != len(names) or not set(map(type, column)) <= {str, type(None)}:
             raise ValueError(f"expected a string or null per name in {name!r}")
-    return Index({root + n: i for i, n in enumerate(names)}, *columns, raws, headers, etags, modified)
+    rows = {root + n: i for i, n in enumerate(names)}
+    return Index(rows, sizes, mtimes, inodes, numbers, raws, headers, etags, modified)
 
 
 def _checked(raw: bytes, index_path: str) -> NpyHeader | None:
@@ -240,7 +244,10 @@ def _checked(raw: bytes, index_path: str) -> NpyHeader | None:
 
 
 def write_index(index_path: str, index: Index, storage_options: dict[str, Any] | None = None) -> None:
-    """Write ``index``, unused headers left out: a local file atomically (a temporary file, then a rename), a URL with one PUT."""
+    """Write ``index``, unused headers left out.
+
+    A local file is written atomically (a temporary file, then a rename), a URL with one PUT.
+    """
     names = sorted(index.rows)
     at = [index.rows[name] for name in names]
     renumber: dict[int, int] = {}
@@ -261,7 +268,8 @@ def write_index(index_path: str, index: Index, storage_options: dict[str, Any] |
         payload["modified"] = [index.modified[j] for j in at]  # type: ignore[index]
     payload["table"] = base64.b64encode(table.tobytes()).decode("ascii")
     where = _where(index_path, storage_options)
-    where.source.write_bytes(where.path, json.dumps(payload, separators=(",", ":")).encode("ascii"), what="header index")
+    text = json.dumps(payload, separators=(",", ":"))
+    where.source.write_bytes(where.path, text.encode("ascii"), what="header index")
 
 
 def _where(index_path: str, storage_options: dict[str, Any] | None) -> StoragePath:
@@ -412,14 +420,19 @@ def _scan_objects(
     rows, sizes, numbers, raws, headers = index.rows, index.sizes, index.numbers, index.raws, index.headers
     etags, modified = index.etags, index.modified
     assert etags is not None and modified is not None
+    # An object source's identities are ObjectIdentity (Source.identity promises only an opaque tuple).
+    listed: Sequence[ObjectIdentity | BaseException]
     if identities is None:  # (files= or file_list=: no listing, so one HEAD per object)
-        identities = run_each(source.identity, paths, source.spec.settings.concurrency)  # type: ignore[attr-defined]
+        heads = run_each(source.identity, paths, source.spec.settings.concurrency)  # type: ignore[attr-defined]
+        listed = cast("list[ObjectIdentity | BaseException]", heads)
+    else:
+        listed = cast("Sequence[ObjectIdentity]", identities)
     keys = [redact(p) for p in paths] if source.spec.kind == "http" else list(paths)  # type: ignore[attr-defined]
     results: list[Any] = [None] * len(paths)
     missing: list[int] = []
     need = _needs(headers)
     get = rows.get
-    for i, found in enumerate(identities):
+    for i, found in enumerate(listed):
         j = get(keys[i])
         if (j is not None and not isinstance(found, BaseException) and found.size == sizes[j]
                 and found.etag == etags[j] and (found.etag is not None or found.modified == modified[j])

@@ -86,6 +86,7 @@ class MultiKeyDataset:
     """
 
     __slots__ = ("_members",)
+    _members: dict[str, NpyDataset]
 
     def __init__(self, members: Mapping[str, NpyDataset]) -> None:
         members = dict(members)
@@ -134,7 +135,10 @@ class MultiKeyDataset:
 
     @property
     def skipped(self) -> tuple[Any, ...]:
-        """The archives ``open_dataset(..., on_error="skip")`` left out, with why (:class:`~npydask.dataset.npy_dataset.Skipped`)."""
+        """The archives ``open_dataset(..., on_error="skip")`` left out, with why.
+
+        Each a :class:`~npydask.dataset.npy_dataset.Skipped`.
+        """
         return self._first().skipped
 
     @property

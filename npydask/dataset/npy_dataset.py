@@ -59,6 +59,12 @@ class NpyDataset:
     """
 
     __slots__ = ("_context", "_device", "_sharding", "_skipped", "_start", "_table")
+    _table: FileTable
+    _context: Context
+    _device: str
+    _sharding: tuple[int, int] | None
+    _start: int | None
+    _skipped: tuple[Skipped, ...]
 
     def __init__(
         self,
@@ -95,7 +101,9 @@ class NpyDataset:
 
     @property
     def files(self) -> list[str]:
-        """The files' absolute paths (or URLs, query strings removed) in read order (``os.path.join(file_root, entry)``, relative roots made absolute).
+        """The files' absolute paths (or URLs, query strings removed) in read order.
+
+        Each is ``os.path.join(file_root, entry)``, relative roots made absolute.
 
         A new list each time, made from the dataset's columns (O(N): about
         0.2 us a file).
@@ -109,7 +117,11 @@ class NpyDataset:
 
     @property
     def headers(self) -> list[NpyHeader]:
-        """Each file's header (opened with ``headers="first"``: the first file's, relied on for every file and checked where each is read)."""
+        """Each file's header.
+
+        Opened with ``headers="first"``: the first file's, relied on for every
+        file and checked where each is read.
+        """
         t = self._table
         if t.header_id is None:
             return [t.headers[0][0]] * len(t) if len(t) else []
@@ -341,7 +353,7 @@ class NpyDataset:
         limit = chunk_limit("auto" if chunks is None else chunks)
         if limit is None:
             return self._join_explicit(chunks, shapes, axis=axis, stacked=stacked)
-        sizes, fortran = lay.nbytes, lay.fortran
+        sizes, fortran = lay.nbytes, lay.fortran.tolist()  # plan_groups takes a sequence of bools
         cluster_threads = _cluster_threads()
         plan = plan_groups(
             sizes,
@@ -382,7 +394,8 @@ class NpyDataset:
         sizes = normalized[join_axis]
         file_edges = np.cumsum([0, *lengths]).tolist()
         at_chunk_edge = set(np.cumsum([0, *sizes]).tolist())
-        bounds, inner = [], []
+        bounds: list[tuple[int, int]] = []
+        inner: list[tuple[tuple[int, ...], ...]] = []
         a, ci, pos = 0, 0, 0
         for k in range(1, n + 1):
             hi = file_edges[k]
@@ -466,8 +479,9 @@ def human_bytes(n: int) -> str:
     >>> human_bytes(512), human_bytes(1536), human_bytes(3 << 30)
     ('512 B', '1.5 KiB', '3.0 GiB')
     """
+    size: float = n
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"  # pragma: no cover

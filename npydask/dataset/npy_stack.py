@@ -111,10 +111,10 @@ def stack_files(names: Sequence[str], where: str) -> list[str]:
     --------
     >>> stack_files(["10.npy", "2.npy", "0.npy", "1.npy"] + [f"{i}.npy" for i in range(3, 10)], "d")[:3]
     ['0.npy', '1.npy', '2.npy']
-    >>> stack_files(["0.npy", "2.npy"], "d")
+    >>> stack_files(["0.npy", "2.npy"], "d")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: d: 1.npy is missing from the stack 0.npy .. 2.npy (a folder written by dask.array.to_npy_stack holds every number); restore it, or read the files there with npydask.open_dataset(files=[...]).concatenate(axis)
+    ValueError: d: 1.npy is missing from the stack 0.npy .. 2.npy (a folder written by ...); restore it, or ...
     """
     numbered: dict[int, str] = {}
     extra: list[str] = []
@@ -139,7 +139,8 @@ def stack_files(names: Sequence[str], where: str) -> list[str]:
     last = max(numbered)
     missing = [i for i in range(last + 1) if i not in numbered]
     if missing:
-        shown = ", ".join(f"{i}.npy" for i in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        shown = ", ".join(f"{i}.npy" for i in missing[:5]) + more
         verb = "is" if len(missing) == 1 else "are"
         raise ValueError(
             f"{where}: {shown} {verb} missing from the stack 0.npy .. {last}.npy (a folder written by "

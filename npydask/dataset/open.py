@@ -215,7 +215,8 @@ def open_dataset(
     ValueError
         Bad ROI or shard arguments, no files, mixed dtypes or ndims, an unknown ``sort``,
         ``headers`` or ``on_error``, ``headers="first"`` with ``index`` or ``key``,
-        ``on_error="skip"`` with ``headers="first"`` or ``index``, every file skipped, an empty ``key`` list or one naming a member twice.
+        ``on_error="skip"`` with ``headers="first"`` or ``index``, every file skipped, an empty ``key``
+        list or one naming a member twice.
     KeyError
         An archive without a ``key`` member (the message lists its members).
     NpyFormatError
@@ -339,15 +340,18 @@ def _select(
                 f"the dataset's files are local ({probe!r}): drop storage_options"
             )
         root = None if file_root is None else fspath(file_root)
-        listed = inodes and root is not None and files is None and file_list is None
+        by_inode = None
+        if inodes and root is not None and files is None and file_list is None:
+            by_inode = LocalLister(root, inodes=True)
         paths, identities = select_listed(
             root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
-            lister=LocalLister(root, inodes=True) if listed else None,
+            lister=by_inode,
         )
         for p in paths[:1] + paths[-1:]:
             if is_url(p):
                 raise ValueError(f"{redact(p)}: a dataset reads one store; found local paths and URLs together")
-        # (tasks may run in another working directory: npydask.storage.paths; a listing under an absolute root is absolute)
+        # (tasks may run in another working directory: npydask.storage.paths; a listing under an absolute
+        # root is absolute)
         listed_absolute = root is not None and files is None and file_list is None and os.path.isabs(root)
         return Selected(paths if listed_absolute else absolute_all(paths), identities), LOCAL
     where = resolve(probe, storage_options)

@@ -188,8 +188,10 @@ def select_files(
     >>> [os.path.basename(p) for p in select_files(root, file_filter="slice_*", sort="natural")]
     ['slice_1.npy', 'slice_2.npy', 'slice_10.npy']
     """
-    chosen = dict(file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort)
-    return select_listed(file_root, lister=lister, **chosen).paths
+    return select_listed(
+        file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
+        lister=lister,
+    ).paths
 
 
 class Selected(NamedTuple):
@@ -286,7 +288,10 @@ def select_listed(
 
 
 def _join_url(base: str, entry: str) -> str:
-    """A listed entry under an object-store root: URLs and ``/``-rooted keys are kept (as ``os.path.join`` keeps absolute paths)."""
+    """A listed entry under an object-store root.
+
+    URLs and ``/``-rooted keys are kept (as ``os.path.join`` keeps absolute paths).
+    """
     if is_url(entry):
         return entry
     if entry.startswith("/"):
@@ -299,10 +304,13 @@ def _join_url(base: str, entry: str) -> str:
 
 def _path_str(value: object, name: str) -> str:
     """``os.fspath(value)`` as a non-empty ``str``; bytes and non-paths refused."""
+    refused = f"{name} must be a str or os.PathLike path, got {value!r}"
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(refused)
     try:
-        path = os.fspath(value)  # type: ignore[arg-type]
-    except TypeError as e:
-        raise TypeError(f"{name} must be a str or os.PathLike path, got {value!r}") from e
+        path = os.fspath(value)
+    except TypeError as e:  # (a __fspath__ that returns neither str nor bytes)
+        raise TypeError(refused) from e
     if isinstance(path, bytes):
         raise TypeError(
             f"{name} must be a str path, got bytes {path!r}; decode it with os.fsdecode() first"

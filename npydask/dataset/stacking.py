@@ -106,6 +106,7 @@ class FileGroup:
             self.shape = (n, *first)
             self.offsets = tuple(range(n + 1))
         else:
+            assert lengths is not None  # (set above whenever the files are concatenated)
             self.offsets = (0, *np.cumsum(lengths).tolist())
             self.shape = (*first[:axis], self.offsets[-1], *first[axis + 1 :])
 
@@ -208,9 +209,9 @@ class FileGroup:
         row = out.nbytes // (hi - lo) if hi > lo else 0
         source = self.views[lo].ref.source  # (a group's files share theirs; any other goes through its own read)
         read_many = source.read_many
-        flat = memoryview(out.reshape(-1).view(np.uint8))
+        flat = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy types ndarray.__buffer__ from Python 3.12
         runs: dict[int, tuple[int, int] | None] = {}  # per distinct header: its one plain run
-        strided: dict[tuple[int, int], ReadPlan | None] = {}  # per distinct (header, ROI): its plan
+        strided: dict[tuple[Any, ...], ReadPlan | None] = {}  # per distinct (header, ROI, ...): its plan
         batch: list[Item] = []  # consecutive plain files, read in one tight loop
         rois: list[tuple[Any, ...]] = []  # ROIs inside their files: read_runs jobs, run together at the end
         at = lo  # where the batch starts
@@ -220,8 +221,9 @@ class FileGroup:
             run = None
             if view.roi is None and ref.key is None and not ref.options.direct_io and ref.source is source:
                 h = ref.header
-                run = runs.get(id(h), False)
-                if run is False:
+                if id(h) in runs:
+                    run = runs[id(h)]
+                else:
                     run = runs[id(h)] = _plain_run(h, inner, self.dtype)
             if run is not None:
                 batch.append((ref.path, ref.identity, run[0], ref.check))
@@ -255,7 +257,7 @@ class FileGroup:
         t, c = self.table[lo:hi], self.context  # type: ignore[index]
         source, options = c.source, c.options  # type: ignore[union-attr]
         row = out.nbytes // (hi - lo)
-        flat = memoryview(out.reshape(-1).view(np.uint8))
+        flat = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy types ndarray.__buffer__ from Python 3.12
         plain = c.key is None and not options.direct_io  # type: ignore[union-attr]
         checks = [check for _, check in t.headers]
         runs: list[tuple[int, int] | None | bool] = [False] * len(t.headers)  # per header: its plain run, when asked

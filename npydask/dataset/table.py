@@ -310,7 +310,7 @@ class FileTable:
         rois: Sequence[FileRoi | None] = (None,),
         roi_id: Any = None,
         *,
-        deflated: Sequence[bool] | None = None,
+        deflated: Sequence[bool] | Sequence[int] | None = None,
         root: str | None = None,
     ) -> FileTable:
         """A table from paths and identities (one per row) and the entry columns (as :meth:`from_columns`).
@@ -535,7 +535,8 @@ class FileTable:
         rois, roi_id = _compact(self.rois, pick(self.roi_id), len(ends))
         deflated = pick(self.deflated)
         return FileTable.from_columns(
-            self.root if root is None else root, names, ends, size=pick(self.size), mtime_ns=pick(self.mtime_ns), ino=pick(self.ino),
+            self.root if root is None else root, names, ends,
+            size=pick(self.size), mtime_ns=pick(self.mtime_ns), ino=pick(self.ino),
             etag=pick(self.etag), modified=pick(self.modified), headers=headers, header_id=header_id,
             rois=rois, roi_id=roi_id, deflated=None if deflated is None or not deflated.any() else deflated,
         )
@@ -596,7 +597,9 @@ class FileTable:
         return ("npydask.FileTable", self.token())
 
     def __repr__(self) -> str:
-        shown = f": {redact(self.path(0))}" + (f" .. {redact(self.path(-1))}" if len(self) > 1 else "") if len(self) else ""
+        shown = ""
+        if len(self):
+            shown = f": {redact(self.path(0))}" + (f" .. {redact(self.path(-1))}" if len(self) > 1 else "")
         return f"FileTable({len(self)} files, {len(self.headers)} header(s), {len(self.rois)} ROI(s){shown})"
 
 

@@ -49,10 +49,10 @@ def check_headers(headers: object, index: object, key: object) -> bool:
     --------
     >>> check_headers("all", None, None), check_headers("first", None, None)
     (False, True)
-    >>> check_headers("first", "index.json", None)
+    >>> check_headers("first", "index.json", None)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: headers='first' and index= together: an index keeps each file's own header (checked by its size and mtime), headers='first' gives every file the first one's; pass one of them
+    ValueError: headers='first' and index= together: an index keeps each file's own header ...; pass one of them
     """
     if not isinstance(headers, str) or headers not in HEADERS:
         raise ValueError(

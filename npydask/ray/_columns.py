@@ -34,10 +34,10 @@ def check_arrow_dtype(dtype: np.dtype, path: str) -> None:
     Examples
     --------
     >>> check_arrow_dtype(np.dtype(">f4"), "a.npy")
-    >>> check_arrow_dtype(np.dtype("c8"), "a.npy")
+    >>> check_arrow_dtype(np.dtype("c8"), "a.npy")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    TypeError: a.npy holds complex64 (<c8), which Arrow (and so Ray Data) has no tensor type for: save a view of (real, imag) pairs, np.save(p, a.view('float32').reshape(*a.shape, 2)), or read it as a dask array with npydask.open_dataset(...).stack()
+    TypeError: a.npy holds complex64 (<c8), which Arrow (and so Ray Data) has no tensor type for: save a view of ...
     """
     kind = dtype.kind
     refused = kind in "cMmVS" or dtype.fields is not None or (kind == "f" and dtype.itemsize > 8)
@@ -70,7 +70,10 @@ def ragged_column(rows: list[np.ndarray]) -> Any:
 
 
 def column_type(row_shape: tuple[int, ...] | None, dtype: np.dtype, ndim: int) -> pa.DataType:
-    """The Arrow type of the blocks' tensor column: rows of ``row_shape``, or (``None``) ``ndim``-d rows of different shapes."""
+    """The Arrow type of the blocks' tensor column.
+
+    Rows of ``row_shape``, or (``None``) ``ndim``-d rows of different shapes.
+    """
     import pyarrow as pa
 
     if row_shape is None:

@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
     import ray.data
 
+    NpyDatasource: type  # made on first access by __getattr__ below (a ray.data Datasource subclass)
+
 __all__ = ["NpyDatasource", "RowRange", "check_arrow_dtype", "dataset_to_ray", "plan_row_ranges", "read_npy"]
 
 INSTALL = install_hint("ray")
@@ -241,6 +243,7 @@ class _Plan:
         dtype = ds.dtype if views else np.dtype("f8")
         if views:
             check_arrow_dtype(dtype, ds.files[0])
+        row_shape: tuple[int, ...] | None
         if concatenate and views:
             ndim = ds.ndim
             if not -ndim <= axis < ndim:
@@ -299,13 +302,14 @@ class _Plan:
         start = [0] * len(group.shape)
         stop = list(group.shape)
         start[join], stop[join] = lo, hi
-        paths = None
+        paths: tuple[str, ...] | tuple[tuple[str, int], ...] | None = None
         if self.path_column is not None:
             per_file = self.files[a:b]
             if self.stacked:
                 paths = tuple(per_file[lo:hi])
             else:  # each row's file: the run lengths of the files over the rows
-                counts = [max(0, min(hi, self.offsets[k + 1] - self.offsets[a]) - max(lo, self.offsets[k] - self.offsets[a]))
+                offsets = self.offsets
+                counts = [max(0, min(hi, offsets[k + 1] - offsets[a]) - max(lo, offsets[k] - offsets[a]))
                           for k in range(a, b)]
                 paths = tuple(zip(per_file, counts))
         return Read(group, Box(tuple(start), tuple(stop)), self.first_id + rows.start, self.column, self.index_column,
@@ -353,6 +357,7 @@ class Read:
             columns.append(pa.array(np.arange(self.first_row, self.first_row + n, dtype=np.int64)))
             names.append(self.index_column)
         if self.path_column is not None:
+            assert self.paths is not None  # (Plan.task gives the paths whenever it names a path column)
             if self.group.stacked:
                 paths = list(self.paths)
             else:
@@ -433,7 +438,7 @@ class MembersRead:
         return [pa.Table.from_arrays(columns, names=names)]
 
 
-def _read_tasks(plan: _Plan, per_task_row_limit: int | None) -> list[Any]:
+def _read_tasks(plan: _Plan | _MembersPlan, per_task_row_limit: int | None) -> list[Any]:
     from ray.data.block import BlockMetadata
     from ray.data.datasource import ReadTask
 

@@ -178,7 +178,7 @@ def write_input(x: Any, what: str, limit: int | None = None) -> WriteInput:
     # a digest of dtype, shape and values (much cheaper than dask's tokenize for many small arrays)
     h = hashlib.blake2b(repr((array.dtype.descr, array.dtype.str, array.shape)).encode("utf8"), digest_size=16)
     if array.size and array.dtype.itemsize:
-        h.update(as_bytes(raw_copy(array)))
+        h.update(as_bytes(raw_copy(array)))  # type: ignore[arg-type]  # numpy types ndarray.__buffer__ from Python 3.12
     return WriteInput(array, array.dtype, array.shape, h.hexdigest(), True)
 
 
@@ -303,7 +303,8 @@ def graph_of(x: Any) -> tuple[dict, list]:
 
 def optimize(x: da.Array) -> da.Array:
     """Fuse the chunk tasks with the tasks that make them, under either array engine."""
-    if callable(getattr(x, "optimize", None)):  # array expressions (query planning)
-        return x.optimize()
+    fuse = getattr(x, "optimize", None)  # (array expressions, under query planning, have it)
+    if callable(fuse):
+        return fuse()
     (x,) = dask.optimize(x)
     return x

@@ -163,7 +163,7 @@ def _part(block: Any, upload_id: str, upload: Upload, number: int, start: int, s
         shape = upload.header.shape
         box = Box((start, *(0,) * (len(shape) - 1)), (stop, *shape[1:])) if shape else Box((), ())
         data = as_bytes(as_block(block, upload.header, box, redact(upload.url)))
-        body = b"".join((upload.preamble, data)) if number == 1 else data.tobytes()  # (one copy)
+        body = b"".join((upload.preamble, data)) if number == 1 else data.tobytes()  # type: ignore[arg-type]  # numpy types ndarray.__buffer__ from Python 3.12
         etag = s3_upload.upload_part(upload.spec, upload.url, upload_id, number, body)
     except BaseException:
         with contextlib.suppress(Exception):

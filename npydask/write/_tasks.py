@@ -241,7 +241,7 @@ def as_block(block: Any, header: NpyHeader, box: Box, path: str) -> np.ndarray:
 def block_runs(data: np.ndarray, header: NpyHeader, box: Box) -> Iterator[tuple[int, memoryview]]:
     """``(file offset, bytes)`` of each byte run of the C-contiguous ``data``, the region ``box`` of the output."""
     plan = plan_read(header, box)
-    view, run = memoryview(as_bytes(data)), plan.run_nbytes
+    view, run = memoryview(as_bytes(data)), plan.run_nbytes  # type: ignore[arg-type]  # numpy types ndarray.__buffer__ from Python 3.12
     for k, piece in enumerate(plan.runs()):
         yield piece.offset, view[k * run : (k + 1) * run]
 

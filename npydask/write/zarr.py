@@ -395,8 +395,9 @@ def _write_block(
                 "writing it would race with another task over one shard. Please report this as a bug."
             )
     region = tuple(slice(start, stop) for start, stop in location)
-    if type(block).__module__.startswith("cupy") and callable(getattr(block, "get", None)):
-        block = block.get()  # a CuPy block (device="gpu") goes to the host store through the host
+    to_host = getattr(block, "get", None)
+    if type(block).__module__.startswith("cupy") and callable(to_host):
+        block = to_host()  # a CuPy block (device="gpu") goes to the host store through the host
     target.open()[region] = block
     return np.ones((1,) * block.ndim, dtype=np.int64)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import xarray as xr
@@ -126,7 +126,7 @@ def _lazy(
     return xr.Variable(names, indexing.LazilyIndexedArray(array), attrs=npy_attrs(headers), encoding=encoding)
 
 
-def _dataset(variables: dict[str, xr.Variable], coords: dict[str, Any], source: str) -> xr.Dataset:
+def _dataset(variables: dict[str, xr.Variable], coords: Mapping[Hashable, Any], source: str) -> xr.Dataset:
     ds = xr.Dataset(variables, coords=coords)
     ds.encoding["source"] = source
     return ds
@@ -134,7 +134,10 @@ def _dataset(variables: dict[str, xr.Variable], coords: dict[str, Any], source: 
 
 def _archive(path: str, drop: set[str], dims: Any, key: Any, options: dict[str, Any]) -> xr.Dataset:
     """One variable per ``.npy`` member (or per member in ``key``), dims ``<member>_dim_0, ...``."""
-    members = _members(path, options["storage_options"]) if key is None else [key] if isinstance(key, str) else list(key)
+    if key is None:
+        members = _members(path, options["storage_options"])
+    else:
+        members = [key] if isinstance(key, str) else list(key)
     if dims is not None and not isinstance(dims, dict):
         raise TypeError(
             f"{redact(path)}: an archive's members have dims of their own: give dims as a dict "
@@ -168,7 +171,10 @@ def _members(path: str, storage_options: dict[str, Any] | None) -> list[str]:
 def _folder(
     path: str, drop: set[str], dims: Any, key: Any, options: dict[str, Any], naming: tuple[Any, str | None]
 ) -> xr.Dataset:
-    """Variables of dims ``("file", ...)`` stacking the folder's files (one per member of a ``key`` list), coordinates."""
+    """The folder's files, stacked: variables of dims ``("file", ...)``, and coordinates.
+
+    One variable per member of a ``key`` list.
+    """
     opened = open_dataset(path, key=key, **options)
     shown = _shown(path, options["storage_options"])
     if isinstance(opened, NpyDataset):

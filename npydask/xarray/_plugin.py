@@ -20,7 +20,7 @@ __all__ = ["NpyBackendEntrypoint"]
 
 
 class NpyBackendEntrypoint(BackendEntrypoint):
-    """``xr.open_dataset(path, engine="npy")``: a ``.npy`` file, an ``.npz`` archive or a folder, read lazily by npydask.
+    """``xr.open_dataset(path, engine="npy")``: a ``.npy`` file, an ``.npz`` archive or a folder, read lazily.
 
     - A ``.npy`` file gives the variable ``data`` with dims ``dim_0, dim_1, ...``
       (or ``dims=[...]``).
