@@ -204,7 +204,10 @@ def member_header(f: io.FileIO, size: int, path: str, key: str) -> tuple[NpyHead
 
 
 def scan_members(path: str, keys: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader, bytes, bool]]:
-    """:func:`scan_file` of each ``.npz`` member ``keys`` of ``path``: one open, one fstat, the zip directory read once."""
+    """:func:`scan_file` of each ``.npz`` member ``keys`` of ``path``.
+
+    One open, one fstat, the zip directory read once.
+    """
     f, st = open_regular(path)
     with f:
         found = _member_headers(reader(f.fileno()), st.st_size, path, keys)
@@ -289,7 +292,7 @@ class OpenFile:
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
     archive: Any = field(default=None, repr=False)
-    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared with its other members."""
+    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared by its members."""
 
     @property
     def deflated(self) -> bool:

@@ -192,7 +192,9 @@ class Source(abc.ABC):
         of the path's list, as in :meth:`scan`.
         """
 
-    def read_runs_many(self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]) -> None:
+    def read_runs_many(
+        self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]
+    ) -> None:
         """:meth:`read_runs` of each ``(path, identity, plan, dest, options, check)`` (the ROIs of a group).
 
         In turn here; a source with latency to hide (an object store) reads
@@ -214,6 +216,7 @@ class Source(abc.ABC):
         Readers that run in worker processes (the Loader, the PyTorch
         adapters) call it before their first read.
         """
+        return  # (deliberately nothing here: a source that must check overrides this)
 
     def header(self, path: str, key: str | None = None) -> NpyHeader:
         """The checked header of one file (the first of :meth:`scan`'s results, raised if it failed)."""

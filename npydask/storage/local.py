@@ -154,7 +154,9 @@ LOCAL = LocalSource()
 
 
 class LocalLister(Lister):
-    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.dataset.select`).
+    """The files under a local folder, as DALI's ``traverse_directories`` finds them.
+
+    (See :mod:`npydask.dataset.select`.)
 
     A file is a regular file or a symlink to one (dangling symlinks, symlink
     loops and links to anything else are skipped). Symlinked folders are
@@ -178,7 +180,8 @@ class LocalLister(Lister):
     >>> import os, tempfile
     >>> root = tempfile.mkdtemp(); os.mkdir(os.path.join(root, "sub"))
     >>> for rel in ["a.npy", "b.txt", "sub/c.npy"]: open(os.path.join(root, rel), "wb").close()
-    >>> sorted(LocalLister(root).list(match=lambda name: name.endswith(".npy")).paths) == ["a.npy", os.path.join("sub", "c.npy")]
+    >>> listed = LocalLister(root).list(match=lambda name: name.endswith(".npy"))
+    >>> sorted(listed.paths) == ["a.npy", os.path.join("sub", "c.npy")]
     True
     """
 
@@ -202,7 +205,9 @@ class LocalLister(Lister):
             map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
         return Listing(paths, None, identities, folders)
 
-    def _flat(self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]) -> list[str]:
+    def _flat(
+        self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]
+    ) -> list[str]:
         dirs, found = _scan(self.root, match, inos)
         folders.append(("", len(found)))
         for d in dirs:

@@ -284,7 +284,10 @@ class ObjectSource(Source):
         return _Blocks(self, path, identity, b""), identity.size
 
     def check_process(self, path: str) -> None:
-        """Raise :class:`RuntimeError` in a child forked from a process that used obstore (see :func:`check_not_forked`)."""
+        """Raise :class:`RuntimeError` in a child forked from a process that used obstore.
+
+        See :func:`check_not_forked`.
+        """
         check_not_forked(path)
 
     # -- helpers --------------------------------------------------------------------------------
@@ -473,7 +476,9 @@ class _Blocks:
             if block is None:
                 lo = index * _BLOCK
                 block = self.blocks[index] = bytes(
-                    self.source._get(self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory")
+                    self.source._get(
+                        self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory"
+                    )
                 )
             lo = index * _BLOCK
             piece = block[pos - lo : end - lo]
