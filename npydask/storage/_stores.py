@@ -327,7 +327,10 @@ def _build(spec: StoreSpec) -> Any:
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2},
     }
     try:
-        return from_url(spec.base, config=store_config or None, client_options=client, retry_config=retry)
+        # (obstore's overloads want the store kind's TypedDict config; this one is built at run time, for any kind)
+        return from_url(  # type: ignore[call-overload]
+            spec.base, config=store_config or None, client_options=client, retry_config=retry
+        )
     except BaseException as e:  # (obstore's configuration errors embed no request; its panics are BaseExceptions)
         if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
             raise

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,17 +35,11 @@ if TYPE_CHECKING:
     from npydask.format.header import NpyHeader
     from npydask.plan.region import ReadPlan
     from npydask.storage._handles import OpenFile
-from npydask.storage.identity import HeaderCheck
+from npydask.storage.identity import HeaderCheck, Identity, Scanned
 
 __all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
 
-Identity = tuple
-"""An opaque identity: equal while the file's bytes are the ones planned for (compare with ``==``)."""
-
-Scanned = tuple  # (Identity, NpyHeader, bytes, bool)
-"""(identity, header, raw header bytes, deflated) of one file, as :meth:`Source.scan` gives it."""
-
-Item = tuple  # (str, Identity, int, HeaderCheck | None)
+Item: TypeAlias = tuple[str, Identity, int, HeaderCheck | None]
 """(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
 
 
