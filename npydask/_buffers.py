@@ -230,7 +230,7 @@ def scratch(nbytes: int) -> np.ndarray:
 
 def pieces(buf: np.ndarray, size: int, n: int) -> list[list[memoryview]]:
     """``[[piece]]`` for ``n`` consecutive ``size``-byte pieces of ``buf``: ``os.preadv`` buffer lists."""
-    mv = memoryview(buf)
+    mv = buf.data  # (the array's memoryview)
     return [[mv[j * size : (j + 1) * size]] for j in range(n)]
 
 

@@ -308,15 +308,14 @@ class FileRef(NamedTuple):
         A relative ``path`` is made absolute here (:func:`npydask.storage.paths.absolute`):
         the tasks that carry this reference may run in another working directory.
         """
-        if source is LOCAL:
-            path = absolute(fspath(path))
+        name = absolute(fspath(path)) if source is LOCAL else fspath(path)
         _check_backend(backend)
-        check_backend_for(backend, source, path)
+        check_backend_for(backend, source, name)
         check_key(key)
-        f = source.open(path, key=key)
+        f = source.open(name, key=key)
         check = HeaderCheck(f.raw, "the header read when the array was opened", "call from_npy again", True)
         options = options or read_options(gap_bytes=source.gap_bytes)
-        return cls(path, f.identity, f.header, options, backend, key, f.deflated, check, source)
+        return cls(name, f.identity, f.header, options, backend, key, f.deflated, check, source)
 
     @property
     def token(self) -> str:

@@ -37,11 +37,11 @@ class DeflateBackend(Backend):
             raise ValueError(f"{f.path}: the deflate backend reads deflated .npz members only")
         if plan.nbytes == f.header.nbytes:  # the whole member: inflate into place, check its CRC-32
             result, buffer = destination(plan, f.header.dtype, out)
-            dest = memoryview(as_bytes(buffer)) if buffer.nbytes else memoryview(b"")  # (no bytes view of V0)
+            dest = as_bytes(buffer).data if buffer.nbytes else memoryview(b"")  # (no bytes view of V0)
             inflate_into(f.read_at, member, f.path, dest, plan.offset, verify=True)
             return finish(result, buffer)
         if plan.n_runs == 0:
             return np.empty(plan.shape, f.header.dtype) if out is None else out
         span = empty((plan.end - plan.offset,), np.uint8)
-        inflate_into(f.read_at, member, f.path, memoryview(span), plan.offset)
+        inflate_into(f.read_at, member, f.path, span.data, plan.offset)
         return copy_runs(span, plan, f.header.dtype, out)

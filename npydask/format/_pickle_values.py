@@ -131,14 +131,16 @@ def plain_values(data: bytes, allowed: Collection[tuple[str, str]] = (), limits:
     >>> class Evil:
     ...     def __reduce__(self):
     ...         return (os.system, ("echo pwned",))
-    >>> plain_values(pickle.dumps({"axis": Evil()}))
+    >>> plain_values(pickle.dumps({"axis": Evil()}))  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    npydask.format._pickle_values.UnexpectedPickle: the pickle names posix.system, which is not one of the globals expected here (none); it was neither imported nor called
-    >>> plain_values(pickle.dumps([[0] * 10] * 10), limits=Limits(size=100))
+    npydask.format._pickle_values.UnexpectedPickle: the pickle names posix.system, which is not one of the globals
+    expected here (none); it was neither imported nor called
+    >>> plain_values(pickle.dumps([[0] * 10] * 10), limits=Limits(size=100))  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    npydask.format._pickle_values.UnexpectedPickle: the pickle describes more than 100 values counted as a tree (a value shared through its memo counts each time it appears): too large to be what is expected here
+    npydask.format._pickle_values.UnexpectedPickle: the pickle describes more than 100 values counted as a tree
+    (a value shared through its memo counts each time it appears): too large to be what is expected here
     """
     machine = _Machine(frozenset(allowed), limits)
     try:

@@ -254,15 +254,17 @@ def _member(read: Read, path: str, info: zipfile.ZipInfo) -> Member:
 
 
 def without_key(read: Read, size: int, path: str) -> NpyFormatError:
-    """The error for an archive (of ``size`` bytes, read by ``read``) read as an ``.npy`` file: its members and the key to pass.
+    """The error for an archive (of ``size`` bytes, read by ``read``) read as an ``.npy`` file: its members and the key.
 
     Examples
     --------
     >>> import numpy as np, os, tempfile
     >>> p = os.path.join(tempfile.mkdtemp(), "pair.npz"); np.savez(p, x=np.zeros(2), y=np.ones(3))
     >>> data = open(p, "rb").read()
-    >>> print(str(without_key(lambda offset, n: data[offset : offset + n], len(data), p)).replace(p, "pair.npz"))
-    pair.npz: an .npz (zip) archive, not an .npy file: it holds 2 members ['x', 'y']; pass key='x' (or another member) to read one
+    >>> message = str(without_key(lambda offset, n: data[offset : offset + n], len(data), p)).replace(p, "pair.npz")
+    >>> print(message)  # doctest: +NORMALIZE_WHITESPACE
+    pair.npz: an .npz (zip) archive, not an .npy file: it holds 2 members ['x', 'y'];
+    pass key='x' (or another member) to read one
     """
     try:
         with zipfile.ZipFile(RangeFile(read, size)) as zf:  # the central directory only

@@ -204,7 +204,8 @@ def touched_blocks(plan: ReadPlan, block: int, exact_limit: int = 1 << 16) -> in
     >>> from npydask.format.header import NpyHeader
     >>> from npydask.plan.region import Box, plan_read
     >>> h = NpyHeader((1, 0), (4, 1024), np.dtype("u1"), False, 0, 4096)
-    >>> touched_blocks(plan_read(h, Box((0, 0), (4, 10))), 4096), touched_blocks(plan_read(h, Box((0, 0), (4, 10))), 1024)
+    >>> plan = plan_read(h, Box((0, 0), (4, 10)))
+    >>> touched_blocks(plan, 4096), touched_blocks(plan, 1024)
     (1, 4)
     """
     if plan.n_runs == 0:

@@ -52,7 +52,14 @@ from npydask.errors import RoiError
 from npydask.plan.region import Box
 
 __all__ = [
-    "OUT_OF_BOUNDS_POLICIES", "FileRoi", "RoiArgs", "apply_pad", "convert_fill", "cutting_roi", "fill_like", "resolve_roi",
+    "OUT_OF_BOUNDS_POLICIES",
+    "FileRoi",
+    "RoiArgs",
+    "apply_pad",
+    "convert_fill",
+    "cutting_roi",
+    "fill_like",
+    "resolve_roi",
 ]
 
 OUT_OF_BOUNDS_POLICIES = ("error", "trim_to_shape", "pad")
@@ -309,7 +316,7 @@ def resolve_roi(
     hi = tuple(min(max(e, 0), n) for e, n in zip(end, shape))
     out = tuple(e - a for a, e in zip(start, end))
     before = tuple(min(m, max(0, -a)) for a, m in zip(start, out))
-    after = tuple(m - b - (h - l) for m, b, l, h in zip(out, before, lo, hi))
+    after = tuple(m - b - (h - low) for m, b, low, h in zip(out, before, lo, hi))
     fill = None
     if policy == "pad":
         try:
@@ -319,7 +326,9 @@ def resolve_roi(
     return FileRoi(tuple(start), tuple(end), Box(lo, hi), before, after, out, fill)
 
 
-def cutting_roi(args: RoiArgs, shape: tuple[int, ...], dtype: Any, *, index: int = 0, source: str = "<array>") -> FileRoi | None:
+def cutting_roi(
+    args: RoiArgs, shape: tuple[int, ...], dtype: Any, *, index: int = 0, source: str = "<array>"
+) -> FileRoi | None:
     """:func:`resolve_roi`, or ``None`` where the ROI is the whole array, unpadded (nothing to cut).
 
     Examples

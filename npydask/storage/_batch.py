@@ -19,15 +19,21 @@ import threading
 import time
 from collections.abc import Sequence
 
-from npydask.format.header import HEADER_MEMO, NpyHeader, header_end, parse_header
+from npydask.format.header import HEADER_MEMO, header_end, parse_header
 from npydask.storage._handles import check_regular, pread_exact, read_header_raw, retry_open, scan_file
 from npydask.storage._headers import truncated
-from npydask.storage.identity import FileIdentity, HeaderCheck, InodeIdentity, differs, file_changed, header_mismatch
+from npydask.storage.identity import (
+    FileIdentity,
+    HeaderCheck,
+    InodeIdentity,
+    Scanned,
+    differs,
+    file_changed,
+    header_mismatch,
+)
 
 __all__ = ["OPEN_FLAGS", "Scanned", "explain", "read_files", "scan_files"]
 
-Scanned = tuple[FileIdentity, NpyHeader, bytes, bool]
-"""(identity, header, raw header bytes, deflated) of one file, as :func:`scan_file` gives it."""
 
 OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -88,7 +94,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
                 check_regular(st, p)
             size = st.st_size
             first = pread(fd, SCAN_READ, 0)
-            if first.startswith(last_raw) and size >= last_end:
+            if first.startswith(last_raw) and size >= last_end and last_hit is not None:
                 append((identity(FileIdentity, (size, st.st_mtime_ns, st.st_ino)), last_hit, last_raw, False))
                 continue
             end = header_end(first)
@@ -108,7 +114,7 @@ def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | B
     return out
 
 
-Item = tuple[str, FileIdentity, int, "HeaderCheck | None"]
+Item = tuple[str, FileIdentity | InodeIdentity, int, HeaderCheck | None]
 """(path, identity, payload offset, header check) of one file of a group: what :func:`read_files` reads."""
 
 
@@ -167,7 +173,6 @@ def _read_loop(items: Sequence[Item], dest: memoryview, nbytes: int) -> bool:
     open_, fstat, preadv, close = os.open, os.fstat, os.preadv, os.close
     head = bytearray()  # the header bytes of the file being read (resized when a header's length differs)
     pos = 0
-    whole = not items or type(items[0][1]) is not InodeIdentity  # (per group: inode-only identities compare less)
     for path, ident, offset, check in items:
         try:
             fd = open_(path, OPEN_FLAGS)
@@ -193,8 +198,11 @@ def _read_loop(items: Sequence[Item], dest: memoryview, nbytes: int) -> bool:
             except OSError as e:
                 explain(fd, path, ident, e, check, offset + nbytes)
             st = fstat(fd)
-            if (st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1] if whole
-                    else st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0):
+            if type(ident) is InodeIdentity:  # (known from a listing: compares less)
+                moved = st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0
+            else:
+                moved = st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]
+            if moved:
                 raise file_changed(path, ident, st)
             if check is not None and head != check[0]:
                 raise header_mismatch(path, check, bytes(head))

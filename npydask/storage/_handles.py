@@ -54,7 +54,15 @@ from npydask.storage._headers import member_header_in as _member_header_in
 from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
 from npydask.storage._mounts import is_local
-from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged, differs, file_changed, header_mismatch
+from npydask.storage.identity import (
+    FileIdentity,
+    HeaderCheck,
+    Scanned,
+    check_unchanged,
+    differs,
+    file_changed,
+    header_mismatch,
+)
 
 __all__ = [
     "OpenFile",
@@ -203,8 +211,11 @@ def member_header(f: io.FileIO, size: int, path: str, key: str) -> tuple[NpyHead
     return _member_header(reader(f.fileno()), size, path, key)
 
 
-def scan_members(path: str, keys: Sequence[str]) -> list[tuple[FileIdentity, NpyHeader, bytes, bool]]:
-    """:func:`scan_file` of each ``.npz`` member ``keys`` of ``path``: one open, one fstat, the zip directory read once."""
+def scan_members(path: str, keys: Sequence[str]) -> list[Scanned]:
+    """:func:`scan_file` of each ``.npz`` member ``keys`` of ``path``.
+
+    One open, one fstat, the zip directory read once.
+    """
     f, st = open_regular(path)
     with f:
         found = _member_headers(reader(f.fileno()), st.st_size, path, keys)
@@ -289,7 +300,7 @@ class OpenFile:
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
     archive: Any = field(default=None, repr=False)
-    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared with its other members."""
+    """For an ``.npz`` member: the archive's central directory (a ``zipfile.ZipFile``), shared by its members."""
 
     @property
     def deflated(self) -> bool:

@@ -99,7 +99,10 @@ def member_headers(read: Read, size: int, path: str, keys: Sequence[str]) -> lis
 
 
 def member_header_in(read: Read, zf: zipfile.ZipFile, path: str, key: str) -> tuple[NpyHeader, bytes, Member]:
-    """:func:`member_header` of an archive whose central directory ``zf`` was read already (:func:`npydask.format.npz.directory`)."""
+    """:func:`member_header` of an archive whose central directory ``zf`` was read already.
+
+    (By :func:`npydask.format.npz.directory`.)
+    """
     return _header_of(read, path, find(read, path, zf, key))
 
 

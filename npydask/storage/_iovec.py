@@ -118,7 +118,7 @@ def read_iovecs(fd: int, path: str, plan: ReadPlan, gap_bytes: int, max_span_byt
             bufs = [None] * (2 * n - 1)
         bufs[0::2] = rows[first : first + n]
         bufs[1::2] = gaps
-        got = preadv(fd, bufs, offset)
+        got = preadv(fd, bufs, offset)  # type: ignore[arg-type]  # numpy stubs: ndarray.__buffer__ only on 3.12+
         if got != size:
             _finish(fd, path, bufs, offset, got)
 

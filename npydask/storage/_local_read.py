@@ -151,7 +151,7 @@ class FdReader:
         self.fd, self.path = fd, path
 
     def read_into(self, dest: np.ndarray, offset: int) -> None:
-        pread_exact(self.fd, memoryview(dest), offset, self.path)
+        pread_exact(self.fd, dest.data, offset, self.path)  # (.data: the array's memoryview)
 
     def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
         """Read ``size`` bytes at each offset into the matching ``[memoryview]`` (:func:`preadv_all`)."""
@@ -206,13 +206,13 @@ class DirectReader(FdReader):
             # Stop at EOF: a short read there leaves an unaligned offset that
             # O_DIRECT would refuse (EINVAL), which is not a refusal of O_DIRECT.
             while got < wanted and lo + got < size:
-                n = os.preadv(fd, [memoryview(scratch[got:wanted])], lo + got)
+                n = os.preadv(fd, [scratch[got:wanted].data], lo + got)
                 if n == 0:
                     break
                 got += n
             skip = offset + done - lo
             if got < skip + piece:
-                pread_exact(self.f.fd, memoryview(dest[done : done + piece]), offset + done, self.f.path)
+                pread_exact(self.f.fd, dest[done : done + piece].data, offset + done, self.f.path)
             else:
                 dest[done : done + piece] = scratch[skip : skip + piece]
             done += piece

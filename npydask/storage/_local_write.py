@@ -115,7 +115,10 @@ def pwrite_all(fd: int, data: memoryview, offset: int, path: str) -> None:
 
 
 def publish(tmp: str, path: str, *, overwrite: bool, sync_folder: bool = True) -> None:
-    """Move the finished file ``tmp`` to ``path`` (``overwrite=False``: only if nothing is there), then sync the folder."""
+    """Move the finished file ``tmp`` to ``path``, then sync the folder.
+
+    With ``overwrite=False``, only if nothing is at ``path``.
+    """
     if overwrite:
         with contextlib.suppress(OSError):  # keep the replaced file's permissions
             os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))

@@ -30,7 +30,8 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _REGION = re.compile(r"<Region>([A-Za-z0-9-]{1,64})</Region>")
 _CONNECT = ("error sending request", "connection refused", "tcp connect", "dns error", "connection reset")
-_TIMEOUT = ("timed out", "timedout", "kind: timeout", "deadline has elapsed")  # (not "timeout": retry errors say "retry_timeout")
+# (not "timeout": retry errors say "retry_timeout")
+_TIMEOUT = ("timed out", "timedout", "kind: timeout", "deadline has elapsed")
 _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _UNLISTABLE = re.compile(r'Error parsing Path "(.*)": Encountered illegal', re.DOTALL)
 _SHORT_BODY = ("incompletebody", "unexpectedeof", "response body error", "body error")
@@ -186,7 +187,11 @@ def error_for(
             "open it again to read its new contents",
             where,
         )
-    if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
+    if status == 301 or code in (
+        "PermanentRedirect",
+        "AuthorizationHeaderMalformed",
+        "IllegalLocationConstraintException",
+    ):
         region = _REGION.search(text)
         hint = f" ('{region.group(1)}')" if region else ""
         return OSError(

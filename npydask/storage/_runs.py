@@ -50,7 +50,8 @@ def pread_strategy(plan: ReadPlan, options: ReadOptions) -> str:
     Raises
     ------
     ValueError
-        If the ``roi_strategy`` setting forces one this backend cannot use (``"mapped"``; ``"runs"`` with ``direct_io``).
+        If the ``roi_strategy`` setting forces one this backend cannot use (``"mapped"``; ``"runs"`` with
+        ``direct_io``).
     """
     if plan.n_runs <= 1:
         return "spans"

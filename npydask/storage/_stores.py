@@ -190,10 +190,11 @@ def check_options(base: str, storage_options: dict[str, Any]) -> None:
     Examples
     --------
     >>> check_options("s3://b", {"endpoint": "http://127.0.0.1:8333", "identity": "etag"})
-    >>> check_options("s3://b", {"key": "AK", "secret": "SK"})
+    >>> check_options("s3://b", {"key": "AK", "secret": "SK"})  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: s3://b: storage_options are obstore's store options, not s3fs/fsspec's: use 'access_key_id' for 'key', ...
+    ValueError: s3://b: storage_options are obstore's store options, not s3fs/fsspec's:
+    use 'access_key_id' for 'key', ...
     """
     where = redact(base)
     names = {k.lower(): k for k in storage_options}
@@ -326,7 +327,10 @@ def _build(spec: StoreSpec) -> Any:
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2},
     }
     try:
-        return from_url(spec.base, config=store_config or None, client_options=client, retry_config=retry)
+        # (obstore's overloads want the store kind's TypedDict config; this one is built at run time, for any kind)
+        return from_url(  # type: ignore[call-overload]
+            spec.base, config=store_config or None, client_options=client, retry_config=retry
+        )
     except BaseException as e:  # (obstore's configuration errors embed no request; its panics are BaseExceptions)
         if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
             raise
@@ -363,7 +367,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _pool(concurrency: int, name: str = "npydask-remote") -> ThreadPoolExecutor:
-    """This process's pool ``name`` of ``concurrency`` threads (a forked child gets its own: its parent's threads do not exist in it)."""
+    """This process's pool ``name`` of ``concurrency`` threads.
+
+    A forked child gets its own: its parent's threads do not exist in it.
+    """
     key = (os.getpid(), name, concurrency)
     pool = _pools.get(key)
     if pool is None:
@@ -421,10 +428,10 @@ def run_beside(side: Callable[[], object], main: Callable[[], R], concurrency: i
     future = _pool(concurrency).submit(side)
     try:
         result = main()
-    except BaseException:
+    except BaseException as main_error:
         error = future.exception()  # (waits for it)
         if error is not None:
-            raise error  # (main's error is its context)
+            raise error from main_error  # (main's error is its cause, and its context)
         raise
     future.result()
     return result

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,17 +35,11 @@ if TYPE_CHECKING:
     from npydask.format.header import NpyHeader
     from npydask.plan.region import ReadPlan
     from npydask.storage._handles import OpenFile
-from npydask.storage.identity import HeaderCheck
+from npydask.storage.identity import HeaderCheck, Identity, Scanned
 
 __all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
 
-Identity = tuple
-"""An opaque identity: equal while the file's bytes are the ones planned for (compare with ``==``)."""
-
-Scanned = tuple  # (Identity, NpyHeader, bytes, bool)
-"""(identity, header, raw header bytes, deflated) of one file, as :meth:`Source.scan` gives it."""
-
-Item = tuple  # (str, Identity, int, HeaderCheck | None)
+Item: TypeAlias = tuple[str, Identity, int, HeaderCheck | None]
 """(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
 
 
@@ -192,7 +186,9 @@ class Source(abc.ABC):
         of the path's list, as in :meth:`scan`.
         """
 
-    def read_runs_many(self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]) -> None:
+    def read_runs_many(
+        self, jobs: Sequence[tuple[str, Identity, ReadPlan, np.ndarray, ReadOptions, HeaderCheck | None]]
+    ) -> None:
         """:meth:`read_runs` of each ``(path, identity, plan, dest, options, check)`` (the ROIs of a group).
 
         In turn here; a source with latency to hide (an object store) reads
@@ -214,6 +210,7 @@ class Source(abc.ABC):
         Readers that run in worker processes (the Loader, the PyTorch
         adapters) call it before their first read.
         """
+        return  # (deliberately nothing here: a source that must check overrides this)
 
     def header(self, path: str, key: str | None = None) -> NpyHeader:
         """The checked header of one file (the first of :meth:`scan`'s results, raised if it failed)."""

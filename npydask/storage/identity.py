@@ -14,22 +14,33 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeAlias, final
 
 from npydask.errors import FileChangedError, NpyFormatError
-from npydask.format.header import parse_header
+from npydask.format.header import NpyHeader, parse_header
 
 __all__ = [
     "CTIME_MARGIN_NS",
     "FileIdentity",
     "HeaderCheck",
+    "Identity",
     "InodeIdentity",
+    "Scanned",
     "changed_since_listing",
     "check_unchanged",
     "differs",
     "file_changed",
     "header_mismatch",
 ]
+
+Identity: TypeAlias = tuple[Any, ...]
+"""An opaque identity: equal while the file's bytes are the ones planned for (compare with ``==``).
+
+Each source gives its own kind (:class:`FileIdentity`, :class:`InodeIdentity`, an object store's ``ObjectIdentity``);
+:mod:`npydask.storage.base` re-exports this name with the interfaces."""
+
+Scanned: TypeAlias = tuple[Identity, NpyHeader, bytes, bool]
+"""(identity, header, raw header bytes, deflated) of one file, as ``Source.scan`` gives it."""
 
 
 class FileIdentity(NamedTuple):
@@ -59,6 +70,7 @@ it. The margin covers two such ticks; a file written less than this before
 the listing is refused with it (see :class:`InodeIdentity`)."""
 
 
+@final  # (compared by exact type: ``type(identity) is InodeIdentity``)
 class InodeIdentity(NamedTuple):
     """A file known only from its folder's listing: its inode, and when the listing began (``headers="first"``).
 

@@ -10,6 +10,7 @@ shared object) and never test what kind of storage they read.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
@@ -33,7 +34,7 @@ from npydask.storage._batch import read_files, scan_files
 from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
 from npydask.storage._local_read import read_grid
 from npydask.storage._rois import read_rois
-from npydask.storage.base import Item, Lister, Listing, Scanned, Source, Target
+from npydask.storage.base import Identity, Item, Lister, Listing, Scanned, Source, Target
 from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
@@ -61,15 +62,16 @@ class LocalSource(Source):
     @property
     def gap_bytes(self) -> int:
         """The ``gap_bytes`` setting (4 KiB by default: a page)."""
-        return config.get("gap_bytes")
+        gap: int = config.get("gap_bytes")
+        return gap
 
     def identity(self, path: str) -> FileIdentity:
         """One ``stat``, symlinks followed."""
         return FileIdentity.of(os.stat(path))
 
-    def identities(self, paths: Sequence[str]) -> list[FileIdentity]:
+    def identities(self, paths: Sequence[str]) -> list[Identity]:
         """One ``stat`` per path (symlinks followed), in a tight loop; a path that is not a regular file is refused."""
-        out = []
+        out: list[Identity] = []
         append, stat_, isreg, new = out.append, os.stat, stat.S_ISREG, FileIdentity
         for p in paths:
             st = stat_(p)
@@ -154,7 +156,9 @@ LOCAL = LocalSource()
 
 
 class LocalLister(Lister):
-    """The files under a local folder, as DALI's ``traverse_directories`` finds them (see :mod:`npydask.dataset.select`).
+    """The files under a local folder, as DALI's ``traverse_directories`` finds them.
+
+    (See :mod:`npydask.dataset.select`.)
 
     A file is a regular file or a symlink to one (dangling symlinks, symlink
     loops and links to anything else are skipped). Symlinked folders are
@@ -178,7 +182,8 @@ class LocalLister(Lister):
     >>> import os, tempfile
     >>> root = tempfile.mkdtemp(); os.mkdir(os.path.join(root, "sub"))
     >>> for rel in ["a.npy", "b.txt", "sub/c.npy"]: open(os.path.join(root, rel), "wb").close()
-    >>> sorted(LocalLister(root).list(match=lambda name: name.endswith(".npy")).paths) == ["a.npy", os.path.join("sub", "c.npy")]
+    >>> listed = LocalLister(root).list(match=lambda name: name.endswith(".npy"))
+    >>> sorted(listed.paths) == ["a.npy", os.path.join("sub", "c.npy")]
     True
     """
 
@@ -198,11 +203,17 @@ class LocalLister(Lister):
             folders = []
             paths = self._flat(match, inos, folders)
         # (tuple.__new__ over (inode, listed) pairs: the named tuples built in C, not by one Python call each)
-        identities = None if inos is None else list(
+        identities: list[Identity] | None = None if inos is None else list(
             map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
         return Listing(paths, None, identities, folders)
 
-    def _flat(self, match: Callable[[str], object], inos: list[int] | None, folders: list[tuple[str, int]]) -> list[str]:
+    # (builtins.list: in this class's scope, ``list`` is the method)
+    def _flat(
+        self,
+        match: Callable[[str], object],
+        inos: builtins.list[int] | None,
+        folders: builtins.list[tuple[str, int]],
+    ) -> builtins.list[str]:
         dirs, found = _scan(self.root, match, inos)
         folders.append(("", len(found)))
         for d in dirs:
@@ -212,7 +223,9 @@ class LocalLister(Lister):
             folders.append((d.name, len(names)))
         return found
 
-    def _recursive(self, match: Callable[[str], object], inos: list[int] | None = None) -> list[str]:
+    def _recursive(
+        self, match: Callable[[str], object], inos: builtins.list[int] | None = None
+    ) -> builtins.list[str]:
         root_stat = os.stat(self.root)
         visited = {(root_stat.st_dev, root_stat.st_ino)}
         found: list[str] = []

@@ -62,7 +62,7 @@ from npydask.storage._stores import (
     run_files,
     store_for,
 )
-from npydask.storage.base import Item, Scanned, Source
+from npydask.storage.base import Identity, Item, Scanned, Source
 from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
 
@@ -137,7 +137,8 @@ class ObjectSource(Source):
     @property
     def gap_bytes(self) -> int:
         """The ``remote_gap_bytes`` setting (64 KiB by default)."""
-        return config.get("remote_gap_bytes")
+        gap: int = config.get("remote_gap_bytes")
+        return gap
 
     def identity(self, path: str) -> ObjectIdentity:
         """One HEAD request."""
@@ -176,13 +177,15 @@ class ObjectSource(Source):
         """The store's ``identity`` option (see :data:`IDENTITY_MODES`)."""
         return str(self.spec.option("identity", "etag"))
 
-    def identities(self, paths: Sequence[str]) -> list[ObjectIdentity]:
+    def identities(self, paths: Sequence[str]) -> list[Identity]:
         """One HEAD per object, ``remote_concurrency`` in flight; the first failure raised."""
         found = run_each(self.identity, paths, self.spec.settings.concurrency)
+        out: list[Identity] = []
         for result in found:
             if isinstance(result, BaseException):
                 raise result
-        return found  # type: ignore[return-value]
+            out.append(result)
+        return out
 
     def scan(self, paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
         """Identity, header, raw header bytes and whether deflated, ``remote_concurrency`` objects at once."""
@@ -284,7 +287,10 @@ class ObjectSource(Source):
         return _Blocks(self, path, identity, b""), identity.size
 
     def check_process(self, path: str) -> None:
-        """Raise :class:`RuntimeError` in a child forked from a process that used obstore (see :func:`check_not_forked`)."""
+        """Raise :class:`RuntimeError` in a child forked from a process that used obstore.
+
+        See :func:`check_not_forked`.
+        """
         check_not_forked(path)
 
     # -- helpers --------------------------------------------------------------------------------
@@ -473,7 +479,9 @@ class _Blocks:
             if block is None:
                 lo = index * _BLOCK
                 block = self.blocks[index] = bytes(
-                    self.source._get(self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory")
+                    self.source._get(
+                        self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory"
+                    )
                 )
             lo = index * _BLOCK
             piece = block[pos - lo : end - lo]
@@ -543,7 +551,7 @@ class RangeReader:
 
     def read_into(self, dest: np.ndarray, offset: int) -> None:
         """Fill ``dest`` (``uint8``) from ``offset``."""
-        self.read_many([[memoryview(dest)]], len(dest), [offset])
+        self.read_many([[dest.data]], len(dest), [offset])  # (.data: the array's memoryview)
 
     def read_many(self, iovecs: Sequence[list[memoryview]], size: int, offsets: Sequence[int]) -> None:
         """Read ``size`` bytes at each offset into the matching ``[memoryview]``, all at once."""

@@ -8,12 +8,13 @@ it anyway (on S3, by listing the prefix again through boto3) and named in a
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from npydask.storage._remote_errors import call, unlistable_key
 from npydask.storage._stores import import_obstore, run_all
-from npydask.storage.base import Lister, Listing
+from npydask.storage.base import Identity, Lister, Listing
 from npydask.storage.object import ObjectIdentity, ObjectSource
 from npydask.storage.urls import ObjectUrl, join_url, prefix_of, redact, split_url, unlistable
 
@@ -51,7 +52,7 @@ class ObjectLister(Lister):
         """
         paths: list[str] = []
         sizes: list[int] = []
-        idents: list[ObjectIdentity] = []
+        idents: list[Identity] = []
         cut = len(self.prefix)
         mode = self.source.identity_mode
 
@@ -77,7 +78,8 @@ class ObjectLister(Lister):
             take(page)
         return Listing(paths, sizes, idents)
 
-    def _pages(self, recursive: bool) -> tuple[list[Sequence[Any]], str | None]:
+    # (builtins.list: in this class's scope, ``list`` is the method)
+    def _pages(self, recursive: bool) -> tuple[builtins.list[Sequence[Any]], str | None]:
         """obstore's listing pages, or the key it failed on (one it cannot represent)."""
         obstore = import_obstore()
         store = self.source.store(self.url)
@@ -98,7 +100,9 @@ class ObjectLister(Lister):
                 raise
         return [], bad
 
-    def _pages_around(self, bad: str, recursive: bool, match: Callable[[str], object] | None) -> list[Any]:
+    def _pages_around(
+        self, bad: str, recursive: bool, match: Callable[[str], object] | None
+    ) -> builtins.list[Any]:
         """The listing without the keys obstore cannot represent, where the selection skips them (S3 only)."""
         wanted = match is None or match(bad[len(self.prefix) :].rpartition("/")[2])
         where = redact(self.url)
