@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from npydask._buffers import exact_empty
 from npydask.backends.base import Backend, copy_runs
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
@@ -51,7 +52,7 @@ class MmapBackend(Backend):
     def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
         dtype = f.header.dtype
         if plan.n_runs == 0:
-            return np.empty(plan.shape, dtype) if out is None else out
+            return exact_empty(plan.shape, dtype) if out is None else out
         if plan.n_runs > 1 and options.roi_strategy != "auto":  # (raises for a forced spans or runs)
             choose(plan, options.gap_bytes, options.max_span_bytes, _MAPPED, options.roi_strategy)
         base = _mapped(f, plan.end)[plan.offset : plan.end]

@@ -489,3 +489,17 @@ def test_deleted_after_open(save, backend: str) -> None:
     with pytest.raises(FileNotFoundError) as info:
         read_region(path, backend=backend)
     assert path in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["auto", "pread", "mmap"])
+@pytest.mark.parametrize("dtype", [">M8", ">m8", "<M8"])
+def test_an_empty_region_keeps_a_generic_datetimes_byte_order(tmp_path, backend, dtype) -> None:
+    """numpy allocates generic-unit datetimes native-endian: an empty read must still say ``>M8`` as numpy.load does."""
+    path = tmp_path / "t.npy"
+    header = f"{{'descr': '{dtype}', 'fortran_order': False, 'shape': (0, 3), }}".encode()
+    header += b" " * (118 - len(header)) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+    want = np.load(path)
+    assert want.dtype.str == dtype
+    got = npydask.read_region(str(path), (0, 0), (0, 3), backend=backend)
+    assert (got.dtype.str, got.shape) == (dtype, (0, 3))
