@@ -32,6 +32,7 @@ from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
 from npydask.storage import FileIdentity, HeaderCheck, OpenFile
 from npydask.storage.base import Source
+from npydask.storage.identity import Identity
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute
 from npydask.storage.where import fspath, resolve
@@ -283,7 +284,7 @@ class FileRef(NamedTuple):
     """
 
     path: str
-    identity: FileIdentity
+    identity: Identity
     header: NpyHeader
     options: ReadOptions
     backend: str = "auto"

@@ -19,7 +19,7 @@ the command instead of being listed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from npydask.cli._common import number, say
 from npydask.cli._errors import UsageError
@@ -30,6 +30,7 @@ from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.scan import scan_table
 from npydask.dataset.views import Context
 from npydask.plan.roi import RoiArgs
+from npydask.storage.identity import Scanned
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute_all
 from npydask.storage.urls import redact
@@ -147,7 +148,9 @@ def dataset_of(
     paths = chosen if url else absolute_all(chosen)
     try:
         roi_args = RoiArgs.from_user(**(roi or {}), n_files=len(paths))
-        table = scan_table(range(len(paths)), paths, [selection.good[i][1] for i in indices], _ORIGIN, roi_args, key)
+        # (a selection without a dataset comes from a plain scan: every row has its header bytes)
+        rows = [cast(Scanned, selection.good[i][1]) for i in indices]
+        table = scan_table(range(len(paths)), paths, rows, _ORIGIN, roi_args, key)
     except (ValueError, TypeError) as e:  # (RoiError is a ValueError)
         raise UsageError(str(e)) from None
     if device == "gpu" and len(table):

@@ -25,13 +25,17 @@ from npydask.cli._progress import progress_line
 from npydask.cli._remote import is_prefix, npz_members_at, source_of, url_or_none
 from npydask.dataset.scan import scan_headers
 from npydask.dataset.select import select_files
-from npydask.storage import Scanned
+from npydask.format.header import NpyHeader
 from npydask.storage.base import Source
+from npydask.storage.identity import Identity, Scanned
 from npydask.storage.local import LOCAL
 from npydask.storage.urls import redact
 from npydask.storage.where import lister_for
 
-__all__ = ["Selection", "expand_globs", "is_npz", "npz_members", "root_of", "select"]
+Row = tuple[Identity, NpyHeader, bytes | None, bool]
+"""A selected file's identity, header, header bytes (``None`` where no header check applies) and deflated flag."""
+
+__all__ = ["Row", "Selection", "expand_globs", "is_npz", "npz_members", "root_of", "select"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class Selection:
 
     root: str | None
     paths: list[str]
-    good: list[tuple[str, Scanned]]
+    good: list[tuple[str, Row]]
     bad: list[tuple[str, str]]
     storage_options: dict[str, Any] | None = None
     dataset: Any = None
@@ -124,7 +128,7 @@ def select(
             raise UsageError(f"{shown}: no file matching --filter {file_filter!r} {where}{seen}") from e
         except OSError as e:
             raise UsageError(str(e)) from e
-    good: list[tuple[str, Scanned]] = []
+    good: list[tuple[str, Row]] = []
     bad: list[tuple[str, str]] = []
     for p, result in zip(paths, _scan(paths, key, quiet, source)):
         if isinstance(result, BaseException):

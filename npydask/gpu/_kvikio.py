@@ -59,7 +59,7 @@ import errno
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -91,7 +91,15 @@ from npydask.gpu._kvikio_runtime import (
     unavailable,
 )
 from npydask.gpu.plan import GpuReadPlan
-from npydask.storage import FileIdentity, check_unchanged, clear_cache, differs, file_changed, pread_exact
+from npydask.storage import (
+    FileIdentity,
+    InodeIdentity,
+    check_unchanged,
+    clear_cache,
+    differs,
+    file_changed,
+    pread_exact,
+)
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
@@ -320,8 +328,9 @@ def _open_checked(kvikio: Any, ref: FileRef) -> tuple[Any, FileIdentity]:
     try:
         st = os.fstat(handle.fileno())
         found = FileIdentity.of(st)
-        if differs(ref.identity, st):  # replaced between the check and the open
-            raise file_changed(ref.path, ref.identity, st)
+        expected = cast(FileIdentity | InodeIdentity, ref.identity)  # (a local file's identity)
+        if differs(expected, st):  # replaced between the check and the open
+            raise file_changed(ref.path, expected, st)
     except BaseException:
         handle.close()
         raise

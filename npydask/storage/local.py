@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -122,7 +122,9 @@ class LocalSource(Source):
 
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """:func:`~npydask.storage._batch.read_files`: one open, preadv, fstat and close per file."""
-        read_files(items, dest, nbytes)
+        # (the items carry identities this source made: FileIdentity or InodeIdentity)
+        local_items = cast(Sequence[tuple[str, FileIdentity | InodeIdentity, int, HeaderCheck | None]], items)
+        read_files(local_items, dest, nbytes)
 
     def read_bytes(self, path: str, limit: int | None = None, *, what: str = "file") -> bytes:
         """One ``read`` of a regular file (``open_regular``: no FIFO, socket or device is waited on)."""
