@@ -83,7 +83,10 @@ KVIKIO_EOF = "KvikIO failure at: /kvikio/cpp/include/kvikio/detail/posix_io.hpp:
 
 def kvikio_system_error(code):
     """kvikio's text for a failed system call (``KVIKIO_SYSCALL_CHECK``: a ``std::system_error``)."""
-    return f"Unable to open file. Linux system/library function call error at: /kvikio/cpp/src/file_utils.cpp:160: {os.strerror(code)}"
+    return (
+        "Unable to open file. Linux system/library function call error at: "
+        f"/kvikio/cpp/src/file_utils.cpp:160: {os.strerror(code)}"
+    )
 
 
 class FakeDefaults(types.ModuleType):
@@ -153,7 +156,10 @@ class FakeKvikio(types.ModuleType):
         self.opened, self.closed, self.reads = 0, 0, []
         self.open_now = self.open_peak = 0
         self.events = [] if events is None else events
-        self.submodules = {"defaults": FakeDefaults(compat_mode, num_threads, gds), "cufile_driver": FakeCufileDriver(gds)}
+        self.submodules = {
+            "defaults": FakeDefaults(compat_mode, num_threads, gds),
+            "cufile_driver": FakeCufileDriver(gds),
+        }
         if not lazy:
             self.defaults, self.cufile_driver = self.submodules["defaults"], self.submodules["cufile_driver"]
         lock = threading.Lock()

@@ -262,7 +262,7 @@ def test_from_npy_of_a_list_points_to_open_dataset(tmp_path, several):
 
 
 @pytest.mark.parametrize(
-    "pattern, root, file_filter, recursive",
+    ("pattern", "root", "file_filter", "recursive"),
     [
         ("data/*.npy", "data", "*.npy", False),
         ("data/scan_??.npy", "data", "scan_??.npy", False),

@@ -44,7 +44,7 @@ def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int, *extra: st
 
 @pytest.mark.timeout(240)
 def test_remote_benchmark_runs_at_tiny_size(tmp_path):
-    """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only where weed cannot run."""
+    """bench_remote.py starts its own SeaweedFS; it skips (exit 0, ``skipped`` in its JSON) only if weed cannot run."""
     stdout, data = _run_tiny("bench_remote.py", tmp_path, 2, 200, "--link-via", "proxy", "--link-mbit", "200")
     assert "goal" in stdout and data["results_agree"] is True
     groups = {r["group"] for r in data["results"]}
@@ -54,7 +54,8 @@ def test_remote_benchmark_runs_at_tiny_size(tmp_path):
     assert len(over_link) == 2, [r["variant"] for r in data["results"]]
     roi = next(r for r in data["results"] if r["variant"].startswith("npydask: open_dataset(roi)"))
     # the ROI read through the counting proxy: one LIST, the header GETs and the range GETs, some bytes
-    assert roi["traffic"]["requests"]["LIST"] == 1 and roi["traffic"]["downstream"] > data["facts"]["roi spans bytes (all volumes)"]
+    traffic = roi["traffic"]
+    assert traffic["requests"]["LIST"] == 1 and traffic["downstream"] > data["facts"]["roi spans bytes (all volumes)"]
     assert all(g["verdict"] in ("PASS", "FAIL", "n/a", "info") for g in data["goals"])
     # R1's time goals: loopback against the raw per-plane range GETs; the link goal is defined at 1,000 Mbit/s
     verdicts = {g["goal"]: g["verdict"] for g in data["goals"]}

@@ -5,8 +5,9 @@ Every test that takes ``cluster`` (or ``client``) runs twice: on a
 a scheduler and two workers started as separate processes with the ``dask``
 command line (``dask scheduler --scheduler-file`` and ``dask worker
 --scheduler-file``, with this folder on their ``PYTHONPATH`` as one deploys
-code), reached with ``Client(scheduler_file=...)``. Each cluster starts once per module and is torn down (process groups terminated, then
-killed) even when a test fails. numpy is the oracle throughout, on real files.
+code), reached with ``Client(scheduler_file=...)``. Each cluster starts once
+per module and is torn down (process groups terminated, then killed) even
+when a test fails. numpy is the oracle throughout, on real files.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 :func:`test_docs_site_builds_without_warnings` builds ``docs/`` with Sphinx, warnings as errors,
 from scratch, fetching nothing. Each python block is one test (its id is the page and the line of
-its fence). It runs as written, in a fresh namespace,
-with one temporary working directory shared by every block, which holds the files the examples name
-(:func:`workdir`: ``scans/`` of 16 volumes ``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
+its fence). It runs as written, in a fresh namespace, with one temporary working directory shared
+by every block, which holds the files the examples name (:func:`workdir`: ``scans/`` of 16 volumes
+``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
 ``stack/``, ``vol.npy``, ``volume.npy``, ``pair.npz``). A block may use, without defining them, the
-names a reader brings from the prose around it (a block indented in a list item is dedented first) (:data:`GIVEN`): ``np`` and ``npydask`` (imported),
+names a reader brings from the prose around it (a block indented in a list item is dedented first)
+(:data:`GIVEN`): ``np`` and ``npydask`` (imported),
 ``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``a`` and ``b``
 (small arrays), ``train_step`` (takes anything), ``labels`` (one per file of ``scans/``), ``rank`` 0
 and ``world`` 1.
@@ -76,8 +77,11 @@ def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
                 j += 1
             before = lines[i - 1].strip() if i else ""
             match = _MARKER.match(before)
-            blocks.append(Block(i + 1, textwrap.dedent("\n".join(lines[i + 1 : j]) + "\n"), match.group(1) if match else None,
-                                page))
+            blocks.append(
+                Block(
+                    i + 1, textwrap.dedent("\n".join(lines[i + 1 : j]) + "\n"), match.group(1) if match else None, page
+                )
+            )
             i = j
         i += 1
     return blocks

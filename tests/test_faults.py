@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import struct
@@ -165,7 +166,9 @@ def test_truncated_under_a_mapping_fails_without_sigbus(tmp_path, backend):
     path = tmp_path / "big.npy"
     np.save(path, values((1024, 256), "<f4"))  # 1 MiB: the tail is many pages past byte 4096
     done = child(_SIGBUS_CHILD, str(path), backend)
-    assert done.returncode == 0, f"child died with {done.returncode} (SIGBUS is {-signal.SIGBUS}): {done.stderr[-2000:]}"
+    assert done.returncode == 0, (
+        f"child died with {done.returncode} (SIGBUS is {-signal.SIGBUS}): {done.stderr[-2000:]}"
+    )
     lines = done.stdout.split("\n")
     assert lines[:4] == ["FileChangedError True", "FileChangedError True", "NpyFormatError True", "alive"], done.stdout
 
@@ -271,14 +274,13 @@ def test_replaced_by_a_special_file_before_compute(tmp_path, what):
         server = socket.socket(socket.AF_UNIX)
         server.bind(str(path))
     t0 = time.perf_counter()
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match=re.escape(str(path))):
         x.compute()
     assert time.perf_counter() - t0 < 5
-    assert str(path) in str(info.value)
     _handles.clear_cache()  # as on a fresh worker
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match=re.escape(str(path))) as info:
         npydask.from_npy(path)
-    assert str(path) in str(info.value) and not isinstance(info.value, NpyFormatError)
+    assert not isinstance(info.value, NpyFormatError)
 
 
 # --------------------------------------------------------------------------
@@ -331,6 +333,18 @@ def _special(kind: str, tmp_path: pathlib.Path) -> tuple[str, Any]:
     return kind, None
 
 
+def _open_lazily(call: str, path: str, tmp_path: pathlib.Path) -> None:
+    """Open ``path`` through the lazy entry point ``call`` names (a file list is written under ``tmp_path``)."""
+    if call == "from_npy":
+        npydask.from_npy(path)
+    elif call == "open_dataset-files":
+        npydask.open_dataset(files=[path])
+    else:
+        listing = tmp_path / "list.txt"
+        listing.write_text(path + "\n")
+        npydask.open_dataset(file_list=str(listing))
+
+
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("kind", ["directory", "fifo", "fifo-with-writer", "socket", "/dev/zero", "/dev/urandom"])
 @pytest.mark.parametrize("call", ["from_npy", "open_dataset-files", "open_dataset-file_list"])
@@ -338,17 +352,9 @@ def test_special_files_refused_quickly_by_the_lazy_entry_points(tmp_path, kind, 
     path, holder = _special(kind, tmp_path)
     try:
         t0 = time.perf_counter()
-        with pytest.raises(OSError) as info:
-            if call == "from_npy":
-                npydask.from_npy(path)
-            elif call == "open_dataset-files":
-                npydask.open_dataset(files=[path])
-            else:
-                listing = tmp_path / "list.txt"
-                listing.write_text(path + "\n")
-                npydask.open_dataset(file_list=str(listing))
+        with pytest.raises(OSError, match=re.escape(path)) as info:
+            _open_lazily(call, path, tmp_path)
         assert time.perf_counter() - t0 < 1.0
-        assert path in str(info.value)
         assert not isinstance(info.value, NpyFormatError)
     finally:
         if isinstance(holder, int):
@@ -377,13 +383,12 @@ def test_symlink_loops_in_a_recursive_dataset(tmp_path):
     for got, name in zip(ds.arrays(), ["a/b/y.npy", "a/x.npy", "top.npy"]):
         assert_same_array(got.compute(), arrays[name])
     # a looping link named explicitly is an OSError naming it (ELOOP), not a hang
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match="loop.npy") as info:
         npydask.open_dataset(root, files=["loop.npy"])
-    assert info.value.errno == errno.ELOOP and "loop.npy" in str(info.value)
+    assert info.value.errno == errno.ELOOP
     os.symlink("rootloop", tmp_path / "rootloop")
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match="rootloop"):
         npydask.open_dataset(tmp_path / "rootloop", recursive=True)
-    assert "rootloop" in str(info.value)
 
 
 # --------------------------------------------------------------------------
@@ -394,6 +399,18 @@ def _huge_header_file(path: pathlib.Path) -> None:
     with open(path, "wb") as f:
         f.write(b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFFF) + b"{'descr': '<f4'")
         f.truncate(0x1_0000_0100)  # sparse 4 GiB
+
+
+def _open_huge_header(call: str, path: pathlib.Path) -> None:
+    """Open ``path`` (alone in its folder) through the entry point ``call`` names."""
+    if call == "read_region":
+        npydask.read_region(path)
+    elif call == "from_npy":
+        npydask.from_npy(path)
+    elif call == "open_dataset":
+        npydask.open_dataset(path.parent)
+    else:
+        npydask.open_dataset(path.parent, recursive=True)
 
 
 @pytest.mark.timeout(30)
@@ -418,14 +435,7 @@ def test_header_over_1_MiB_refused_quickly_by_every_entry_point(tmp_path, monkey
     monkeypatch.setattr(os, "preadv", preadv)
     t0 = time.perf_counter()
     with pytest.raises(NpyFormatError, match="4294967295") as info:
-        if call == "read_region":
-            npydask.read_region(path)
-        elif call == "from_npy":
-            npydask.from_npy(path)
-        elif call == "open_dataset":
-            npydask.open_dataset(tmp_path)
-        else:
-            npydask.open_dataset(tmp_path, recursive=True)
+        _open_huge_header(call, path)
     assert time.perf_counter() - t0 < 1.0
     assert str(path) in str(info.value)
     # at most the cap (plus the first 4 KiB read twice by open_dataset), not 4 GiB
@@ -498,7 +508,7 @@ _NOMEM_CHILD = """
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["read_region", "from_npy", "stack", "roi"])
 def test_no_memory_for_a_chunk_buffer_raises_memory_error_naming_the_read(tmp_path, how):
-    """Under an address-space limit of (current + 192 MiB), a 256 MiB buffer fails as ``MemoryError`` naming the file."""
+    """Under an address-space limit of current + 192 MiB, a 256 MiB buffer fails as ``MemoryError`` naming the file."""
     path = tmp_path / "big.npy"
     with open(path, "wb") as f:  # 256 MiB of zeros, sparse
         np.lib.format.write_array_header_1_0(f, {"descr": "<u1", "fortran_order": False, "shape": (1 << 28,)})
@@ -694,7 +704,12 @@ def test_memory_benchmark_runs_at_tiny_size(tmp_path):
     goal = [line for line in done.stdout.splitlines() if line.startswith("P6 ")]
     assert len(goal) == 1 and goal[0].rstrip().endswith("PASS"), done.stdout[-3000:]
     data = json.loads(out_json.read_text())
-    assert {r["variant"] for r in data["results"]} >= {"npydask auto", "npydask pread", "np.load", "dask from_array(mmap)"}
+    assert {r["variant"] for r in data["results"]} >= {
+        "npydask auto",
+        "npydask pread",
+        "np.load",
+        "dask from_array(mmap)",
+    }
     assert (tmp_path / "data").is_dir()  # --data keeps the file
 
 
@@ -755,10 +770,13 @@ _REWRITE_READS: dict[str, tuple[int, tuple[int, ...], Any]] = {
     # name: (files, shape, plan: paths -> a function that reads); plans are made before the writer starts
     "from_npy-pread": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(256, 1024), backend="pread").compute),
     # strided chunks: copied inside the read (a zero-copy chunk shows later writes: the documented window)
-    "from_npy-auto-strided": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(512, 500), backend="auto").compute),
-    "from_npy-mmap-copy": (1, (512, 1024), lambda ps: npydask.from_npy(ps[0], chunks=(256, 700), backend="mmap").compute),
+    "from_npy-auto-strided": (1, (512, 1024),
+                              lambda ps: npydask.from_npy(ps[0], chunks=(512, 500), backend="auto").compute),
+    "from_npy-mmap-copy": (1, (512, 1024),
+                           lambda ps: npydask.from_npy(ps[0], chunks=(256, 700), backend="mmap").compute),
     "read_region": (1, (512, 1024), lambda ps: lambda: npydask.read_region(ps[0], (0, 0), (512, 1000))),
-    "read_region-mmap": (1, (512, 1024), lambda ps: lambda: npydask.read_region(ps[0], (0, 1), (512, 1024), backend="mmap")),
+    "read_region-mmap": (1, (512, 1024),
+                         lambda ps: lambda: npydask.read_region(ps[0], (0, 1), (512, 1024), backend="mmap")),
     "stack-small-files": (8, (256, 1024), lambda ps: npydask.open_dataset(files=[str(p) for p in ps]).stack().compute),
     "roi-group": (16, (128, 256), lambda ps: npydask.open_dataset(
         files=[str(p) for p in ps], roi_start=[2, 3], roi_shape=[120, 250]).stack().compute),
@@ -793,6 +811,7 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
     monkeypatch.setattr(pread, "acquire", opened_then_go)
     rng = np.random.default_rng(7)
     outcomes = {"planned": 0, "changed": 0}
+    changed: list[str] = []  # the messages of the reads refused, each naming the file
     enough = 301 if n_files > 1 else 101
     for it in range(1, 10 * enough):  # on until the writer has overlapped a read (under load it may take longer)
         if it >= enough and outcomes["changed"]:
@@ -806,7 +825,7 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
         try:
             got = read()
         except FileChangedError as e:
-            assert str(tmp_path) in str(e)
+            changed.append(str(e))
             outcomes["changed"] += 1
         else:
             wrong = np.count_nonzero(got != value)
@@ -816,6 +835,7 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
             writer.go.set()
             writer.join()
     assert outcomes["changed"] > 0, outcomes  # the writer did overlap reads
+    assert all(str(tmp_path) in message for message in changed), changed
 
 
 # --------------------------------------------------------------------------

@@ -212,7 +212,8 @@ def header_texts(draw: Any) -> str:
     quote = draw(st.sampled_from(["'", '"']))
     entries = {
         "descr": draw(_descrs()),
-        "fortran_order": draw(st.sampled_from(_FORTRANS)) if draw(st.integers(0, 3)) == 0 else repr(draw(st.booleans())),
+        "fortran_order": (draw(st.sampled_from(_FORTRANS)) if draw(st.integers(0, 3)) == 0
+                          else repr(draw(st.booleans()))),
         "shape": draw(_shapes()),
     }  # fmt: skip
     pairs = [(f"{quote}{k}{quote}", v) for k, v in entries.items()]

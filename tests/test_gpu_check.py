@@ -126,7 +126,14 @@ def kit(tmp_path):
 
 def _requires(image, *paths, extra=()):
     return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "ci", "wheel_requires.py"), "--image", str(image), *extra, *map(str, paths)],
+        [
+            sys.executable,
+            os.path.join(ROOT, "ci", "wheel_requires.py"),
+            "--image",
+            str(image),
+            *extra,
+            *map(str, paths),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -144,12 +151,15 @@ def test_wheel_requires_accepts_needs_met_by_the_image_and_the_kit(kit):
 
 
 @pytest.mark.parametrize(
-    "requires, unmet",
+    ("requires", "unmet"),
     [
         (["zict>=3"], "needs zict>=3: missing from the image and the kit"),
         (["numpy>=3"], "needs numpy>=3: image has 2.5.2"),
         (["libdemo==2.*"], "needs libdemo==2.*: libdemo-1.0-py3-none-any.whl has 1.0"),
-        (["cupy-cuda13x[ctk,extra2]"], "needs cupy-cuda13x[ctk,extra2]: the image's cupy-cuda13x is not listed with extra(s) extra2"),
+        (
+            ["cupy-cuda13x[ctk,extra2]"],
+            "needs cupy-cuda13x[ctk,extra2]: the image's cupy-cuda13x is not listed with extra(s) extra2",
+        ),
     ],
 )
 def test_wheel_requires_refuses_an_unmet_requires_dist_naming_it(kit, requires, unmet):

@@ -66,7 +66,10 @@ def test_urls_without_the_remote_extra_name_the_install_command(tmp_path):
 
 
 def test_without_xarray_npydask_works_and_to_xarray_names_the_install_command(tmp_path):
-    """npydask needs no xarray (dask.array imports it when present, npydask never does); to_xarray says what to install."""
+    """npydask needs no xarray (dask.array imports it when present, npydask never does).
+
+    to_xarray says what to install.
+    """
     code = (
         "import sys; sys.modules['xarray'] = None\n"
         "import numpy as np, npydask\n"

@@ -21,7 +21,8 @@ def folder(tmp_path):
 
 
 ENTRY_POINTS = {
-    "open_dataset roi_strat": (lambda d: npydask.open_dataset(d, roi_strat=[1]), "open_dataset", "roi_strat", "roi_start"),
+    "open_dataset roi_strat": (lambda d: npydask.open_dataset(d, roi_strat=[1]), "open_dataset", "roi_strat",
+                               "roi_start"),
     "open_dataset file_fliter": (lambda d: npydask.open_dataset(d, file_fliter="*.npy"), "open_dataset", "file_fliter",
                                  "file_filter"),
     "open_dataset storage_option": (lambda d: npydask.open_dataset(d, storage_option={}), "open_dataset",

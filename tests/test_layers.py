@@ -306,6 +306,7 @@ def test_known_only_shrinks(tmp_path):
     found = violations(root)
     key = "up: npydask.errors -> npydask.array"
     assert report(found, ()) == [
-        f"npydask/errors.py:1: npydask.errors imports npydask.array, upward from wing 'errors' to 'array'  [new: {key}]"]
+        f"npydask/errors.py:1: npydask.errors imports npydask.array, upward from wing 'errors' to 'array'  [new: {key}]"
+    ]
     assert report(found, (key,)) == []
     assert report({}, (key,)) == [f"{key!r} no longer occurs: remove it from KNOWN"]

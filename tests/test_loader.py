@@ -33,7 +33,9 @@ def epoch(loader):
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 def test_dali_padding_table(folder, prefetch):
     ds = npydask.open_dataset(folder)
-    got = [epoch(npydask.Loader(ds, 3, shard_id=k, num_shards=3, pad_last_batch=True, prefetch=prefetch)) for k in range(3)]
+    got = [
+        epoch(npydask.Loader(ds, 3, shard_id=k, num_shards=3, pad_last_batch=True, prefetch=prefetch)) for k in range(3)
+    ]
     assert got == [[[0, 1, 2], [2, 2, 2]], [[3, 4, 5], [5, 5, 5]], [[6, 7, 8], [9, 9, 9]]]
 
 
@@ -197,7 +199,9 @@ def client():
 def test_batches_read_on_the_cluster_equal_local_ones(folder, client):
     ds = npydask.open_dataset(folder)
     local = npydask.Loader(ds, 3, shuffle=True, seed=5, shard_id=1, num_shards=2, pad_last_batch=True)
-    remote = npydask.Loader(ds, 3, shuffle=True, seed=5, shard_id=1, num_shards=2, pad_last_batch=True, client=client, prefetch=2)
+    remote = npydask.Loader(
+        ds, 3, shuffle=True, seed=5, shard_id=1, num_shards=2, pad_last_batch=True, client=client, prefetch=2
+    )
     for _ in range(2):
         a, b = list(local), list(remote)
         assert len(a) == len(b) == len(local)
@@ -215,16 +219,22 @@ def test_without_stick_to_shard_shards_rotate_each_epoch(folder, shuffle, pad):
     ds = npydask.open_dataset(folder)
     shards = 3
     rotating = [
-        npydask.Loader(ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, stick_to_shard=False, pad_last_batch=pad)
+        npydask.Loader(
+            ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, stick_to_shard=False, pad_last_batch=pad
+        )
         for k in range(shards)
     ]
-    sticking = [npydask.Loader(ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, pad_last_batch=pad) for k in range(shards)]
+    sticking = [
+        npydask.Loader(ds, 2, shuffle=shuffle, seed=4, shard_id=k, num_shards=shards, pad_last_batch=pad)
+        for k in range(shards)
+    ]
     for e in range(4):
         own = [[i for b in epoch(loader) for i in b] for loader in sticking]
         lengths = [len(loader) for loader in rotating]
         got = [[i for b in epoch(loader) for i in b] for loader in rotating]
         assert got == [own[(k + e) % shards] for k in range(shards)]  # shard k reads shard k+e's range
-        assert lengths == [len(loader) for loader in sticking][e % shards :] + [len(loader) for loader in sticking][: e % shards]
+        own_lengths = [len(loader) for loader in sticking]
+        assert lengths == own_lengths[e % shards :] + own_lengths[: e % shards]
         assert sorted({i for part in got for i in part}) == list(range(10))  # disjoint shards cover the epoch
     first = npydask.Loader(ds, 2, shard_id=0, num_shards=shards, stick_to_shard=False)
     assert [sorted({i for e in range(shards) for b in epoch(first) for i in b})] == [list(range(10))]

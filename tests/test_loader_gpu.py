@@ -142,7 +142,9 @@ def test_without_prefetch_reads_run_in_the_callers_thread_with_no_hand_off(folde
         batches = list(npydask.Loader(npydask.open_dataset(folder), 4, device="gpu", prefetch=0))
     assert len(batches) == 3
     assert {e[-2:] for e in xp.log if e[0] == "alloc"} == {(threading.current_thread().name, 1)}
-    assert not [e for e in xp.log if e[0] == "wait"]  # no hand-off (the ring's own events are not waited on by a stream)
+    assert not [
+        e for e in xp.log if e[0] == "wait"
+    ]  # no hand-off (the ring's own events are not waited on by a stream)
 
 
 def _iterate_in_child(loader):

@@ -145,7 +145,9 @@ def _assert_sample(tensor, path):
     np.testing.assert_array_equal(got, expected)
 
 
-BOTH_ORDERS = [c if c.startswith("|") else o + c for c in TORCH_DTYPES for o in "<>" if o == "<" or not c.startswith("|")]
+BOTH_ORDERS = [
+    c if c.startswith("|") else o + c for c in TORCH_DTYPES for o in "<>" if o == "<" or not c.startswith("|")
+]
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 3), (2, 1, 3)])
@@ -177,7 +179,7 @@ def test_zero_d_samples_through_a_dataloader(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "code, name",
+    ("code", "name"),
     [("S3", "bytes"), ("U2", "str"), ("V4", "void"), ("i4,f4", "structured"), ("M8[s]", "datetime64"),
      ("m8[ms]", "timedelta64"), ("g", "float128"), ("G", "complex256")],
 )  # fmt: skip
@@ -211,7 +213,7 @@ def test_sharding_twice_warns(folder):
 
 
 @pytest.mark.parametrize(
-    "workers, persistent, context",
+    ("workers", "persistent", "context"),
     [(0, False, None), (1, True, "fork"), (3, True, "fork"), (3, False, "fork"), (1, True, "spawn")],
 )
 @pytest.mark.timeout(300)
@@ -292,7 +294,9 @@ def test_map_dataset_with_weighted_random_sampler(folder24, workers):
     ds = npydask.open_dataset(folder24)
     weights = [0.0 if i % 3 else 1.0 for i in range(24)]  # only every third file can be drawn
     sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=40, replacement=True)
-    loader = torch.utils.data.DataLoader(NpyMapDataset(ds, with_index=True), batch_size=8, sampler=sampler, num_workers=workers)
+    loader = torch.utils.data.DataLoader(
+        NpyMapDataset(ds, with_index=True), batch_size=8, sampler=sampler, num_workers=workers
+    )
     seen = _check_batches(loader, ds)
     assert len(seen) == 40 and {i % 3 for i in seen} == {0}
 
@@ -309,7 +313,9 @@ def test_map_dataset_with_distributed_sampler(folder24, workers):
         for rank in range(3):
             sampler = torch.utils.data.distributed.DistributedSampler(mapped, num_replicas=3, rank=rank, seed=4)
             sampler.set_epoch(epoch)
-            part = _check_batches(torch.utils.data.DataLoader(mapped, batch_size=3, sampler=sampler, num_workers=workers), ds)
+            part = _check_batches(
+                torch.utils.data.DataLoader(mapped, batch_size=3, sampler=sampler, num_workers=workers), ds
+            )
             assert len(part) == 8
             seen += part
         assert sorted(seen) == list(range(24))  # every sample once across the three ranks
@@ -320,7 +326,9 @@ def test_map_dataset_reads_each_batch_with_one_call(folder24, monkeypatch):
 
     calls = []
     real = adapter.read_batch
-    monkeypatch.setattr(adapter, "read_batch", lambda views, device="cpu": calls.append(len(views)) or real(views, device))
+    monkeypatch.setattr(
+        adapter, "read_batch", lambda views, device="cpu": calls.append(len(views)) or real(views, device)
+    )
     ds = npydask.open_dataset(folder24)
     loader = torch.utils.data.DataLoader(adapter.NpyMapDataset(ds), batch_size=10)
     got = [b[:, 0, 0].tolist() for b in loader]

@@ -15,13 +15,13 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-import npydask  # noqa: E402
-from npydask.errors import GpuUnavailableError  # noqa: E402
+import npydask
+from npydask.errors import GpuUnavailableError
 from npydask.gpu import device as gpu
 from npydask.gpu import process as gpu_process
-from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
+from npydask.torch import NpyIterableDataset, NpyMapDataset  # (imports torch lazily)
+
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.filterwarnings(  # (Python 3.12+ warns on a fork while other threads run)
     "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"

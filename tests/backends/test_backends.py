@@ -439,7 +439,7 @@ def test_dropped_handles_close_quietly(save) -> None:
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("backend,direct", [("pread", False), ("pread", True), ("mmap", False), ("auto", False)])
+@pytest.mark.parametrize(("backend", "direct"), [("pread", False), ("pread", True), ("mmap", False), ("auto", False)])
 def test_threads_share_handles(tmp_path: Path, backend: str, direct: bool) -> None:
     if direct and not (O_DIRECT and direct_io_supported(tmp_path)):
         pytest.skip("O_DIRECT refused here")

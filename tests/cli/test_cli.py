@@ -128,7 +128,7 @@ def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
 
 
 @pytest.mark.parametrize(
-    "args, words",
+    ("args", "words"),
     [
         (["info", "/no/such/place"], "no such file"),
         (["stats", "/no/such/place"], "no such file"),
@@ -441,7 +441,9 @@ def test_info_summary_counts_unreadable_files_instead_of_listing_them(folder):
     assert out.stdout.strip().splitlines() == [
         "7 files, 864 B of data; dtypes: float32 (6), float64 (1); 2 distinct shapes (most common: 2x3x4, 3x3x4); "
         "300 unreadable"]
-    assert out.stderr.strip().splitlines() == ["300 of 307 files could not be read (run without --summary to list them)"]
+    assert out.stderr.strip().splitlines() == [
+        "300 of 307 files could not be read (run without --summary to list them)"
+    ]
     data = json.loads(run("info", str(folder), "--summary", "--json").stdout)
     assert "errors" not in data and data["totals"]["unreadable"] == 300
     full = run("info", str(folder), "--json")
@@ -449,10 +451,14 @@ def test_info_summary_counts_unreadable_files_instead_of_listing_them(folder):
 
 
 @pytest.mark.parametrize(
-    "args, flag, python",
+    ("args", "flag", "python"),
     [
         (["info", "{folder}", "--filter", "*.nothing"], "--recursive", "recursive="),
-        (["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9", "--roi-axes", "1,2"], "--oob", "out_of_bounds"),
+        (
+            ["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9", "--roi-axes", "1,2"],
+            "--oob",
+            "out_of_bounds",
+        ),
         (["stats", "{folder}", "--roi-start", "0", "--roi-axes", "7"], "--roi-axes", "roi_axes"),
     ],
 )

@@ -76,7 +76,7 @@ def loaded(root, names, key=None):
 
 
 @pytest.mark.parametrize(
-    "dest, kind",
+    ("dest", "kind"),
     [("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("d/b.npy", "npy"), ("out", "folder"), ("out/", "folder"),
      ("out.v2/", "folder"), ("b.npy/", "folder")],
 )
@@ -145,7 +145,9 @@ def test_folder_of_slices_in_natural_order(tmp_path, recursive):
         np.save(root / f"slice_{i}.npy", np.full((2, 3), i, "<i2"))
     extra = ["--recursive"] if recursive else []
     convert_here(root, tmp_path / "nat.npy", "--sort", "natural", *extra)
-    np.testing.assert_array_equal(np.load(tmp_path / "nat.npy"), np.stack([np.full((2, 3), i, "<i2") for i in range(12)]))
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "nat.npy"), np.stack([np.full((2, 3), i, "<i2") for i in range(12)])
+    )
     convert_here(root, tmp_path / "bytes.npy", *extra)  # the default stays DALI's byte-wise order
     dali = sorted(range(12), key=lambda i: f"slice_{i}.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "bytes.npy")[:, 0, 0], dali)
@@ -356,7 +358,7 @@ def test_cli_folder_to_stacked_and_per_file_zarr(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "src_kind, dest, words",
+    ("src_kind", "dest", "words"),
     [
         ("file", "out.h5", "unknown destination extension '.h5'"),
         ("folder", "out.h5", "unknown destination extension '.h5'"),

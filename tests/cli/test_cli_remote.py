@@ -76,7 +76,7 @@ def test_info_reads_an_npz_object_and_a_single_object(objects, env, capsys):
     assert files[2]["path"] == f"s3://{space}/scans/01.npy" and files[2]["shape"] == [4, 5]
 
 
-@pytest.mark.parametrize("what, expected", [
+@pytest.mark.parametrize(("what", "expected"), [
     ("scans/missing.npy", "missing.npy: no such object"),
     ("nothing/", "nothing/: no file matching --filter"),
     ("broken/bad.npy", "bad.npy"),
@@ -167,7 +167,7 @@ def test_convert_local_files_to_a_url_prefix(objects, env, capsys, tmp_path, s3)
         np.testing.assert_array_equal(np.load(io.BytesIO(s3.get(f"{space}/converted/{i}.npy"))), a)
 
 
-@pytest.mark.parametrize("option, expected", [
+@pytest.mark.parametrize(("option", "expected"), [
     ("region", "expected KEY=VALUE"),
     ("=x", "expected KEY=VALUE"),
     ("secret_access_key=TOPSECRET", "credentials do not belong on the command line"),

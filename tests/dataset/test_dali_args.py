@@ -38,7 +38,7 @@ def test_every_dali_argument_is_taken_or_explained():
 
 
 @pytest.mark.parametrize(
-    "name, where",
+    ("name", "where"),
     [
         ("random_shuffle", "Loader(ds, batch_size, shuffle=True"),
         ("shuffle_after_epoch", "shuffle=True"),

@@ -333,7 +333,7 @@ def test_an_index_of_objects_is_refused_for_local_files(folder, tmp_path):
     assert idx.read_bytes() == before  # never overwritten by the other kind
 
 
-@pytest.mark.parametrize("urls, root", [
+@pytest.mark.parametrize(("urls", "root"), [
     (["s3://b/p/x/a.npy", "s3://b/p/y.npy"], "s3://b/p/"),
     (["s3://b/pa/a.npy", "s3://b/pb/a.npy"], "s3://b/"),
     (["s3://b/a.npy"], "s3://b/"),
@@ -454,7 +454,12 @@ def test_a_tampered_entry_of_an_object_never_changes_the_data(s3, tmp_path):
     for how in ("dtype", "shape", "fortran-order", "offset"):
         _tamper(idx, how)
         ds = npydask.open_dataset(root, index=idx, storage_options=s3.options)  # ETags match: the entry is used
-        for read in (lambda: ds.stack().compute(), lambda: ds[3].compute(), lambda: list(npydask.Loader(ds, 4))):
+        reads = (
+            lambda ds=ds: ds.stack().compute(),
+            lambda ds=ds: ds[3].compute(),
+            lambda ds=ds: list(npydask.Loader(ds, 4)),
+        )
+        for read in reads:
             with pytest.raises(npydask.NpyFormatError, match="index.json") as info:
                 read()
             assert f"s3://{space}/data/" in str(info.value)

@@ -123,7 +123,9 @@ def test_tampered_info_is_ignored_without_running_it(tmp_path):
     _write(folder, array, (2, 3), 0)
     marker = tmp_path / "pwned"
     (folder / "info").write_bytes(_evil(marker))
-    with pytest.warns(NpyDaskWarning, match=r"info is not the info file .*posix\.system|info is not the info file .*nt\.system"):
+    with pytest.warns(
+        NpyDaskWarning, match=r"info is not the info file .*posix\.system|info is not the info file .*nt\.system"
+    ):
         got = npydask.from_npy_stack(folder)
     assert not marker.exists()
     np.testing.assert_array_equal(got.compute(), array)  # the axis came from the shapes (5 rows: 2, 2, 1)
@@ -137,7 +139,11 @@ def test_tampered_info_is_ignored_without_running_it(tmp_path):
     "payload",
     [
         lambda cmd: {"chunks": ((2, 2, 1), (3,)), "dtype": _Reduce(os.system, (cmd,)), "axis": 0},
-        lambda cmd: {"chunks": ((2, 2, 1), (3,)), "axis": 0, "x": _Reduce(eval, (f"__import__('os').system({cmd!r})",))},
+        lambda cmd: {
+            "chunks": ((2, 2, 1), (3,)),
+            "axis": 0,
+            "x": _Reduce(eval, (f"__import__('os').system({cmd!r})",)),
+        },
         lambda cmd: _Reduce(os.system, (cmd,)),
         lambda cmd: [{"axis": 0}, _Reduce(os.system, (cmd,))],
     ],
@@ -425,7 +431,9 @@ def test_a_stack_under_an_s3_prefix(tmp_path, s3_server):
     np.testing.assert_array_equal(got.compute(), array)
     assert not marker.exists()
     client.delete_object(Bucket=s3_server.bucket, Key=f"{prefix}/info")
-    np.testing.assert_array_equal(npydask.from_npy_stack(url, storage_options=s3_server.storage_options()).compute(), array)
+    np.testing.assert_array_equal(
+        npydask.from_npy_stack(url, storage_options=s3_server.storage_options()).compute(), array
+    )
     client.delete_object(Bucket=s3_server.bucket, Key=f"{prefix}/4.npy")
     with pytest.raises(ValueError, match=r"4\.npy is missing"):
         npydask.from_npy_stack(url, storage_options=s3_server.storage_options())

@@ -30,7 +30,7 @@ def _folder(tmp_path, n, shape=(4, 5), dtype="<f4", fortran_every=0):
     return arrays
 
 
-@pytest.mark.parametrize("dtype,shape", [("<f4", (4, 5)), ("<i2", (3,)), ("u1", (2, 3, 2)), (">f8", (6,))])
+@pytest.mark.parametrize(("dtype", "shape"), [("<f4", (4, 5)), ("<i2", (3,)), ("u1", (2, 3, 2)), (">f8", (6,))])
 def test_stack_over_table_slices_reads_as_numpy(tmp_path, dtype, shape):
     arrays = _folder(tmp_path, 257, shape, dtype, fortran_every=5 if len(shape) > 1 else 0)
     ds = npydask.open_dataset(tmp_path)
@@ -39,7 +39,9 @@ def test_stack_over_table_slices_reads_as_numpy(tmp_path, dtype, shape):
             x = ds.stack()
             np.testing.assert_array_equal(x.compute(), np.stack(arrays))
             np.testing.assert_array_equal(ds[7:200].stack()[3:150:7].compute(), np.stack(arrays[7:200])[3:150:7])
-            np.testing.assert_array_equal(ds[[5, 3, 250, 5]].stack().compute(), np.stack([arrays[k] for k in (5, 3, 250, 5)]))
+            np.testing.assert_array_equal(
+                ds[[5, 3, 250, 5]].stack().compute(), np.stack([arrays[k] for k in (5, 3, 250, 5)])
+            )
 
 
 def test_stack_mixes_plain_rows_rois_and_other_layouts(tmp_path):

@@ -1,4 +1,6 @@
-"""open_dataset(..., headers="first") (npydask.dataset.uniform): one header read at open, each file's checked where a task reads it.
+"""open_dataset(..., headers="first") (npydask.dataset.uniform): one header read at open.
+
+Each file's header is checked where a task reads it.
 
 numpy is the oracle on real files; every mode a dataset offers (stack,
 concatenate, ``ds[i]``, ROIs of each policy, shards, the Loader, the PyTorch
@@ -44,7 +46,7 @@ def _write(root, arrays, names=None):
 def _arrays(shape, dtype, n=N, fortran=False, seed=0):
     rng = np.random.default_rng(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         a = (rng.standard_normal(shape) * 100).astype(dtype)
         out.append(np.asfortranarray(a) if fortran else a)
     return out
@@ -70,7 +72,7 @@ def _fresh_handles():
 
 
 @pytest.mark.parametrize(
-    "shape, dtype, fortran",
+    ("shape", "dtype", "fortran"),
     [((32, 32), "<f4", False), ((7, 5), ">i2", False), ((6, 9), "<f8", True), ((3,), "u1", False),
      ((4, 4), "<c8", False), ((300, 257), "<f4", False)],  # (the last: files with chunks of their own)
 )
@@ -101,7 +103,7 @@ def test_every_backend(tmp_path, backend):
 
 
 @pytest.mark.parametrize(
-    "kw, cut",
+    ("kw", "cut"),
     [
         (dict(roi_start=[2, 3], roi_shape=[10, 7]), lambda a: a[2:12, 3:10]),
         (dict(roi_start=[5, 0], roi_end=[15, 30], out_of_bounds_policy="trim_to_shape"), lambda a: a[5:15, 0:20]),
@@ -291,7 +293,9 @@ def test_a_file_with_another_header_fails_naming_it(tmp_path, kind, site, inplac
     else:  # the listing has the new file's inode
         _replace(paths[7], bad, **kw)
     ds = npydask.open_dataset(tmp_path, headers="first", **roi)
-    with pytest.raises(NpyFormatError, match=r"007\.npy.*first file's header.*\(16, 16\).*<f4.*but the file holds") as e:
+    with pytest.raises(
+        NpyFormatError, match=r"007\.npy.*first file's header.*\(16, 16\).*<f4.*but the file holds"
+    ) as e:
         _read(ds, site)
     assert "headers='all'" in str(e.value)
 

@@ -6,6 +6,7 @@ import io
 import itertools
 import os
 import pathlib
+import re
 import shutil
 import socket
 import struct
@@ -630,9 +631,8 @@ def test_directory(tmp_path, via_link):
 def test_fifo_does_not_block(tmp_path):
     path = tmp_path / "fifo.npy"
     os.mkfifo(path)
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match=re.escape(str(path))) as info:
         npydask.read_header(path)
-    assert str(path) in str(info.value)
     assert not isinstance(info.value, NpyFormatError)
 
 
@@ -644,9 +644,8 @@ def test_unix_socket_is_refused(tmp_path):
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(path))
         s.listen()
-        with pytest.raises(OSError) as info:
+        with pytest.raises(OSError, match=re.escape(str(path))):
             npydask.read_header(path)
-    assert str(path) in str(info.value)
 
 
 @pytest.mark.timeout(5)
@@ -654,9 +653,8 @@ def test_unix_socket_is_refused(tmp_path):
 def test_device_is_refused_without_blocking(device):
     if not os.path.exists(device):
         pytest.skip(f"no {device}")
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match=re.escape(device)) as info:
         npydask.read_header(device)
-    assert device in str(info.value)
     assert not isinstance(info.value, NpyFormatError)
 
 
@@ -818,7 +816,7 @@ def test_with_offset():
 
 def test_error_is_a_value_error():
     assert issubclass(NpyFormatError, ValueError)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the magic string"):
         npydask.parse_header(b"not an npy file")
 
 
@@ -1009,14 +1007,17 @@ def _header_variants() -> dict[str, str]:
     base = _dct()
     for name, pre, post in [
         ("plain", "", "\n"), ("pad", "", "      \n"), ("lead-space", " ", "\n"), ("lead-tab", "\t", "\n"),
-        ("lead-newline", "\n", "\n"), ("lead-paren", "(", ")\n"), ("lead-comment", "# c\n", "\n"), ("trail-tab", "", "\t\n"),
+        ("lead-newline", "\n", "\n"), ("lead-paren", "(", ")\n"), ("lead-comment", "# c\n", "\n"),
+        ("trail-tab", "", "\t\n"),
         ("trail-cr", "", "\r\n"), ("trail-comment", "", "  # c\n"), ("trail-2nl", "", "\n\n"), ("no-nl", "", "   "),
         ("trail-bs", "", "\\\n"), ("trail-semicolon", "", ";\n"), ("trail-ff", "", "\f\n"),
     ]:  # fmt: skip
         out[f"around-{name}"] = pre + base + post
     for name, kw in [
-        ("no-space", dict(sep=",", colon=":")), ("spaced", dict(sep=" , ", colon=" : ")), ("tabs", dict(sep=",\t", colon=":\t")),
-        ("newlines", dict(sep=",\n ", colon=":\n")), ("cr", dict(sep=",\r ")), ("crlf", dict(sep=",\r\n ")), ("ff", dict(sep=",\f")),
+        ("no-space", dict(sep=",", colon=":")), ("spaced", dict(sep=" , ", colon=" : ")),
+        ("tabs", dict(sep=",\t", colon=":\t")),
+        ("newlines", dict(sep=",\n ", colon=":\n")), ("cr", dict(sep=",\r ")), ("crlf", dict(sep=",\r\n ")),
+        ("ff", dict(sep=",\f")),
         ("comments", dict(sep=", # x\n ")), ("backslash", dict(sep=", \\\n ")), ("no-trailing-comma", dict(close="}")),
         ("two-trailing-commas", dict(close=",,}")), ("open-space", dict(open_="{ ")), ("close-space", dict(close=" }")),
         ("nbsp", dict(sep=",\u00a0")),
@@ -1026,39 +1027,51 @@ def _header_variants() -> dict[str, str]:
         out[f"order-{''.join(map(str, order))}"] = _dct(order=order) + "\n"
     for name, k in [
         ("dq", '"descr"'), ("u", "u'descr'"), ("r", "r'descr'"), ("R", "R'descr'"), ("triple", "'''descr'''"),
-        ("concat", "'des' 'cr'"), ("escape", r"'\x64escr'"), ("octal-esc", r"'\144escr'"), ("unicode-esc", r"'\u0064escr'"),
-        ("named-esc", r"'\N{LATIN SMALL LETTER D}escr'"), ("bytes", "b'descr'"), ("paren", "('descr')"), ("fstring", "f'descr'"),
+        ("concat", "'des' 'cr'"), ("escape", r"'\x64escr'"), ("octal-esc", r"'\144escr'"),
+        ("unicode-esc", r"'\u0064escr'"),
+        ("named-esc", r"'\N{LATIN SMALL LETTER D}escr'"), ("bytes", "b'descr'"), ("paren", "('descr')"),
+        ("fstring", "f'descr'"),
         ("bad-escape", r"'de\scr'"),
     ]:  # fmt: skip
         out[f"key-{name}"] = _dct(keys=(k, _F, _S)) + "\n"
     for name, sh in [
         ("empty", "()"), ("one", "(3,)"), ("two", "(3, 4)"), ("trailing", "(3, 4,)"), ("list", "[3]"), ("int", "3"),
-        ("paren-int", "(3)"), ("plus", "(+3,)"), ("minus-zero", "(-0,)"), ("neg", "(-3,)"), ("float", "(3.0,)"), ("bool", "(True,)"),
-        ("hex", "(0x3,)"), ("oct", "(0o3,)"), ("bin", "(0b11,)"), ("under", "(1_0,)"), ("leading-zero", "(03,)"), ("zeros", "(00,)"),
-        ("paren-dim", "((3),)"), ("neg-paren", "(-(0),)"), ("nested", "((3,),)"), ("long-L", "(3L,)"), ("long-l", "(3l,)"),
-        ("space-L", "(3 L,)"), ("complex", "(3j,)"), ("expr", "(1+2,)"), ("tilde", "(~-4,)"), ("str", "('3',)"), ("none", "None"),
-        ("power", "(2**3,)"), ("double-neg", "(--0,)"), ("call", "(int(3),)"), ("set", "{3}"), ("big-int", "(" + "9" * 30 + ",)"),
+        ("paren-int", "(3)"), ("plus", "(+3,)"), ("minus-zero", "(-0,)"), ("neg", "(-3,)"), ("float", "(3.0,)"),
+        ("bool", "(True,)"),
+        ("hex", "(0x3,)"), ("oct", "(0o3,)"), ("bin", "(0b11,)"), ("under", "(1_0,)"), ("leading-zero", "(03,)"),
+        ("zeros", "(00,)"),
+        ("paren-dim", "((3),)"), ("neg-paren", "(-(0),)"), ("nested", "((3,),)"), ("long-L", "(3L,)"),
+        ("long-l", "(3l,)"),
+        ("space-L", "(3 L,)"), ("complex", "(3j,)"), ("expr", "(1+2,)"), ("tilde", "(~-4,)"), ("str", "('3',)"),
+        ("none", "None"),
+        ("power", "(2**3,)"), ("double-neg", "(--0,)"), ("call", "(int(3),)"), ("set", "{3}"),
+        ("big-int", "(" + "9" * 30 + ",)"),
         ("zero-huge", "(0, " + "9" * 30 + ")"), ("spaces", "( 3 , 4 )"), ("newline-dims", "(3,\n 4)"),
     ]:  # fmt: skip
         out[f"shape-{name}"] = _dct(shape=sh) + "\n"
-    for name, fo in [("true", "True"), ("zero", "0"), ("one", "1"), ("str", "'False'"), ("paren", "(False)"), ("none", "None"),
-                     ("not", "not True"), ("attr", "np.False_")]:  # fmt: skip
+    for name, fo in [("true", "True"), ("zero", "0"), ("one", "1"), ("str", "'False'"), ("paren", "(False)"),
+                     ("none", "None"), ("not", "not True"), ("attr", "np.False_")]:  # fmt: skip
         out[f"fortran-{name}"] = _dct(fortran=fo) + "\n"
     for name, de in [
-        ("u", "u'<f4'"), ("dq", '"<f4"'), ("concat", "'<' 'f4'"), ("no-order", "'f4'"), ("name", "'float32'"), ("native", "'=f4'"),
+        ("u", "u'<f4'"), ("dq", '"<f4"'), ("concat", "'<' 'f4'"), ("no-order", "'f4'"), ("name", "'float32'"),
+        ("native", "'=f4'"),
         ("big", "'>f4'"), ("pipe", "'|u1'"), ("comma", "'<f4,<i2'"), ("space", "' <f4'"), ("paren", "('<f4')"),
-        ("struct", "[('a', '<f4')]"), ("struct-trailing", "[('a', '<f4'),]"), ("struct-subarray", "[('a', '<f4', (2,))]"),
+        ("struct", "[('a', '<f4')]"), ("struct-trailing", "[('a', '<f4'),]"),
+        ("struct-subarray", "[('a', '<f4', (2,))]"),
         ("struct-subarray-int", "[('a', '<f4', 2)]"), ("struct-empty-shape", "[('a', '<f4', ())]"),
-        ("struct-list-field", "[['a', '<f4']]"), ("struct-tuple", "(('a', '<f4'),)"), ("struct-pad", "[('', '|V4'), ('a', '<f4')]"),
+        ("struct-list-field", "[['a', '<f4']]"), ("struct-tuple", "(('a', '<f4'),)"),
+        ("struct-pad", "[('', '|V4'), ('a', '<f4')]"),
         ("struct-title", "[(('t', 'a'), '<f4')]"), ("struct-title-list", "[(['t', 'a'], '<f4')]"),
         ("struct-nested", "[('a', [('b', '<i2')])]"), ("struct-dup", "[('a', '<f4'), ('a', '<f4')]"),
         ("struct-4", "[('a', '<f4', (2,), 1)]"), ("struct-shape-list", "[('a', '<f4', [2])]"),
         ("struct-field-3-list", "[('a', '<f4', (2,)), ['b', '<i2']]"), ("struct-bad-escape", r"[('a\q', '<f4')]"),
         ("struct-plus-shape", "[('a', '<f4', (+2,))]"), ("struct-name-bytes", "[(b'a', '<f4')]"),
         ("struct-shape-neg", "[('a', '<f4', (-1,))]"), ("struct-bool-shape", "[('a', '<f4', (True,))]"),
-        ("struct-str-shape", "[('a', '<f4', ('2',))]"), ("subarray-top", "('<f4', (2,))"), ("subarray-top-list", "['<f4', (2,)]"),
+        ("struct-str-shape", "[('a', '<f4', ('2',))]"), ("subarray-top", "('<f4', (2,))"),
+        ("subarray-top-list", "['<f4', (2,)]"),
         ("object", "'|O'"), ("V0", "'|V0'"), ("S0", "'|S0'"), ("U0", "'<U0'"), ("S5", "'|S5'"), ("M8", "'<M8[s]'"),
-        ("m8", "'<m8[us]'"), ("empty-list", "[]"), ("dict", "{'names': ['a'], 'formats': ['<f4']}"), ("bytes", "b'<f4'"),
+        ("m8", "'<m8[us]'"), ("empty-list", "[]"), ("dict", "{'names': ['a'], 'formats': ['<f4']}"),
+        ("bytes", "b'<f4'"),
         ("float", "4.0"), ("int", "4"), ("none", "None"), ("longdouble", "'<f16'"), ("c8", "'<c8'"),
     ]:  # fmt: skip
         out[f"descr-{name}"] = _dct(descr=de) + "\n"
@@ -1159,4 +1172,6 @@ def test_every_documented_refusal_is_in_the_readme_list():
     assert set(STRICTER_VARIANTS.values()) <= set(documented)
     security = _README.read_text().split("## Security and robustness", 1)[1].split("\n## ", 1)[0]
     for label, phrase in README_REFUSALS.items():
-        assert phrase in security, f"the documentation's refusal list (docs/errors.md) does not name {label!r} ({phrase!r})"
+        assert phrase in security, (
+            f"the documentation's refusal list (docs/errors.md) does not name {label!r} ({phrase!r})"
+        )

@@ -24,7 +24,7 @@ def archive(tmp_path, request):
     return str(path), request.param
 
 
-@pytest.mark.parametrize("key, expected", [("a", A), ("b", B), ("s", S), ("a.npy", A)])
+@pytest.mark.parametrize(("key", "expected"), [("a", A), ("b", B), ("s", S), ("a.npy", A)])
 def test_members_equal_numpy(archive, key, expected):
     path, kind = archive
     ref = np.load(path)[key.removesuffix(".npy")]
@@ -54,7 +54,9 @@ def test_stored_member_reads_only_its_region(tmp_path, monkeypatch):
     npydask.read_header(path, key="big")
     calls = []
     real = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: calls.append(sum(len(b) for b in bufs)) or real(fd, bufs, off))
+    monkeypatch.setattr(
+        os, "preadv", lambda fd, bufs, off: calls.append(sum(len(b) for b in bufs)) or real(fd, bufs, off)
+    )
     got = npydask.read_region(path, (10,), (11,), key="big")
     np.testing.assert_array_equal(got, big[10:11])
     assert sum(calls) <= 2 * 4096
@@ -138,7 +140,9 @@ def test_changed_archive_fails_the_task(tmp_path):
         x.compute()
 
 
-@pytest.mark.parametrize("entry", ["read_header", "from_npy", "read_region", "open_dataset folder", "open_dataset files"])
+@pytest.mark.parametrize(
+    "entry", ["read_header", "from_npy", "read_region", "open_dataset folder", "open_dataset files"]
+)
 def test_npz_without_key_lists_the_members(archive, entry):
     path, _ = archive
     folder = os.path.dirname(path)
@@ -290,7 +294,9 @@ def test_raw_flip_in_the_zip_file_is_refused(tmp_path, key):
             path = str(tmp_path / f"raw-{kind}-{key}-{at}.npz")
             save(path, **CRC_MEMBERS)
             data = open(path, "rb").read()
-            member = npydask.format.npz.locate(lambda offset, n: data[offset : offset + n], len(data), path, key)
+            member = npydask.format.npz.locate(
+                lambda offset, n, data=data: data[offset : offset + n], len(data), path, key
+            )
             pos = member.data_start + 200 + int(at * (member.compress_size - 201))
             blob = bytearray(open(path, "rb").read())
             blob[pos] ^= 0x01

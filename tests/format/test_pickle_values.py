@@ -1,4 +1,4 @@
-"""npydask.format._pickle_values: a pickle's plain values, replayed without importing, calling or building anything else.
+"""npydask.format._pickle_values: a pickle's plain values, replayed without importing, calling or building anything.
 
 ``pickle.loads`` is the oracle for pickles of plain values (every protocol);
 pickles that name other globals or use other opcodes are refused, and the

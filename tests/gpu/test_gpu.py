@@ -14,6 +14,7 @@ Three layers:
 from __future__ import annotations
 
 import errno
+import importlib
 import importlib.abc
 import importlib.util
 import os
@@ -479,11 +480,10 @@ def test_gpu_roi_pad_and_stack(cupy, tmp_path):
 @pytest.mark.gpu
 def test_gpu_kvikio_compat_mode(cupy, save):
     kvikio = pytest.importorskip("kvikio")
-    import kvikio.defaults  # (kvikio's __init__ does not import it)
+    defaults = importlib.import_module("kvikio.defaults")  # (kvikio's __init__ does not import it)
 
     a = random_array((300, 400), ">i4", seed=9)
     p = save(a, order="F")
-    defaults = kvikio.defaults
     if hasattr(defaults, "set"):
         mode = defaults.set("compat_mode", kvikio.CompatMode.ON)
     else:
@@ -586,7 +586,7 @@ class _Nvml:
         self.calls.append("shutdown")
 
 
-@pytest.mark.parametrize("spec, ok", [(None, True), ("0", True), ("GPU-0e2f", True), ("", False), ("-1", False),
+@pytest.mark.parametrize(("spec", "ok"), [(None, True), ("0", True), ("GPU-0e2f", True), ("", False), ("-1", False),
                                       ("NoDevFiles", False), ("1", False)])  # fmt: skip
 def test_require_gpu_counts_devices_by_nvml_without_initialising_cuda(monkeypatch, tmp_path, spec, ok):
     calls = _fake_cupy(monkeypatch, tmp_path, nvml := _Nvml(1))
@@ -664,8 +664,8 @@ def fresh_kvikio_state(monkeypatch):
 
 @pytest.mark.parametrize(
     ("compat_mode", "gds", "path"),
-    [(2, False, "kvikio POSIX compatibility mode"), (2, True, "GPUDirect Storage"), (1, True, "kvikio POSIX compatibility mode"),
-     (0, True, "GPUDirect Storage")],
+    [(2, False, "kvikio POSIX compatibility mode"), (2, True, "GPUDirect Storage"),
+     (1, True, "kvikio POSIX compatibility mode"), (0, True, "GPUDirect Storage")],
 )  # fmt: skip
 def test_describe_says_which_path_reads_on_kvikio_26_10(monkeypatch, fresh_kvikio_state, compat_mode, gds, path):
     install_kvikio(monkeypatch, FakeKvikio(lazy=True, compat_mode=compat_mode, gds=gds))  # no kvikio.defaults yet
@@ -680,8 +680,8 @@ def test_describe_says_which_path_reads_on_kvikio_26_10(monkeypatch, fresh_kviki
 def test_describe_of_an_older_kvikio_without_get(monkeypatch, fresh_kvikio_state):
     fake = types.ModuleType("kvikio")
     fake.__version__ = "24.12.00"
-    fake.defaults = types.SimpleNamespace(compat_mode=lambda: True, get_num_threads=lambda: 4, task_size=lambda: 1 << 22,
-                                          gds_threshold=lambda: 1 << 20)  # fmt: skip
+    fake.defaults = types.SimpleNamespace(compat_mode=lambda: True, get_num_threads=lambda: 4,
+                                          task_size=lambda: 1 << 22, gds_threshold=lambda: 1 << 20)  # fmt: skip
     monkeypatch.setitem(sys.modules, "kvikio", fake)
     text = kvikio_backend.describe()
     assert text.startswith("kvikio POSIX compatibility mode: kvikio 24.12.00, compat_mode ON, GDS available: unknown")
@@ -750,8 +750,13 @@ def test_a_file_truncated_after_opening_is_a_changed_file_on_both_branches(save,
         how = {"kvikio": FakeKvikio(before_read=_truncate_once(p))}
     else:
         real = kvikio_backend.pread_exact
-        monkeypatch.setattr(kvikio_backend, "pread_exact",
-                            lambda fd, dest, offset, path: (path != p or os.truncate(p, 200), real(fd, dest, offset, path)))  # fmt: skip
+
+        def truncate_then_read(fd: int, dest: object, offset: int, path: str) -> object:
+            if path == p:
+                os.truncate(p, 200)
+            return real(fd, dest, offset, path)
+
+        monkeypatch.setattr(kvikio_backend, "pread_exact", truncate_then_read)
         how = {}
     monkeypatch.setitem(sys.modules, "kvikio", None)
     with pytest.raises(FileChangedError, match=re.escape(os.path.basename(p))) as info:
@@ -767,7 +772,9 @@ def test_kvikio_end_of_file_in_an_unchanged_file_is_a_truncated_file(save):
     try:
         from npydask.storage import FileIdentity
 
-        error = kvikio_backend.kvikio_error(p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd)))
+        error = kvikio_backend.kvikio_error(
+            p, RuntimeError(KVIKIO_EOF), "read bytes 0..4096", fd, FileIdentity.of(os.fstat(fd))
+        )
     finally:
         os.close(fd)
     assert isinstance(error, NpyFormatError) and re.search(rf"{re.escape(p)}: truncated \.npy file.*EOF", str(error))

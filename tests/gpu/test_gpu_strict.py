@@ -89,7 +89,7 @@ def every_chunk_on_device(x):
 
 
 @pytest.mark.parametrize("path", ["kvikio", "pinned"])
-@pytest.mark.parametrize("dtype,order", [("<f4", "C"), ("<f4", "F"), (">f8", "C"), (">i2", "F"), ("?", "C"),
+@pytest.mark.parametrize(("dtype", "order"), [("<f4", "C"), ("<f4", "F"), (">f8", "C"), (">i2", "F"), ("?", "C"),
                                          ("<c8", "F")])  # fmt: skip
 def test_from_npy_equals_numpy(request, save, dtype, order, path):
     s = request.getfixturevalue("sim" if path == "kvikio" else "sim_pinned")
@@ -195,7 +195,9 @@ def test_urls_read_through_pinned_memory_not_kvikio(sim, http_server, tmp_path):
     server = http_server(root)
     x = npydask.from_npy(server.url("g.npy"), chunks=(4, 5, 11), device="gpu")
     same(x.compute(), a)
-    ds = npydask.open_dataset(files=[server.url(f"gs/{i}.npy") for i in range(3)], roi_start=[1, 2, 3], roi_shape=[4, 5, 6], device="gpu")
+    ds = npydask.open_dataset(
+        files=[server.url(f"gs/{i}.npy") for i in range(3)], roi_start=[1, 2, 3], roi_shape=[4, 5, 6], device="gpu"
+    )
     same(ds.stack().compute(), np.stack([(a + i)[1:5, 2:7, 3:9] for i in range(3)]))
     assert not sim.kvikio.reads  # (objects go through pinned host memory)
 

@@ -76,7 +76,7 @@ def test_this_dask_takes_the_direct_build():
 
 
 def test_the_one_time_check_imports_no_scheduler(tmp_path):
-    """A process's first from_npy makes the check without ``compute``, which imports ``distributed`` (5 MB of modules)."""
+    """A process's first from_npy makes the check without ``compute``, which imports ``distributed`` (5 MB of code)."""
     path = tmp_path / "a.npy"
     np.save(path, np.arange(12.0).reshape(3, 4))
     code = (

@@ -40,7 +40,7 @@ def test_without_padding_the_last_batch_is_short_or_dropped():
     assert table(6, 1, 3, drop_last=True) == [[[0, 1, 2], [3, 4, 5]]]
 
 
-@pytest.mark.parametrize("n, s, b", [(10, 3, 3), (10, 3, 4), (7, 2, 5), (9, 4, 2), (5, 5, 1), (100, 3, 7)])
+@pytest.mark.parametrize(("n", "s", "b"), [(10, 3, 3), (10, 3, 4), (7, 2, 5), (9, 4, 2), (5, 5, 1), (100, 3, 7)])
 def test_padded_shards_all_have_ceil_n_over_s_rounded_to_batches(n, s, b):
     per = math.ceil(math.ceil(n / s) / b)
     for k, batches in enumerate(table(n, s, b, pad_last_batch=True)):
@@ -99,7 +99,7 @@ def test_shuffled_shards_split_the_same_permutation():
 
 
 @pytest.mark.parametrize(
-    "kw, error",
+    ("kw", "error"),
     [
         (dict(n=10, batch_size=0), ValueError),
         (dict(n=10, batch_size=2.5), TypeError),
@@ -122,7 +122,8 @@ def test_epoch_plan_is_the_functions():
     plan = EpochPlan(10, 3, True, 4, 1, 3, True, False)
     assert len(plan) == 2
     assert [b.tolist() for b in plan.batches(7)] == [
-        b.tolist() for b in epoch_batches(10, 3, epoch=7, shuffle=True, seed=4, shard_id=1, num_shards=3, pad_last_batch=True)
+        b.tolist()
+        for b in epoch_batches(10, 3, epoch=7, shuffle=True, seed=4, shard_id=1, num_shards=3, pad_last_batch=True)
     ]
 
 
@@ -131,7 +132,9 @@ def test_without_stick_to_shard_epoch_e_reads_shard_k_plus_e(n, s, b, epoch, pad
     if s > n:
         return
     for k in range(s):
-        rotating = epoch_batches(n, b, epoch=epoch, shuffle=True, shard_id=k, num_shards=s, pad_last_batch=pad, stick_to_shard=False)
+        rotating = epoch_batches(
+            n, b, epoch=epoch, shuffle=True, shard_id=k, num_shards=s, pad_last_batch=pad, stick_to_shard=False
+        )
         own = epoch_batches(n, b, epoch=epoch, shuffle=True, shard_id=(k + epoch) % s, num_shards=s, pad_last_batch=pad)
         assert [x.tolist() for x in rotating] == [x.tolist() for x in own]
         plan = EpochPlan(n, b, True, None, k, s, pad, False, False)

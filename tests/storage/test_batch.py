@@ -41,15 +41,25 @@ def mixed(tmp_path):
     return paths
 
 
+def _scan_or_error(path: str) -> object:
+    """What ``scan_file`` gives for ``path``: its result, or the error it raised."""
+    try:
+        return scan_file(path)
+    except (OSError, ValueError) as e:
+        return e
+
+
+def _same_outcome(result: object, expected: object) -> bool:
+    """``scan_files``'s entry matches ``scan_file``: an equal result, or an error of the same type and message."""
+    if isinstance(expected, (OSError, ValueError)):
+        return type(result) is type(expected) and str(result) == str(expected)
+    return result == expected
+
+
 def test_scan_files_matches_scan_file(mixed):
     got = scan_files(mixed)
     for path, result in zip(mixed, got):
-        try:
-            expected = scan_file(path)
-        except (OSError, ValueError) as e:
-            assert type(result) is type(e) and str(result) == str(e)
-        else:
-            assert result == expected
+        assert _same_outcome(result, _scan_or_error(path))
     kinds = [_outcome(r) for r in got[-3:]]
     assert kinds == [NpyFormatError, IsADirectoryError, FileNotFoundError]
     assert got[6][1].dtype == np.load(mixed[6]).dtype
@@ -79,12 +89,7 @@ def test_scan_files_repeated_header_shortcut_agrees_with_the_general_path(tmp_pa
     put("a6.npy", whole + b"extra")  # longer than its header says (accepted as the general path does)
     got = scan_files(paths)
     for path, result in zip(paths, got):
-        try:
-            expected = scan_file(path)
-        except (OSError, ValueError) as e:
-            assert type(result) is type(e) and str(result) == str(e), path
-        else:
-            assert result == expected, path
+        assert _same_outcome(result, _scan_or_error(path)), path
     assert [type(r).__name__ for r in got].count("NpyFormatError") == 2
     assert got[0][1] is got[2][1] and got[3][1].shape == (4, 6) and got[5][1].dtype == np.dtype(">f4")
 

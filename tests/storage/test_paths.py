@@ -42,7 +42,7 @@ def places(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "given, expected",
+    ("given", "expected"),
     [
         ("a.npy", "{cwd}/a.npy"),
         ("sub/a.npy", "{cwd}/sub/a.npy"),
@@ -142,7 +142,7 @@ def folder(places):
     data, elsewhere = places
     rng = np.random.default_rng(3)
     arrays = {}
-    for i, name in enumerate(["0.npy", "1.npy", "2.npy", "s/3.npy", "s/4.npy", "s/5.npy"]):
+    for name in ["0.npy", "1.npy", "2.npy", "s/3.npy", "s/4.npy", "s/5.npy"]:
         a = rng.integers(-500, 500, size=(3, 4)).astype("<i2")
         _save(data / "vols" / name, a)
         arrays[name] = a

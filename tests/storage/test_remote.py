@@ -80,11 +80,10 @@ class TestObjectSource(SourceConformance):
         return source_for(StoreSpec.of(f"s3://{bucket.bucket}", bucket.options))
 
     @pytest.fixture
-    def short_reads(self, source: ObjectSource, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def short_reads(self, source: ObjectSource, monkeypatch: pytest.MonkeyPatch) -> None:
         """Tiny parts and header reads: every region and header arrives in many 7-byte requests."""
         spec = source.spec._replace(settings=source.spec.settings._replace(part_bytes=7, header_bytes=64))
         monkeypatch.setattr(source, "spec", spec)
-        yield
 
     def put(self, where: Path, name: str, array: np.ndarray) -> str:
         return self.b.put(name, array)
@@ -242,7 +241,9 @@ def test_open_dataset_lists_in_dali_order(bucket: Bucket, slash: str) -> None:
     assert [f[len(bucket.url()) :] for f in deep.files] == [
         "a.npy", "b.npy", "s0/d.npy", "s0/deep/e.npy", "s1/c.npy", "x y/é 1.npy",
     ]
-    np.testing.assert_array_equal(deep.concatenate().compute(), np.concatenate([arrays[r] for r in deep_rel(deep, bucket)]))
+    np.testing.assert_array_equal(
+        deep.concatenate().compute(), np.concatenate([arrays[r] for r in deep_rel(deep, bucket)])
+    )
 
 
 def test_open_dataset_natural_sort_over_a_prefix(bucket: Bucket) -> None:
@@ -577,7 +578,9 @@ def test_read_only_identity_reads_its_bucket_only(bucket: Bucket, s3_server: Any
 
 
 def test_anonymous_reads_of_a_public_bucket(s3_server: Any) -> None:
-    s3_server.boto3_client().put_object(Bucket=s3_server.public_bucket, Key="open/a.npy", Body=npy_bytes(np.arange(5.0)))
+    s3_server.boto3_client().put_object(
+        Bucket=s3_server.public_bucket, Key="open/a.npy", Body=npy_bytes(np.arange(5.0))
+    )
     anonymous = s3_server.storage_options("anonymous")
     assert anonymous.get("skip_signature") is True
     url = f"s3://{s3_server.public_bucket}/open/a.npy"
@@ -817,7 +820,10 @@ def test_no_credentials_found_says_so(s3_server: Any, monkeypatch: pytest.Monkey
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
     options = {"endpoint": s3_server.endpoint, "region": "us-east-1", "metadata_endpoint": "http://127.0.0.1:9"}
-    with npydask.config.set(remote_retries=0), pytest.raises(PermissionError, match="no credentials were found") as info:
+    with (
+        npydask.config.set(remote_retries=0),
+        pytest.raises(PermissionError, match="no credentials were found") as info,
+    ):
         npydask.read_header(s3_server.url("x.npy"), storage_options=options)
     assert "skip_signature" in str(info.value) and "lists the prefix and reads every header" in str(info.value)
     assert info.value.__context__ is None

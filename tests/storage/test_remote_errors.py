@@ -29,14 +29,19 @@ def _obstore_error(name: str, text: str) -> BaseException:
 
 
 @pytest.mark.parametrize(
-    "name, status, code, extra, kind, words",
+    ("name", "status", "code", "extra", "kind", "words"),
     [
-        ("NotFoundError", "404 Not Found", "NoSuchKey", "", FileNotFoundError, ["no such object", "HTTP 404 NoSuchKey"]),
-        ("PermissionDeniedError", "403 Forbidden", "AccessDenied", "", PermissionError, ["access denied", "s3:ListBucket"]),
+        ("NotFoundError", "404 Not Found", "NoSuchKey", "",
+         FileNotFoundError, ["no such object", "HTTP 404 NoSuchKey"]),
+        ("PermissionDeniedError", "403 Forbidden", "AccessDenied", "",
+         PermissionError, ["access denied", "s3:ListBucket"]),
         ("UnauthenticatedError", "401 Unauthorized", "InvalidToken", "", PermissionError, ["credentials"]),
-        ("GenericError", "403 Forbidden", "SignatureDoesNotMatch", "", PermissionError, ["HTTP 403 SignatureDoesNotMatch"]),
-        ("PreconditionError", "412 Precondition Failed", "PreconditionFailed", "", FileChangedError, ["replaced", "ETag"]),
-        ("GenericError", "301 Moved Permanently", "PermanentRedirect", "<Region>eu-west-1</Region>", OSError, ["region", "eu-west-1"]),
+        ("GenericError", "403 Forbidden", "SignatureDoesNotMatch", "",
+         PermissionError, ["HTTP 403 SignatureDoesNotMatch"]),
+        ("PreconditionError", "412 Precondition Failed", "PreconditionFailed", "",
+         FileChangedError, ["replaced", "ETag"]),
+        ("GenericError", "301 Moved Permanently", "PermanentRedirect", "<Region>eu-west-1</Region>",
+         OSError, ["region", "eu-west-1"]),
         ("GenericError", "400 Bad Request", "AuthorizationHeaderMalformed", "", OSError, ["region"]),
         ("GenericError", "500 Internal Server Error", "InternalError", "", OSError, ["HTTP 500 InternalError"]),
         ("AlreadyExistsError", "412 Precondition Failed", "x", "", FileExistsError, ["overwrite=True"]),
@@ -57,13 +62,23 @@ def test_connection_refused_and_timeouts() -> None:
     refused = translate(_obstore_error("GenericError", "Error performing GET http://127.0.0.1:1/b/k after 3 retries, "
                                        "retry_timeout: 45s - HTTP error: error sending request"), URL, "reading")
     assert isinstance(refused, ConnectionError) and "endpoint" in str(refused)
-    slow = translate(_obstore_error("GenericError", "... retry_timeout: 45s - HTTP error: operation timed out"), URL, "reading")
+    slow = translate(
+        _obstore_error("GenericError", "... retry_timeout: 45s - HTTP error: operation timed out"), URL, "reading"
+    )
     assert isinstance(slow, TimeoutError) and slow.errno == errno.ETIMEDOUT
-    reqwest = translate(_obstore_error("GenericError", "... retry_timeout: 3s - HTTP error: error sending request\n"
-                                       "inner: Http(HttpError { kind: Timeout, source: reqwest::Error { source: TimedOut } })"),
-                        URL, "reading")
+    reqwest = translate(
+        _obstore_error(
+            "GenericError",
+            "... retry_timeout: 3s - HTTP error: error sending request\n"
+            "inner: Http(HttpError { kind: Timeout, source: reqwest::Error { source: TimedOut } })",
+        ),
+        URL,
+        "reading",
+    )
     assert isinstance(reqwest, TimeoutError)
-    builder = translate(_obstore_error("GenericError", "... retry_timeout: 180s - HTTP error: builder error"), URL, "listing")
+    builder = translate(
+        _obstore_error("GenericError", "... retry_timeout: 180s - HTTP error: builder error"), URL, "listing"
+    )
     assert type(builder) is OSError and "allow_http" in str(builder)
 
 
@@ -109,7 +124,7 @@ TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("name, text", TEXTS)
+@pytest.mark.parametrize(("name", "text"), TEXTS)
 def test_translated_errors_pickle_without_the_secret(name: str, text: str) -> None:
     """What a worker sends (the error, with whatever it refers to) holds neither password nor signature."""
     import pickle
@@ -119,7 +134,7 @@ def test_translated_errors_pickle_without_the_secret(name: str, text: str) -> No
     def request() -> None:
         raise _obstore_error(name, text)
 
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match="reading its header") as info:
         call(SECRET_URL, "reading its header", request)
     err = info.value
     assert err.__context__ is None and err.__cause__ is None
@@ -144,7 +159,7 @@ def test_panics_are_caught_at_the_boundary() -> None:
 
 
 def test_no_translation_is_raised_inside_its_except_block() -> None:
-    """``raise translate(...) from None`` keeps obstore's error as ``__context__``: every site raises after the block."""
+    """``raise translate(...) from None`` keeps obstore's error as ``__context__``: each site raises after the block."""
     import pathlib
     import re
 
@@ -161,7 +176,7 @@ def test_no_translation_is_raised_inside_its_except_block() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, text, words",
+    ("name", "text", "words"),
     [
         ("NotSupportedError", "Operation not supported: Range request not supported by a.npy",
          "ignored the Range header and sent the whole object"),

@@ -82,7 +82,7 @@ def test_etag_servers_are_unaffected_by_the_identity_option(tmp_path: Path, http
 
 
 @pytest.mark.parametrize(
-    "written, target, on_disk",
+    ("written", "target", "on_disk"),
     [
         ("d/a%2Fb.npy", "/d/a%2Fb.npy", "d/a/b.npy"),  # (the test server decodes %2F: what it received counts)
         ("d/x%25y.npy", "/d/x%25y.npy", "d/x%y.npy"),
@@ -170,7 +170,7 @@ def test_basic_auth_failures_name_the_url_without_its_password(tmp_path: Path, h
 
 
 @pytest.mark.parametrize(
-    "options, words",
+    ("options", "words"),
     [
         ({"ranges": False}, "ignored the Range header and sent the whole object"),
         ({"fault": "wrong-range"}, "sent bytes 0-"),

@@ -22,7 +22,7 @@ import pytest
 import npydask
 from npydask.config import read_options
 from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity, _handles
-from npydask.storage.base import Source
+from npydask.storage.base import Source, Target
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 from npydask.testing.source_conformance import SourceConformance
 
@@ -145,7 +145,9 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     flat = LocalLister(str(tmp_path)).list(match=npy)
     assert flat.sizes is None and flat.identities is None  # (no stat per file: the scan gives them)
     # DALI's rule: immediate subfolders, symlinked ones too, each listed under its own name
-    assert sorted(flat.paths) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("other", "e.npy"), j("again", "e.npy")])
+    assert sorted(flat.paths) == sorted(
+        ["a.npy", "link.npy", j("sub", "c.npy"), j("other", "e.npy"), j("again", "e.npy")]
+    )
     assert sorted(LocalLister(str(tmp_path)).list().paths) == sorted([*flat.paths, "b.txt"])
     deep = LocalLister(str(tmp_path)).list(recursive=True, match=npy).paths
     # every folder once: the real tree first, the link back to the root adds nothing, the link out adds its tree
@@ -216,12 +218,19 @@ def test_local_target_replaces_keeping_permissions(tmp_path: Path) -> None:
     assert target.read_bytes() == b"new" and stat.S_IMODE(os.stat(target).st_mode) == 0o640
 
 
+def _write_then_fail(target: Target, block: bytes, why: str) -> None:
+    """Write ``block`` at offset 0 inside ``with target`` and fail, as a task that dies mid-write does."""
+    with target:
+        target.write_block(0, block)
+        raise RuntimeError(why)
+
+
 def test_local_target_abort_leaves_the_old_file(tmp_path: Path) -> None:
     target = tmp_path / "out.bin"
     target.write_bytes(b"old bytes")
-    with pytest.raises(RuntimeError, match="boom"), LocalTarget(str(target), 9) as t:
-        t.write_block(0, b"new")
-        raise RuntimeError("boom")
+    t = LocalTarget(str(target), 9)
+    with pytest.raises(RuntimeError, match="boom"):
+        _write_then_fail(t, b"new", "boom")
     assert target.read_bytes() == b"old bytes" and _leftovers(tmp_path) == []
     t.abort()  # (again: harmless)
 

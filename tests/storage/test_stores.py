@@ -8,7 +8,7 @@ from npydask.storage._stores import StoreSpec, check_options
 
 
 @pytest.mark.parametrize(
-    "options, words",
+    ("options", "words"),
     [
         ({"key": "AKIA", "secret": "shh"}, ["'access_key_id' for 'key'", "'secret_access_key' for 'secret'"]),
         ({"endpoint_url": "http://127.0.0.1:8333"}, ["'endpoint' for 'endpoint_url'"]),
@@ -60,7 +60,7 @@ def test_identity_values() -> None:
 
 def test_an_endpoint_with_userinfo_passes_and_is_never_shown() -> None:
     check_options("s3://b", {"endpoint": "http://ann:pw@127.0.0.1:9000"})
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="must be an endpoint URL") as info:
         check_options("s3://b", {"endpoint": "http://ann:s3cret@exa mple.com"})
     assert "s3cret" not in str(info.value)
 

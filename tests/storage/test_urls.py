@@ -13,7 +13,7 @@ from npydask.storage.where import StoragePath, fspath, resolve
 
 
 @pytest.mark.parametrize(
-    "url, expected",
+    ("url", "expected"),
     [
         ("s3://b/k.npy", ObjectUrl("s3", "b", "k.npy", "")),
         ("s3a://b/p/q/k.npy", ObjectUrl("s3a", "b", "p/q/k.npy", "")),
@@ -51,7 +51,7 @@ def test_url_without_bucket(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url, shown",
+    ("url", "shown"),
     [
         ("https://h/x.npy?X-Amz-Signature=SECRET&X-Amz-Credential=AK", "https://h/x.npy"),
         ("https://user:SECRET@h/x.npy", "https://h/x.npy"),
@@ -100,7 +100,12 @@ def test_store_spec_public_part_hides_credentials() -> None:
 
     spec = StoreSpec.of(
         "s3://b",
-        {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "secret_access_key": "SECRET", "access_key_id": "AK"},
+        {
+            "endpoint": "http://127.0.0.1:9000",
+            "region": "eu-west-1",
+            "secret_access_key": "SECRET",
+            "access_key_id": "AK",
+        },
     )
     assert spec.public() == "s3://b|endpoint=http://127.0.0.1:9000|region=eu-west-1"
     assert "SECRET" not in spec.public() and "AK" not in spec.public()
@@ -110,7 +115,7 @@ def test_store_spec_public_part_hides_credentials() -> None:
 
 
 @pytest.mark.parametrize(
-    "url, base, key",
+    ("url", "base", "key"),
     [
         ("https://h/d/a.npy", "https://h", "d/a.npy"),
         ("https://h/d/a b+c.npy", "https://h", "d/a b+c.npy"),  # (the client encodes the space, keeps "+")

@@ -71,7 +71,9 @@ def test_the_sandbox_prints_what_reaches_it_and_stops_on_a_signal(tmp_path, stop
         exports = dict(shlex.split(line)[1].split("=", 1) for line in printed if line.startswith("export "))
         assert exports["AWS_ENDPOINT_URL"] == endpoint and exports["AWS_REGION"] == "us-east-1"
         assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ALLOW_HTTP"} <= set(exports)
-        (options,) = [ast.literal_eval(line.split(" = ", 1)[1]) for line in printed if line.startswith("storage_options")]
+        (options,) = [
+            ast.literal_eval(line.split(" = ", 1)[1]) for line in printed if line.startswith("storage_options")
+        ]
         assert options["endpoint"] == endpoint
 
         # the exported environment alone: boto3 writes an object, npydask reads it (no storage_options)

@@ -1,4 +1,7 @@
-"""The strict CuPy stand-in and fake kvikio themselves (npydask.testing.strict_cupy): they fail where CuPy and kvikio do."""
+"""The strict CuPy stand-in and fake kvikio themselves (npydask.testing.strict_cupy).
+
+They fail where CuPy and kvikio do.
+"""
 
 from __future__ import annotations
 
@@ -147,7 +150,12 @@ def test_nvrtc_failure_breaks_kernels_not_transfers(sim):
     x = cp.asarray(np.arange(4.0))
     sim.state.nvrtc_broken = True
     assert x.get().tolist() == [0, 1, 2, 3] and cp.empty(3).shape == (3,)
-    for kernel in (lambda: x + 1, lambda: x.sum(), lambda: x.copy(), lambda: cp.ElementwiseKernel("T x", "T y", "y = x", "k")(x)):
+    for kernel in (
+        lambda: x + 1,
+        lambda: x.sum(),
+        lambda: x.copy(),
+        lambda: cp.ElementwiseKernel("T x", "T y", "y = x", "k")(x),
+    ):
         with pytest.raises(RuntimeError, match="libnvrtc"):
             kernel()
     sim.state.nvrtc_broken = False
@@ -186,8 +194,9 @@ def test_kvikio_defaults_need_their_own_import(sim):
     assert kvikio.defaults.get("compat_mode") == kvikio.CompatMode.AUTO == 2
     assert kvikio.defaults.is_compat_mode_preferred() is True
     assert kvikio.cufile_driver.get("is_gds_available") is False
-    assert (kvikio.defaults.get("num_threads"), kvikio.defaults.get("task_size"), kvikio.defaults.get("gds_threshold")) == (
-        1, 4 << 20, 16384)  # fmt: skip
+    defaults = kvikio.defaults
+    got = (defaults.get("num_threads"), defaults.get("task_size"), defaults.get("gds_threshold"))
+    assert got == (1, 4 << 20, 16384)
     with kvikio.defaults.set("num_threads", 4):
         assert kvikio.defaults.get("num_threads") == 4
     assert kvikio.defaults.get("num_threads") == 1

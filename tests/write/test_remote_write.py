@@ -23,6 +23,7 @@ import pytest
 
 import npydask
 from npydask.storage._stores import StoreSpec
+from npydask.storage.base import Target
 from npydask.storage.s3_upload import client_kwargs, translate_boto
 from npydask.write._remote import plan_parts
 
@@ -484,16 +485,28 @@ def test_object_target_sends_one_whole_object_or_nothing(place):
     t.write_block(0, b"zzz")
     with pytest.raises(OSError, match="blocks are missing"):
         t.finish()
-    with pytest.raises(RuntimeError), ObjectTarget(source, p.url("u.bin"), 3) as t:
-        t.write_block(0, b"abc")
-        raise RuntimeError("the block failed")
+    with pytest.raises(RuntimeError, match="the block failed"):
+        _write_then_fail(ObjectTarget(source, p.url("u.bin"), 3), b"abc", "the block failed")
     assert p.raw("t.bin") == b"abcdef" and p.keys() == {"t.bin"}
+
+
+def _write_then_fail(target: Target, block: bytes, why: str) -> None:
+    """Write ``block`` at offset 0 inside ``with target`` and fail, as a task that dies mid-write does."""
+    with target:
+        target.write_block(0, block)
+        raise RuntimeError(why)
 
 
 def test_to_npy_files_checks_names_as_local(place):
     p, so = place, place.so
-    for bad in (["../a"], ["/abs"], ["a/"], ["a", "a.npy"]):
-        with pytest.raises(ValueError):
+    refusals = [
+        (["../a"], "escapes the output folder"),
+        (["/abs"], "must be a relative path"),
+        (["a/"], "names no file"),
+        (["a", "a.npy"], "both write"),
+    ]
+    for bad, why in refusals:
+        with pytest.raises(ValueError, match=why):
             npydask.to_npy_files([np.arange(2)] * len(bad), p.url("p"), bad, storage_options=so)
 
 

@@ -83,7 +83,7 @@ PLANS = [
 ]
 
 
-@pytest.mark.parametrize("shape, dask_chunks, kwargs, chunks, shards, after", PLANS)
+@pytest.mark.parametrize(("shape", "dask_chunks", "kwargs", "chunks", "shards", "after"), PLANS)
 def test_plan_table(shape, dask_chunks, kwargs, chunks, shards, after):
     lay = plan_zarr_layout(shape, dask_chunks, 8, **kwargs)
     assert (lay.chunks, lay.shards, lay.dask_chunks) == (chunks, shards, after)
@@ -107,7 +107,7 @@ def test_plan_keeps_tasks_near_their_size():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    ("kwargs", "match"),
     [
         ({"chunks": (2,)}, "tuple of 2 positive ints"),
         ({"chunks": (2, 0)}, "positive ints"),
@@ -170,7 +170,7 @@ def test_round_trip_dtypes(zarr, tmp_path, dtype):
 
 
 @pytest.mark.parametrize(
-    "shape, chunks, kwargs",
+    ("shape", "chunks", "kwargs"),
     [
         ((100,), ((3, 5, 2, 40, 50),), {}),
         ((30, 20), ((7, 7, 7, 9), (20,)), {"chunks": (5, 10)}),
@@ -307,7 +307,7 @@ def test_unstable_dtypes_are_written_with_zarrs_warning(zarr, dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, match",
+    ("dtype", "match"),
     [
         ("O", "object"),
         ("g", "no zarr v3 data type"),
@@ -326,7 +326,7 @@ def test_refused_dtypes(zarr, dtype, match):
 
 
 @pytest.mark.parametrize(
-    "kwargs, error, match",
+    ("kwargs", "error", "match"),
     [
         ({"dtype": "f8"}, TypeError, "x.astype"),
         ({"shape": (4,)}, TypeError, "from x"),
