@@ -22,8 +22,7 @@ collect_ignore = [] if importlib.util.find_spec("torch") is not None else ["npyd
 
 
 @pytest.fixture(autouse=True)
-def _doctest_temporary_folder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+def _doctest_temporary_folder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A doctest's ``tempfile.mkdtemp()`` makes its folder under the test's own ``tmp_path``."""
     if isinstance(request.node, DoctestItem):
         monkeypatch.setattr(tempfile, "tempdir", str(request.getfixturevalue("tmp_path")))
-    yield
