@@ -1,4 +1,4 @@
-"""Every exception npydask raises of its own.
+"""Every exception and warning npydask raises of its own, and :func:`warn`, which gives the warnings.
 
 Each subclasses the builtin a user would catch anyway, so ``except ValueError``
 keeps working. Operating-system failures (a missing file, a permission denied,
@@ -10,6 +10,9 @@ This module imports nothing of npydask's.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 import zipfile
 
 __all__ = [
@@ -19,6 +22,7 @@ __all__ = [
     "NpyFormatError",
     "NpzCrcError",
     "RoiError",
+    "warn",
 ]
 
 
@@ -59,3 +63,21 @@ class GpuUnavailableError(RuntimeError):
 
 class NpyDaskWarning(UserWarning):
     """A fallback was taken (for example O_DIRECT refused by the file system)."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str) -> None:
+    """Issue an :class:`~npydask.errors.NpyDaskWarning` attributed to the first caller outside npydask.
+
+    However deep inside npydask the warning starts, the filters and the
+    line shown are those of the code that called npydask (the
+    ``stacklevel`` is counted, not guessed).
+    """
+    frame = sys._getframe(0)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, NpyDaskWarning, stacklevel=level)

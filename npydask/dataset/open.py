@@ -18,7 +18,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from npydask._keywords import suggest_keywords
-from npydask._warn import warn
 from npydask.array import check_device
 from npydask.config import read_options
 from npydask.dataset.dali_args import refuse_dali_arguments
@@ -28,7 +27,7 @@ from npydask.dataset.select import Selected, select_listed
 from npydask.dataset.table import FileTable
 from npydask.dataset.uniform import check_headers, first_table
 from npydask.dataset.views import Context
-from npydask.errors import NpyFormatError
+from npydask.errors import NpyFormatError, warn
 from npydask.plan.roi import RoiArgs
 from npydask.plan.sampling import shard_range
 from npydask.reader import BACKENDS, check_key

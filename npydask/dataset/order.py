@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 
-from npydask._warn import warn
+from npydask.errors import warn
 from npydask.storage.local import fs_bytes as _fs_bytes
 from npydask.storage.urls import redact
 
