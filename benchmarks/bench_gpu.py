@@ -7,8 +7,10 @@ big
     on the device (``sum(dtype="int64")``): ``npydask.from_npy(p, device="gpu")`` against raw kvikio
     (``CuFile(p).pread`` of the payload into a preallocated CuPy buffer, then the same sum) at the
     same kvikio thread count (1, 8, 16), ``cupy.asarray(np.load(p))``, ``np.load(mmap)`` plus one
-    copy, CPU npydask plus one copy, npydask with kvikio hidden (the pinned host-memory path), and
-    npydask with other chunk sizes (how much each task costs).
+    copy, CPU npydask plus one copy, npydask with kvikio hidden (the pinned host-memory path),
+    npydask with other chunk sizes (how much each task costs), npydask with the graph built beforehand,
+    and dask's own floor (``da.ones(10).sum()`` built and computed, and computed alone), which no
+    reader can go under.
 roi
     P3's data: 256 volumes of 64x256x256 ``float32`` (a 32^3 ROI of each), stacked on the device:
     ``open_dataset(folder, roi_start, roi_shape, device="gpu").stack()`` against CPU npydask plus
@@ -295,6 +297,8 @@ def kvikio_hidden() -> Iterator[None]:
 
 # ---------------------------------------------------------------- groups
 def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> dict[str, Any]:
+    import dask.array as da
+
     import npydask
 
     xp, dev = b.dev.xp, b.dev
@@ -331,9 +335,8 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
         with npydask.config.set(gpu_task_bytes=4 * MiB):
             b.time("big", f"npydask from_npy(gpu) sum, threads={t}, spans cut in 4 MiB reads", nbytes, npyd, same,
                    threads=t, note="info: kvikio splitting vs npydask's")
-        for chunks in ("512MiB", nbytes // 4):
-            label = chunks if isinstance(chunks, str) else "one chunk"
-            b.time("big", f"npydask from_npy(gpu, chunks={label}) sum, threads={t}", nbytes,
+        for chunks in ("128MiB", "512MiB"):
+            b.time("big", f"npydask from_npy(gpu, chunks={chunks}) sum, threads={t}", nbytes,
                    lambda c=chunks: npyd(c), same, threads=t, note="info: per-task cost")
         cold = lambda: drop_page_cache(p)  # noqa: E731
         rc = b.time("big", f"raw kvikio pread, threads={t}, cold", nbytes, raw, same, threads=t, before=cold,
@@ -362,6 +365,14 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
             same,
             note="P7" if not dry else "dry",
         )
+    prebuilt = npydask.from_npy(p, device="gpu").sum(dtype="int64")
+    b.time("big", "npydask from_npy(gpu) sum, graph built beforehand", nbytes, prebuilt.compute, same,
+           note="info: dask's build")
+    floor = da.ones(10, chunks=10).sum()
+    b.time("big", "dask's floor: da.ones(10).sum() built and computed", 80,
+           lambda: da.ones(10, chunks=10).sum().compute(), lambda v: int(v) == 10, note="info: dask's floor")
+    b.time("big", "dask's floor: da.ones(10).sum() computed, built beforehand", 80, floor.compute,
+           lambda v: int(v) == 10, note="info: dask's floor")
     b.time("big", "cupy.asarray(np.load(p)) sum", nbytes,
            lambda: dev.copy_in(np.load(p)).sum(dtype=xp.int64), same, note="host + copy")
     b.time("big", "cupy.asarray(np.load(p, mmap_mode='r')) sum", nbytes,

@@ -120,13 +120,16 @@ class NpyFileArray:
         return out
 
 
-def resolve_chunks(chunks: Any, source: NpyFileArray) -> tuple[tuple[int, ...], ...]:
+def resolve_chunks(chunks: Any, source: NpyFileArray, device: str = "cpu") -> tuple[tuple[int, ...], ...]:
     """Normalise ``chunks`` for ``source``; ``"auto"`` and sizes give file-contiguous chunks.
+
+    ``"auto"`` aims at dask's ``array.chunk-size`` on the host and at the
+    ``gpu_chunk_bytes`` setting on the device (:func:`~npydask.plan.chunks.chunk_limit`).
 
     A deflated ``.npz`` member is one chunk under ``"auto"``: every chunk of it
     would inflate the member's prefix again.
     """
-    limit = chunk_limit(chunks)
+    limit = chunk_limit(chunks, device)
     if limit is None:
         return normalize_chunks(chunks, source.shape, dtype=source.dtype)
     ref = source.ref
@@ -217,7 +220,7 @@ def from_npy(
             raise
         raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", given) from e
     source = NpyFileArray(ref)
-    return wrap(source, resolve_chunks(chunks, source), device=device, key=key)
+    return wrap(source, resolve_chunks(chunks, source, device), device=device, key=key)
 
 
 def several_files_advice(paths: list[Any] | tuple[Any, ...]) -> str:

@@ -16,6 +16,9 @@ setting                environment variable           default    meaning
 ``gpu_alignment``      ``NPYDASK_GPU_ALIGNMENT``      4096       GPU reads: offsets and sizes aligned for GDS
 ``gpu_host_bytes``     ``NPYDASK_GPU_HOST_BYTES``     1 MiB      GPU reads: a task whose reads average less goes
                                                                  through host memory (one copy); 0: never
+``gpu_chunk_bytes``    ``NPYDASK_GPU_CHUNK_BYTES``    1 GiB      ``chunks="auto"`` with ``device="gpu"``: bytes
+                                                                 per chunk (host arrays: dask's
+                                                                 ``array.chunk-size``)
 ``pool_bytes``         ``NPYDASK_POOL_BYTES``         256 MiB    idle chunk buffers kept for reuse (0: none)
 =====================  =============================  =========  ==============================================
 
@@ -113,6 +116,7 @@ _SETTINGS: dict[str, _Setting] = {
     "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 0, _parse_size),
     "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
     "gpu_host_bytes": _Setting("NPYDASK_GPU_HOST_BYTES", 1024 * 1024, _parse_size),
+    "gpu_chunk_bytes": _Setting("NPYDASK_GPU_CHUNK_BYTES", 1024 * 1024 * 1024, _parse_size),
     "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * 1024 * 1024, _parse_size),
     "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * 1024, _parse_size),
     "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * 1024 * 1024, _parse_size),

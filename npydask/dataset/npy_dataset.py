@@ -249,7 +249,7 @@ class NpyDataset:
     def array(self, i: int, chunks: Any = "auto") -> da.Array:
         """File ``i`` (after ROI) as a lazy array."""
         view = self.views[self._index(i)]
-        return wrap(view, resolve_chunks(chunks, view), device=self._device)
+        return wrap(view, resolve_chunks(chunks, view, self._device), device=self._device)
 
     def arrays(self) -> list[da.Array]:
         """Every file as a lazy array, in order."""
@@ -350,7 +350,7 @@ class NpyDataset:
     def _join(self, chunks: Any, lay: Layout, *, axis: int, stacked: bool) -> da.Array:
         views = self.views
         shapes = per_file_shapes(lay.shapes, lay.shape_id)
-        limit = chunk_limit("auto" if chunks is None else chunks)
+        limit = chunk_limit("auto" if chunks is None else chunks, self._device)
         if limit is None:
             return self._join_explicit(chunks, shapes, axis=axis, stacked=stacked)
         sizes, fortran = lay.nbytes, lay.fortran.tolist()  # plan_groups takes a sequence of bools

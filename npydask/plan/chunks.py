@@ -2,7 +2,8 @@
 
 :func:`auto_chunks` picks a chunk shape of at most a byte limit whose chunks
 are contiguous in the file; :func:`chunk_limit` turns ``chunks="auto"`` or a
-size string into that limit (dask's ``array.chunk-size`` for ``"auto"``);
+size string into that limit (dask's ``array.chunk-size`` for ``"auto"``, or
+npydask's ``gpu_chunk_bytes`` for device arrays);
 :func:`regular_grid` lays a block shape out as dask's chunk tuples; and
 :func:`drop_empty_chunks` removes the zero-size chunks a concatenation of
 empty files would leave.
@@ -16,6 +17,8 @@ from typing import Any
 import dask
 import numpy as np
 from dask.utils import parse_bytes
+
+from npydask import config
 
 __all__ = ["auto_chunks", "chunk_limit", "drop_empty_chunks", "regular_grid"]
 
@@ -54,9 +57,26 @@ def auto_chunks(shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, li
     return tuple(chunks[::-1] if fortran_order else chunks)
 
 
-def chunk_limit(chunks: Any) -> int | None:
-    """The byte limit ``"auto"`` or a size string stands for; ``None`` for explicit chunks."""
+def chunk_limit(chunks: Any, device: str = "cpu") -> int | None:
+    """The byte limit ``"auto"`` or a size string stands for; ``None`` for explicit chunks.
+
+    ``"auto"`` is dask's ``array.chunk-size`` (128 MiB by default) for host
+    arrays and npydask's ``gpu_chunk_bytes`` setting (1 GiB by default) for
+    ``device="gpu"``: kvikio reads one chunk with all its threads, so a bigger
+    device chunk costs no read parallelism and saves dask's per-task overhead,
+    which a GPU reading tens of GB/s cannot hide behind 128 MiB chunks.
+
+    Examples
+    --------
+    >>> chunk_limit("64MiB"), chunk_limit("auto", device="gpu") == config.get("gpu_chunk_bytes"), chunk_limit((2, 3))
+    (67108864, True, None)
+    """
     if isinstance(chunks, str):
+        if chunks == "auto" and device == "gpu":
+            limit = int(config.get("gpu_chunk_bytes"))
+            if limit < 1:
+                raise ValueError(f"the gpu_chunk_bytes setting must be at least 1 byte, found {limit}")
+            return limit
         text = dask.config.get("array.chunk-size") if chunks == "auto" else chunks
         try:
             return int(parse_bytes(text))

@@ -176,6 +176,23 @@ def test_names_are_deterministic_and_differ_from_cpu(save, numpy_device):
     assert a.name == b.name != npydask.from_npy(p, chunks=5).name
 
 
+def test_auto_chunks_on_the_device_follow_gpu_chunk_bytes_and_host_ones_dask(tmp_path, numpy_device):
+    p = tmp_path / "a.npy"
+    a = np.arange(6 * 1024 * 1024, dtype="<i4").reshape(6, 1024, 1024)  # 24 MiB, 4 MiB per plane
+    np.save(p, a)
+    assert npydask.from_npy(p, device="gpu").numblocks == (1, 1, 1)  # under the 1 GiB default: one chunk
+    with npydask.config.set(gpu_chunk_bytes="8MiB"):
+        x = npydask.from_npy(p, device="gpu")
+        assert x.chunks == ((2, 2, 2), (1024,), (1024,))
+        host = npydask.from_npy(p)  # host arrays keep dask's array.chunk-size
+        ds = npydask.open_dataset(str(tmp_path), device="gpu")
+        assert ds.array(0).chunks == x.chunks
+    assert host.chunks == ((6,), (1024,), (1024,))
+    same(x.compute(), a)
+    with npydask.config.set(gpu_chunk_bytes=0), pytest.raises(ValueError, match="gpu_chunk_bytes"):
+        npydask.from_npy(p, device="gpu")
+
+
 def test_device_array_pickles_without_data(save, numpy_device):
     p = save(np.arange(10_000.0))
     source = gpu.on_device(NpyFileArray(FileRef.open(p)))
