@@ -759,7 +759,9 @@ def _agreement(cp: Any, kvikio: Any, work: str) -> tuple[list[str], int]:
     x, h = cp.zeros(3), np.zeros(3)
     claims: list[tuple[str, Callable[[], str | None]]] = [
         ("np.asarray raises", lambda: _raises(lambda: np.asarray(x), TypeError, "Implicit conversion")),
-        ("np.stack host+device raises", lambda: _raises(lambda: np.stack([x, h]), TypeError, "Only cupy arrays")),
+        ("np.stack host+device raises", lambda: _raises(lambda: np.stack([x, h]), TypeError, "incorrect type")),
+        ("np.concatenate host+device raises",
+         lambda: _raises(lambda: np.concatenate([h, x]), TypeError, "Unsupported type")),
         ("device + host raises", lambda: _raises(lambda: x + h, TypeError, "Unsupported type")),
         ("host + device raises", lambda: _raises(lambda: h + x, TypeError, "Unsupported type")),
         ("0-d host in a comparison is fine", lambda: None if bool((cp.zeros(3) == np.array(0.0)).all()) else "False"),
@@ -770,8 +772,15 @@ def _agreement(cp: Any, kvikio: Any, work: str) -> tuple[list[str], int]:
          lambda: None if len(np.frombuffer(cp.cuda.alloc_pinned_memory(5000), np.uint8)) == 8192
          else str(len(np.frombuffer(cp.cuda.alloc_pinned_memory(5000), np.uint8)))),
     ]  # fmt: skip
-    x[...] = np.arange(3.0)  # (host to device by assignment: allowed)
-    differ = [] if x.get().tolist() == [0.0, 1.0, 2.0] else ["x[...] = host did not copy"]
+    claims += [
+        ("x[...] = host raises (basic indexes fill)",
+         lambda: _raises(lambda: x.__setitem__(Ellipsis, np.arange(3.0)), ValueError, "cannot be used for fill")),
+        ("x[1:] = host raises too",
+         lambda: _raises(lambda: x.__setitem__(slice(1, None), np.ones(2)), ValueError, "fill")),
+        ("x[...] = 0-d host fills", lambda: None if (x.__setitem__(Ellipsis, np.array(2.0)), bool((x == 2.0).all()))[1]
+         else "not filled"),
+    ]  # fmt: skip
+    differ: list[str] = []
     path = os.path.join(work, "eof.bin")
     with open(path, "wb") as f:
         f.write(bytes(40_000))
@@ -794,7 +803,7 @@ def _agreement(cp: Any, kvikio: Any, work: str) -> tuple[list[str], int]:
             got = check()
             if got is not None:
                 differ.append(f"{what}: {got}")
-    return differ, len(claims) + 1
+    return differ, len(claims)
 
 
 def probe_strict_cupy_agrees(c: Context) -> str:

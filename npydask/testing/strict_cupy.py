@@ -10,11 +10,12 @@ memory:
     Not a ``numpy.ndarray`` (it wraps one). ``numpy.asarray(x)`` raises
     ``TypeError`` as CuPy does; numpy functions and ufuncs dispatch to the
     stand-in (``__array_function__``, ``__array_ufunc__``) and refuse host
-    arrays as CuPy does (``np.stack([host, dev])``: "Only cupy arrays can be
-    concatenated"; ``dev + host``: "Unsupported type"); Python and numpy
+    arrays as CuPy does (``np.concatenate([host, dev])`` and ``dev + host``:
+    "Unsupported type"; ``np.stack([dev, host])``: "Argument 'a' has incorrect
+    type"); Python and numpy
     scalars mix freely. Reductions return 0-d arrays, ``.get()`` gives numpy,
     ``.set(host)`` checks dtype, shape and contiguity as CuPy does, ``x[...] =
-    host`` copies host to device (allowed by CuPy). Each array remembers the
+    host`` raises as CuPy's fill does (0-d host arrays fill; advanced indexes copy). Each array remembers the
     device current when it was made; kernels on an array of another device
     raise ``ValueError`` (no peer access).
 :data:`cupy`
@@ -424,7 +425,11 @@ class ndarray:  # noqa: N801 (CuPy's name)
             value = value._here()
         elif isinstance(value, np.ndarray) and value.dtype == object:
             raise TypeError(f"Unsupported type {type(value)}")
-        self._here()[_index(key)] = value  # (a host array is copied host to device, as CuPy does)
+        elif isinstance(value, np.ndarray) and value.shape != () and _basic(key):
+            # CuPy's basic-index assignment of anything but a CuPy array is ``fill``: a host array
+            # other than 0-d is refused there (advanced indexes copy it host to device instead)
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self._here()[_index(key)] = value
 
     # ---- numpy protocols
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -535,6 +540,12 @@ ndarray.__hash__ = None  # type: ignore[assignment]
 def _from_host(a: np.ndarray) -> ndarray:
     _cuda()
     return ndarray._wrap(np.array(a), current_device())
+
+
+def _basic(key: Any) -> bool:
+    """Whether ``key`` is a basic index (integers, slices, ``...``, ``None``): no index arrays or lists."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(k is None or k is Ellipsis or isinstance(k, (slice, int, np.integer)) for k in parts)
 
 
 def _index(key: Any) -> Any:
@@ -671,7 +682,6 @@ def full_like(a: Any, fill_value: Any, dtype: Any = None, order: str = "K", subo
     return _alloc(np.full_like, _device_args(a, ""), fill_value, dtype, order, shape=shape)
 
 
-_CONCAT = "Only cupy arrays can be concatenated"
 
 
 def concatenate(
@@ -683,7 +693,7 @@ def concatenate(
         raise ValueError("Cannot concatenate from empty tuple")
     for a in arrays:
         if not isinstance(a, ndarray):
-            raise TypeError(_CONCAT)
+            raise TypeError(f"Unsupported type {type(a)}")  # (CuPy 14.2's words, seen on a device)
         if a.ndim == 0:
             raise TypeError("zero-dimensional arrays cannot be concatenated")
     _kernel("concatenate")
@@ -698,8 +708,10 @@ def stack(tup: Any, axis: int = 0, out: Any = None, *, dtype: Any = None, castin
     """``cupy.stack``: expands each input and concatenates (host inputs raise as there)."""
     arrays = list(tup)
     for a in arrays:
-        if not isinstance(a, ndarray):
-            raise TypeError(_CONCAT)
+        if not isinstance(a, ndarray):  # (CuPy's expand_dims refuses it first)
+            t = type(a)
+            got = f"{t.__module__}.{t.__name__}"
+            raise TypeError(f"Argument 'a' has incorrect type (expected cupy._core.core._ndarray_base, got {got})")
     if not arrays:
         raise ValueError("need at least one array to stack")
     expanded = [ndarray._wrap(np.expand_dims(a._a, axis), a._device) for a in arrays]
