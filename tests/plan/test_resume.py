@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from npydask.plan.deal import position_after
@@ -32,6 +34,7 @@ def test_state_round_trip_through_plain_values():
     assert tuple(d) == STATE_KEYS
     assert d == {**{k: v for k, v in VALUES.items() if k != "dataset"}, "dataset_fingerprint": FINGERPRINT}
     assert ResumeState.from_dict(d) == saved
+    assert ResumeState.from_dict(json.loads(json.dumps(d))) == saved  # plain values: JSON keeps them
     assert state(seed=None).seed == DEFAULT_SEED  # recorded as the generator it stands for
     assert state(seed=None) == state(seed=DEFAULT_SEED)
 
