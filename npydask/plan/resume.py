@@ -1,0 +1,211 @@
+"""The resume state of a loader with a sampler: one position ``P`` per epoch, and what must agree to resume.
+
+A pass over an epoch deals positions to shards and workers
+(:mod:`npydask.plan.deal`); after the same number of batches on every rank
+the positions ``[0, P)`` are consumed, the same ``P`` on every rank. A
+:class:`ResumeState` records that ``P`` with what decides the samples at
+each position: the dataset, the sampler, the seed and the shuffle. A
+loader resumes a state when those agree (:func:`check_resumable`), with any
+number of shards, workers or batch size, and deals ``[P, N)`` from there.
+
+Examples
+--------
+>>> saved = ResumeState(epoch=1, position=64, samples=100, seed=None, shuffle=True, sampler="Uniform((8, 8))")
+>>> saved.seed, ResumeState.from_dict(saved.to_dict()) == saved
+(0, True)
+>>> check_resumable(saved, ResumeState(0, 0, 100, 0, True, "Uniform((8, 8))"))  # epoch and P come from saved
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from npydask.plan.sampling import DEFAULT_SEED, check_int
+
+__all__ = ["STATE_KEYS", "ResumeState", "check_resumable"]
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Where a pass over an epoch stands, the same on every rank: what a sampler loader's ``state_dict`` holds.
+
+    Parameters
+    ----------
+    epoch : int
+        The epoch in progress.
+    position : int
+        ``P``: the positions ``[0, P)`` of the epoch are consumed (``P =
+        samples``: the epoch is over; the next pass is epoch ``epoch + 1``).
+    samples : int
+        ``N``, the samples of the epoch (a check: ``P <= N``).
+    seed : int
+        The seed (``None`` is recorded as :data:`~npydask.plan.sampling.DEFAULT_SEED`,
+        the generator it stands for).
+    shuffle : bool
+        Whether units are permuted each epoch.
+    sampler : str
+        The sampler's fingerprint (its parameters).
+    dataset : dict of str to str
+        The dataset's fingerprint (``npydask.loader.dataset_fingerprint``).
+        Keys ending in ``_shown`` describe another key for messages and
+        are not compared.
+
+    Examples
+    --------
+    >>> state = ResumeState(0, 8, 9, None, False, "Uniform((4,))", {"files": "ab"})
+    >>> state.seed, ResumeState.from_dict(state.to_dict()) == state
+    (0, True)
+    """
+
+    epoch: int
+    position: int
+    samples: int
+    seed: int | None
+    shuffle: bool
+    sampler: str
+    dataset: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        epoch = check_int("epoch", self.epoch, 0)
+        samples = check_int("samples", self.samples, 0)
+        position = check_int("position", self.position, 0)
+        if position > samples:
+            raise ValueError(f"position={position} is past the epoch's {samples} samples: P is at most the samples")
+        seed = DEFAULT_SEED if self.seed is None else check_int("seed", self.seed, 0)
+        if not isinstance(self.shuffle, (bool, np.bool_)):
+            raise TypeError(f"shuffle must be True or False, found {self.shuffle!r}")
+        if not isinstance(self.sampler, str):
+            raise TypeError(f"sampler must be the sampler's fingerprint (a str), found {self.sampler!r}")
+        dataset = self.dataset
+        if not isinstance(dataset, Mapping) or not all(isinstance(k, str) for k in dataset):
+            raise TypeError(f"dataset must be the dataset's fingerprint (a dict of str), found {dataset!r}")
+        for name, value in (("epoch", epoch), ("samples", samples), ("position", position), ("seed", seed)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        object.__setattr__(self, "dataset", dict(dataset))
+
+    def rolled_over(self) -> ResumeState:
+        """Where the next pass starts: this state, or the start of the next epoch when this one is over.
+
+        A state taken after the last batch of an epoch records ``P = N``;
+        resuming it goes on with epoch ``epoch + 1`` from position 0.
+
+        Examples
+        --------
+        >>> over, midway = ResumeState(3, 9, 9, 0, False, "s"), ResumeState(3, 8, 9, 0, False, "s")
+        >>> over.rolled_over().epoch, midway.rolled_over().epoch
+        (4, 3)
+        """
+        if self.position < self.samples:
+            return self
+        return replace(self, epoch=self.epoch + 1, position=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as plain values (for ``torch.save``, JSON or pickle): :data:`STATE_KEYS` as keys."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "samples": self.samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "sampler": self.sampler,
+            "dataset_fingerprint": dict(self.dataset),
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
+        """A state from :meth:`to_dict`'s dict, checked.
+
+        Raises
+        ------
+        ValueError
+            Not a mapping, a key missing, or a value of the wrong type or
+            range (the message names it and says where a state comes from).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a loader state is a dict from state_dict(), found {type(state).__name__}")
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(
+                f"not the state of a loader with a sampler: missing {missing}; pass what state_dict() of a "
+                "loader with sampler= returned (a state saved without a sampler resumes only without one)"
+            )
+        try:
+            return cls(
+                state["epoch"],
+                state["position"],
+                state["samples"],
+                state["seed"],
+                state["shuffle"],
+                state["sampler"],
+                state["dataset_fingerprint"],
+            )
+        except TypeError as e:
+            raise ValueError(f"not a valid loader state: {e}") from e
+
+
+STATE_KEYS = ("epoch", "position", "samples", "seed", "shuffle", "sampler", "dataset_fingerprint")
+"""The keys of :meth:`ResumeState.to_dict`."""
+
+
+def check_resumable(saved: ResumeState, current: ResumeState) -> None:
+    """Raise unless a pass described by ``current`` may resume from ``saved``.
+
+    The dataset (its fingerprint), the sampler, the seed and the shuffle
+    must agree, and with them the epoch's samples; the epoch and position
+    of ``current`` are not compared (``saved``'s are the ones to resume
+    at), and neither is anything about shards, workers or batch size, which
+    a resumed pass may change.
+
+    Raises
+    ------
+    ValueError
+        Naming each difference: another dataset (which fingerprint keys),
+        sampler, seed, shuffle or number of samples.
+
+    Examples
+    --------
+    >>> saved = ResumeState(1, 64, 128, 7, True, "Uniform((4, 4))", {"files": "ab"})
+    >>> check_resumable(saved, ResumeState(0, 0, 128, 7, True, "Uniform((4, 4))", {"files": "ab"}))
+    >>> check_resumable(saved, ResumeState(0, 0, 128, 8, False, "Uniform((4, 4))", {"files": "ab"}))
+    Traceback (most recent call last):
+    ...
+    ValueError: the state cannot resume this loader: another seed (the state's 7, this loader's 8); ...
+    """
+    differ = []
+    changed = sorted(
+        k
+        for k in set(saved.dataset) | set(current.dataset)
+        if not k.endswith("_shown") and saved.dataset.get(k) != current.dataset.get(k)
+    )
+    if changed:
+        shown = [
+            f"{k}: the state's {saved.dataset.get(k + '_shown')}, this loader's {current.dataset.get(k + '_shown')}"
+            for k in changed
+            if k + "_shown" in saved.dataset and k + "_shown" in current.dataset
+        ]
+        differ.append(
+            f"another dataset (its fingerprint differs in {', '.join(changed)}"
+            + (f"; {'; '.join(shown)}" if shown else "")
+            + ")"
+        )
+    if saved.sampler != current.sampler:
+        differ.append(f"another sampler (the state's {saved.sampler!r}, this loader's {current.sampler!r})")
+    if saved.seed != current.seed:
+        differ.append(f"another seed (the state's {saved.seed}, this loader's {current.seed})")
+    if saved.shuffle != current.shuffle:
+        differ.append(f"another shuffle (the state's {saved.shuffle}, this loader's {current.shuffle})")
+    if not differ and saved.samples != current.samples:
+        differ.append(
+            f"another number of samples per epoch (the state's {saved.samples}, this loader's {current.samples})"
+        )
+    if differ:
+        raise ValueError(
+            f"the state cannot resume this loader: {'; '.join(differ)}. Resume with the dataset, sampler, seed "
+            "and shuffle the state was saved with (num_shards, the number of workers and batch_size may differ), "
+            "or start without load_state_dict"
+        )
