@@ -1,0 +1,22 @@
+"""Patch samplers: which box of which file each training or inference sample reads.
+
+A sampler plans ``(file, box)`` per global position of an epoch from the
+files' headers alone, deterministically in ``(seed, epoch, position)``:
+
+* :class:`Uniform`: random boxes, ``per_file`` per file each epoch;
+* :class:`Grid`: sliding-window tiles of every file (MONAI's layout), for inference.
+
+Each is an immutable value (:class:`Sampler`); :meth:`Sampler.bind` checks it
+against a dataset (an ``NpyDataset``, a ``MultiKeyDataset`` or
+:func:`npydask.zip_datasets`' pairs) and returns a :class:`BoundSampler`
+whose ``patch(epoch, position, seed=..., shuffle=...)`` gives a
+:class:`~npydask.plan.patches.Patch`.
+"""
+
+from __future__ import annotations
+
+from npydask.samplers.base import BoundSampler, Sampler
+from npydask.samplers.grid import Grid
+from npydask.samplers.uniform import Uniform
+
+__all__ = ["BoundSampler", "Grid", "Sampler", "Uniform"]
