@@ -4,6 +4,7 @@ A sampler plans ``(file, box)`` per global position of an epoch from the
 files' headers alone, deterministically in ``(seed, epoch, position)``:
 
 * :class:`Uniform`: random boxes, ``per_file`` per file each epoch;
+* :class:`Foreground`: boxes centred on labelled voxels a fraction ``p`` of the time;
 * :class:`Grid`: sliding-window tiles of every file (MONAI's layout), for inference.
 
 Each is an immutable value (:class:`Sampler`); :meth:`Sampler.bind` checks it
@@ -16,7 +17,8 @@ whose ``patch(epoch, position, seed=..., shuffle=...)`` gives a
 from __future__ import annotations
 
 from npydask.samplers.base import BoundSampler, Sampler
+from npydask.samplers.foreground import Foreground
 from npydask.samplers.grid import Grid
 from npydask.samplers.uniform import Uniform
 
-__all__ = ["BoundSampler", "Grid", "Sampler", "Uniform"]
+__all__ = ["BoundSampler", "Foreground", "Grid", "Sampler", "Uniform"]
