@@ -291,9 +291,9 @@ class Stitcher:
             value = (slab.sums[(*lead, rows, *crop)] / slab.weights[(rows, *crop)]).astype(self.dtype, copy=False)
             self._write(file, lo, value)
         lead = (slice(None),) * len(self.channels)  # (the channel axes whole)
-        if k < depth:
-            slab.sums[(*lead, slice(0, depth - k))] = slab.sums[(*lead, slice(k, depth))].copy()
-            slab.weights[: depth - k] = slab.weights[k:].copy()
+        for i in range(depth - k):  # plane by plane: no temporary the size of the slab
+            slab.sums[(*lead, i)] = slab.sums[(*lead, i + k)]
+            slab.weights[i] = slab.weights[i + k]
         slab.sums[(*lead, slice(depth - k, depth))] = 0
         slab.weights[depth - k :] = 0
         slab.row = row

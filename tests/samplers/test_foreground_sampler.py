@@ -254,3 +254,37 @@ def test_an_index_in_the_labels_bucket_serves_objects(s3, reads):
     again = Foreground((8, 8, 8), p=1.0, index=index).bind(remote())
     assert again.patches(0, range(2), seed=2) == want
     assert reads == []
+
+
+def test_writers_of_one_index_keep_each_others_entries_and_never_leave_a_partial_file(tmp_path, reads):
+    import threading
+    import warnings
+
+    index = str(tmp_path / "fg.npz")
+    parts = []
+    for k in range(4):
+        (tmp_path / f"p{k}").mkdir()
+        parts.append(make(tmp_path / f"p{k}", labels_with_blobs(2, seed=k)))
+    Foreground((8, 8, 8), index=index).bind(parts[0]).patch(0, 0)
+    Foreground((8, 8, 8), index=index).bind(parts[1]).patch(0, 0)
+    reads.clear()
+    Foreground((8, 8, 8), index=index).bind(parts[0]).patch(0, 0)  # part 1's write kept part 0's entries
+    assert reads == []
+    errors = []
+
+    def build(ds):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                Foreground((8, 8, 8), index=index).bind(ds).patches(0, range(2))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build, args=(ds,)) for ds in parts for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with np.load(index, allow_pickle=False) as archive:  # whole, whoever renamed last
+        assert "meta" in archive.files
