@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import os
@@ -157,6 +158,19 @@ class Foreground(Sampler):
         """The constructor's arguments, in signature order."""
         return {"patch_shape": self.patch_shape, "label_key": self.label_key, "p": self.p, "classes": self.classes,
                 "ratios": self.ratios, "per_file": self.per_file, "candidates": self.candidates, "index": self.index}
+
+    def fingerprint(self) -> str:
+        """A digest of the parameters that decide the boxes (``index`` only says where candidates are kept).
+
+        Examples
+        --------
+        >>> Foreground((8, 8), index="a.npz").fingerprint() == Foreground((8, 8)).fingerprint()
+        True
+        >>> Foreground((8, 8), p=0.5).fingerprint() == Foreground((8, 8)).fingerprint()
+        False
+        """
+        shown = {k: v for k, v in self.params().items() if k != "index"}
+        return hashlib.blake2b(f"Foreground({shown!r})".encode(), digest_size=16).hexdigest()
 
     def bind(self, dataset: Any) -> ForegroundBound:
         """This sampler over a zipped dataset with member ``label_key``, checked from the headers.

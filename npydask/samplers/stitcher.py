@@ -159,6 +159,8 @@ class Stitcher:
         self.grid = grid
         self.patch = grid.patch_shape
         self.map = importance_map(self.patch, weights, sigma_scale)
+        if not isinstance(channels, (tuple, list)):
+            raise TypeError(f"channels must be a tuple of the output's leading axes, e.g. (2,), found {channels!r}")
         self.channels = tuple(check_int("channels", c, 1) for c in channels)
         self.dtype = np.dtype(dtype)
         if self.dtype.kind not in "fc":
@@ -283,16 +285,17 @@ class Stitcher:
         depth = slab.weights.shape[0]
         k = min(row - slab.row, depth)
         extent = self.grid.extents[file]
+        lead: tuple[slice, ...] = (slice(None),) * len(self.channels)  # (the channel axes whole)
         lo, hi = max(slab.row, 0), min(slab.row + k, extent[0])  # the file's planes among the final ones
         if hi > lo:
             crop = tuple(slice(-o, -o + e) for o, e in zip(slab.origin[1:], extent[1:]))
             rows = slice(lo - slab.row, hi - slab.row)
-            lead: tuple[slice, ...] = (slice(None),) * len(self.channels)
             value = (slab.sums[(*lead, rows, *crop)] / slab.weights[(rows, *crop)]).astype(self.dtype, copy=False)
             self._write(file, lo, value)
-        lead = (slice(None),) * len(self.channels)  # (the channel axes whole)
         for i in range(depth - k):  # plane by plane: no temporary the size of the slab
-            slab.sums[(*lead, i)] = slab.sums[(*lead, i + k)]
+            to: tuple[slice | int, ...] = (*lead, i)
+            come: tuple[slice | int, ...] = (*lead, i + k)
+            slab.sums[to] = slab.sums[come]
             slab.weights[i] = slab.weights[i + k]
         slab.sums[(*lead, slice(depth - k, depth))] = 0
         slab.weights[depth - k :] = 0

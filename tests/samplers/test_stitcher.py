@@ -255,6 +255,8 @@ def test_bad_arguments(tmp_path):
         Stitcher(Grid((4, 4)), ds, weights="gaussian", sigma_scale=-1)
     with pytest.raises(TypeError, match="floating"):
         Stitcher(Grid((4, 4)), ds, dtype="int32")
+    with pytest.raises(TypeError, match=r"e.g. \(2,\)"):
+        Stitcher(Grid((4, 4)), ds, channels=2)
     with pytest.raises(TypeError, match="Grid"):
         Stitcher(object(), ds)
 
