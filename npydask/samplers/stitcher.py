@@ -10,13 +10,10 @@ from typing import Any
 import numpy as np
 
 from npydask.plan.sampling import check_int
-from npydask.samplers._paths import source_for
+from npydask.samplers._outputs import ArrayOutput, NpyOutput, Output, ZarrOutput, is_zarr, output_names, zarr_group
 from npydask.samplers.base import dataset_members
 from npydask.samplers.grid import Grid, GridBound
-from npydask.storage.base import Target
-from npydask.storage.local import LocalTarget
-from npydask.storage.urls import is_url, redact
-from npydask.write.npy import check_names, plan_header
+from npydask.storage.urls import is_url
 
 __all__ = ["WEIGHTS", "Stitcher", "importance_map"]
 
@@ -103,13 +100,22 @@ class Stitcher:
         The results' dtype (sums are kept in it, or in ``float32`` for a
         narrower one).
     out : str or os.PathLike, optional
-        A folder (local path, or URL prefix in object storage) where each
-        file's result is written as ``<file's base name>.npy`` when its last
-        tile arrives, instead of being kept: a local file is written plane by
-        plane into a temporary file and renamed into place; an object is
-        sent in one PUT when complete (held whole until then). Zarr targets
-        are not supported: write the NumPy results with
-        :func:`npydask.to_zarr`.
+        Where each file's result is written, plane range by plane range as
+        its planes become final, instead of being kept in memory:
+
+        * a folder (local path, or URL prefix in object storage): one
+          ``<file's base name>.npy`` per file, a local one written into a
+          temporary file and renamed into place when complete, an object sent
+          in one PUT when complete (held whole until then);
+        * a path or URL ending in ``.zarr``: a zarr v3 group (made if
+          missing) holding one array per file, named after its base name
+          without ``.npy`` (replaced if there), chunks a tile step of planes
+          deep (as :func:`npydask.to_zarr` writes, through the store
+          :func:`npydask.zarr_store` opens).
+
+        An object URL in the dataset's own bucket is reached with the
+        dataset's ``storage_options``; another with the environment's
+        credentials. Files must have distinct base names.
 
     Notes
     -----
@@ -168,15 +174,16 @@ class Stitcher:
         self._sum_dtype = np.result_type(self.dtype, np.float32)
         self._slabs: dict[int, _Slab] = {}
         self._done: dict[int, Any] = {}
-        self._outputs: dict[int, np.ndarray | Target] = {}
-        self._data_offsets: dict[int, int] = {}
+        self._outputs: dict[int, Output] = {}
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
+        self._group: Any = None
         if self.out is not None:
             member = next(iter(dataset_members(dataset).values()))
             self._source = member.views.context.source
-            files = member.files
-            self._names = check_names([f.rsplit("/", 1)[-1].split("?", 1)[0] for f in files])
+            self._names = output_names(member.files, is_zarr(self.out))
+            if is_zarr(self.out):
+                self._group = zarr_group(self.out, self._source)
 
     @property
     def in_progress(self) -> dict[int, tuple[int, ...]]:
@@ -248,37 +255,17 @@ class Stitcher:
         extent = self.grid.extents[file]
         origin = tuple(min(0, *(t.start[i] for t in tiles)) for i in range(len(extent)))
         size = tuple(max(e, *(t.stop[i] for t in tiles)) - o for i, (e, o) in enumerate(zip(extent, origin)))
-        shape = (*self.channels, *extent)
+        shape, nc = (*self.channels, *extent), len(self.channels)
         if self.out is None:
-            self._outputs[file] = np.empty(shape, self.dtype)
+            self._outputs[file] = ArrayOutput(shape, nc, self.dtype)
+        elif self._group is not None:
+            step = self.grid.sampler.step[0]
+            self._outputs[file] = ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
         else:
-            self._outputs[file] = self._target(file, shape)
+            where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
+                     else os.path.join(os.path.abspath(self.out), self._names[file]))
+            self._outputs[file] = NpyOutput(shape, nc, self.dtype, where, self._source)
         return _Slab(self.channels, self.patch, origin, size, self._sum_dtype, {t.start for t in tiles})
-
-    def _target(self, file: int, shape: tuple[int, ...]) -> Target:
-        """File ``file``'s output ``.npy`` under ``out``, its header written (the planes follow as they are final)."""
-        assert self.out is not None
-        where = self._where(file)
-        preamble, header = plan_header(where, self.dtype, shape)
-        size = header.data_offset + header.nbytes
-        target: Target
-        if is_url(where):
-            from npydask.storage.object_write import ObjectTarget
-
-            target = ObjectTarget(source_for(where, self._source)[0], where, size)  # type: ignore[arg-type]
-        else:
-            os.makedirs(os.path.dirname(where), exist_ok=True)
-            target = LocalTarget(where, size)
-        target.write_block(0, preamble)
-        self._data_offsets[file] = header.data_offset
-        return target
-
-    def _where(self, file: int) -> str:
-        """Where file ``file``'s result goes under ``out``."""
-        assert self.out is not None
-        if is_url(self.out):
-            return self.out.rstrip("/") + "/" + self._names[file]
-        return os.path.join(os.path.abspath(self.out), self._names[file])
 
     def _flush(self, file: int, slab: _Slab, row: int) -> None:
         """Divide and write the planes before ``row``; move the rest to the slab's front."""
@@ -302,27 +289,16 @@ class Stitcher:
         slab.row = row
 
     def _write(self, file: int, first: int, value: np.ndarray) -> None:
-        out = self._outputs[file]
-        nc = len(self.channels)
-        if isinstance(out, np.ndarray):
-            out[(*(slice(None),) * nc, slice(first, first + value.shape[nc]))] = value
-            return
-        extent = self.grid.extents[file]
-        plane = math.prod(extent[1:]) * self.dtype.itemsize
-        for c in np.ndindex(*self.channels):
-            n = int(np.ravel_multi_index(c, self.channels)) if c else 0
-            out.write_block(self._data_offsets[file] + (n * extent[0] + first) * plane, np.ascontiguousarray(value[c]))
+        self._outputs[file].write(first, value)
 
     def _finish(self, file: int) -> None:
-        out = self._outputs.pop(file)
-        if isinstance(out, np.ndarray):
-            self._done[file] = out
-            return
-        out.finish()
-        self._done[file] = self._where(file)
+        self._done[file] = self._outputs.pop(file).finish()
 
     def result(self) -> list[Any]:
-        """Each file's stitched array, in dataset order (with ``out``: each file's path or URL, written).
+        """Each file's stitched array, in dataset order.
+
+        With ``out``: each file's ``.npy`` path or URL (written), or its zarr
+        array (``zarr.Array``, written).
 
         Raises
         ------
@@ -336,8 +312,7 @@ class Stitcher:
             shown = ", ".join(f"file {f}: {n}" for f, n in sorted(missing.items())[:5])
             more = f" (and {len(missing) - 5} more files)" if len(missing) > 5 else ""
             raise ValueError(f"tiles are missing, so the result is incomplete ({shown}{more}); add them first")
-        done = [self._done[f] for f in range(self.grid.n_files)]
-        return [redact(d) if isinstance(d, str) and is_url(d) else d for d in done]
+        return [self._done[f] for f in range(self.grid.n_files)]
 
     def __repr__(self) -> str:
         return (f"Stitcher({self.grid!r}, {len(self._done)} of {self.grid.n_files} files done, "

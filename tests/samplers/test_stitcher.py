@@ -174,24 +174,26 @@ def test_location_indexes_of_the_adapters_are_taken(tmp_path):
     np.testing.assert_array_equal(s.result()[0], x)
 
 
-def test_out_folder_gets_one_npy_per_file_equal_to_the_arrays(tmp_path):
+def stitch_two_files(tmp_path, out):
+    """Two files whose model outputs are (x, -x), stitched with Gaussian weights into ``out``: inputs and result()."""
     rng = np.random.default_rng(6)
-    arrays = [rng.random((11, 9, 7)).astype("f4"), rng.random((4, 9, 7)).astype("f4")]
+    arrays = [rng.random((13, 9, 7)).astype("f4"), rng.random((4, 9, 7)).astype("f4")]
     src = tmp_path / "src"
     src.mkdir()
     ds = dataset(src, arrays)
     grid = Grid((6, 6, 6)).bind(ds)
     tiles = all_tiles(grid)
     outputs = {t: np.stack([tile_of(arrays[t.file], t), -tile_of(arrays[t.file], t)]) for t in tiles}
-    s = Stitcher(grid, ds, weights="gaussian", channels=(2,), out=tmp_path / "out")
+    s = Stitcher(grid, ds, weights="gaussian", channels=(2,), out=out)
     feed(s, tiles, outputs, 5)
-    paths = s.result()
+    return [np.stack([a, -a]) for a in arrays], s.result()
+
+
+def test_out_folder_gets_one_npy_per_file_equal_to_the_arrays(tmp_path):
+    wanted, paths = stitch_two_files(tmp_path, tmp_path / "out")
     assert [p.rsplit("/", 1)[-1] for p in paths] == ["00.npy", "01.npy"]
-    for path, want in zip(paths, arrays):
-        got = np.load(path)
-        assert got.shape == (2, *want.shape)
-        np.testing.assert_allclose(got[0], want, rtol=1e-6)
-        np.testing.assert_allclose(got[1], -want, rtol=1e-6)
+    for path, want in zip(paths, wanted):
+        np.testing.assert_allclose(np.load(path), want, rtol=1e-6)
 
 
 def test_out_of_order_duplicate_foreign_and_missing_tiles_raise(tmp_path):
@@ -261,15 +263,37 @@ def test_bad_arguments(tmp_path):
         Stitcher(object(), ds)
 
 
-def test_out_in_the_datasets_bucket_gets_one_object_per_file(s3, tmp_path):
+def stitch_in_bucket(s3, out):
+    """One object of the dataset's bucket stitched (its own values) into ``out`` under the same prefix."""
     space = s3.space()
     x = np.random.default_rng(7).random((10, 9)).astype("f4")
     s3.put_npy(f"{space}/in/scan.npy", x)
     ds = npydask.open_dataset(f"s3://{space}/in", storage_options=s3.options)
     grid = Grid((4, 4)).bind(ds)
     tiles = grid.tiles(0)
-    s = Stitcher(grid, ds, weights="gaussian", out=f"s3://{space}/out")
+    s = Stitcher(grid, ds, weights="gaussian", out=f"s3://{space}/{out}")
     feed(s, tiles, {t: tile_of(x, t) for t in tiles}, 4)
-    assert s.result() == [f"s3://{space}/out/scan.npy"]
-    got = np.load(io.BytesIO(s3.get(f"{space}/out/scan.npy")))
-    np.testing.assert_allclose(got, x, rtol=1e-6)
+    return space, x, s.result()
+
+
+def test_out_in_the_datasets_bucket_gets_one_object_per_file(s3):
+    space, x, result = stitch_in_bucket(s3, "out")
+    assert result == [f"s3://{space}/out/scan.npy"]
+    np.testing.assert_allclose(np.load(io.BytesIO(s3.get(f"{space}/out/scan.npy"))), x, rtol=1e-6)
+
+
+def test_out_zarr_gets_one_array_per_file(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    wanted, results = stitch_two_files(tmp_path, str(tmp_path / "out.zarr"))
+    group = zarr.open_group(npydask.zarr_store(str(tmp_path / "out.zarr")), mode="r")
+    assert sorted(group.array_keys()) == ["00", "01"]
+    for name, got, want in zip(["00", "01"], results, wanted):
+        np.testing.assert_allclose(group[name][:], want, rtol=1e-6)
+        np.testing.assert_allclose(got[:], want, rtol=1e-6)
+
+
+def test_out_zarr_in_the_datasets_bucket(s3):
+    zarr = pytest.importorskip("zarr")
+    space, x, _ = stitch_in_bucket(s3, "out.zarr")
+    store = npydask.zarr_store(f"s3://{space}/out.zarr", s3.options, read_only=True)
+    np.testing.assert_allclose(zarr.open_array(store, path="scan", mode="r")[:], x, rtol=1e-6)
