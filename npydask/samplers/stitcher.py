@@ -207,8 +207,8 @@ class Stitcher:
         ------
         ValueError
             A batch of the wrong shape, a tile that is not one of the grid's,
-            one given twice, or one that comes before the row of tiles in
-            progress of its file.
+            one given twice, or one that starts a new row of tiles of its
+            file while tiles of an earlier row are missing.
         """
         values = np.asarray(batch)
         nd = len(self.patch)
