@@ -72,14 +72,35 @@ def check_patch_shape(value: object) -> tuple[int, ...]:
 
 
 def check_policy(value: object) -> str:
-    """``policy`` checked: ``"inside"`` or ``"pad"``."""
+    """``policy`` checked: ``"inside"`` or ``"pad"``.
+
+    Examples
+    --------
+    >>> check_policy("pad")
+    'pad'
+    >>> check_policy("reflect")
+    Traceback (most recent call last):
+    ...
+    ValueError: policy must be one of ('inside', 'pad'), found 'reflect'
+    """
     if value not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, found {value!r}")
     return str(value)
 
 
 def check_fill_value(value: object) -> int | float | complex:
-    """``fill_value`` checked: a real or complex number (a NumPy scalar becomes a Python one)."""
+    """``fill_value`` checked: a real or complex number (a NumPy scalar becomes a Python one).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_fill_value(np.float32(0.5)), check_fill_value(-1)
+    (0.5, -1)
+    >>> check_fill_value(None)
+    Traceback (most recent call last):
+    ...
+    TypeError: fill_value must be a number, found None
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         raise TypeError(f"fill_value must be a number, found {value!r}")
     item = value.item() if hasattr(value, "item") else value
@@ -96,6 +117,14 @@ def dataset_members(dataset: Any) -> dict[str, NpyDataset]:
     TypeError
         ``dataset`` is not an ``NpyDataset``, a ``MultiKeyDataset`` or a
         ``ZippedDataset``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((4, 4)))
+    >>> ds = npydask.open_dataset(root)
+    >>> list(dataset_members(ds)), list(dataset_members(npydask.zip_datasets({"x": ds, "y": ds})))
+    ([''], ['x', 'y'])
     """
     if isinstance(dataset, NpyDataset):
         return {"": dataset}
@@ -124,6 +153,18 @@ def patch_extents(dataset: Any, patch_shape: Sequence[int], policy: str) -> tupl
         A file has too few axes, an empty patch axis, members that disagree,
         or (``"inside"``) is smaller than the patch; the message names the
         file, its shape and the patch.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i, n in enumerate((8, 3)): np.save(os.path.join(root, f"{i}.npy"), np.zeros((2, n, 9)))
+    >>> patch_extents(npydask.open_dataset(root), (4, 4), "pad")
+    ((8, 9), (3, 9))
+    >>> patch_extents(npydask.open_dataset(root), (4, 4), "inside")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    npydask.errors.RoiError: file 1 (...1.npy) has shape (2, 3, 9), smaller than the patch (4, 4) (policy='inside'); ...
     """
     members = dataset_members(dataset)
     n = len(dataset)
@@ -183,6 +224,12 @@ class Sampler(abc.ABC):
         over the edge, filled with ``fill_value``).
     fill_value : number
         What the part of a box outside the file holds.
+
+    Examples
+    --------
+    >>> from npydask.samplers import Grid, Sampler, Uniform
+    >>> isinstance(Uniform((8, 8)), Sampler), Uniform((8, 8)) == Uniform([8, 8]), Grid((8, 8)).per_file
+    (True, True, None)
     """
 
     patch_shape: tuple[int, ...]
@@ -264,6 +311,17 @@ class BoundSampler(abc.ABC):
     pickles small and plans the same boxes in every process. ``len(b)`` is
     the number of samples in an epoch; :meth:`patch` gives position
     ``position``'s box, deterministic in ``(seed, epoch, position)``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.samplers import Uniform
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((30, 30)))
+    >>> bound = Uniform((10, 10), per_file=3).bind(npydask.open_dataset(root))
+    >>> len(bound), bound.n_files, bound.extents, bound.policy
+    (3, 1, ((30, 30),), 'inside')
+    >>> [p.shape for p in bound.patches(0, range(3), seed=5)]
+    [(10, 10), (10, 10), (10, 10)]
     """
 
     shuffle_ignored: bool = False

@@ -86,7 +86,20 @@ class Uniform(Sampler):
 
 
 class UniformBound(BoundSampler):
-    """:class:`Uniform` bound to a dataset (made by :meth:`Uniform.bind <npydask.samplers.Sampler.bind>`)."""
+    """:class:`Uniform` bound to a dataset (made by :meth:`Uniform.bind <npydask.samplers.Sampler.bind>`).
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(4): np.save(os.path.join(root, f"{i}.npy"), np.zeros((9, 9)))
+    >>> bound = Uniform((3, 3), per_file=2).bind(npydask.open_dataset(root))
+    >>> bound.order(0).tolist(), sorted(bound.order(1, seed=3, shuffle=True).tolist())
+    ([0, 1, 2, 3], [0, 1, 2, 3])
+    >>> [p.file for p in bound.patches(1, range(8), seed=3, shuffle=True)] == [
+    ...     f for f in bound.order(1, seed=3, shuffle=True).tolist() for _ in range(2)]
+    True
+    """
 
     sampler: Uniform
 
@@ -115,10 +128,10 @@ class UniformBound(BoundSampler):
         key = (check_int("epoch", epoch, 0), seed, bool(shuffle))
         order = self._orders.get(key)
         if order is None:
-            if len(self._orders) >= 4:
-                self._orders.pop(next(iter(self._orders)))
             order = unit_order(self.n_files, self.per_file, seed, epoch, bool(shuffle))
             order.setflags(write=False)
+            if len(self._orders) >= 4:  # a few epochs (a loader prefetching across an epoch's end); safe under threads
+                self._orders = {}
             self._orders[key] = order
         return order
 
