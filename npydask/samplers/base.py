@@ -15,18 +15,22 @@ import abc
 import hashlib
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
 from npydask.errors import RoiError
-from npydask.plan.patches import POLICIES, Patch
+from npydask.plan.patches import POLICIES, Patch, draw_rng, position_file, unit_order
 from npydask.plan.sampling import DEFAULT_SEED, check_int
 
 __all__ = [
     "BoundSampler",
+    "Draw",
     "Sampler",
+    "UnitBound",
     "check_fill_value",
     "check_patch_shape",
     "check_policy",
@@ -375,6 +379,13 @@ class BoundSampler(abc.ABC):
     def __repr__(self) -> str:
         return f"{self.sampler!r}.bind({self.n_files} files, {len(self)} samples per epoch)"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickles: the sampler and the extents (caches are rebuilt where it is unpickled)."""
+        return {"sampler": self.sampler, "extents": self.extents}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["sampler"], state["extents"])  # type: ignore[misc]
+
     def _position(self, epoch: int, position: int, seed: int | None) -> tuple[int, int, int]:
         """``(epoch, position, seed)`` checked, ``seed=None`` made :data:`DEFAULT_SEED`."""
         epoch = check_int("epoch", epoch, 0)
@@ -383,3 +394,63 @@ class BoundSampler(abc.ABC):
         if position >= len(self):
             raise ValueError(f"position {position} is past the epoch's end: {self!r}")
         return epoch, position, seed
+
+
+class Draw(NamedTuple):
+    """A position of a unit-ordered epoch: its file, its number ``k`` among the file's patches, and its generator."""
+
+    file: int
+    k: int
+    rng: np.random.Generator
+
+
+class UnitBound(BoundSampler):
+    """A bound sampler drawing ``per_file`` patches per file each epoch, a file's patches adjacent (a unit).
+
+    The order and the per-position generators every random sampler shares
+    (:func:`~npydask.plan.patches.unit_order`,
+    :func:`~npydask.plan.patches.draw_rng`); a subclass says where a draw's
+    box lies (:meth:`patch`, from :meth:`locate`).
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.samplers import Uniform
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(4): np.save(os.path.join(root, f"{i}.npy"), np.zeros((9, 9)))
+    >>> bound = Uniform((3, 3), per_file=2).bind(npydask.open_dataset(root))
+    >>> bound.order(0).tolist(), sorted(bound.order(1, seed=3, shuffle=True).tolist())
+    ([0, 1, 2, 3], [0, 1, 2, 3])
+    >>> d = bound.locate(1, 5, seed=3, shuffle=True)
+    >>> (d.file, d.k) == (int(bound.order(1, seed=3, shuffle=True)[2]), 1)
+    True
+    """
+
+    def __init__(self, sampler: Sampler, extents: tuple[tuple[int, ...], ...]) -> None:
+        super().__init__(sampler, extents)
+        if sampler.per_file is None:
+            raise ValueError(f"{sampler!r} draws no fixed number of patches per file")
+        self.per_file: int = sampler.per_file
+        self._orders: dict[tuple[int, int, bool], np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.per_file * self.n_files
+
+    def order(self, epoch: int, *, seed: int | None = None, shuffle: bool = False) -> np.ndarray:
+        """The file of each unit of ``epoch`` (:func:`~npydask.plan.patches.unit_order`), cached for recent epochs."""
+        seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
+        key = (check_int("epoch", epoch, 0), seed, bool(shuffle))
+        order = self._orders.get(key)
+        if order is None:
+            order = unit_order(self.n_files, self.per_file, seed, epoch, bool(shuffle))
+            order.setflags(write=False)
+            if len(self._orders) >= 4:  # a few epochs (a loader prefetching across an epoch's end); safe under threads
+                self._orders = {}
+            self._orders[key] = order
+        return order
+
+    def locate(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Draw:
+        """Position ``position`` of ``epoch``: its file, its ``k`` in the unit and its generator (checked values)."""
+        epoch, position, seed = self._position(epoch, position, seed)
+        slot = position_file(self.order(epoch, seed=seed, shuffle=shuffle), self.per_file, position)
+        return Draw(slot.file, slot.k, draw_rng(seed, epoch, position))

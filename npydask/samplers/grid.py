@@ -111,12 +111,6 @@ class GridBound(BoundSampler):
         self._starts = [[axis_starts(e, p, s) for e, p, s in zip(extent, patch, step)] for extent in extents]
         self._offsets = [0, *itertools.accumulate(math.prod(len(a) for a in axes) for axes in self._starts)]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"sampler": self.sampler, "extents": self.extents}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["sampler"], state["extents"])  # type: ignore[misc]
-
     def __len__(self) -> int:
         return self._offsets[-1]
 
