@@ -211,8 +211,9 @@ def _name(members: dict[str, NpyDataset], key: str, i: int) -> str:
 class Sampler(abc.ABC):
     """A patch sampler: which box of which file each sample of an epoch reads.
 
-    An immutable, picklable value: samplers of one class with equal
-    parameters are equal, hash alike and have the same :meth:`fingerprint`.
+    An immutable, picklable value: samplers of one class whose parameters
+    show alike (``repr``) are equal, hash alike and have the same
+    :meth:`fingerprint`.
     :meth:`bind` checks it against a dataset and returns the
     :class:`BoundSampler` that plans the boxes.
 
@@ -262,13 +263,14 @@ class Sampler(abc.ABC):
         return f"{type(self).__name__}({', '.join(shown)})"
 
     def __eq__(self, other: object) -> bool:
+        """Equal when of one class with parameters shown alike (so ``fill_value=0`` and ``0.0`` differ, as their
+        fingerprints do, and a NaN fill equals itself)."""
         if type(other) is not type(self):
             return NotImplemented
-        assert isinstance(other, Sampler)
-        return self.params() == other.params()
+        return repr(self) == repr(other)
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple(self.params().items())))
+        return hash(repr(self))
 
     def fingerprint(self) -> str:
         """A short hex digest of the class and its parameters, stable across processes and versions of Python.

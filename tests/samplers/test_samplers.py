@@ -151,6 +151,10 @@ def test_samplers_are_values():
     assert pickle.loads(pickle.dumps(a)) == a and pickle.loads(pickle.dumps(Grid((4,)))) == Grid((4,))
     assert Grid((4,)).fingerprint() != Grid((4,), overlap=0.5).fingerprint()
     assert Uniform((8,), fill_value=np.float32(2)).fill_value == 2.0
+    nan = Uniform((8,), policy="pad", fill_value=float("nan"))
+    again = pickle.loads(pickle.dumps(nan))
+    assert nan == again and hash(nan) == hash(again) and nan.fingerprint() == again.fingerprint()
+    assert Uniform((8,), fill_value=0) != Uniform((8,), fill_value=0.0)  # as their fingerprints differ
     with pytest.raises(AttributeError, match="immutable"):
         a.per_file = 3  # type: ignore[misc]
     assert len(a.fingerprint()) == 32
