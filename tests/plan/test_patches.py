@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from npydask.errors import RoiError
 from npydask.plan.patches import (
     Patch,
     Slot,
@@ -190,7 +191,7 @@ def test_uniform_starts_lie_where_the_policy_allows(extent_patch, position, poli
     fits = all(e >= p for e, p in zip(extent, patch))
     rng = draw_rng(5, 1, position)
     if policy == "inside" and not fits:
-        with pytest.raises(ValueError, match="does not fit inside"):
+        with pytest.raises(RoiError, match="does not fit inside"):
             uniform_start(rng, extent, patch, policy)
         return
     start = uniform_start(rng, extent, patch, policy)
@@ -215,7 +216,7 @@ def test_start_range_and_its_errors():
     assert start_range(2, 5, "pad") == (-3, 0)
     with pytest.raises(ValueError, match="policy must be one of"):
         start_range(4, 2, "reflect")
-    with pytest.raises(ValueError, match="holds no voxel"):
+    with pytest.raises(RoiError, match="holds no voxel"):
         start_range(0, 2, "pad")
 
 
