@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from npydask.errors import RoiError
 from npydask.plan.sampling import DEFAULT_SEED, check_int, epoch_order
 
 __all__ = [
@@ -192,8 +193,8 @@ def start_range(extent: int, patch: int, policy: str) -> tuple[int, int]:
     """The smallest and largest start of a box of ``patch`` voxels along an axis of ``extent``.
 
     ``"inside"``: ``[0, extent - patch]`` (``extent < patch`` raises
-    ``ValueError``; samplers check files at bind time and raise
-    :class:`~npydask.errors.RoiError` naming the file). ``"pad"``: the
+    :class:`~npydask.errors.RoiError`, a ``ValueError``; samplers check
+    every file when bound, and their message names the file). ``"pad"``: the
     same where the patch fits; along an axis shorter than the patch, the
     box covers the whole axis and hangs over one or both ends,
     ``[extent - patch, 0]``, as DALI's ``fn.crop`` places a crop larger than its
@@ -208,11 +209,11 @@ def start_range(extent: int, patch: int, policy: str) -> tuple[int, int]:
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, found {policy!r}")
     if extent < 1:
-        raise ValueError(f"an axis of extent {extent} holds no voxel for a patch to cover")
+        raise RoiError(f"an axis of extent {extent} holds no voxel for a patch to cover")
     if extent >= patch:
         return 0, extent - patch
     if policy == "inside":
-        raise ValueError(f"a patch of {patch} voxels does not fit inside an axis of {extent} with policy='inside'")
+        raise RoiError(f"a patch of {patch} voxels does not fit inside an axis of {extent} with policy='inside'")
     return extent - patch, 0
 
 

@@ -15,18 +15,22 @@ import abc
 import hashlib
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
 from npydask.errors import RoiError
-from npydask.plan.patches import POLICIES, Patch
+from npydask.plan.patches import POLICIES, Patch, draw_rng, position_file, unit_order
 from npydask.plan.sampling import DEFAULT_SEED, check_int
 
 __all__ = [
     "BoundSampler",
+    "Draw",
     "Sampler",
+    "UnitBound",
     "check_fill_value",
     "check_patch_shape",
     "check_policy",
@@ -72,14 +76,35 @@ def check_patch_shape(value: object) -> tuple[int, ...]:
 
 
 def check_policy(value: object) -> str:
-    """``policy`` checked: ``"inside"`` or ``"pad"``."""
+    """``policy`` checked: ``"inside"`` or ``"pad"``.
+
+    Examples
+    --------
+    >>> check_policy("pad")
+    'pad'
+    >>> check_policy("reflect")
+    Traceback (most recent call last):
+    ...
+    ValueError: policy must be one of ('inside', 'pad'), found 'reflect'
+    """
     if value not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, found {value!r}")
     return str(value)
 
 
 def check_fill_value(value: object) -> int | float | complex:
-    """``fill_value`` checked: a real or complex number (a NumPy scalar becomes a Python one)."""
+    """``fill_value`` checked: a real or complex number (a NumPy scalar becomes a Python one).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_fill_value(np.float32(0.5)), check_fill_value(-1)
+    (0.5, -1)
+    >>> check_fill_value(None)
+    Traceback (most recent call last):
+    ...
+    TypeError: fill_value must be a number, found None
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         raise TypeError(f"fill_value must be a number, found {value!r}")
     item = value.item() if hasattr(value, "item") else value
@@ -96,6 +121,14 @@ def dataset_members(dataset: Any) -> dict[str, NpyDataset]:
     TypeError
         ``dataset`` is not an ``NpyDataset``, a ``MultiKeyDataset`` or a
         ``ZippedDataset``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((4, 4)))
+    >>> ds = npydask.open_dataset(root)
+    >>> list(dataset_members(ds)), list(dataset_members(npydask.zip_datasets({"x": ds, "y": ds})))
+    ([''], ['x', 'y'])
     """
     if isinstance(dataset, NpyDataset):
         return {"": dataset}
@@ -124,6 +157,18 @@ def patch_extents(dataset: Any, patch_shape: Sequence[int], policy: str) -> tupl
         A file has too few axes, an empty patch axis, members that disagree,
         or (``"inside"``) is smaller than the patch; the message names the
         file, its shape and the patch.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> for i, n in enumerate((8, 3)): np.save(os.path.join(root, f"{i}.npy"), np.zeros((2, n, 9)))
+    >>> patch_extents(npydask.open_dataset(root), (4, 4), "pad")
+    ((8, 9), (3, 9))
+    >>> patch_extents(npydask.open_dataset(root), (4, 4), "inside")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    npydask.errors.RoiError: file 1 (...1.npy) has shape (2, 3, 9), smaller than the patch (4, 4) (policy='inside'); ...
     """
     members = dataset_members(dataset)
     n = len(dataset)
@@ -166,8 +211,9 @@ def _name(members: dict[str, NpyDataset], key: str, i: int) -> str:
 class Sampler(abc.ABC):
     """A patch sampler: which box of which file each sample of an epoch reads.
 
-    An immutable, picklable value: samplers of one class with equal
-    parameters are equal, hash alike and have the same :meth:`fingerprint`.
+    An immutable, picklable value: samplers of one class whose parameters
+    show alike (``repr``) are equal, hash alike and have the same
+    :meth:`fingerprint`.
     :meth:`bind` checks it against a dataset and returns the
     :class:`BoundSampler` that plans the boxes.
 
@@ -183,6 +229,12 @@ class Sampler(abc.ABC):
         over the edge, filled with ``fill_value``).
     fill_value : number
         What the part of a box outside the file holds.
+
+    Examples
+    --------
+    >>> from npydask.samplers import Grid, Sampler, Uniform
+    >>> isinstance(Uniform((8, 8)), Sampler), Uniform((8, 8)) == Uniform([8, 8]), Grid((8, 8)).per_file
+    (True, True, None)
     """
 
     patch_shape: tuple[int, ...]
@@ -211,13 +263,14 @@ class Sampler(abc.ABC):
         return f"{type(self).__name__}({', '.join(shown)})"
 
     def __eq__(self, other: object) -> bool:
+        """Equal when of one class with parameters shown alike (so ``fill_value=0`` and ``0.0`` differ, as their
+        fingerprints do, and a NaN fill equals itself)."""
         if type(other) is not type(self):
             return NotImplemented
-        assert isinstance(other, Sampler)
-        return self.params() == other.params()
+        return repr(self) == repr(other)
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple(self.params().items())))
+        return hash(repr(self))
 
     def fingerprint(self) -> str:
         """A short hex digest of the class and its parameters, stable across processes and versions of Python.
@@ -264,6 +317,17 @@ class BoundSampler(abc.ABC):
     pickles small and plans the same boxes in every process. ``len(b)`` is
     the number of samples in an epoch; :meth:`patch` gives position
     ``position``'s box, deterministic in ``(seed, epoch, position)``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.samplers import Uniform
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((30, 30)))
+    >>> bound = Uniform((10, 10), per_file=3).bind(npydask.open_dataset(root))
+    >>> len(bound), bound.n_files, bound.extents, bound.policy
+    (3, 1, ((30, 30),), 'inside')
+    >>> [p.shape for p in bound.patches(0, range(3), seed=5)]
+    [(10, 10), (10, 10), (10, 10)]
     """
 
     shuffle_ignored: bool = False
@@ -317,6 +381,13 @@ class BoundSampler(abc.ABC):
     def __repr__(self) -> str:
         return f"{self.sampler!r}.bind({self.n_files} files, {len(self)} samples per epoch)"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickles: the sampler and the extents (caches are rebuilt where it is unpickled)."""
+        return {"sampler": self.sampler, "extents": self.extents}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["sampler"], state["extents"])  # type: ignore[misc]
+
     def _position(self, epoch: int, position: int, seed: int | None) -> tuple[int, int, int]:
         """``(epoch, position, seed)`` checked, ``seed=None`` made :data:`DEFAULT_SEED`."""
         epoch = check_int("epoch", epoch, 0)
@@ -325,3 +396,63 @@ class BoundSampler(abc.ABC):
         if position >= len(self):
             raise ValueError(f"position {position} is past the epoch's end: {self!r}")
         return epoch, position, seed
+
+
+class Draw(NamedTuple):
+    """A position of a unit-ordered epoch: its file, its number ``k`` among the file's patches, and its generator."""
+
+    file: int
+    k: int
+    rng: np.random.Generator
+
+
+class UnitBound(BoundSampler):
+    """A bound sampler drawing ``per_file`` patches per file each epoch, a file's patches adjacent (a unit).
+
+    The order and the per-position generators every random sampler shares
+    (:func:`~npydask.plan.patches.unit_order`,
+    :func:`~npydask.plan.patches.draw_rng`); a subclass says where a draw's
+    box lies (:meth:`patch`, from :meth:`locate`).
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.samplers import Uniform
+    >>> root = tempfile.mkdtemp()
+    >>> for i in range(4): np.save(os.path.join(root, f"{i}.npy"), np.zeros((9, 9)))
+    >>> bound = Uniform((3, 3), per_file=2).bind(npydask.open_dataset(root))
+    >>> bound.order(0).tolist(), sorted(bound.order(1, seed=3, shuffle=True).tolist())
+    ([0, 1, 2, 3], [0, 1, 2, 3])
+    >>> d = bound.locate(1, 5, seed=3, shuffle=True)
+    >>> (d.file, d.k) == (int(bound.order(1, seed=3, shuffle=True)[2]), 1)
+    True
+    """
+
+    def __init__(self, sampler: Sampler, extents: tuple[tuple[int, ...], ...]) -> None:
+        super().__init__(sampler, extents)
+        if sampler.per_file is None:
+            raise ValueError(f"{sampler!r} draws no fixed number of patches per file")
+        self.per_file: int = sampler.per_file
+        self._orders: dict[tuple[int, int, bool], np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.per_file * self.n_files
+
+    def order(self, epoch: int, *, seed: int | None = None, shuffle: bool = False) -> np.ndarray:
+        """The file of each unit of ``epoch`` (:func:`~npydask.plan.patches.unit_order`), cached for recent epochs."""
+        seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
+        key = (check_int("epoch", epoch, 0), seed, bool(shuffle))
+        order = self._orders.get(key)
+        if order is None:
+            order = unit_order(self.n_files, self.per_file, seed, epoch, bool(shuffle))
+            order.setflags(write=False)
+            if len(self._orders) >= 4:  # a few epochs (a loader prefetching across an epoch's end); safe under threads
+                self._orders = {}
+            self._orders[key] = order
+        return order
+
+    def locate(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Draw:
+        """Position ``position`` of ``epoch``: its file, its ``k`` in the unit and its generator (checked values)."""
+        epoch, position, seed = self._position(epoch, position, seed)
+        slot = position_file(self.order(epoch, seed=seed, shuffle=shuffle), self.per_file, position)
+        return Draw(slot.file, slot.k, draw_rng(seed, epoch, position))

@@ -55,6 +55,11 @@ class Grid(Sampler):
     (4, True)
     """
 
+    overlap: float | tuple[float, ...]
+    overlap_voxels: int | tuple[int, ...] | None
+    step: tuple[int, ...]
+    """The step between tiles per axis (from ``overlap`` or ``overlap_voxels``)."""
+
     def __init__(
         self,
         patch_shape: Sequence[int],
@@ -75,11 +80,6 @@ class Grid(Sampler):
             step=step,
         )
 
-    overlap: float | tuple[float, ...]
-    overlap_voxels: int | tuple[int, ...] | None
-    step: tuple[int, ...]
-    """The step between tiles per axis (from ``overlap`` or ``overlap_voxels``)."""
-
     def params(self) -> dict[str, Any]:
         """``patch_shape``, ``overlap``, ``overlap_voxels`` and ``fill_value``."""
         return {"patch_shape": self.patch_shape, "overlap": self.overlap, "overlap_voxels": self.overlap_voxels,
@@ -97,7 +97,10 @@ def _hashable(value: Any) -> Any:
 
 
 class GridBound(BoundSampler):
-    """:class:`Grid` bound to a dataset: every file's tiles, numbered file by file in raster order."""
+    """:class:`Grid` bound to a dataset: every file's tiles, numbered file by file in raster order.
+
+    Made by :meth:`Grid.bind <npydask.samplers.Sampler.bind>`; see :class:`Grid`'s example.
+    """
 
     sampler: Grid
     shuffle_ignored = True
@@ -108,17 +111,21 @@ class GridBound(BoundSampler):
         self._starts = [[axis_starts(e, p, s) for e, p, s in zip(extent, patch, step)] for extent in extents]
         self._offsets = [0, *itertools.accumulate(math.prod(len(a) for a in axes) for axes in self._starts)]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"sampler": self.sampler, "extents": self.extents}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["sampler"], state["extents"])  # type: ignore[misc]
-
     def __len__(self) -> int:
         return self._offsets[-1]
 
     def tile_count(self, file: int) -> int:
-        """How many tiles file ``file`` has."""
+        """How many tiles file ``file`` has.
+
+        Examples
+        --------
+        >>> import numpy as np, npydask, tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> for i, n in enumerate((10, 4)): np.save(os.path.join(root, f"{i}.npy"), np.zeros((n, n)))
+        >>> bound = Grid((4, 4), overlap=0).bind(npydask.open_dataset(root))
+        >>> bound.tile_count(0), bound.tile_count(1), bound.first_position(1), len(bound)
+        (9, 1, 9, 10)
+        """
         return self._offsets[file + 1] - self._offsets[file]
 
     def first_position(self, file: int) -> int:

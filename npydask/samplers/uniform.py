@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from npydask.plan.patches import Patch, draw_rng, position_file, uniform_start, unit_order
-from npydask.plan.sampling import DEFAULT_SEED, check_int
-from npydask.samplers.base import BoundSampler, Sampler, check_fill_value, check_patch_shape, check_policy
+from npydask.plan.patches import Patch, uniform_start
+from npydask.plan.sampling import check_int
+from npydask.samplers.base import Sampler, UnitBound, check_fill_value, check_patch_shape, check_policy
 
 __all__ = ["Uniform", "UniformBound"]
 
@@ -85,45 +83,23 @@ class Uniform(Sampler):
         return UniformBound(self, extents)
 
 
-class UniformBound(BoundSampler):
-    """:class:`Uniform` bound to a dataset (made by :meth:`Uniform.bind <npydask.samplers.Sampler.bind>`)."""
+class UniformBound(UnitBound):
+    """:class:`Uniform` bound to a dataset (made by :meth:`Uniform.bind <npydask.samplers.Sampler.bind>`).
+
+    Its order of units is :class:`~npydask.samplers.base.UnitBound`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((2, 20)))
+    >>> bound = Uniform((4, 4), per_file=8, policy="pad", fill_value=-1).bind(npydask.open_dataset(root))
+    >>> all(-2 <= p.start[0] <= 0 and p.stop[0] >= 2 for p in bound.patches(0, range(8)))  # axis 0 whole, padded
+    True
+    """
 
     sampler: Uniform
 
-    def __init__(self, sampler: Uniform, extents: tuple[tuple[int, ...], ...]) -> None:
-        super().__init__(sampler, extents)
-        self._orders: dict[tuple[int, int, bool], np.ndarray] = {}
-
-    @property
-    def per_file(self) -> int:
-        """Patches per file per epoch."""
-        assert self.sampler.per_file is not None
-        return self.sampler.per_file
-
-    def __len__(self) -> int:
-        return self.per_file * self.n_files
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"sampler": self.sampler, "extents": self.extents}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["sampler"], state["extents"])  # type: ignore[misc]
-
-    def order(self, epoch: int, *, seed: int | None = None, shuffle: bool = False) -> np.ndarray:
-        """The file of each unit of ``epoch`` (:func:`~npydask.plan.patches.unit_order`), cached for recent epochs."""
-        seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
-        key = (check_int("epoch", epoch, 0), seed, bool(shuffle))
-        order = self._orders.get(key)
-        if order is None:
-            if len(self._orders) >= 4:
-                self._orders.pop(next(iter(self._orders)))
-            order = unit_order(self.n_files, self.per_file, seed, epoch, bool(shuffle))
-            order.setflags(write=False)
-            self._orders[key] = order
-        return order
-
     def patch(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Patch:
-        epoch, position, seed = self._position(epoch, position, seed)
-        file, _ = position_file(self.order(epoch, seed=seed, shuffle=shuffle), self.per_file, position)
-        start = uniform_start(draw_rng(seed, epoch, position), self.extents[file], self.patch_shape, self.policy)
-        return Patch(file, start, tuple(s + p for s, p in zip(start, self.patch_shape)))
+        draw = self.locate(epoch, position, seed=seed, shuffle=shuffle)
+        start = uniform_start(draw.rng, self.extents[draw.file], self.patch_shape, self.policy)
+        return Patch(draw.file, start, tuple(s + p for s, p in zip(start, self.patch_shape)))

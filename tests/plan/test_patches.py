@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from npydask.errors import RoiError
 from npydask.plan.patches import (
     Patch,
     Slot,
@@ -93,22 +95,32 @@ def test_grid_covers_every_voxel_and_ends_at_the_extent(extent_patch, data):
     step = grid_step(patch, overlap_voxels=voxels)
     assert step == tuple(p - v for p, v in zip(patch, voxels))
     starts = grid_starts(extent, patch, step)
-    covered = np.zeros(extent, np.int32)
-    for start in starts:
-        box = tuple(slice(max(s, 0), min(s + p, e)) for s, p, e in zip(start, patch, extent))
-        covered[box] += 1
-    assert covered.min() >= 1
-    for axis, (e, p, s) in enumerate(zip(extent, patch, step)):
-        along = axis_starts(e, p, s)
-        assert sorted({start[axis] for start in starts}) == along
+    axes = [axis_starts(e, p, s) for e, p, s in zip(extent, patch, step)]
+    # the tiles are the product of the axes' starts in raster order (last axis fastest), so a voxel is
+    # covered exactly when each of its coordinates is covered along its axis
+    assert starts == list(itertools.product(*axes))
+    for along, e, p, s in zip(axes, extent, patch, step):
+        covered = np.zeros(e, np.int32)
+        for a in along:
+            covered[max(a, 0) : a + p] += 1
+        assert covered.min() >= 1
         if e >= p:
             assert along[0] == 0 and along[-1] + p == e and all(0 <= a <= e - p for a in along)
             assert len(along) == math.ceil((e - p) / s) + 1
             assert all(b - a <= s for a, b in zip(along, along[1:]))
         else:
             assert along == [-((p - e) // 2)]
-    assert len(starts) == math.prod(len(axis_starts(e, p, s)) for e, p, s in zip(extent, patch, step))
-    assert starts == sorted(starts)  # raster order: last axis fastest
+    assert len(starts) == math.prod(len(a) for a in axes)
+
+
+def test_grid_covers_every_voxel_of_small_volumes():
+    """The same, voxel by voxel, for a few whole volumes."""
+    for extent, patch, overlap in [((7, 9, 5), (3, 4, 5), 0.25), ((30, 2), (8, 5), 0.5), ((16,), (16,), 0.9)]:
+        step = grid_step(patch, overlap)
+        covered = np.zeros(extent, np.int32)
+        for start in grid_starts(extent, patch, step):
+            covered[tuple(slice(max(a, 0), a + p) for a, p in zip(start, patch))] += 1
+        assert covered.min() >= 1
 
 
 def test_grid_step_and_its_errors():
@@ -179,7 +191,7 @@ def test_uniform_starts_lie_where_the_policy_allows(extent_patch, position, poli
     fits = all(e >= p for e, p in zip(extent, patch))
     rng = draw_rng(5, 1, position)
     if policy == "inside" and not fits:
-        with pytest.raises(ValueError, match="does not fit inside"):
+        with pytest.raises(RoiError, match="does not fit inside"):
             uniform_start(rng, extent, patch, policy)
         return
     start = uniform_start(rng, extent, patch, policy)
@@ -204,7 +216,7 @@ def test_start_range_and_its_errors():
     assert start_range(2, 5, "pad") == (-3, 0)
     with pytest.raises(ValueError, match="policy must be one of"):
         start_range(4, 2, "reflect")
-    with pytest.raises(ValueError, match="holds no voxel"):
+    with pytest.raises(RoiError, match="holds no voxel"):
         start_range(0, 2, "pad")
 
 

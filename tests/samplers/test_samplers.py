@@ -151,6 +151,10 @@ def test_samplers_are_values():
     assert pickle.loads(pickle.dumps(a)) == a and pickle.loads(pickle.dumps(Grid((4,)))) == Grid((4,))
     assert Grid((4,)).fingerprint() != Grid((4,), overlap=0.5).fingerprint()
     assert Uniform((8,), fill_value=np.float32(2)).fill_value == 2.0
+    nan = Uniform((8,), policy="pad", fill_value=float("nan"))
+    again = pickle.loads(pickle.dumps(nan))
+    assert nan == again and hash(nan) == hash(again) and nan.fingerprint() == again.fingerprint()
+    assert Uniform((8,), fill_value=0) != Uniform((8,), fill_value=0.0)  # as their fingerprints differ
     with pytest.raises(AttributeError, match="immutable"):
         a.per_file = 3  # type: ignore[misc]
     assert len(a.fingerprint()) == 32
@@ -171,3 +175,13 @@ def test_zipped_and_multikey_members_share_one_box(tmp_path):
         np.savez(tmp_path / f"m{i}.npz", x=np.zeros((3, 9, 9), "f4"), y=np.zeros((9, 9), "u1"))
     multi = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "y"])
     assert Grid((9, 9)).bind(multi).patches(0, range(2)) == [Patch(0, (0, 0), (9, 9)), Patch(1, (0, 0), (9, 9))]
+
+
+def test_binding_and_planning_read_no_file(tmp_path):
+    """Headers only: with the files gone after open_dataset, binding and planning still work."""
+    ds = write(tmp_path / "gone", [(3, 12, 12), (3, 20, 9)])
+    for path in ds.files:
+        os.remove(path)
+    bound = Uniform((8, 8), per_file=2).bind(ds)
+    assert len(bound.patches(0, range(4), shuffle=True)) == 4
+    assert len(Grid((8, 8)).bind(npydask.zip_datasets({"a": ds, "b": ds}))) == 2 * 2 + 3 * 2
