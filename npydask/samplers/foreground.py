@@ -6,6 +6,7 @@ import hashlib
 import math
 import numbers
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -230,6 +231,7 @@ class ForegroundBound(UniformBound):
         super().__init__(sampler, extents)  # type: ignore[arg-type]
         self.labels = labels
         self._cache: dict[int, Candidates] = {}
+        self._lock = threading.Lock()  # (threads planning batches scan each label once between them)
         self._ratios = None if sampler.ratios is None else normalized_ratios(sampler.ratios, len(sampler.ratios))
         self._params = params_of(len(sampler.patch_shape), sampler.classes, sampler.candidates, SUBSAMPLE_SEED)
 
@@ -242,12 +244,16 @@ class ForegroundBound(UniformBound):
     def candidates(self, file: int) -> Candidates:
         """File ``file``'s candidates: from memory, the index, or by reading its label (once per process)."""
         found = self._cache.get(file)
-        if found is None:
-            if self.sampler.index is None:
-                found = self._cache[file] = self._scan(file)
-            else:
-                self._load_all(self.sampler.index)
-                found = self._cache[file]
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._cache.get(file)
+            if found is None:
+                if self.sampler.index is None:
+                    found = self._cache[file] = self._scan(file)
+                else:
+                    self._load_all(self.sampler.index)
+                    found = self._cache[file]
         return found
 
     def _scan(self, file: int) -> Candidates:

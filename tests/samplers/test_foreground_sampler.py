@@ -288,3 +288,13 @@ def test_writers_of_one_index_keep_each_others_entries_and_never_leave_a_partial
     assert errors == []
     with np.load(index, allow_pickle=False) as archive:  # whole, whoever renamed last
         assert "meta" in archive.files
+
+
+def test_threads_planning_together_read_each_label_once(tmp_path, reads):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bound = Foreground((8, 8, 8), per_file=8).bind(make(tmp_path, labels_with_blobs(3)))
+    with ThreadPoolExecutor(8) as pool:
+        boxes = list(pool.map(lambda i: bound.patch(0, i, seed=4), range(len(bound))))
+    assert boxes == bound.patches(0, range(len(bound)), seed=4)
+    assert sorted(reads) == ["00.npy", "01.npy", "02.npy"]
