@@ -54,7 +54,7 @@ __all__ = [
     "SLAB_VOXELS",
     "CandidateBuilder",
     "Candidates",
-    "Draw",
+    "ForegroundDraw",
     "choose_class",
     "draw",
     "normalized_ratios",
@@ -102,7 +102,7 @@ class Candidates:
 
 
 @dataclass(frozen=True)
-class Draw:
+class ForegroundDraw:
     """One planned box: its ``start`` over the patch axes and what it is centred on.
 
     ``label`` is the number (in :attr:`Candidates.classes`) of the class
@@ -324,7 +324,7 @@ def draw(
     *,
     p: float,
     ratios: Sequence[float] | None = None,
-) -> Draw:
+) -> ForegroundDraw:
     """One box inside the volume: centred on a candidate with probability ``p``, else uniform.
 
     The generator is used in a fixed order (one uniform number, then the
@@ -346,5 +346,5 @@ def draw(
             positions = candidates.positions[label]
             flat = int(positions[int(rng.integers(len(positions)))])
             center = tuple(int(i) for i in np.unravel_index(flat, extent))
-            return Draw(shift_inside(center, extent, patch), label, center)
-    return Draw(uniform_start(rng, extent, patch, "inside"))
+            return ForegroundDraw(shift_inside(center, extent, patch), label, center)
+    return ForegroundDraw(uniform_start(rng, extent, patch, "inside"))

@@ -12,12 +12,11 @@ from typing import Any
 
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
-from npydask.plan.foreground import Candidates, Draw, draw, normalized_ratios
-from npydask.plan.patches import Patch, draw_rng, position_file
+from npydask.plan.foreground import Candidates, ForegroundDraw, draw, normalized_ratios
+from npydask.plan.patches import Patch
 from npydask.plan.sampling import check_int
 from npydask.samplers._candidates import identity_text, load_entries, params_of, scan_label, write_entries
-from npydask.samplers.base import Sampler, check_patch_shape
-from npydask.samplers.uniform import UniformBound
+from npydask.samplers.base import Sampler, UnitBound, check_patch_shape
 
 __all__ = ["Foreground", "ForegroundBound"]
 
@@ -222,13 +221,13 @@ def _classes(classes: Sequence[Any] | None) -> tuple[Any, ...] | None:
     return tuple(out)
 
 
-class ForegroundBound(UniformBound):
+class ForegroundBound(UnitBound):
     """:class:`Foreground` bound to a zipped dataset (made by :meth:`Foreground.bind`)."""
 
     sampler: Foreground  # type: ignore[assignment]
 
     def __init__(self, sampler: Foreground, extents: tuple[tuple[int, ...], ...], labels: NpyDataset) -> None:
-        super().__init__(sampler, extents)  # type: ignore[arg-type]
+        super().__init__(sampler, extents)
         self.labels = labels
         self._cache: dict[int, Candidates] = {}
         self._lock = threading.Lock()  # (threads planning batches scan each label once between them)
@@ -278,13 +277,13 @@ class ForegroundBound(UniformBound):
         if new:
             write_entries(index, self._params, new, source)
 
-    def draw(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> tuple[int, Draw]:
-        """Position ``position``'s file and :class:`~npydask.plan.foreground.Draw` (its box and centring class)."""
-        epoch, position, seed = self._position(epoch, position, seed)
-        file, _ = position_file(self.order(epoch, seed=seed, shuffle=shuffle), self.per_file, position)
+    def draw(
+        self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False
+    ) -> tuple[int, ForegroundDraw]:
+        """Position ``position``'s file, and its :class:`~npydask.plan.foreground.ForegroundDraw` (box, class)."""
+        at = self.locate(epoch, position, seed=seed, shuffle=shuffle)
         s = self.sampler
-        d = draw(draw_rng(seed, epoch, position), self.candidates(file), s.patch_shape, p=s.p, ratios=self._ratios)
-        return file, d
+        return at.file, draw(at.rng, self.candidates(at.file), s.patch_shape, p=s.p, ratios=self._ratios)
 
     def patch(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Patch:
         file, d = self.draw(epoch, position, seed=seed, shuffle=shuffle)
