@@ -18,7 +18,7 @@ files:
 * **Memory.** The caller decides the slab (:func:`slab_planes` picks the
   planes for about :data:`SLAB_VOXELS` voxels, at least one plane); besides
   the slab, adding one holds a boolean mask of it and, for its labelled
-  voxels only, about 40 bytes each (positions, values, priorities and their
+  voxels only, up to about 64 bytes each (positions, values, priorities and their
   sort order), plus the kept ``limit`` positions and priorities per class.
   A 512^3 ``uint8`` label is never held whole.
 * **A draw** (:func:`draw`): with probability ``p`` a class is chosen
