@@ -44,11 +44,12 @@ Examples
 """
 from __future__ import annotations
 
-from npydask import config
+from npydask import config, samplers
 from npydask.array import from_npy
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.npy_stack import from_npy_stack
 from npydask.dataset.open import open_dataset
+from npydask.dataset.zipped import zip_datasets
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.format.header import NpyHeader, parse_header
 from npydask.loader import Loader
@@ -76,8 +77,10 @@ __all__ = [
     "parse_header",
     "read_header",
     "read_region",
+    "samplers",
     "to_npy",
     "to_npy_files",
     "to_zarr",
     "zarr_store",
+    "zip_datasets",
 ]

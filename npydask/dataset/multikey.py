@@ -16,11 +16,12 @@ file costs one ``open``, not ``k``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask.array as da
 
+from npydask.dataset._keyed import KeyedDatasets
 from npydask.dataset.npy_dataset import NpyDataset
 
 __all__ = ["MultiKeyDataset", "member_keys"]
@@ -64,7 +65,7 @@ def member_keys(key: Any) -> tuple[str, ...]:
     return tuple(key)
 
 
-class MultiKeyDataset:
+class MultiKeyDataset(KeyedDatasets):
     """Files whose samples are dicts of ``.npz`` members; one :class:`NpyDataset` per member.
 
     Made by :func:`npydask.open_dataset` with ``key=[...]``. ``len(ds)``,
@@ -85,8 +86,7 @@ class MultiKeyDataset:
     ((3, 2, 2), dtype('int64'), 2)
     """
 
-    __slots__ = ("_members",)
-    _members: dict[str, NpyDataset]
+    __slots__ = ()
 
     def __init__(self, members: Mapping[str, NpyDataset]) -> None:
         members = dict(members)
@@ -97,32 +97,10 @@ class MultiKeyDataset:
             raise ValueError(f"every member must cover the same files, found lengths {sorted(lengths)}")
         object.__setattr__(self, "_members", members)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"MultiKeyDataset is immutable: cannot set {name!r}; select with ds[...] or ds.shard()")
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (MultiKeyDataset, (self._members,))
 
     # -- facts ---------------------------------------------------------------
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """The members, in the order given to ``key``."""
-        return tuple(self._members)
-
-    @property
-    def members(self) -> dict[str, NpyDataset]:
-        """One dataset per member (a new dict each time; the datasets are immutable)."""
-        return dict(self._members)
-
-    def _first(self) -> NpyDataset:
-        return next(iter(self._members.values()))
-
-    def __len__(self) -> int:
-        return len(self._first())
-
-    def __iter__(self) -> Iterator[dict[str, da.Array]]:
-        return (self[i] for i in range(len(self)))
-
     @property
     def files(self) -> list[str]:
         """The archives, in read order (as :attr:`NpyDataset.files`)."""
@@ -150,21 +128,6 @@ class MultiKeyDataset:
     def device(self) -> str:
         """``"cpu"`` or ``"gpu"``: where the lazy arrays are read."""
         return self._first()._device
-
-    @property
-    def dtypes(self) -> dict[str, Any]:
-        """Each member's dtype."""
-        return {k: d.dtype for k, d in self._members.items()}
-
-    @property
-    def shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """Each member's output shapes (after ROI), one per file."""
-        return {k: d.shapes for k, d in self._members.items()}
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all members' outputs (after ROI)."""
-        return sum(d.nbytes for d in self._members.values())
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}: {d.dtype.str} {d.shapes[0] if len(d) else ()}" for k, d in self._members.items())
@@ -198,10 +161,6 @@ class MultiKeyDataset:
     """This dataset as a ``ray.data.Dataset`` with one tensor column per member, named after it (see
     :func:`npydask.ray.datasource.read_npy`): rows are files, each read task reads every member of its files, and
     ``column`` or ``concatenate=True`` raise ``ValueError``."""
-
-    def arrays(self) -> list[dict[str, da.Array]]:
-        """Every sample as a dict of lazy arrays, in order."""
-        return list(self)
 
 
 def pick(dataset: Any, indices: Sequence[int]) -> Any:

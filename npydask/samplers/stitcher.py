@@ -1,0 +1,337 @@
+"""Sliding-window outputs stitched back into whole volumes: :class:`Stitcher` (MONAI's ``sliding_window_inference``)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from npydask.plan.sampling import check_int
+from npydask.samplers._outputs import ArrayOutput, NpyOutput, Output, ZarrOutput, is_zarr, output_names, zarr_group
+from npydask.samplers.base import dataset_members
+from npydask.samplers.grid import Grid, GridBound
+from npydask.storage.urls import is_url
+
+__all__ = ["WEIGHTS", "Stitcher", "importance_map"]
+
+WEIGHTS = ("mean", "gaussian")
+"""The blending modes: every tile weighs alike, or by a Gaussian centred on the tile."""
+
+
+def importance_map(
+    patch: Sequence[int], weights: str = "mean", sigma_scale: float | Sequence[float] = 0.125
+) -> np.ndarray:
+    """The weight of each voxel of a tile, as MONAI's ``compute_importance_map`` (``float32``).
+
+    ``"mean"``: ones. ``"gaussian"``: the product over axes of
+    ``exp(-x**2 / (2 * sigma**2))``, ``x`` running from ``-(n - 1) / 2`` to
+    ``(n - 1) / 2`` and ``sigma = sigma_scale * n``, then clamped from below at
+    the larger of its minimum and ``1e-3`` (so no voxel weighs zero). Its
+    maximum is 1 for odd sizes (just under 1 for even ones, as MONAI's).
+
+    Examples
+    --------
+    >>> w = importance_map((5, 4), "gaussian")
+    >>> w.shape, w.dtype, float(w.max()) <= 1.0, float(w.min()) >= 1e-3
+    ((5, 4), dtype('float32'), True, True)
+    """
+    patch = tuple(patch)
+    if weights == "mean":
+        return np.ones(patch, np.float32)
+    if weights != "gaussian":
+        raise ValueError(f"weights must be one of {WEIGHTS}, found {weights!r}")
+    scales = [float(s) for s in np.broadcast_to(np.asarray(sigma_scale, np.float64), (len(patch),))] if np.ndim(
+        sigma_scale) <= 1 and np.size(sigma_scale) in (1, len(patch)) else []
+    if len(scales) != len(patch) or not all(s > 0 and math.isfinite(s) for s in scales):
+        raise ValueError(f"sigma_scale must be positive, one value or one per patch axis, found {sigma_scale!r}")
+    out = np.ones((), np.float32)
+    for n, scale in zip(patch, scales):
+        x = np.arange(-(n - 1) / 2.0, (n - 1) / 2.0 + 1, dtype=np.float32)[:n]
+        sigma = np.float32(n * scale)
+        g = np.exp(x**2 / (np.float32(-2) * sigma**2)).astype(np.float32)
+        out = out[..., None] * g
+    return np.maximum(out, max(float(out.min()), 1e-3)).astype(np.float32)
+
+
+class _Slab:
+    """One file in progress: the weighted sums of a tile's depth of planes (full other axes, padding included).
+
+    Coordinates are the file's, shifted by ``origin`` (where padding before
+    the file starts, 0 or negative per axis). ``row`` is the first plane the
+    slab holds; planes before it are final and written.
+    """
+
+    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], origin: tuple[int, ...],
+                 size: tuple[int, ...], dtype: np.dtype, expected: set[tuple[int, ...]]) -> None:
+        self.origin, self.size, self.expected = origin, size, expected
+        self.row = origin[0]
+        depth = min(patch[0], size[0])
+        self.sums = np.zeros((*channels, depth, *size[1:]), dtype)
+        self.weights = np.zeros((depth, *size[1:]), dtype)
+
+
+class Stitcher:
+    """Model outputs for a :class:`~npydask.samplers.Grid`'s tiles, blended back into one array per file.
+
+    The weighted average of MONAI's ``sliding_window_inference``: each
+    voxel is ``sum(w * y) / sum(w)`` over the tiles covering it, ``w`` the
+    tile's :func:`importance_map`. Tiles of a file smaller than the patch
+    hang over its edges (padded); what lies outside the file is dropped.
+
+    Parameters
+    ----------
+    grid : Grid or its bound form
+        The sampler that made the tiles (bound to ``dataset`` here when not yet).
+    dataset : NpyDataset, MultiKeyDataset or ZippedDataset
+        The dataset the tiles were read from (its files' extents, and with
+        ``out`` their names).
+    weights : {"mean", "gaussian"}, default "mean"
+        Every tile's voxels weigh alike, or by a Gaussian centred on the tile.
+    sigma_scale : float or sequence of float, default 0.125
+        The Gaussian's sigma as a fraction of the patch, per axis (MONAI's).
+    channels : tuple of int, default ()
+        The model output's leading axes before the patch axes (``(2,)`` for
+        two output channels): a batch is ``(B, *channels, *patch)`` and each
+        file's result ``(*channels, *extent)``.
+    dtype : dtype, default "float32"
+        The results' dtype (sums are kept in it, or in ``float32`` for a
+        narrower one).
+    out : str or os.PathLike, optional
+        Where each file's result is written, plane range by plane range as
+        its planes become final, instead of being kept in memory:
+
+        * a folder (local path, or URL prefix in object storage): one
+          ``<file's base name>.npy`` per file, a local one written into a
+          temporary file and renamed into place when complete, an object sent
+          in one PUT when complete (held whole until then);
+        * a path or URL ending in ``.zarr``: a zarr v3 group (made if
+          missing) holding one array per file, named after its base name
+          without ``.npy`` (replaced if there), chunks a tile step of planes
+          deep (as :func:`npydask.to_zarr` writes, through the store
+          :func:`npydask.zarr_store` opens).
+
+        An object URL in the dataset's own bucket is reached with the
+        dataset's ``storage_options``; another with the environment's
+        credentials. Files must have distinct base names.
+
+    Notes
+    -----
+    **Order and memory.** Tiles may arrive in any batch sizes, with files in
+    any order and interleaved, but within a file along the first patch axis
+    they must come in the Grid's order (rows of tiles by increasing start;
+    any order within a row): a tile that starts a new row while tiles of an
+    earlier row are still missing raises ``ValueError``. Each file in progress holds one slab: the sums
+    and weights of a tile's depth of planes over the file's whole other axes.
+    When the next row of tiles starts, the planes before it are final:
+    they are divided, written into the result (or ``out``) and dropped. So
+    with the Grid's own order (file by file, raster) at most one slab is
+    held, besides the results kept in memory when ``out`` is not given.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.samplers import Grid, Stitcher
+    >>> root = tempfile.mkdtemp(); x = np.arange(90, dtype="f4").reshape(9, 10)
+    >>> np.save(os.path.join(root, "a.npy"), x)
+    >>> ds = npydask.open_dataset(root); grid = Grid((4, 4)).bind(ds)
+    >>> s = Stitcher(grid, ds, weights="gaussian")
+    >>> tiles = grid.tiles(0)
+    >>> batch = np.stack([x[t.start[0]:t.stop[0], t.start[1]:t.stop[1]] for t in tiles])
+    >>> s.add(batch, {"file": [0] * len(tiles), "start": [t.start for t in tiles], "stop": [t.stop for t in tiles]})
+    >>> np.allclose(s.result()[0], x)
+    True
+    """
+
+    def __init__(
+        self,
+        grid: Grid | GridBound,
+        dataset: Any,
+        *,
+        weights: str = "mean",
+        sigma_scale: float | Sequence[float] = 0.125,
+        channels: Sequence[int] = (),
+        dtype: Any = "float32",
+        out: str | os.PathLike[str] | None = None,
+    ) -> None:
+        bound = grid.bind(dataset) if isinstance(grid, Grid) else grid
+        if not isinstance(bound, GridBound):
+            raise TypeError(f"grid must be a npydask.samplers.Grid (or a bound one), found {type(grid).__name__}")
+        grid = bound
+        if len(grid.extents) != len(dataset):
+            raise ValueError(f"the grid is bound to {len(grid.extents)} files but the dataset has {len(dataset)}")
+        self.grid = grid
+        self.patch = grid.patch_shape
+        self.map = importance_map(self.patch, weights, sigma_scale)
+        if not isinstance(channels, (tuple, list)):
+            raise TypeError(f"channels must be a tuple of the output's leading axes, e.g. (2,), found {channels!r}")
+        self.channels = tuple(check_int("channels", c, 1) for c in channels)
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind not in "fc":
+            raise TypeError(f"dtype must be a floating or complex dtype (averages), found {self.dtype}")
+        self._sum_dtype = np.result_type(self.dtype, np.float32)
+        self._slabs: dict[int, _Slab] = {}
+        self._done: dict[int, Any] = {}
+        self._outputs: dict[int, Output] = {}
+        self.out = None if out is None else os.fspath(out)
+        self._names: list[str] = []
+        self._group: Any = None
+        if self.out is not None:
+            member = next(iter(dataset_members(dataset).values()))
+            self._source = member.views.context.source
+            self._names = output_names(member.files, is_zarr(self.out))
+            if is_zarr(self.out):
+                self._group = zarr_group(self.out, self._source)
+
+    @property
+    def in_progress(self) -> dict[int, tuple[int, ...]]:
+        """The files with tiles still to come, and the shape of the slab each holds."""
+        return {f: s.sums.shape for f, s in self._slabs.items()}
+
+    def add(self, batch: Any, index: Mapping[str, Any]) -> None:
+        """Take the outputs of a batch of tiles.
+
+        Parameters
+        ----------
+        batch : array-like
+            ``(B, *channels, *patch)`` model outputs (NumPy, or anything
+            ``numpy.asarray`` takes, such as a CPU torch tensor).
+        index : dict
+            The tiles, as the Loader's ``with_index=True`` gives them:
+            ``"file"`` (B,), ``"start"`` and ``"stop"`` (B x patch ndim); or
+            the adapters' ``"location"`` (B x 2 ndim: start, then stop).
+
+        Raises
+        ------
+        ValueError
+            A batch of the wrong shape, a tile that is not one of the grid's,
+            one given twice, or one that starts a new row of tiles of its
+            file while tiles of an earlier row are missing.
+        """
+        values = np.asarray(batch)
+        nd = len(self.patch)
+        files, starts, stops = _tiles(index, nd)
+        want = (len(files), *self.channels, *self.patch)
+        if values.shape != want:
+            raise ValueError(f"expected a batch of shape {want} (B, *channels, *patch), found {values.shape}")
+        for b, (file, start, stop) in enumerate(zip(files, starts, stops)):
+            if stop != tuple(a + p for a, p in zip(start, self.patch)):
+                raise ValueError(f"tile {start}..{stop} of file {file} is not of the patch's shape {self.patch}")
+            self._add(file, start, values[b])
+
+    def _add(self, file: int, start: tuple[int, ...], tile: np.ndarray) -> None:
+        slab = self._slabs.get(file)
+        if slab is None:
+            if file in self._done or not 0 <= file < self.grid.n_files:
+                why = "already complete" if file in self._done else f"not one of the grid's {self.grid.n_files} files"
+                raise ValueError(f"a tile of file {file} at {start}: the file is {why}")
+            slab = self._slabs[file] = self._open(file)
+        if start not in slab.expected:
+            raise ValueError(f"the tile at {start} of file {file} is not one of its grid's tiles, or was given twice")
+        if start[0] > slab.row:
+            skipped = sorted(t for t in slab.expected if t[0] < start[0])
+            if skipped:
+                raise ValueError(
+                    f"the tile at {start} of file {file} came before its tiles at {skipped[:3]}"
+                    f"{' ...' if len(skipped) > 3 else ''}: tiles must arrive in the Grid's order along the first "
+                    "patch axis (rows of tiles by increasing start, any order within a row)"
+                )
+            self._flush(file, slab, start[0])
+        slab.expected.discard(start)
+        where = tuple(slice(a - o, a - o + p) for a, o, p in zip(start[1:], slab.origin[1:], self.patch[1:]))
+        rows = slice(0, self.patch[0])
+        lead: tuple[slice, ...] = (slice(None),) * len(self.channels)
+        slab.sums[(*lead, rows, *where)] += tile * self.map
+        slab.weights[(rows, *where)] += self.map
+        if not slab.expected:
+            self._flush(file, slab, slab.row + slab.weights.shape[0])
+            del self._slabs[file]
+            self._finish(file)
+
+    def _open(self, file: int) -> _Slab:
+        tiles = self.grid.tiles(file)
+        extent = self.grid.extents[file]
+        origin = tuple(min(0, *(t.start[i] for t in tiles)) for i in range(len(extent)))
+        size = tuple(max(e, *(t.stop[i] for t in tiles)) - o for i, (e, o) in enumerate(zip(extent, origin)))
+        shape, nc = (*self.channels, *extent), len(self.channels)
+        if self.out is None:
+            self._outputs[file] = ArrayOutput(shape, nc, self.dtype)
+        elif self._group is not None:
+            step = self.grid.sampler.step[0]
+            self._outputs[file] = ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
+        else:
+            where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
+                     else os.path.join(os.path.abspath(self.out), self._names[file]))
+            self._outputs[file] = NpyOutput(shape, nc, self.dtype, where, self._source)
+        return _Slab(self.channels, self.patch, origin, size, self._sum_dtype, {t.start for t in tiles})
+
+    def _flush(self, file: int, slab: _Slab, row: int) -> None:
+        """Divide and write the planes before ``row``; move the rest to the slab's front."""
+        depth = slab.weights.shape[0]
+        k = min(row - slab.row, depth)
+        extent = self.grid.extents[file]
+        lead: tuple[slice, ...] = (slice(None),) * len(self.channels)  # (the channel axes whole)
+        lo, hi = max(slab.row, 0), min(slab.row + k, extent[0])  # the file's planes among the final ones
+        if hi > lo:
+            crop = tuple(slice(-o, -o + e) for o, e in zip(slab.origin[1:], extent[1:]))
+            rows = slice(lo - slab.row, hi - slab.row)
+            value = (slab.sums[(*lead, rows, *crop)] / slab.weights[(rows, *crop)]).astype(self.dtype, copy=False)
+            self._write(file, lo, value)
+        for i in range(depth - k):  # plane by plane: no temporary the size of the slab
+            to: tuple[slice | int, ...] = (*lead, i)
+            come: tuple[slice | int, ...] = (*lead, i + k)
+            slab.sums[to] = slab.sums[come]
+            slab.weights[i] = slab.weights[i + k]
+        slab.sums[(*lead, slice(depth - k, depth))] = 0
+        slab.weights[depth - k :] = 0
+        slab.row = row
+
+    def _write(self, file: int, first: int, value: np.ndarray) -> None:
+        self._outputs[file].write(first, value)
+
+    def _finish(self, file: int) -> None:
+        self._done[file] = self._outputs.pop(file).finish()
+
+    def result(self) -> list[Any]:
+        """Each file's stitched array, in dataset order.
+
+        With ``out``: each file's ``.npy`` path or URL (written), or its zarr
+        array (``zarr.Array``, written).
+
+        Raises
+        ------
+        ValueError
+            If a file's tiles are missing, naming the files and how many.
+        """
+        missing = {f: len(s.expected) for f, s in self._slabs.items()}
+        missing.update({f: self.grid.tile_count(f) for f in range(self.grid.n_files)
+                        if f not in self._done and f not in self._slabs})
+        if missing:
+            shown = ", ".join(f"file {f}: {n}" for f, n in sorted(missing.items())[:5])
+            more = f" (and {len(missing) - 5} more files)" if len(missing) > 5 else ""
+            raise ValueError(f"tiles are missing, so the result is incomplete ({shown}{more}); add them first")
+        return [self._done[f] for f in range(self.grid.n_files)]
+
+    def __repr__(self) -> str:
+        return (f"Stitcher({self.grid!r}, {len(self._done)} of {self.grid.n_files} files done, "
+                f"{len(self._slabs)} in progress)")
+
+
+def _tiles(index: Mapping[str, Any], nd: int) -> tuple[list[int], list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """``index``'s files, starts and stops as Python ints."""
+    try:
+        files = np.asarray(index["file"]).reshape(-1)
+        if "start" in index:
+            starts, stops = np.asarray(index["start"]), np.asarray(index["stop"])
+        else:
+            location = np.asarray(index["location"])
+            starts, stops = location[:, :nd], location[:, nd:]
+    except KeyError as e:
+        raise ValueError(f"index must hold 'file' and 'start'/'stop' (or 'location'), missing {e}") from None
+    starts, stops = starts.reshape(len(files), -1), stops.reshape(len(files), -1)
+    if starts.shape[1] != nd or stops.shape[1] != nd:
+        raise ValueError(f"index 'start' and 'stop' must have {nd} columns (the patch axes), found {starts.shape}")
+    return ([int(f) for f in files.tolist()], [tuple(map(int, s)) for s in starts.tolist()],
+            [tuple(map(int, s)) for s in stops.tolist()])

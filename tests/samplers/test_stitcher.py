@@ -1,0 +1,299 @@
+"""Stitcher: numpy's weighted average of the tiles is the oracle; slabs are bounded; .npy targets equal the arrays."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+
+import npydask
+from npydask.samplers import Grid, Stitcher
+from npydask.samplers.stitcher import importance_map
+
+
+def dataset(tmp_path, arrays):
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i:02d}.npy", a)
+    return npydask.open_dataset(str(tmp_path))
+
+
+def tile_of(array, tile):
+    """The tile's input values, padded with zeros where it hangs over the array (leading axes whole)."""
+    nd = len(tile.start)
+    lead = array.ndim - nd
+    out = np.zeros(array.shape[:lead] + tuple(b - a for a, b in zip(tile.start, tile.stop)), array.dtype)
+    src = tuple(slice(max(a, 0), min(b, n)) for a, b, n in zip(tile.start, tile.stop, array.shape[lead:]))
+    dst = tuple(slice(s.start - a, s.stop - a) for s, a in zip(src, tile.start))
+    out[(..., *dst)] = array[(..., *src)]
+    return out
+
+
+def all_tiles(grid):
+    return [t for f in range(grid.n_files) for t in grid.tiles(f)]
+
+
+def index_of(tiles):
+    return {"file": np.array([t.file for t in tiles], np.int64),
+            "start": np.array([t.start for t in tiles], np.int64).reshape(len(tiles), -1),
+            "stop": np.array([t.stop for t in tiles], np.int64).reshape(len(tiles), -1)}
+
+
+def feed(stitcher, tiles, outputs, batch_size, check=None):
+    for i in range(0, len(tiles), batch_size):
+        part = tiles[i : i + batch_size]
+        stitcher.add(np.stack([outputs[t] for t in part]), index_of(part))
+        if check is not None:
+            check(stitcher)
+
+
+def oracle(extent, tiles, outputs, weights, channels=()):
+    """The weighted average over a padded canvas, cropped: MONAI's fold, in float64."""
+    nd = len(extent)
+    origin = [min(0, *(t.start[i] for t in tiles)) for i in range(nd)]
+    size = [max(extent[i], *(t.stop[i] for t in tiles)) - origin[i] for i in range(nd)]
+    sums = np.zeros((*channels, *size))
+    count = np.zeros(size)
+    for t in tiles:
+        where = tuple(slice(a - o, b - o) for a, b, o in zip(t.start, t.stop, origin))
+        sums[(..., *where)] += outputs[t] * weights
+        count[where] += weights
+    crop = tuple(slice(-o, -o + e) for o, e in zip(origin, extent))
+    return (sums[(..., *crop)] / count[crop])
+
+
+@pytest.mark.parametrize("weights", ["mean", "gaussian"])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_the_identity_model_gives_the_input_back(tmp_path, weights, batch_size):
+    rng = np.random.default_rng(0)
+    arrays = [rng.random((13, 17, 9)).astype("f4"), rng.random((20, 6, 11)).astype("f4")]
+    ds = dataset(tmp_path, arrays)
+    grid = Grid((8, 8, 8), overlap=0.25).bind(ds)
+    tiles = all_tiles(grid)
+    outputs = {t: tile_of(arrays[t.file], t) for t in tiles}
+    s = Stitcher(grid, ds, weights=weights)
+    feed(s, tiles, outputs, batch_size)
+    for got, want in zip(s.result(), arrays):
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("weights", ["mean", "gaussian"])
+def test_random_outputs_equal_numpy_weighted_averages(tmp_path, weights):
+    rng = np.random.default_rng(1)
+    arrays = [np.zeros((19, 23), "f4"), np.zeros((9, 30), "f4")]
+    ds = dataset(tmp_path, arrays)
+    grid = Grid((10, 12), overlap=0.4).bind(ds)
+    tiles = all_tiles(grid)
+    outputs = {t: rng.normal(size=(10, 12)).astype("f4") for t in tiles}
+    s = Stitcher(Grid((10, 12), overlap=0.4), ds, weights=weights)
+    feed(s, tiles, outputs, 5)
+    w = importance_map((10, 12), weights).astype(np.float64)
+    for f, got in enumerate(s.result()):
+        want = oracle(arrays[f].shape, grid.tiles(f), outputs, w)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_files_smaller_than_the_patch_are_padded_and_cropped(tmp_path):
+    rng = np.random.default_rng(2)
+    arrays = [rng.random((5, 20)).astype("f4"), rng.random((3, 4)).astype("f4")]
+    ds = dataset(tmp_path, arrays)
+    grid = Grid((8, 8)).bind(ds)
+    tiles = all_tiles(grid)
+    assert any(min(t.start) < 0 for t in tiles)
+    outputs = {t: tile_of(arrays[t.file], t) for t in tiles}
+    for weights in ("mean", "gaussian"):
+        s = Stitcher(grid, ds, weights=weights)
+        feed(s, tiles, outputs, 4)
+        for got, want in zip(s.result(), arrays):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_two_output_channels(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.random((30, 25, 12)).astype("f4")
+    ds = dataset(tmp_path, [x])
+    grid = Grid((16, 16, 8), overlap=0.25).bind(ds)
+    tiles = all_tiles(grid)
+    outputs = {t: np.stack([2 * tile_of(x, t) + 1, tile_of(x, t) ** 2]) for t in tiles}
+    s = Stitcher(grid, ds, weights="gaussian", channels=(2,), dtype="float64")
+    feed(s, tiles, outputs, 3)
+    (got,) = s.result()
+    assert got.shape == (2, 30, 25, 12) and got.dtype == np.float64
+    np.testing.assert_allclose(got[0], 2 * x + 1, rtol=1e-6)
+    np.testing.assert_allclose(got[1], x.astype(np.float64) ** 2, rtol=1e-5)
+
+
+def test_in_the_grids_order_one_slab_of_a_tile_depth_is_held(tmp_path):
+    x = np.random.default_rng(4).random((40, 12, 10)).astype("f4")
+    ds = dataset(tmp_path, [x, x[:20]])
+    grid = Grid((8, 6, 10), overlap=0.5).bind(ds)
+    tiles = all_tiles(grid)
+    outputs = {t: np.stack([tile_of(x, t)] * 2) for t in tiles}
+    seen = []
+
+    def check(st):
+        held = st.in_progress
+        assert len(held) <= 1
+        seen.extend(held.values())
+
+    s = Stitcher(grid, ds, channels=(2,))
+    feed(s, tiles, outputs, 2, check)
+    assert set(seen) == {(2, 8, 12, 10)}  # a tile's depth over the whole plane, never the volume
+    assert s.in_progress == {}
+    np.testing.assert_allclose(s.result()[0][1], x, rtol=1e-6)
+
+
+def test_files_may_interleave_each_holding_its_own_slab(tmp_path):
+    x = np.random.default_rng(5).random((20, 10)).astype("f4")
+    ds = dataset(tmp_path, [x, x + 1])
+    grid = Grid((6, 6)).bind(ds)
+    a, b = grid.tiles(0), grid.tiles(1)
+    mixed = [t for pair in zip(a, b) for t in pair]
+    arrays = [x, x + 1]
+    outputs = {t: tile_of(arrays[t.file], t) for t in mixed}
+    s = Stitcher(grid, ds, weights="gaussian")
+    feed(s, mixed, outputs, 3, lambda st: assert_at_most(st, 2))
+    for got, want in zip(s.result(), arrays):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def assert_at_most(st, n):
+    assert len(st.in_progress) <= n
+
+
+def test_location_indexes_of_the_adapters_are_taken(tmp_path):
+    x = np.arange(64, dtype="f4").reshape(8, 8)
+    ds = dataset(tmp_path, [x])
+    grid = Grid((4, 4), overlap=0.5).bind(ds)
+    tiles = grid.tiles(0)
+    s = Stitcher(grid, ds)
+    location = np.array([t.start + t.stop for t in tiles])
+    s.add(np.stack([tile_of(x, t) for t in tiles]), {"file": [0] * len(tiles), "location": location})
+    np.testing.assert_array_equal(s.result()[0], x)
+
+
+def stitch_two_files(tmp_path, out):
+    """Two files whose model outputs are (x, -x), stitched with Gaussian weights into ``out``: inputs and result()."""
+    rng = np.random.default_rng(6)
+    arrays = [rng.random((13, 9, 7)).astype("f4"), rng.random((4, 9, 7)).astype("f4")]
+    src = tmp_path / "src"
+    src.mkdir()
+    ds = dataset(src, arrays)
+    grid = Grid((6, 6, 6)).bind(ds)
+    tiles = all_tiles(grid)
+    outputs = {t: np.stack([tile_of(arrays[t.file], t), -tile_of(arrays[t.file], t)]) for t in tiles}
+    s = Stitcher(grid, ds, weights="gaussian", channels=(2,), out=out)
+    feed(s, tiles, outputs, 5)
+    return [np.stack([a, -a]) for a in arrays], s.result()
+
+
+def test_out_folder_gets_one_npy_per_file_equal_to_the_arrays(tmp_path):
+    wanted, paths = stitch_two_files(tmp_path, tmp_path / "out")
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["00.npy", "01.npy"]
+    for path, want in zip(paths, wanted):
+        np.testing.assert_allclose(np.load(path), want, rtol=1e-6)
+
+
+def test_out_of_order_duplicate_foreign_and_missing_tiles_raise(tmp_path):
+    x = np.zeros((20, 8), "f4")
+    ds = dataset(tmp_path, [x])
+    grid = Grid((8, 8), overlap=0.5).bind(ds)
+    tiles = grid.tiles(0)
+    outputs = {t: np.zeros((8, 8), "f4") for t in tiles}
+    s = Stitcher(grid, ds)
+    with pytest.raises(ValueError, match=r"before its tiles at \[\(0, 0\)\]: tiles must arrive in the Grid's order"):
+        feed(s, tiles[1:2], outputs, 1)
+    feed(s, tiles[:2], outputs, 1)
+    with pytest.raises(ValueError, match="given twice"):
+        feed(s, tiles[1:2], outputs, 1)
+    with pytest.raises(ValueError, match="not one of its grid's tiles"):
+        s.add(np.zeros((1, 8, 8)), {"file": [0], "start": [[3, 0]], "stop": [[11, 8]]})
+    with pytest.raises(ValueError, match="not one of the grid's 1 files"):
+        s.add(np.zeros((1, 8, 8)), {"file": [1], "start": [[0, 0]], "stop": [[8, 8]]})
+    with pytest.raises(ValueError, match=r"shape \(1, 8, 8\)"):
+        s.add(np.zeros((1, 8, 7)), {"file": [0], "start": [[0, 0]], "stop": [[8, 8]]})
+    with pytest.raises(ValueError, match="patch's shape"):
+        s.add(np.zeros((1, 8, 8)), {"file": [0], "start": [[0, 0]], "stop": [[8, 9]]})
+    with pytest.raises(ValueError, match="'start'/'stop'"):
+        s.add(np.zeros((1, 8, 8)), {"file": [0]})
+    with pytest.raises(ValueError, match="file 0: 2"):
+        s.result()
+
+
+def test_a_complete_file_refuses_more_tiles(tmp_path):
+    ds = dataset(tmp_path, [np.zeros((8, 8), "f4")])
+    grid = Grid((8, 8)).bind(ds)
+    (tile,) = grid.tiles(0)
+    s = Stitcher(grid, ds)
+    s.add(np.ones((1, 8, 8)), index_of([tile]))
+    with pytest.raises(ValueError, match="already complete"):
+        s.add(np.ones((1, 8, 8)), index_of([tile]))
+    np.testing.assert_array_equal(s.result()[0], np.ones((8, 8)))
+
+
+def monai_importance_map(patch, sigma_scale=0.125):
+    """MONAI's compute_importance_map("gaussian"), transcribed to numpy float32."""
+    out = None
+    for i, n in enumerate(patch):
+        x = np.arange(-(n - 1) / 2.0, (n - 1) / 2.0 + 1, dtype=np.float32)
+        x = np.exp(x**2 / (-2 * np.float32(n * sigma_scale) ** 2))
+        out = x if i == 0 else out[..., None] * x
+    return np.maximum(out, max(float(out.min()), 1e-3)).astype(np.float32)
+
+
+@pytest.mark.parametrize("patch", [(7,), (8, 5), (16, 16, 9), (128, 128, 128)])
+def test_the_gaussian_map_is_monais(patch):
+    np.testing.assert_allclose(importance_map(patch, "gaussian"), monai_importance_map(patch), rtol=1e-6)
+    assert importance_map(patch).sum() == math.prod(patch)
+
+
+def test_bad_arguments(tmp_path):
+    ds = dataset(tmp_path, [np.zeros((8, 8), "f4")])
+    with pytest.raises(ValueError, match="weights must be one of"):
+        Stitcher(Grid((4, 4)), ds, weights="max")
+    with pytest.raises(ValueError, match="sigma_scale"):
+        Stitcher(Grid((4, 4)), ds, weights="gaussian", sigma_scale=-1)
+    with pytest.raises(TypeError, match="floating"):
+        Stitcher(Grid((4, 4)), ds, dtype="int32")
+    with pytest.raises(TypeError, match=r"e.g. \(2,\)"):
+        Stitcher(Grid((4, 4)), ds, channels=2)
+    with pytest.raises(TypeError, match="Grid"):
+        Stitcher(object(), ds)
+
+
+def stitch_in_bucket(s3, out):
+    """One object of the dataset's bucket stitched (its own values) into ``out`` under the same prefix."""
+    space = s3.space()
+    x = np.random.default_rng(7).random((10, 9)).astype("f4")
+    s3.put_npy(f"{space}/in/scan.npy", x)
+    ds = npydask.open_dataset(f"s3://{space}/in", storage_options=s3.options)
+    grid = Grid((4, 4)).bind(ds)
+    tiles = grid.tiles(0)
+    s = Stitcher(grid, ds, weights="gaussian", out=f"s3://{space}/{out}")
+    feed(s, tiles, {t: tile_of(x, t) for t in tiles}, 4)
+    return space, x, s.result()
+
+
+def test_out_in_the_datasets_bucket_gets_one_object_per_file(s3):
+    space, x, result = stitch_in_bucket(s3, "out")
+    assert result == [f"s3://{space}/out/scan.npy"]
+    np.testing.assert_allclose(np.load(io.BytesIO(s3.get(f"{space}/out/scan.npy"))), x, rtol=1e-6)
+
+
+def test_out_zarr_gets_one_array_per_file(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    wanted, results = stitch_two_files(tmp_path, str(tmp_path / "out.zarr"))
+    group = zarr.open_group(npydask.zarr_store(str(tmp_path / "out.zarr")), mode="r")
+    assert sorted(group.array_keys()) == ["00", "01"]
+    for name, got, want in zip(["00", "01"], results, wanted):
+        np.testing.assert_allclose(group[name][:], want, rtol=1e-6)
+        np.testing.assert_allclose(got[:], want, rtol=1e-6)
+
+
+def test_out_zarr_in_the_datasets_bucket(s3):
+    zarr = pytest.importorskip("zarr")
+    space, x, _ = stitch_in_bucket(s3, "out.zarr")
+    store = npydask.zarr_store(f"s3://{space}/out.zarr", s3.options, read_only=True)
+    np.testing.assert_allclose(zarr.open_array(store, path="scan", mode="r")[:], x, rtol=1e-6)
