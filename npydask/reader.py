@@ -23,11 +23,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from npydask import backends
+from npydask._buffers import empty
 from npydask._keywords import suggest_keywords
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader
-from npydask.format.npz import check_stored
+from npydask.format.npz import check_stored, inflate_into
+from npydask.plan.patch_runs import PatchRuns, cut_boxes, plan_boxes
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
 from npydask.storage import FileIdentity, HeaderCheck, OpenFile
@@ -35,9 +37,19 @@ from npydask.storage.base import Source
 from npydask.storage.identity import Identity
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute
+from npydask.storage.spans import read_spans
 from npydask.storage.where import fspath, resolve
 
-__all__ = ["BACKENDS", "FileRef", "check_key", "choose_backend", "read_header", "read_region"]
+__all__ = [
+    "BACKENDS",
+    "BoxesRead",
+    "FileRef",
+    "check_key",
+    "choose_backend",
+    "read_boxes",
+    "read_header",
+    "read_region",
+]
 
 BACKENDS = ("auto", "mmap", "pread")
 
@@ -381,3 +393,128 @@ def shared_facts(header: NpyHeader, options: ReadOptions, backend: str, key: str
     facts = (h.version, h.shape, h.dtype.str, h.dtype.descr, h.fortran_order, h.data_offset)
     return f"{facts!r}|{dataclasses.astuple(options)!r}|{backend}|{key!r}"
 
+
+class BoxesRead(NamedTuple):
+    """The arrays of boxes of one file read together (:func:`read_boxes`), and what reading them cost.
+
+    The counts add up over calls: a loader sums them per epoch.
+    """
+
+    arrays: list[np.ndarray]
+    """One array per box, in the order given."""
+    bytes_read: int
+    """Payload bytes read from the file (the merged spans, gaps included; each byte once)."""
+    requests: int
+    """Reads issued: ``preadv`` calls for a local file, range GETs for an object."""
+    patch_bytes: int
+    """Bytes of the arrays (padding included)."""
+
+
+MAX_INFLATE_GAP = 1 << 62
+"""A deflated member is inflated once, from the first box's bytes to the last's: every gap is kept."""
+
+
+def read_boxes(ref: FileRef, boxes: Sequence[Box], *, fill_value: Any = 0, max_gap: int | None = None) -> BoxesRead:
+    """Read many boxes of one file together: the union of their bytes, each byte once, then each box cut out.
+
+    Each array equals ``numpy.load(path)[tuple(slice(a, b) for a, b in zip(start, stop))]``
+    (values, dtype with its byte order, shape; C-contiguous, fresh and
+    writeable) for a box inside the file, for C- and Fortran-ordered files,
+    ``.npz`` members and 0-d arrays. A box may name only the trailing axes:
+    the leading ones (channels) are read whole. A box may hang over the
+    file's edges (negative starts, stops past the extent): its cells outside
+    the file hold ``fill_value``, converted to the dtype as
+    ``out_of_bounds_policy="pad"`` converts it.
+
+    The boxes' byte runs are merged where they overlap or lie within
+    ``max_gap`` bytes of each other (the gap bytes are read and dropped),
+    then read in one batch: a local file by a loop of ``preadv`` on one
+    descriptor (``O_DIRECT`` with the ``direct_io`` setting), an object by
+    concurrent range GETs. Like :meth:`FileRef.read`, the file must still be
+    the one ``ref`` was opened on, checked after the reads. A deflated
+    ``.npz`` member is inflated once, from the first box's bytes to the last's.
+
+    Parameters
+    ----------
+    ref : FileRef
+        The file, as opened (:meth:`FileRef.open`).
+    boxes : sequence of Box
+        The boxes, in logical (C-order) coordinates; they may overlap.
+    fill_value : number
+        The value of cells outside the file.
+    max_gap : int, optional
+        Bytes of gap bridged between runs; ``ref.options.gap_bytes`` by
+        default (the ``gap_bytes`` setting, ``remote_gap_bytes`` for objects).
+
+    Returns
+    -------
+    BoxesRead
+        The arrays, with the bytes read, the requests issued and the bytes of the arrays.
+
+    Raises
+    ------
+    RoiError
+        For a box with more axes than the file, or a stop before its start.
+    ValueError
+        For a ``fill_value`` the dtype cannot hold, or a negative ``max_gap``.
+    FileChangedError
+        If the file is no longer the one ``ref`` was opened on (before or while it was read).
+    NpyFormatError
+        If the file's header bytes are not the ones in ``ref.check``.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os
+    >>> from npydask.plan.region import Box
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.arange(12).reshape(3, 4))
+    >>> got = read_boxes(FileRef.open(p), [Box((0, 1), (2, 3)), Box((2, 3), (4, 5))], fill_value=-1)
+    >>> got.arrays[1]
+    array([[11, -1],
+           [-1, -1]])
+    >>> got.bytes_read, got.requests
+    (88, 1)
+    """
+    f = ref.source.open(ref.path, ref.identity, key=ref.key, check=ref.check)
+    gap = ref.options.gap_bytes if max_gap is None else max_gap
+    if f.deflated:
+        gap = MAX_INFLATE_GAP
+    runs = plan_boxes(
+        f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path
+    )
+    buffer = empty((runs.bytes_read,), np.uint8)
+    if f.deflated:
+        requests, nbytes = _inflate(f, runs, buffer)
+    else:
+        requests = read_spans(f, runs.spans, buffer, ref.options) if len(runs.spans) else 0
+        nbytes = runs.bytes_read
+    arrays = cut_boxes(runs, buffer)
+    member = f.member
+    if member is not None and member.stored:
+        whole = Box.whole(f.header.shape)
+        for a, cut in zip(arrays, runs.cuts):
+            if cut.box == whole:  # (as read_region checks a whole member)
+                check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
+    return BoxesRead(arrays, nbytes, requests, runs.patch_bytes)
+
+
+def _inflate(f: OpenFile, runs: PatchRuns, buffer: np.ndarray) -> tuple[int, int]:
+    """Inflate the one span of a deflated member's boxes into ``buffer``; the reads and the compressed bytes read.
+
+    The member's CRC-32 is checked where a box is the whole member (inflation then goes on to its end).
+    """
+    counted = [0, 0]
+
+    def read(offset: int, n: int) -> bytes:
+        data = f.read_at(offset, n)
+        counted[0] += 1
+        counted[1] += len(data)
+        return data
+
+    member = f.member
+    assert member is not None
+    whole = any(cut.inside == Box.whole(f.header.shape) for cut in runs.cuts)
+    if len(runs.spans) or whole:
+        start = int(runs.spans.offsets[0]) if len(runs.spans) else f.header.data_offset
+        inflate_into(read, member, f.path, buffer.data, start, verify=whole)
+    f.check_unchanged()
+    return counted[0], counted[1]

@@ -1,0 +1,247 @@
+"""read_boxes: many boxes of one file read together equal numpy slicing, locally and from SeaweedFS."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+from _boxes import box_lists, expected_box
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npydask
+from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError, RoiError
+from npydask.plan.patch_runs import file_box, plan_boxes
+from npydask.plan.region import Box
+from npydask.reader import FileRef, read_boxes
+from npydask.storage import HeaderCheck
+from npydask.storage.where import resolve
+from npydask.testing.conformance import assert_same_array, sample_array
+
+DTYPES = ["?", "u1", "<i2", ">i4", "<f2", ">f4", "<f8", ">c16", "<M8[ms]", "S3", "<U2", "V5",
+          np.dtype([("a", "<i2"), ("b", ">f8")], align=True)]  # fmt: skip
+
+
+@pytest.fixture
+def unique_path(tmp_path: pathlib.Path):
+    """A fresh file name per call (hypothesis reuses the test's tmp_path across examples)."""
+    counter = itertools.count()
+    return lambda suffix=".npy": str(tmp_path / f"b{next(counter)}{suffix}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_boxes_of_local_files_equal_numpy(unique_path, data):
+    shape = data.draw(st.lists(st.integers(0, 6), max_size=4).map(tuple))
+    dtype = np.dtype(data.draw(st.sampled_from(DTYPES)))
+    a = sample_array(shape, dtype, seed=data.draw(st.integers(0, 2**16)))
+    if data.draw(st.booleans()):
+        a = np.asfortranarray(a)
+    path = unique_path()
+    np.save(path, a)
+    boxes = data.draw(box_lists(shape, max_boxes=5))
+    fill = 0 if dtype.kind in "VSUMmO" else 5
+    got = read_boxes(FileRef.open(path), boxes, fill_value=fill, max_gap=data.draw(st.sampled_from([0, 8, None])))
+    assert len(got.arrays) == len(boxes)
+    for g, b in zip(got.arrays, boxes):
+        assert g.flags.c_contiguous and g.flags.writeable
+        assert_same_array(g, expected_box(a, b, fill))
+    assert got.patch_bytes == sum(g.nbytes for g in got.arrays)
+
+
+def test_npz_members_stored_and_deflated(unique_path):
+    a = np.arange(5 * 6 * 7, dtype="<i4").reshape(5, 6, 7)
+    b = np.asfortranarray(np.linspace(0, 1, 48).reshape(6, 8))
+    boxes_a = [Box((1, 2), (4, 9)), Box((0, 0, 0), (5, 6, 7)), Box((-1, 5), (2, 7))]
+    boxes_b = [Box((1, 1), (3, 9)), Box((2, 2), (5, 5))]
+    for save in (np.savez, np.savez_compressed):
+        path = unique_path(".npz")
+        save(path, a=a, b=b)
+        for key, arr, boxes in (("a", a, boxes_a), ("b", b, boxes_b)):
+            got = read_boxes(FileRef.open(path, key=key), boxes, fill_value=-1)
+            for g, box in zip(got.arrays, boxes):
+                assert_same_array(g, expected_box(arr, box, -1))
+            assert got.requests >= 1 and got.bytes_read > 0
+
+
+def test_a_deflated_member_with_a_bad_crc_is_refused_when_a_box_is_whole(unique_path):
+    path = unique_path(".npz")
+    np.savez_compressed(path, a=np.arange(1000, dtype="<i8"))
+    ref = FileRef.open(path, key="a")
+    with open(path, "r+b") as f:  # the CRC-32 in the central directory, one bit flipped
+        data = bytearray(f.read())
+        at = data.rindex(b"PK\x01\x02") + 16
+        data[at] ^= 1
+        f.seek(0)
+        f.write(data)
+    os.utime(path, ns=(ref.identity.mtime_ns, ref.identity.mtime_ns))  # (the same identity)
+    npydask.storage.clear_cache()
+    read_boxes(FileRef.open(path, key="a"), [Box((3,), (9,))])  # a part: no CRC to check
+    with pytest.raises(NpzCrcError):
+        read_boxes(FileRef.open(path, key="a"), [Box((3,), (9,)), Box((0,), (1000,))])
+
+
+def test_each_byte_is_read_once_and_counted(unique_path, monkeypatch):
+    a = np.random.default_rng(0).standard_normal((8, 32, 64)).astype("<f4")
+    path = unique_path()
+    np.save(path, a)
+    boxes = [Box((1, 2, 3), (5, 20, 40)), Box((3, 10, 20), (7, 30, 60)), Box((1, 2, 3), (5, 20, 40)),
+             Box((6, 30, 60), (10, 34, 70))]  # fmt: skip
+    ref = FileRef.open(path)
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd, buffers, offset):
+        got = real(fd, buffers, offset)
+        calls.append(got)
+        return got
+
+    monkeypatch.setattr(os, "preadv", counting)
+    got = read_boxes(ref, boxes, fill_value=0, max_gap=0)
+    wanted = set()
+    for box in boxes:
+        full = file_box(a.shape, box)
+        lo = [min(max(s, 0), n) for s, n in zip(full.start, a.shape)]
+        hi = [min(max(s, 0), n) for s, n in zip(full.stop, a.shape)]
+        elements = np.arange(a.size).reshape(a.shape)[tuple(slice(p, q) for p, q in zip(lo, hi))].ravel()
+        wanted |= set((ref.header.data_offset + elements[:, None] * 4 + np.arange(4)).ravel().tolist())
+    assert got.bytes_read == len(wanted) == sum(calls)  # the union: overlaps and the repeated box read once
+    assert got.requests == len(calls) == len(plan_boxes(ref.header, boxes, max_gap=0).spans)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, 0))
+    calls.clear()
+    wide = read_boxes(ref, boxes)  # the gap_bytes setting (4 KiB): rows and planes merged
+    assert wide.requests == len(calls) < got.requests and wide.bytes_read == sum(calls) >= got.bytes_read
+
+
+def test_boxes_wholly_outside_read_nothing_but_still_check_the_file(unique_path):
+    path = unique_path()
+    np.save(path, np.zeros((3, 3), "u1"))
+    ref = FileRef.open(path)
+    got = read_boxes(ref, [Box((5, 5), (6, 7))], fill_value=9)
+    assert got.arrays[0].tolist() == [[9, 9]] and got.bytes_read == got.requests == 0
+    np.save(path, np.zeros((4, 4), "u1"))
+    with pytest.raises(FileChangedError):
+        read_boxes(ref, [Box((5, 5), (6, 7))], fill_value=9)
+
+
+def test_a_file_changed_after_planning_raises(unique_path):
+    path = unique_path()
+    np.save(path, np.arange(100, dtype="<i4").reshape(10, 10))
+    ref = FileRef.open(path)
+    np.save(path, np.arange(100, 200, dtype="<i4").reshape(10, 10))  # same size: another inode or mtime
+    st = os.stat(path)
+    if (st.st_size, st.st_mtime_ns, st.st_ino) == tuple(ref.identity):
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with pytest.raises(FileChangedError, match=os.path.basename(path)):
+        read_boxes(ref, [Box((0, 0), (2, 2))])
+
+
+def test_a_header_other_than_the_one_relied_on_is_refused(unique_path):
+    path, other = unique_path(), unique_path()
+    np.save(path, np.zeros((4, 4), "<f4"))
+    np.save(other, np.zeros((4, 4), ">f4"))
+    ref = FileRef.open(path)
+    with open(other, "rb") as f:
+        raw = f.read(ref.header.data_offset)
+    ref = ref._replace(check=HeaderCheck(raw, "the first file's header", "open it with headers='all'"))
+    with pytest.raises(NpyFormatError, match="first file's header"):
+        read_boxes(ref, [Box((0, 0), (2, 2))])
+
+
+def test_bad_arguments(unique_path):
+    path = unique_path()
+    np.save(path, np.zeros((4, 4), "<i2"))
+    ref = FileRef.open(path)
+    with pytest.raises(RoiError, match=os.path.basename(path)):
+        read_boxes(ref, [Box((0, 0, 0), (1, 1, 1))])
+    with pytest.raises(ValueError, match="nan"):
+        read_boxes(ref, [Box((0,), (1,))], fill_value=math.nan)
+    with pytest.raises(ValueError, match="max_gap"):
+        read_boxes(ref, [], max_gap=-1)
+    assert read_boxes(ref, []) == ([], 0, 0, 0)
+
+
+def test_direct_io_reads_the_same_values(unique_path):
+    a = np.arange(64 * 64, dtype="<u2").reshape(64, 64)
+    path = unique_path()
+    np.save(path, a)
+    boxes = [Box((3, 5), (40, 9)), Box((30, 60), (70, 70))]
+    with npydask.config.set(direct_io=True), warnings.catch_warnings():
+        # (a file system that refuses O_DIRECT, tmpfs, warns once and reads through the page cache)
+        warnings.filterwarnings("ignore", "the file system refuses O_DIRECT", npydask.NpyDaskWarning)
+        got = read_boxes(FileRef.open(path), boxes, fill_value=1)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, 1))
+
+
+# --------------------------------------------------------------------------
+# Object storage (SeaweedFS)
+
+
+def _object_ref(s3, url: str, key: str | None = None) -> FileRef:
+    where = resolve(url, s3.options)
+    return FileRef.open(where.path, key=key, source=where.source)
+
+
+def test_boxes_of_an_object_equal_numpy_with_each_byte_requested_once(s3, monkeypatch):
+    import obstore
+
+    a = np.asfortranarray(np.random.default_rng(1).standard_normal((16, 40, 50)).astype(">f8"))
+    url = f"s3://{s3.space()}/v.npy"
+    s3.put_npy(url[5:], a)
+    ref = _object_ref(s3, url)
+    boxes = [Box((2, 3), (30, 20)), Box((10, 10), (35, 45)), Box((-4, 40), (8, 60)), Box((0, 0, 0), (16, 40, 50))]
+    ranges: list[tuple[int, int]] = []
+    real = obstore.get
+
+    def get(store, key, options=None):
+        ranges.append(tuple(options["range"]))
+        return real(store, key, options=options)
+
+    monkeypatch.setattr(obstore, "get", get)
+    got = read_boxes(ref, boxes[:3], fill_value=-2.5, max_gap=0)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, -2.5))
+    assert got.requests == len(ranges) and got.bytes_read == sum(b - a for a, b in ranges)
+    spans = plan_boxes(ref.header, boxes[:3], max_gap=0).spans
+    assert sorted(ranges) == list(zip(spans.offsets.tolist(), (spans.offsets + spans.lengths).tolist()))
+    ranges.clear()
+    with npydask.config.set(remote_part_bytes=4096):  # (captured with the store: a new source)
+        ref = _object_ref(s3, url)
+    ranges.clear()
+    got = read_boxes(ref, boxes)
+    assert got.requests > len(plan_boxes(ref.header, boxes, max_gap=ref.options.gap_bytes).spans)
+    assert got.bytes_read == sum(b - a for a, b in ranges) and got.requests == len(ranges)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, 0))
+
+
+def test_a_replaced_object_raises_file_changed(s3):
+    a = np.arange(1000, dtype="<i4").reshape(10, 100)
+    space = s3.space()
+    s3.put_npy(f"{space}/v.npy", a)
+    ref = _object_ref(s3, f"s3://{space}/v.npy")
+    s3.put_npy(f"{space}/v.npy", a + 1)  # the same size, another ETag
+    with pytest.raises(FileChangedError, match="v.npy"):
+        read_boxes(ref, [Box((1, 1), (3, 30)), Box((5, 50), (9, 90))])
+
+
+def test_a_stored_npz_member_of_an_object(s3):
+    import io
+
+    a = np.arange(6 * 7 * 8, dtype="<u2").reshape(6, 7, 8)
+    buf = io.BytesIO()
+    np.savez(buf, x=a)
+    space = s3.space()
+    s3.put(f"{space}/v.npz", buf.getvalue())
+    ref = _object_ref(s3, f"s3://{space}/v.npz", key="x")
+    boxes = [Box((1, 2), (5, 9)), Box((-1, 0, 0), (7, 7, 8))]
+    got = read_boxes(ref, boxes)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, 0))
