@@ -29,7 +29,7 @@ from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader
 from npydask.format.npz import check_stored, inflate_into
-from npydask.plan.patch_runs import PatchRuns, cut_boxes, plan_boxes
+from npydask.plan.patch_runs import BoxLike, PatchRuns, cut_boxes, plan_boxes
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
 from npydask.storage import FileIdentity, HeaderCheck, OpenFile
@@ -37,16 +37,18 @@ from npydask.storage.base import Source
 from npydask.storage.identity import Identity
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute
-from npydask.storage.spans import read_spans
+from npydask.storage.spans import each_file, read_spans
 from npydask.storage.where import fspath, resolve
 
 __all__ = [
     "BACKENDS",
     "BoxesRead",
+    "FileBoxes",
     "FileRef",
     "check_key",
     "choose_backend",
     "read_boxes",
+    "read_boxes_many",
     "read_header",
     "read_region",
 ]
@@ -414,7 +416,7 @@ MAX_INFLATE_GAP = 1 << 62
 """A deflated member is inflated once, from the first box's bytes to the last's: every gap is kept."""
 
 
-def read_boxes(ref: FileRef, boxes: Sequence[Box], *, fill_value: Any = 0, max_gap: int | None = None) -> BoxesRead:
+def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, max_gap: int | None = None) -> BoxesRead:
     """Read many boxes of one file together: the union of their bytes, each byte once, then each box cut out.
 
     Each array equals ``numpy.load(path)[tuple(slice(a, b) for a, b in zip(start, stop))]``
@@ -439,7 +441,9 @@ def read_boxes(ref: FileRef, boxes: Sequence[Box], *, fill_value: Any = 0, max_g
     ref : FileRef
         The file, as opened (:meth:`FileRef.open`).
     boxes : sequence of Box
-        The boxes, in logical (C-order) coordinates; they may overlap.
+        The boxes, in logical (C-order) coordinates; they may overlap. Any
+        object with integer ``start`` and ``stop`` sequences serves (a
+        sampler's patch).
     fill_value : number
         The value of cells outside the file.
     max_gap : int, optional
@@ -495,6 +499,35 @@ def read_boxes(ref: FileRef, boxes: Sequence[Box], *, fill_value: Any = 0, max_g
             if cut.box == whole:  # (as read_region checks a whole member)
                 check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
     return BoxesRead(arrays, nbytes, requests, runs.patch_bytes)
+
+
+class FileBoxes(NamedTuple):
+    """One file and the boxes to read of it, as :func:`read_boxes_many` takes them."""
+
+    ref: FileRef
+    boxes: Sequence[BoxLike]
+
+
+def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap: int | None = None) -> list[BoxesRead]:
+    """:func:`read_boxes` of each file: objects several at once, local files in turn.
+
+    The boxes of one file are read together; list a file once with all its
+    boxes (a batch's patches of one volume, a zipped dataset's files
+    separately). Objects of a store are read up to 16 at once, their range
+    GETs sharing the ``remote_concurrency`` requests in flight.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> from npydask.plan.region import Box
+    >>> d = tempfile.mkdtemp(); paths = [os.path.join(d, f"{i}.npy") for i in range(2)]
+    >>> for i, p in enumerate(paths): np.save(p, np.full((4, 4), i))
+    >>> got = read_boxes_many([FileBoxes(FileRef.open(p), [Box((1, 1), (3, 2))]) for p in paths])
+    >>> [r.arrays[0].ravel().tolist() for r in got]
+    [[0, 0], [1, 1]]
+    """
+    concurrent = any(f.ref.source.concurrent for f in files)
+    return each_file(lambda f: read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap), files, concurrent)
 
 
 def _inflate(f: OpenFile, runs: PatchRuns, buffer: np.ndarray) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import math
 import os
 import pathlib
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import npydask
 from npydask.errors import FileChangedError, NpyFormatError, NpzCrcError, RoiError
 from npydask.plan.patch_runs import file_box, plan_boxes
 from npydask.plan.region import Box
-from npydask.reader import FileRef, read_boxes
+from npydask.reader import FileBoxes, FileRef, read_boxes, read_boxes_many
 from npydask.storage import HeaderCheck
 from npydask.storage.where import resolve
 from npydask.testing.conformance import assert_same_array, sample_array
@@ -180,6 +181,29 @@ def test_direct_io_reads_the_same_values(unique_path):
         assert_same_array(g, expected_box(a, box, 1))
 
 
+class Patch(NamedTuple):
+    """A sampler's patch: a file index and a box over the trailing axes."""
+
+    file: int
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+
+def test_many_files_each_with_its_boxes(unique_path):
+    arrays = [np.arange(60, dtype="<i2").reshape(3, 4, 5) * (i + 1) for i in range(3)]
+    paths = [unique_path() for _ in arrays]
+    for p, a in zip(paths, arrays):
+        np.save(p, a)
+    patches = [Patch(0, (0, 0), (2, 2)), Patch(2, (3, 4), (5, 6)), Patch(0, (1, 1), (3, 3)), Patch(1, (0, 0), (4, 5))]
+    files = [FileBoxes(FileRef.open(paths[i]), [q for q in patches if q.file == i]) for i in range(3)]
+    got = read_boxes_many(files, fill_value=-1)
+    for f, r in zip(files, got):
+        a = arrays[paths.index(f.ref.path)]
+        for q, g in zip(f.boxes, r.arrays):
+            assert_same_array(g, expected_box(a, q, -1))
+    assert read_boxes_many([]) == []
+
+
 # --------------------------------------------------------------------------
 # Object storage (SeaweedFS)
 
@@ -245,3 +269,20 @@ def test_a_stored_npz_member_of_an_object(s3):
     got = read_boxes(ref, boxes)
     for g, box in zip(got.arrays, boxes):
         assert_same_array(g, expected_box(a, box, 0))
+
+
+def test_many_objects_at_once_and_a_replaced_one_raises(s3):
+    space = s3.space()
+    arrays = [np.random.default_rng(i).standard_normal((6, 20, 30)).astype("<f4") for i in range(20)]
+    urls = [f"s3://{space}/{i:02d}.npy" for i in range(20)]
+    for url, a in zip(urls, arrays):
+        s3.put_npy(url[5:], a)
+    refs = [_object_ref(s3, url) for url in urls]
+    boxes = [Box((2, 3), (9, 40)), Box((1, 0, 0), (4, 20, 10))]
+    got = read_boxes_many([FileBoxes(ref, boxes) for ref in refs], fill_value=7)
+    for a, r in zip(arrays, got):
+        for g, box in zip(r.arrays, boxes):
+            assert_same_array(g, expected_box(a, box, 7))
+    s3.put_npy(urls[13][5:], arrays[13] + 1)
+    with pytest.raises(FileChangedError, match="13.npy"):
+        read_boxes_many([FileBoxes(ref, boxes) for ref in refs])

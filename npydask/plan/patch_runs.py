@@ -36,7 +36,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -46,7 +46,17 @@ from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, Coalesced, ReadPlan, grid_offsets, plan_read, same_layout
 from npydask.plan.roi import FileRoi, apply_pad, convert_fill
 
-__all__ = ["BoxCut", "PatchRuns", "Spans", "cut_boxes", "file_box", "plan_boxes"]
+__all__ = ["BoxCut", "BoxLike", "PatchRuns", "Spans", "cut_boxes", "file_box", "plan_boxes"]
+
+
+class BoxLike(Protocol):
+    """A box as these functions take it: integer ``start`` and ``stop`` sequences (a :class:`Box`, a patch)."""
+
+    @property
+    def start(self) -> Sequence[int]: ...
+
+    @property
+    def stop(self) -> Sequence[int]: ...
 
 
 class Spans(NamedTuple):
@@ -138,7 +148,7 @@ class PatchRuns:
         return sum(c.box.size for c in self.cuts) * self.header.itemsize
 
 
-def file_box(shape: Sequence[int], box: Any, source: str = "<array>") -> Box:
+def file_box(shape: Sequence[int], box: BoxLike, source: str = "<array>") -> Box:
     """``box`` over every axis of an array of ``shape``: leading axes it does not name taken whole.
 
     The box may hang over the array's edges (negative starts, stops past the
@@ -179,7 +189,7 @@ def file_box(shape: Sequence[int], box: Any, source: str = "<array>") -> Box:
 
 def plan_boxes(
     header: NpyHeader,
-    boxes: Sequence[Any],
+    boxes: Sequence[BoxLike],
     *,
     max_gap: int,
     max_span: int = 1 << 30,
@@ -192,7 +202,7 @@ def plan_boxes(
     ----------
     header : NpyHeader
         The file's header.
-    boxes : sequence of Box
+    boxes : sequence of BoxLike
         Boxes over the trailing axes (see :func:`file_box`); they may
         overlap each other and hang over the edges.
     max_gap : int

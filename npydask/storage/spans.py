@@ -13,6 +13,8 @@ the object was opened with and its response checked against it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -20,9 +22,13 @@ from npydask.config import ReadOptions
 from npydask.plan.patch_runs import Spans
 from npydask.storage._handles import OpenFile, pread_exact
 from npydask.storage._local_read import DirectReader
+from npydask.storage._stores import run_files
 from npydask.storage.object import RemoteFile
 
-__all__ = ["read_spans"]
+__all__ = ["each_file", "read_spans"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def read_spans(f: OpenFile | RemoteFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
@@ -59,3 +65,16 @@ def read_spans(f: OpenFile | RemoteFile, spans: Spans, dest: np.ndarray, options
                 pread_exact(fd, part[got:], offset + got, path)
     f.check_unchanged()
     return len(offsets)
+
+
+def each_file(fn: Callable[[T], R], items: Sequence[T], concurrent: bool) -> list[R]:
+    """``[fn(item) for item in items]``, several files at once where ``concurrent`` (an object store's latency).
+
+    Concurrent calls run on the object stores' pool for files (a file's
+    thread waiting for its own range GETs never holds a request thread);
+    the first error is raised once the running calls are done. Local files
+    are read in turn: their reads are system calls at page-cache speed.
+    """
+    if concurrent:
+        return run_files(fn, items)
+    return [fn(item) for item in items]
