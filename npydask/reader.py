@@ -28,8 +28,8 @@ from npydask._keywords import suggest_keywords
 from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader
-from npydask.format.npz import check_stored, inflate_into
-from npydask.plan.patch_runs import BoxLike, PatchRuns, cut_boxes, plan_boxes
+from npydask.format.npz import check_stored
+from npydask.plan.patch_runs import BoxLike, cut_boxes, plan_boxes
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
 from npydask.storage import FileIdentity, HeaderCheck, OpenFile
@@ -37,7 +37,7 @@ from npydask.storage.base import Source
 from npydask.storage.identity import Identity
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute
-from npydask.storage.spans import each_file, read_spans
+from npydask.storage.spans import each_file, inflate_spans, read_spans
 from npydask.storage.where import fspath, resolve
 
 __all__ = [
@@ -432,9 +432,10 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
     ``max_gap`` bytes of each other (the gap bytes are read and dropped),
     then read in one batch: a local file by a loop of ``preadv`` on one
     descriptor (``O_DIRECT`` with the ``direct_io`` setting), an object by
-    concurrent range GETs. Like :meth:`FileRef.read`, the file must still be
-    the one ``ref`` was opened on, checked after the reads. A deflated
-    ``.npz`` member is inflated once, from the first box's bytes to the last's.
+    concurrent range GETs (``ref.backend`` is not used: nothing is mapped).
+    Like :meth:`FileRef.read`, the file must still be the one ``ref`` was
+    opened on, checked after the reads. A deflated ``.npz`` member is
+    inflated once, from its start to the last box's bytes.
 
     Parameters
     ----------
@@ -486,19 +487,18 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
         f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path
     )
     buffer = empty((runs.bytes_read,), np.uint8)
+    whole = Box.whole(f.header.shape)
     if f.deflated:
-        requests, nbytes = _inflate(f, runs, buffer)
+        done = inflate_spans(f, runs.spans, buffer, verify=any(cut.inside == whole for cut in runs.cuts))
     else:
-        requests = read_spans(f, runs.spans, buffer, ref.options) if len(runs.spans) else 0
-        nbytes = runs.bytes_read
+        done = read_spans(f, runs.spans, buffer, ref.options)
     arrays = cut_boxes(runs, buffer)
     member = f.member
     if member is not None and member.stored:
-        whole = Box.whole(f.header.shape)
         for a, cut in zip(arrays, runs.cuts):
             if cut.box == whole:  # (as read_region checks a whole member)
                 check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
-    return BoxesRead(arrays, nbytes, requests, runs.patch_bytes)
+    return BoxesRead(arrays, done.nbytes, done.requests, runs.patch_bytes)
 
 
 class FileBoxes(NamedTuple):
@@ -528,26 +528,3 @@ def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap:
     """
     concurrent = any(f.ref.source.concurrent for f in files)
     return each_file(lambda f: read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap), files, concurrent)
-
-
-def _inflate(f: OpenFile, runs: PatchRuns, buffer: np.ndarray) -> tuple[int, int]:
-    """Inflate the one span of a deflated member's boxes into ``buffer``; the reads and the compressed bytes read.
-
-    The member's CRC-32 is checked where a box is the whole member (inflation then goes on to its end).
-    """
-    counted = [0, 0]
-
-    def read(offset: int, n: int) -> bytes:
-        data = f.read_at(offset, n)
-        counted[0] += 1
-        counted[1] += len(data)
-        return data
-
-    member = f.member
-    assert member is not None
-    whole = any(cut.inside == Box.whole(f.header.shape) for cut in runs.cuts)
-    if len(runs.spans) or whole:
-        start = int(runs.spans.offsets[0]) if len(runs.spans) else f.header.data_offset
-        inflate_into(read, member, f.path, buffer.data, start, verify=whole)
-    f.check_unchanged()
-    return counted[0], counted[1]
