@@ -286,3 +286,25 @@ def test_many_objects_at_once_and_a_replaced_one_raises(s3):
     s3.put_npy(urls[13][5:], arrays[13] + 1)
     with pytest.raises(FileChangedError, match="13.npy"):
         read_boxes_many([FileBoxes(ref, boxes) for ref in refs])
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize(("backend", "strategy"), [("mmap", None), ("auto", "mapped")])
+def test_boxes_copied_from_the_mapping(unique_path, backend, strategy, order):
+    a = np.asarray(np.arange(6 * 10 * 12, dtype=">i4").reshape(6, 10, 12), order=order)
+    path = unique_path()
+    np.save(path, a)
+    boxes = [Box((1, 2), (7, 9)), Box((0, 0, 0), (6, 10, 12)), Box((-2, 8, 10), (3, 12, 14)), Box((9, 9), (9, 11))]
+    with npydask.config.set(roi_strategy=strategy or "auto"):
+        ref = FileRef.open(path, backend=backend)
+    got = read_boxes(ref, boxes, fill_value=-3)
+    for g, box in zip(got.arrays, boxes):
+        assert g.flags.writeable and g.flags.c_contiguous
+        assert_same_array(g, expected_box(a, box, -3))
+    assert got.requests == 0
+    assert got.bytes_read == sum(np.count_nonzero(expected_box(np.ones(a.shape, bool), b, 0)) for b in boxes) * 4
+    got.arrays[1][...] = 0  # a copy, not a view of the file
+    assert np.load(path)[0, 0, 1] == 1
+    np.save(path, a + 1)
+    with pytest.raises(FileChangedError):
+        read_boxes(ref, boxes)

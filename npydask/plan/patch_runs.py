@@ -46,7 +46,7 @@ from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, Coalesced, ReadPlan, grid_offsets, plan_read, same_layout
 from npydask.plan.roi import FileRoi, apply_pad, convert_fill
 
-__all__ = ["BoxCut", "BoxLike", "PatchRuns", "Spans", "cut_boxes", "file_box", "plan_boxes"]
+__all__ = ["BoxCut", "BoxLike", "PatchRuns", "Spans", "cut_boxes", "file_box", "pad_box", "plan_boxes"]
 
 
 class BoxLike(Protocol):
@@ -330,9 +330,24 @@ def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns) -> np.ndarray:
         np.copyto(dest, src)
         if block is not result:
             np.copyto(raw(result), raw(block.T))
+    return pad_box(runs, cut, result)
+
+
+def pad_box(runs: PatchRuns, cut: BoxCut, inside: np.ndarray) -> np.ndarray:
+    """The box of ``cut`` from ``inside``, the array of its part inside the file: ``inside`` itself, or padded.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from npydask.format.header import NpyHeader
+    >>> h = NpyHeader((1, 0), (4,), np.dtype("<i2"), False, 128, 8)
+    >>> runs = plan_boxes(h, [Box((-1,), (2,))], max_gap=0, fill_value=-9)
+    >>> pad_box(runs, runs.cuts[0], np.array([5, 6], "<i2"))
+    array([-9,  5,  6], dtype=int16)
+    """
     if not cut.padded:
-        return result
+        return inside
     before = tuple(a - b for a, b in zip(cut.inside.start, cut.box.start))
     after = tuple(b - a for a, b in zip(cut.inside.stop, cut.box.stop))
     roi = FileRoi(cut.box.start, cut.box.stop, cut.inside, before, after, cut.box.shape, runs.fill_value)
-    return apply_pad(result, roi)
+    return apply_pad(inside, roi)
