@@ -11,7 +11,7 @@ one sorted list (:class:`Spans`) wherever they overlap, touch or lie within
 usual coalescing trade-off. A reader fills one buffer with the spans back to
 back, and :func:`cut_boxes` cuts every box out of it: one strided copy per box
 where its spans sit at regular places in the buffer, else a gather of its
-spans and one copy. The parts of a box outside the file take ``fill_value``
+runs. The parts of a box outside the file take ``fill_value``
 (converted to the dtype as :func:`npydask.plan.roi.convert_fill` does).
 
 Boxes count the trailing axes of the file; leading axes they do not name are
@@ -320,13 +320,13 @@ def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns) -> np.ndarray:
         if cut.strides is not None:
             # (np.ndarray over the buffer: numpy's as_strided costs ~20 us of Python per call)
             src = np.ndarray(grid, np.uint8, buffer, cut.first, cut.strides + co.inner_strides)
-        else:  # spans at irregular places: gather them (one fancy index over a window view), then cut
+        else:  # spans at irregular places: every run gathered by one fancy index over a window view
             assert cut.positions is not None
-            size = co.span_nbytes
-            window = np.ndarray((len(buffer) - size + 1, size), np.uint8, buffer, 0, (1, 1))
-            rows = window[cut.positions]
-            src = np.ndarray((len(rows), *co.inner_shape), np.uint8, rows, 0, (size, *co.inner_strides))
-            dest = dest.reshape(src.shape)
+            run = plan.run_nbytes
+            within = grid_offsets(0, co.inner_shape[:-1], co.inner_strides[:-1])
+            starts = (cut.positions[:, None] + within[None, :]).reshape(-1)
+            window = np.ndarray((len(buffer) - run + 1, run), np.uint8, buffer, 0, (1, 1))
+            src, dest = window[starts], dest.reshape(-1, run)
         np.copyto(dest, src)
         if block is not result:
             np.copyto(raw(result), raw(block.T))
