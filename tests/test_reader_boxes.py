@@ -234,7 +234,7 @@ def test_boxes_of_an_object_equal_numpy_with_each_byte_requested_once(s3, monkey
         assert_same_array(g, expected_box(a, box, -2.5))
     assert got.requests == len(ranges) and got.bytes_read == sum(b - a for a, b in ranges)
     spans = plan_boxes(ref.header, boxes[:3], max_gap=0).spans
-    assert sorted(ranges) == list(zip(spans.offsets.tolist(), (spans.offsets + spans.lengths).tolist()))
+    assert sorted(ranges) == sorted(zip(spans.offsets.tolist(), (spans.offsets + spans.lengths).tolist()))
     ranges.clear()
     with npydask.config.set(remote_part_bytes=4096):  # (captured with the store: a new source)
         ref = _object_ref(s3, url)

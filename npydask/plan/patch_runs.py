@@ -11,7 +11,9 @@ one sorted list (:class:`Spans`) wherever they overlap, touch or lie within
 usual coalescing trade-off. A reader fills one buffer with the spans back to
 back, and :func:`cut_boxes` cuts every box out of it: one strided copy per box
 where its spans sit at regular places in the buffer, else a gather of its
-runs. The parts of a box outside the file take ``fill_value``
+runs. The buffer holds the spans grouped by
+box, so a box whose spans no other box shares is always one strided copy.
+The parts of a box outside the file take ``fill_value``
 (converted to the dtype as :func:`npydask.plan.roi.convert_fill` does).
 
 Boxes count the trailing axes of the file; leading axes they do not name are
@@ -60,10 +62,12 @@ class BoxLike(Protocol):
 
 
 class Spans(NamedTuple):
-    """Byte ranges of a file read back to back into one buffer, in file order.
+    """Byte ranges of a file read back to back into one buffer, in the buffer's order.
 
     Span ``k`` is ``lengths[k]`` bytes at file offset ``offsets[k]`` and lands
-    at ``positions[k]`` of the buffer (``int64`` arrays, the same length).
+    at ``positions[k]`` of the buffer (``int64`` arrays, the same length;
+    ``positions`` ascending, the spans disjoint and apart by more than the gap
+    they were merged across).
     """
 
     offsets: np.ndarray
@@ -125,7 +129,7 @@ class PatchRuns:
     header : NpyHeader
         The file's header the boxes were planned against.
     spans : Spans
-        What to read, in file order.
+        What to read: grouped by the first box that needs each span, in file order within a group.
     cuts : tuple of BoxCut
         One per box, in the order given.
     fill_value : numpy scalar
@@ -275,11 +279,17 @@ def _merge(offsets: list[np.ndarray], lengths: list[int], max_gap: int) -> tuple
     first = np.flatnonzero(new)
     merged = s[first]
     merged_len = reach[np.append(first[1:] - 1, len(s) - 1)] - merged
-    positions = np.zeros(len(merged), np.int64)
-    np.cumsum(merged_len[:-1], out=positions[1:])
+    # The buffer holds the spans grouped by the first box that needs each (file order within a group):
+    # a box that shares no span then finds its spans at a regular stride, cut by one strided copy.
+    owner = np.minimum.reduceat(np.repeat(np.arange(len(counts)), counts)[order], first)
+    layout = np.lexsort((merged, owner))
+    placed = np.zeros(len(merged), np.int64)
+    np.cumsum(merged_len[layout][:-1], out=placed[1:])
+    positions = np.empty_like(placed)
+    positions[layout] = placed
     which = np.searchsorted(merged, starts, "right") - 1
     places = positions[which] + (starts - merged[which])
-    return Spans(merged, merged_len, positions), np.split(places, np.cumsum(counts[:-1]))
+    return Spans(merged[layout], merged_len[layout], placed), np.split(places, np.cumsum(counts[:-1]))
 
 
 def _regular(where: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | None:
