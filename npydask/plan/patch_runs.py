@@ -225,10 +225,10 @@ def plan_boxes(
     RoiError
         For a box that does not fit the array's axes (see :func:`file_box`).
     ValueError
-        For a ``fill_value`` the dtype cannot hold.
+        For a ``fill_value`` the dtype cannot hold, or a ``max_gap`` that is not a non-negative int.
     """
-    if max_gap < 0:
-        raise ValueError(f"max_gap must be a non-negative number of bytes, found {max_gap!r}")
+    if isinstance(max_gap, bool) or not isinstance(max_gap, int | np.integer) or max_gap < 0:
+        raise ValueError(f"max_gap must be a non-negative number of bytes (an int), found {max_gap!r}")
     try:
         fill = convert_fill(fill_value, header.dtype)
     except ValueError as e:

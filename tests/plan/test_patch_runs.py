@@ -174,8 +174,9 @@ def test_bad_fill_value_and_gap():
     header, _ = make((2, 3), "<i4", False, 7)
     with pytest.raises(ValueError, match=r"/data/v\.npy.*nan"):
         plan_boxes(header, [], max_gap=0, fill_value=float("nan"), source="/data/v.npy")
-    with pytest.raises(ValueError, match="max_gap"):
-        plan_boxes(header, [], max_gap=-1)
+    for gap in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="max_gap"):
+            plan_boxes(header, [], max_gap=gap)  # type: ignore[arg-type]
 
 
 def test_the_buffer_must_be_the_spans():
