@@ -416,7 +416,14 @@ MAX_INFLATE_GAP = 1 << 62
 """A deflated member is inflated once, from the first box's bytes to the last's: every gap is kept."""
 
 
-def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, max_gap: int | None = None) -> BoxesRead:
+def read_boxes(
+    ref: FileRef,
+    boxes: Sequence[BoxLike],
+    *,
+    fill_value: Any = 0,
+    max_gap: int | None = None,
+    out: Sequence[np.ndarray | None] | None = None,
+) -> BoxesRead:
     """Read many boxes of one file together: the union of their bytes, each byte once, then each box cut out.
 
     Each array equals ``numpy.load(path)[tuple(slice(a, b) for a, b in zip(start, stop))]``
@@ -455,6 +462,11 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
     max_gap : int, optional
         Bytes of gap bridged between runs; ``ref.options.gap_bytes`` by
         default (the ``gap_bytes`` setting, ``remote_gap_bytes`` for objects).
+    out : sequence of numpy.ndarray or None, optional
+        One entry per box: a writeable C-contiguous array of the box's shape
+        (leading axes included) to fill, or ``None``. Its dtype is the file's
+        or the file's in native byte order (the values are then converted, as
+        a batch in native order wants them). The arrays returned are these.
 
     Returns
     -------
@@ -466,7 +478,7 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
     RoiError
         For a box with more axes than the file, or a stop before its start.
     ValueError
-        For a ``fill_value`` the dtype cannot hold, or a negative ``max_gap``.
+        For a ``fill_value`` the dtype cannot hold, a negative ``max_gap``, or an ``out`` array that does not fit.
     FileChangedError
         If the file is no longer the one ``ref`` was opened on (before or while it was read).
     NpyFormatError
@@ -491,9 +503,10 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
     runs = plan_boxes(
         f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path
     )
+    dests = _check_box_outs(out, runs, f.path)
     if _maps(ref, f):
         try:
-            return _read_mapped(f, runs, ref.options)
+            return _read_mapped(f, runs, ref.options, dests)
         except MapError:
             if ref.backend != "auto":
                 raise
@@ -503,9 +516,34 @@ def read_boxes(ref: FileRef, boxes: Sequence[BoxLike], *, fill_value: Any = 0, m
         done = inflate_spans(f, runs.spans, buffer, verify=any(cut.inside == whole for cut in runs.cuts))
     else:
         done = read_spans(f, runs.spans, buffer, ref.options)
-    arrays = cut_boxes(runs, buffer)
+    arrays = cut_boxes(runs, buffer, dests)
     _check_whole_members(f, runs, arrays)
     return BoxesRead(arrays, done.nbytes, done.requests, runs.patch_bytes)
+
+
+def _check_box_outs(out: Sequence[np.ndarray | None] | None, runs: PatchRuns, path: str) -> list[np.ndarray | None]:
+    """``out`` checked against the boxes (one entry each), or ``None`` for each box."""
+    if out is None:
+        return [None] * len(runs.cuts)
+    out = list(out)
+    if len(out) != len(runs.cuts):
+        raise ValueError(f"{path}: out must hold one array (or None) per box: {len(runs.cuts)} boxes, {len(out)} found")
+    dtype = runs.header.dtype
+    for k, (dest, cut) in enumerate(zip(out, runs.cuts)):
+        if dest is None:
+            continue
+        if not isinstance(dest, np.ndarray):
+            raise TypeError(f"{path}: out[{k}] must be a numpy.ndarray or None, found {type(dest).__name__}")
+        native = dtype.newbyteorder("=")
+        fits = dest.dtype in (dtype, native) and dest.dtype.str in (dtype.str, native.str)
+        if dest.shape != cut.box.shape or not fits or not dest.flags.c_contiguous or not dest.flags.writeable:
+            raise ValueError(
+                f"{path}: out[{k}] must be a writeable C-contiguous array of shape {cut.box.shape} and dtype "
+                f"{dtype.str} (or {native.str}), found shape {dest.shape}, dtype {dest.dtype.str}, "
+                f"{'C-contiguous' if dest.flags.c_contiguous else 'not C-contiguous'}, "
+                f"{'writeable' if dest.flags.writeable else 'read-only'}"
+            )
+    return out
 
 
 def _check_whole_members(f: OpenFile, runs: PatchRuns, arrays: list[np.ndarray]) -> None:
@@ -528,17 +566,20 @@ def _maps(ref: FileRef, f: OpenFile) -> bool:
     )
 
 
-def _read_mapped(f: OpenFile, runs: PatchRuns, options: ReadOptions) -> BoxesRead:
+def _read_mapped(f: OpenFile, runs: PatchRuns, options: ReadOptions, out: list[np.ndarray | None]) -> BoxesRead:
     """Each box's part inside the file copied from the file's one mapping (the mmap backend), then padded.
 
     The bytes counted are those copied (overlaps once per box); page faults are not counted as requests.
     """
     mapped = backends.get("mmap")
     dtype = f.header.dtype
-    inside = [mapped.read(f, cut.plan, options, empty(cut.plan.shape, dtype)) for cut in runs.cuts]
+    inside = []
+    for cut, dest in zip(runs.cuts, out):
+        direct = dest is not None and not cut.padded and dest.dtype == dtype and dest.dtype.str == dtype.str
+        inside.append(mapped.read(f, cut.plan, options, dest if direct else empty(cut.plan.shape, dtype)))
     f.check_unchanged()
     _check_whole_members(f, runs, inside)
-    arrays = [pad_box(runs, cut, a) for cut, a in zip(runs.cuts, inside)]
+    arrays = [pad_box(runs, cut, a, dest) for cut, a, dest in zip(runs.cuts, inside, out)]
     return BoxesRead(arrays, sum(cut.plan.nbytes for cut in runs.cuts), 0, runs.patch_bytes)
 
 
@@ -547,6 +588,8 @@ class FileBoxes(NamedTuple):
 
     ref: FileRef
     boxes: Sequence[BoxLike]
+    out: Sequence[np.ndarray | None] | None = None
+    """Arrays to fill, one per box (see :func:`read_boxes`), or ``None``."""
 
 
 def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap: int | None = None) -> list[BoxesRead]:
@@ -568,4 +611,8 @@ def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap:
     [[0, 0], [1, 1]]
     """
     concurrent = any(f.ref.source.concurrent for f in files)
-    return each_file(lambda f: read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap), files, concurrent)
+
+    def one(f: FileBoxes) -> BoxesRead:
+        return read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap, out=f.out)
+
+    return each_file(one, files, concurrent)

@@ -35,18 +35,22 @@ def unique_path(tmp_path: pathlib.Path):
     return lambda suffix=".npy": str(tmp_path / f"b{next(counter)}{suffix}")
 
 
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_boxes_of_local_files_equal_numpy(unique_path, data):
-    shape = data.draw(st.lists(st.integers(0, 6), max_size=4).map(tuple))
-    dtype = np.dtype(data.draw(st.sampled_from(DTYPES)))
-    a = sample_array(shape, dtype, seed=data.draw(st.integers(0, 2**16)))
+def _saved(data, unique_path, shapes, dtypes):
+    """A sample array of a drawn shape, dtype and order saved to a new file, and boxes of it."""
+    shape = data.draw(shapes.map(tuple))
+    a = sample_array(shape, np.dtype(data.draw(st.sampled_from(dtypes))), seed=data.draw(st.integers(0, 2**16)))
     if data.draw(st.booleans()):
         a = np.asfortranarray(a)
     path = unique_path()
     np.save(path, a)
-    boxes = data.draw(box_lists(shape, max_boxes=5))
-    fill = 0 if dtype.kind in "VSUMmO" else 5
+    return a, path, data.draw(box_lists(shape, max_boxes=5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_boxes_of_local_files_equal_numpy(unique_path, data):
+    a, path, boxes = _saved(data, unique_path, st.lists(st.integers(0, 6), max_size=4), DTYPES)
+    fill = 0 if a.dtype.kind in "VSUMmO" else 5
     got = read_boxes(FileRef.open(path), boxes, fill_value=fill, max_gap=data.draw(st.sampled_from([0, 8, None])))
     assert len(got.arrays) == len(boxes)
     for g, b in zip(got.arrays, boxes):
@@ -181,6 +185,43 @@ def test_direct_io_reads_the_same_values(unique_path):
         assert_same_array(g, expected_box(a, box, 1))
 
 
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_boxes_written_into_out_arrays(unique_path, data):
+    dtypes = ["u1", ">i4", "<f8", ">c8", np.dtype([("a", ">i2"), ("b", "u1")])]
+    a, path, boxes = _saved(data, unique_path, st.lists(st.integers(0, 5), min_size=1, max_size=3), dtypes)
+    shape, dtype = a.shape, a.dtype
+    backend = data.draw(st.sampled_from(["pread", "mmap"]))
+    kinds = [data.draw(st.sampled_from(["none", "file", "native"])) for _ in boxes]
+    native = dtype.newbyteorder("=")
+    out = [None if k == "none" else np.empty(file_box(shape, b).shape, dtype if k == "file" else native)
+           for k, b in zip(kinds, boxes)]  # fmt: skip
+    got = read_boxes(FileRef.open(path, backend=backend), boxes, out=out)
+    for g, o, b, k in zip(got.arrays, out, boxes, kinds):
+        want = expected_box(a, b, 0)
+        if k == "none":
+            assert_same_array(g, want)
+            continue
+        assert g is o
+        assert_same_array(g, want if k == "file" else want.astype(native))
+
+
+def test_out_arrays_that_do_not_fit_are_refused(unique_path):
+    path = unique_path()
+    np.save(path, np.zeros((4, 6), ">i2"))
+    ref = FileRef.open(path)
+    boxes = [Box((0, 0), (2, 3))]
+    with pytest.raises(ValueError, match=r"one array \(or None\) per box: 1 boxes, 2 found"):
+        read_boxes(ref, boxes, out=[None, None])
+    with pytest.raises(TypeError, match="out\\[0\\] must be a numpy.ndarray"):
+        read_boxes(ref, boxes, out=[[0] * 6])
+    bad = [np.empty((3, 2), ">i2"), np.empty((2, 3), "<i4"), np.empty((3, 2), ">i2").T, np.empty((2, 3), ">i2")]
+    bad[3].flags.writeable = False
+    for o in bad:
+        with pytest.raises(ValueError, match=r"out\[0\] must be a writeable C-contiguous array of shape \(2, 3\)"):
+            read_boxes(ref, boxes, out=[o])
+
+
 class Patch(NamedTuple):
     """A sampler's patch: a file index and a box over the trailing axes."""
 
@@ -196,7 +237,10 @@ def test_many_files_each_with_its_boxes(unique_path):
         np.save(p, a)
     patches = [Patch(0, (0, 0), (2, 2)), Patch(2, (3, 4), (5, 6)), Patch(0, (1, 1), (3, 3)), Patch(1, (0, 0), (4, 5))]
     files = [FileBoxes(FileRef.open(paths[i]), [q for q in patches if q.file == i]) for i in range(3)]
+    slot = np.empty((3, 2, 2), "<i2")
+    files[2] = files[2]._replace(out=[slot])
     got = read_boxes_many(files, fill_value=-1)
+    assert got[2].arrays[0] is slot
     for f, r in zip(files, got):
         a = arrays[paths.index(f.ref.path)]
         for q, g in zip(f.boxes, r.arrays):

@@ -46,7 +46,7 @@ from npydask._buffers import as_bytes, empty, raw
 from npydask.errors import RoiError
 from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, Coalesced, ReadPlan, grid_offsets, plan_read, same_layout
-from npydask.plan.roi import FileRoi, apply_pad, convert_fill
+from npydask.plan.roi import FileRoi, apply_pad, convert_fill, fill_like
 
 __all__ = ["BoxCut", "BoxLike", "PatchRuns", "Spans", "cut_boxes", "file_box", "pad_box", "plan_boxes"]
 
@@ -307,22 +307,27 @@ def _regular(where: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | Non
     return None
 
 
-def cut_boxes(runs: PatchRuns, buffer: np.ndarray) -> list[np.ndarray]:
+def cut_boxes(runs: PatchRuns, buffer: np.ndarray, out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
     """Every box of ``runs`` cut out of ``buffer`` (``uint8``, the spans read back to back).
 
     Each array has the box's shape and the file's dtype (byte order as in
     the file, as :func:`numpy.load` gives it), is C-contiguous and fresh;
-    cells outside the file hold :attr:`PatchRuns.fill_value`.
+    cells outside the file hold :attr:`PatchRuns.fill_value`. Where ``out``
+    gives an array for a box (C-contiguous, writeable, the box's shape, the
+    file's dtype or its native-order twin: checked by the caller), the box
+    is written there and that array returned.
     """
     if len(buffer) != runs.bytes_read:
         raise ValueError(f"the buffer holds {len(buffer)} bytes, the spans {runs.bytes_read}")
-    return [_cut(cut, buffer, runs) for cut in runs.cuts]
+    dests = [None] * len(runs.cuts) if out is None else out
+    return [_cut(cut, buffer, runs, dest) for cut, dest in zip(runs.cuts, dests)]
 
 
-def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns) -> np.ndarray:
+def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns, out: np.ndarray | None) -> np.ndarray:
     plan, co = cut.plan, cut.coalesced
     dtype = runs.header.dtype
-    result = empty(plan.shape, dtype)
+    direct = out is not None and not cut.padded and out.dtype.str == dtype.str and out.dtype == dtype
+    result = out if direct and out is not None else empty(plan.shape, dtype)
     block = result if same_layout(plan) else empty(plan.file_shape, dtype)
     if plan.n_runs:
         grid = co.outer_shape + co.inner_shape
@@ -340,11 +345,14 @@ def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns) -> np.ndarray:
         np.copyto(dest, src)
         if block is not result:
             np.copyto(raw(result), raw(block.T))
-    return pad_box(runs, cut, result)
+    return pad_box(runs, cut, result, out)
 
 
-def pad_box(runs: PatchRuns, cut: BoxCut, inside: np.ndarray) -> np.ndarray:
+def pad_box(runs: PatchRuns, cut: BoxCut, inside: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The box of ``cut`` from ``inside``, the array of its part inside the file: ``inside`` itself, or padded.
+
+    With ``out`` (the box's shape; the file's dtype or another byte order
+    of it) the box is written there and ``out`` returned.
 
     Examples
     --------
@@ -355,9 +363,26 @@ def pad_box(runs: PatchRuns, cut: BoxCut, inside: np.ndarray) -> np.ndarray:
     >>> pad_box(runs, runs.cuts[0], np.array([5, 6], "<i2"))
     array([-9,  5,  6], dtype=int16)
     """
+    if inside is out:
+        return out
     if not cut.padded:
-        return inside
+        if out is None:
+            return inside
+        _copy(out, inside)
+        return out
     before = tuple(a - b for a, b in zip(cut.inside.start, cut.box.start))
     after = tuple(b - a for a, b in zip(cut.inside.stop, cut.box.stop))
     roi = FileRoi(cut.box.start, cut.box.stop, cut.inside, before, after, cut.box.shape, runs.fill_value)
-    return apply_pad(inside, roi)
+    if out is None:
+        return apply_pad(inside, roi)
+    fill_like(out, roi)
+    _copy(out[tuple(slice(b, b + n) for b, n in zip(before, inside.shape))], inside)
+    return out
+
+
+def _copy(dest: np.ndarray, src: np.ndarray) -> None:
+    """``src`` into ``dest``: every byte where the dtypes are the same, else converted (another byte order)."""
+    if dest.dtype == src.dtype and dest.dtype.str == src.dtype.str:
+        np.copyto(raw(dest), raw(src))
+    else:
+        np.copyto(dest, src, casting="equiv")
