@@ -29,7 +29,7 @@ from npydask.backends.mmap import MapError
 from npydask.config import ReadOptions, read_options
 from npydask.format.header import NpyHeader
 from npydask.format.npz import check_stored
-from npydask.plan.patch_runs import BoxLike, PatchRuns, cut_boxes, pad_box, plan_boxes
+from npydask.plan.patch_runs import BoxLike, PatchRuns, check_outs, cut_boxes, pad_box, plan_boxes
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
 from npydask.storage import FileIdentity, HeaderCheck, OpenFile
@@ -503,7 +503,7 @@ def read_boxes(
     runs = plan_boxes(
         f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path
     )
-    dests = _check_box_outs(out, runs, f.path)
+    dests = check_outs(runs, out, f.path)
     if _maps(ref, f):
         try:
             return _read_mapped(f, runs, ref.options, dests)
@@ -519,31 +519,6 @@ def read_boxes(
     arrays = cut_boxes(runs, buffer, dests)
     _check_whole_members(f, runs, arrays)
     return BoxesRead(arrays, done.nbytes, done.requests, runs.patch_bytes)
-
-
-def _check_box_outs(out: Sequence[np.ndarray | None] | None, runs: PatchRuns, path: str) -> list[np.ndarray | None]:
-    """``out`` checked against the boxes (one entry each), or ``None`` for each box."""
-    if out is None:
-        return [None] * len(runs.cuts)
-    out = list(out)
-    if len(out) != len(runs.cuts):
-        raise ValueError(f"{path}: out must hold one array (or None) per box: {len(runs.cuts)} boxes, {len(out)} found")
-    dtype = runs.header.dtype
-    for k, (dest, cut) in enumerate(zip(out, runs.cuts)):
-        if dest is None:
-            continue
-        if not isinstance(dest, np.ndarray):
-            raise TypeError(f"{path}: out[{k}] must be a numpy.ndarray or None, found {type(dest).__name__}")
-        native = dtype.newbyteorder("=")
-        fits = dest.dtype in (dtype, native) and dest.dtype.str in (dtype.str, native.str)
-        if dest.shape != cut.box.shape or not fits or not dest.flags.c_contiguous or not dest.flags.writeable:
-            raise ValueError(
-                f"{path}: out[{k}] must be a writeable C-contiguous array of shape {cut.box.shape} and dtype "
-                f"{dtype.str} (or {native.str}), found shape {dest.shape}, dtype {dest.dtype.str}, "
-                f"{'C-contiguous' if dest.flags.c_contiguous else 'not C-contiguous'}, "
-                f"{'writeable' if dest.flags.writeable else 'read-only'}"
-            )
-    return out
 
 
 def _check_whole_members(f: OpenFile, runs: PatchRuns, arrays: list[np.ndarray]) -> None:

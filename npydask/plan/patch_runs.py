@@ -48,7 +48,17 @@ from npydask.format.header import NpyHeader
 from npydask.plan.region import Box, Coalesced, ReadPlan, grid_offsets, plan_read, same_layout
 from npydask.plan.roi import FileRoi, apply_pad, convert_fill, fill_like
 
-__all__ = ["BoxCut", "BoxLike", "PatchRuns", "Spans", "cut_boxes", "file_box", "pad_box", "plan_boxes"]
+__all__ = [
+    "BoxCut",
+    "BoxLike",
+    "PatchRuns",
+    "Spans",
+    "check_outs",
+    "cut_boxes",
+    "file_box",
+    "pad_box",
+    "plan_boxes",
+]
 
 
 class BoxLike(Protocol):
@@ -305,6 +315,42 @@ def _regular(where: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | Non
     if np.array_equal(grid_offsets(int(where[0]), shape, strides), where):
         return strides
     return None
+
+
+def check_outs(runs: PatchRuns, out: Sequence[np.ndarray | None] | None, path: str) -> list[np.ndarray | None]:
+    """``out`` checked against the boxes of ``runs`` (an array or ``None`` per box), or ``None`` for each box.
+
+    An array must be writeable, C-contiguous, of the box's shape, and of the
+    file's dtype or its native-order twin (:func:`cut_boxes` converts).
+
+    Raises
+    ------
+    ValueError
+        For another number of entries than boxes, or an array that does not fit its box.
+    TypeError
+        For an entry that is neither an array nor ``None``.
+    """
+    if out is None:
+        return [None] * len(runs.cuts)
+    out = list(out)
+    if len(out) != len(runs.cuts):
+        raise ValueError(f"{path}: out must hold one array (or None) per box: {len(runs.cuts)} boxes, {len(out)} found")
+    dtype = runs.header.dtype
+    for k, (dest, cut) in enumerate(zip(out, runs.cuts)):
+        if dest is None:
+            continue
+        if not isinstance(dest, np.ndarray):
+            raise TypeError(f"{path}: out[{k}] must be a numpy.ndarray or None, found {type(dest).__name__}")
+        native = dtype.newbyteorder("=")
+        fits = dest.dtype in (dtype, native) and dest.dtype.str in (dtype.str, native.str)
+        if dest.shape != cut.box.shape or not fits or not dest.flags.c_contiguous or not dest.flags.writeable:
+            raise ValueError(
+                f"{path}: out[{k}] must be a writeable C-contiguous array of shape {cut.box.shape} and dtype "
+                f"{dtype.str} (or {native.str}), found shape {dest.shape}, dtype {dest.dtype.str}, "
+                f"{'C-contiguous' if dest.flags.c_contiguous else 'not C-contiguous'}, "
+                f"{'writeable' if dest.flags.writeable else 'read-only'}"
+            )
+    return out
 
 
 def cut_boxes(runs: PatchRuns, buffer: np.ndarray, out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
