@@ -8,6 +8,12 @@ per-process handle cache) wherever it lands; a file whose identity changed
 meanwhile, or changes while it is read, fails the task with
 :class:`~npydask.errors.FileChangedError`, and one whose header bytes are
 not the ones relied on with :class:`~npydask.errors.NpyFormatError`.
+
+:func:`read_boxes` reads many boxes of one file together (a sampler's
+patches): their byte runs merged into one set of spans
+(:mod:`npydask.plan.patch_runs`), read in one batch
+(:mod:`npydask.storage.spans`), each box cut out and padded where it hangs
+over the edges; :func:`read_boxes_many` does it for the files of a batch.
 """
 
 from __future__ import annotations
