@@ -352,3 +352,19 @@ def test_boxes_copied_from_the_mapping(unique_path, backend, strategy, order):
     np.save(path, a + 1)
     with pytest.raises(FileChangedError):
         read_boxes(ref, boxes)
+
+
+@pytest.mark.parametrize("honour_if_match", [True, False])
+def test_boxes_over_http_and_a_replaced_file(tmp_path, http_server, honour_if_match):
+    a = np.arange(8 * 30 * 40, dtype="<f4").reshape(8, 30, 40)
+    np.save(tmp_path / "v.npy", a)
+    server = http_server(tmp_path, honour_if_match=honour_if_match)
+    where = resolve(server.url("v.npy"), None)
+    ref = FileRef.open(where.path, source=where.source)
+    boxes = [Box((2, 5), (20, 30)), Box((4, 25, 35), (12, 35, 45))]
+    got = read_boxes(ref, boxes, fill_value=-1)
+    for g, box in zip(got.arrays, boxes):
+        assert_same_array(g, expected_box(a, box, -1))
+    np.save(tmp_path / "v.npy", a + 1)  # same size; the server's ETag changes with the file
+    with pytest.raises(FileChangedError, match="v.npy"):
+        read_boxes(ref, boxes)
