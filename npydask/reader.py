@@ -413,7 +413,8 @@ class BoxesRead(NamedTuple):
     bytes_read: int
     """Payload bytes read from the file (the merged spans, gaps included; each byte once)."""
     requests: int
-    """Reads issued: ``preadv`` calls for a local file, range GETs for an object."""
+    """Reads issued: ``preadv`` calls for a local file, range GETs for an object (0 for boxes copied from a
+    mapping)."""
     patch_bytes: int
     """Bytes of the arrays (padding included)."""
 
@@ -533,8 +534,10 @@ def _check_whole_members(f: OpenFile, runs: PatchRuns, arrays: list[np.ndarray])
     if member is None or not member.stored:
         return
     whole = Box.whole(f.header.shape)
+    dtype = f.header.dtype
     for a, cut in zip(arrays, runs.cuts):
         if cut.box == whole:
+            a = a if a.dtype.str == dtype.str else a.astype(dtype)  # (an out array in native byte order)
             check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
 
 

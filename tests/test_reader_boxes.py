@@ -74,6 +74,16 @@ def test_npz_members_stored_and_deflated(unique_path):
             assert got.requests >= 1 and got.bytes_read > 0
 
 
+@pytest.mark.parametrize("backend", ["pread", "mmap"])
+def test_a_whole_stored_member_is_crc_checked_into_a_native_out(unique_path, backend):
+    a = np.arange(24, dtype=">i4").reshape(4, 6)
+    path = unique_path(".npz")
+    np.savez(path, a=a)
+    out = np.empty((4, 6), "=i4")
+    got = read_boxes(FileRef.open(path, key="a", backend=backend), [Box((0, 0), (4, 6))], out=[out])
+    assert got.arrays[0] is out and out.tolist() == a.tolist()
+
+
 def test_a_deflated_member_with_a_bad_crc_is_refused_when_a_box_is_whole(unique_path):
     path = unique_path(".npz")
     np.savez_compressed(path, a=np.arange(1000, dtype="<i8"))
