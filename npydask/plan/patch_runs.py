@@ -6,14 +6,13 @@ and planned as a grid of byte runs (:func:`npydask.plan.region.plan_read`),
 whose runs closer than ``max_gap`` are merged into the box's own spans
 (:meth:`ReadPlan.coalesce <npydask.plan.region.ReadPlan.coalesce>`, the
 planner region reads use). The spans of all the boxes are then merged into
-one sorted list (:class:`Spans`) wherever they overlap, touch or lie within
+one list (:class:`Spans`) wherever they overlap, touch or lie within
 ``max_gap`` of each other: the bytes of a gap are read and thrown away, the
 usual coalescing trade-off. A reader fills one buffer with the spans back to
-back, and :func:`cut_boxes` cuts every box out of it: one strided copy per box
-where its spans sit at regular places in the buffer, else a gather of its
-runs. The buffer holds the spans grouped by
-box, so a box whose spans no other box shares is always one strided copy.
-The parts of a box outside the file take ``fill_value``
+back, grouped by the first box that needs each, and :func:`cut_boxes` cuts
+every box out of it: one strided copy per box whose spans sit at regular
+places in the buffer (a box that shares no span with another), else a gather
+of its runs. The parts of a box outside the file take ``fill_value``
 (converted to the dtype as :func:`npydask.plan.roi.convert_fill` does).
 
 Boxes count the trailing axes of the file; leading axes they do not name are
