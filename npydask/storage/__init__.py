@@ -12,6 +12,8 @@ only, and tell local paths from URLs in one place (:mod:`~npydask.storage.where`
   :mod:`~npydask.storage._stores`, its errors translated in
   :mod:`~npydask.storage._remote_errors`; writes in
   :mod:`~npydask.storage.object_write` and :mod:`~npydask.storage.s3_upload`);
+* many spans of one file read into one buffer (the boxes of :mod:`npydask.plan.patch_runs`):
+  :mod:`~npydask.storage.spans`;
 * pure pieces both share: URL parsing (:mod:`~npydask.storage.urls`) and
   header reading through a ``read(offset, n)`` (:mod:`~npydask.storage._headers`).
 """

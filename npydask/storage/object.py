@@ -564,6 +564,23 @@ class RangeReader:
             buf = bufs[0].cast("B") if bufs[0].format != "B" else bufs[0]
             for lo in range(0, size, part):
                 jobs.append((buf[lo : min(lo + part, size)], offset + lo))
+        self._get_all(jobs)
+
+    def read_spans(self, dest: np.ndarray, offsets: Sequence[int], lengths: Sequence[int]) -> int:
+        """Read each ``lengths[k]`` bytes at ``offsets[k]`` into ``dest`` back to back, all at once; the GETs made."""
+        part = self.source.spec.settings.part_bytes
+        buf = dest.data
+        jobs = []
+        at = 0
+        for offset, n in zip(offsets, lengths):
+            for lo in range(0, n, part):
+                jobs.append((buf[at + lo : at + min(lo + part, n)], offset + lo))
+            at += n
+        self._get_all(jobs)
+        return len(jobs)
+
+    def _get_all(self, jobs: list[tuple[memoryview, int]]) -> None:
+        """Each ``(buffer, offset)``: one conditional range GET filling it, ``remote_concurrency`` in flight."""
         source, url, identity = self.source, self.url, self.identity
 
         def one(job: tuple[memoryview, int]) -> None:
