@@ -37,7 +37,6 @@ from npydask.storage._local_read import (
     aligned_empty,
     read_fd,
     read_grid,
-    read_local,
     read_scratch_spans,
     scratch_spans,
 )
@@ -105,7 +104,6 @@ __all__ = [
     "read_fd",
     "read_files",
     "read_grid",
-    "read_local",
     "read_plan",
     "read_scratch_spans",
     "reader",

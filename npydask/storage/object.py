@@ -62,7 +62,7 @@ from npydask.storage._stores import (
     run_files,
     store_for,
 )
-from npydask.storage.base import Identity, Item, Scanned, Source
+from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
 from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
 
@@ -201,9 +201,7 @@ class ObjectSource(Source):
 
         return run_each(one, paths, self.spec.settings.concurrency)
 
-    # RemoteFile is OpenFile's object-store twin, not a subclass: the pread backend tells them apart. The
-    # interface's return type becomes a shared protocol when every ranged read goes through read_runs.
-    def open(  # type: ignore[override]
+    def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
     ) -> RemoteFile:
         """The object as a :class:`RemoteFile`.
@@ -260,6 +258,11 @@ class ObjectSource(Source):
             runs()
             return
         run_beside(lambda: self.open(path, identity, check=check), runs, self.spec.settings.concurrency)
+
+    def read_opened(self, f: OpenedFile, plan: ReadPlan, dest: np.ndarray, options: ReadOptions) -> None:
+        """The run grid of ``plan`` by range GETs, as :meth:`read_runs` (each conditional on ``f``'s ETag)."""
+        opened = cast(RemoteFile, f)  # (a file this source opened)
+        read_plan(RangeReader(self, opened.url, opened.identity), plan, options, dest)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""
@@ -496,9 +499,11 @@ class _Blocks:
 class RemoteFile:
     """An object opened for a backend: its URL, identity, header and (for ``.npz``) member.
 
-    The object-store twin of :class:`~npydask.storage.OpenFile`:
-    ``read_at`` is a conditional range GET, :meth:`range_reader` serves the
-    pread backend, and there is nothing to close.
+    The object-store twin of :class:`~npydask.storage.OpenFile` (both are an
+    :class:`~npydask.storage.base.OpenedFile`): ``read_at`` is a
+    conditional range GET, its source's
+    :meth:`~ObjectSource.read_opened` reads its runs, and there is nothing
+    to close.
     """
 
     local = False
@@ -534,7 +539,7 @@ class RemoteFile:
         return bytes(self.source._get(self.url, self.identity, offset, offset + n, "reading"))
 
     def range_reader(self) -> RangeReader:
-        """The reader the pread backend reads this object's runs with."""
+        """A reader of this object's byte ranges (parallel conditional range GETs), for readers of spans."""
         return RangeReader(self.source, self.url, self.identity)
 
     def check_unchanged(self) -> None:
