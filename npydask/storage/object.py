@@ -66,7 +66,7 @@ from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
 from npydask.storage.identity import HeaderCheck, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
 
-__all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
+__all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
 
 _EPOCH = "1970-01-01T00:00:00+00:00"
 """The ``last_modified`` obstore reports for a response without ``Last-Modified``."""
@@ -433,6 +433,16 @@ def source_for(spec: StoreSpec) -> ObjectSource:
     if found is None:
         found = _SOURCES.setdefault(spec, ObjectSource(spec))
     return found
+
+
+def clear_sources() -> None:
+    """Forget this process's sources and the headers they cached: the next open reads every header again.
+
+    Their stores (connection pools) are kept. For measuring a cold open;
+    readers never need it (a cached header is used only at the identity it
+    was read at).
+    """
+    _SOURCES.clear()
 
 
 def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) -> tuple[tuple[str, Any], ...]:
