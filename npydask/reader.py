@@ -329,7 +329,7 @@ class FileRef(NamedTuple):
         shared = shared_facts(self.header, self.options, self.backend, self.key)
         if self.source is LOCAL:
             if type(i) is not FileIdentity:  # (headers="first": the inode alone)
-                return f"{self.path!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
+                return f"{self.path!r}|{i.facts()}|{shared}"
             return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
         # (an object: its store's public part only, never storage_options' credentials)
         return f"{self.source.spec.public()}|{self.source.display(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]

@@ -14,8 +14,9 @@ the same pure modules (:mod:`npydask.format.header`, :mod:`npydask.plan.region`,
 * a :class:`Target` writes one file by blocks and publishes it at once, or
   leaves nothing behind.
 
-Identities are opaque tuples: whatever must stay the same for facts read
-earlier to stay true (size, mtime and inode for a local file). A task built
+Identities (:data:`~npydask.storage.identity.Identity`) are small named
+tuples, opaque outside their source: whatever must stay the same for facts
+read earlier to stay true (size, mtime and inode for a local file). A task built
 for one identity that finds another fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
 A source is shared by every file of a dataset (one object, not one per
@@ -57,7 +58,8 @@ class Listing(NamedTuple):
 
     Examples
     --------
-    >>> Listing(["a/b.npy"], [128], [(128, "etag")]).sizes
+    >>> from npydask.storage.identity import ObjectIdentity
+    >>> Listing(["a/b.npy"], [128], [ObjectIdentity(128, "etag")]).sizes
     [128]
     """
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import errno
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,43 +63,13 @@ from npydask.storage._stores import (
     store_for,
 )
 from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
-from npydask.storage.identity import HeaderCheck, header_mismatch
+from npydask.storage.identity import HeaderCheck, ObjectIdentity, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
 
-_EPOCH = "1970-01-01T00:00:00+00:00"
-"""The ``last_modified`` obstore reports for a response without ``Last-Modified``."""
-
 _BLOCK = 64 * 1024
 """Read-ahead of a header's or zip directory's reads past the first GET."""
-
-
-class ObjectIdentity(NamedTuple):
-    """An object's size and version tag: equal while its bytes are the ones planned for."""
-
-    size: int
-    etag: str | None
-    """The ETag (sent as ``If-Match`` and compared with each response's), or ``None``."""
-    modified: str | None = None
-    """``Last-Modified`` (ISO 8601), compared only where the server sends no ETag."""
-
-    @classmethod
-    def of(cls, meta: Any, mode: str = "etag") -> ObjectIdentity:
-        """The identity in an obstore ``ObjectMeta``, as the store's ``identity`` ``mode`` takes it."""
-        size = int(meta["size"])
-        if mode == "none":
-            return cls(size, None)
-        etag = meta.get("e_tag") or None
-        modified = meta.get("last_modified")
-        if etag is not None or modified is None or mode != "last-modified":
-            return cls(size, etag)
-        modified = modified.isoformat()
-        return cls(size, None, None if modified == _EPOCH else modified)
-
-    def facts(self) -> str:
-        """The text a task's token hashes."""
-        return f"{self.size}|{self.etag}|{self.modified}"
 
 
 class ObjectSource(Source):
