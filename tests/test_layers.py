@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / "npydask"
 # A module's wing is its first name under npydask: ``npydask.storage.local`` is in ``storage``,
 # ``npydask.reader`` in ``reader``, the package itself in ``__init__``.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "_keywords", "_optional"),
+    ("errors", "config", "_keywords"),
     ("_buffers",),
     ("format",),
     ("plan",),
