@@ -5,7 +5,7 @@ payload once, on first use; every chunk of that file is then a slice of the
 same mapping. A region that is one contiguous run in C layout comes back as a
 zero-copy, read-only view; anything else is copied out with one strided copy.
 Mapping once per file instead of once per chunk saves the page-table set-up
-and tear-down of every chunk (measured ~80 ms of CPU per GiB here). The
+and tear-down of every chunk (figures on the performance page). The
 mapping is dropped with the cache entry; views keep it alive as long as they
 live.
 
