@@ -140,4 +140,4 @@ def clear_npydask_caches() -> None:
         from npydask.storage import object as remote
     except ImportError:  # (npydask without object storage)
         return
-    remote._SOURCES.clear()
+    remote.clear_sources()

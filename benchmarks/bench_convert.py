@@ -90,9 +90,15 @@ def convert(*argv: str) -> None:
 
 
 def cluster_alone() -> None:
-    from npydask.cli._common import client
+    """Start and close the cluster ``convert --workers 2`` starts (2 worker processes, 1 thread each)."""
+    import logging
 
-    with contextlib.redirect_stderr(io.StringIO()), client(None, 2):
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # (as the command line quiets it)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", scheduler_kwargs={"dashboard": False}
+    ) as cluster, Client(cluster):
         pass
 
 

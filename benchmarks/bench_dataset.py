@@ -461,10 +461,10 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     building the graph (``stack()``), the grouped read loop over every file
     (``read_files``: open, preadv, fstat, close), numpy's sum of the
     block, and what is left of ``stack().sum().compute()`` (dask's
-    scheduling, the groups' buffers and per-file bookkeeping). Uses npydask's
-    private steps: a profile, not an API.
+    scheduling, the groups' buffers and per-file bookkeeping). Uses the steps
+    ``open_dataset`` is made of: a profile, not a user's API.
     """
-    from npydask.dataset.open import _select
+    from npydask.dataset.open import select_paths
     from npydask.dataset.scan import scan_headers
     from npydask.dataset.scan import scan_table as _table
     from npydask.dataset.uniform import first_table
@@ -481,10 +481,10 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
     for mode in ("all", "first"):
         steps: dict[str, float] = {}
         select = (root, "*.npy", None, None, False, None, "bytes")
-        selected, _ = _select(*select, inodes=mode == "first")
+        selected, _ = select_paths(*select, inodes=mode == "first")
         paths, n = selected.paths, len(selected.paths)
         # (every closure below runs inside per_file, in this iteration: partial and defaults bind its values)
-        steps["listing"], _ = per_file(partial(_select, *select, inodes=mode == "first"), n)
+        steps["listing"], _ = per_file(partial(select_paths, *select, inodes=mode == "first"), n)
         no_roi = RoiArgs.from_user(n_files=n)
         if mode == "all":
             steps["header scan"], scanned = per_file(partial(scan_headers, paths), n)

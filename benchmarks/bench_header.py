@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     odd = [noncanonical_bytes(distinct_shape(i)) for i in range(n)]
     h = npydask.parse_header(odd[-1])
     assert h.shape == distinct_shape(n - 1) and h.dtype == np.dtype("<f4") and not h.fortran_order
-    assert not nh._CANONICAL.match(header_text(odd[0])), "the non-canonical spelling must miss the regex"
+    assert not nh.is_canonical(header_text(odd[0])), "the non-canonical spelling must miss the regex"
 
     def odd_loop() -> None:
         ph = npydask.parse_header

@@ -55,7 +55,6 @@ import _common  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask import config  # noqa: E402
-from npydask._buffers import pieces  # noqa: E402
 from npydask.plan.read_strategy import MEASURED, STRATEGIES, Costs, choose  # noqa: E402
 from npydask.plan.region import Box, plan_read  # noqa: E402
 from npydask.storage import (  # noqa: E402
@@ -131,7 +130,7 @@ def measure(paths: list[str], repeat: int, q: float) -> tuple[Costs, dict[str, s
             offsets = [128 + k * (size // n - s) // 1 for k in range(n)]
             offsets = [min(o, size - s) for o in offsets]
             buf = np.empty(n * s, np.uint8)
-            parts = pieces(buf, s, n)
+            parts = [[buf.data[j * s : (j + 1) * s]] for j in range(n)]  # (os.preadv's buffer lists)
             t = quantile_ns(partial(reader.read_many, parts, s, offsets), repeat, q, per=n)  # (runs here)
             rows_x.append([1.0, s])
             rows_y.append(t)

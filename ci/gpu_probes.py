@@ -374,9 +374,10 @@ def probe_kvikio_errors(c: Context) -> str:
     import npydask
     from npydask.gpu import _kvikio as kb
     from npydask.gpu import _kvikio_runtime as kr
-    from npydask.storage import _handles
+    from npydask.gpu import describe
+    from npydask.storage import clear_cache
 
-    text = kb.describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
+    text = describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
     paths = ("GPUDirect Storage:", "kvikio POSIX compatibility mode:", "pinned host memory (kvikio not installed)")
     if not text.startswith(paths) or (
         not text.startswith(paths[2]) and not ("num_threads" in text and "GDS available" in text)
@@ -436,14 +437,14 @@ def probe_kvikio_errors(c: Context) -> str:
         ds = npydask.open_dataset(os.path.dirname(c.path("kerr/many/0.npy")), device="gpu")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(soft, len(os.listdir("/proc/self/fd")) + 400)
-    _handles.clear_cache()
+    clear_cache()
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
         got = c.host(ds.stack().compute(scheduler="threads", num_workers=16))
         bound = kb.cufile_limit()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        _handles.clear_cache()
+        clear_cache()
     out.append(
         same(
             got, np.stack(small), f"{n} files under ulimit -n {low} (CuFiles at once <= {bound}, peak {kr._open_peak})"

@@ -2,10 +2,10 @@
 
 A chunk read by copy (pread, a stacked group of files, a ROI, every chunk on
 a ``dask.distributed`` worker) needs a fresh buffer, and fresh memory costs
-a page fault per page touched: measured on the 2-core CI VM, filling a new
-128 MiB array takes 54 ms with transparent huge pages (220 ms for the first
-one in a process) and 135 ms without, against 29 ms for the same copy into
-memory touched before. A worker reading a dataset allocates one such buffer
+a page fault per page touched: filling a new array takes about twice as
+long as the same copy into memory touched before with transparent huge
+pages, and several times as long without (figures on the performance
+page). A worker reading a dataset allocates one such buffer
 per task, and frees it as soon as the reduction after it has run.
 
 :func:`empty` hands out arrays of at least :data:`MIN_BYTES` over anonymous
@@ -210,9 +210,9 @@ _local = threading.local()
 def scratch(nbytes: int) -> np.ndarray:
     """A ``uint8`` buffer of ``nbytes`` for the calling thread, valid until its next call.
 
-    Under :data:`MIN_BYTES` it is one buffer per thread, kept (a 1 MiB
-    scratch allocated afresh for each strided read was faulted in each time:
-    ~180 us of a ~500 us ROI read); larger ones come from :func:`empty`.
+    Under :data:`MIN_BYTES` it is one buffer per thread, kept (a scratch
+    allocated afresh for each strided read was faulted in each time, over a
+    third of a small ROI read); larger ones come from :func:`empty`.
 
     Examples
     --------
@@ -245,7 +245,7 @@ def scratch_pieces(size: int, n: int) -> ScratchPieces:
     """:func:`scratch` of ``size * n`` bytes and its :func:`pieces`, the pieces kept with the thread's buffer.
 
     A strided read cuts the same pieces of the same scratch for every file
-    of a dataset: slicing them once saves ~1 us per read.
+    of a dataset: slicing them once saves slicing them at every read.
 
     Examples
     --------

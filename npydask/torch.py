@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from npydask._optional import install_hint, missing
+from npydask.errors import install_hint, missing
 
 try:
     import torch

@@ -47,6 +47,28 @@ def save(tmp_path):
     return _save
 
 
+@pytest.fixture
+def count_os_calls(monkeypatch):
+    """``count_os_calls(names)``: count each named ``os`` function's calls from now (the test's monkeypatch undoes it).
+
+    Returns the dict of counts, updated as calls are made (every module calls them through ``os``).
+    """
+
+    def _count(names):
+        counts = dict.fromkeys(names, 0)
+        for name in names:
+            real = getattr(os, name)
+
+            def wrapper(*args, _real=real, _name=name, **kw):
+                counts[_name] += 1
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(os, name, wrapper)
+        return counts
+
+    return _count
+
+
 
 # -- object-storage servers (npydask.testing): SeaweedFS's S3, a range-capable HTTP server ----------
 

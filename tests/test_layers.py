@@ -12,6 +12,10 @@ Three rules, over every import in every module of ``npydask/`` (imports inside f
 ``KNOWN`` lists accepted violations (none today). The test fails on a violation that is not in
 ``KNOWN`` and on a ``KNOWN`` entry that no longer occurs. Keys carry no line numbers (edits elsewhere
 in a file do not change them); the failure messages do.
+
+The scripts beside the package (``benchmarks/``, ``examples/``, ``ci/``) use npydask as a user does:
+they import no private module or name of it, and reach no ``_name`` through an npydask module
+(``SCRIPTS_KNOWN`` lists the white-box probes allowed to, each with its reason).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / "npydask"
 # A module's wing is its first name under npydask: ``npydask.storage.local`` is in ``storage``,
 # ``npydask.reader`` in ``reader``, the package itself in ``__init__``.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "_keywords", "_optional"),
+    ("errors", "config", "_keywords"),
     ("_buffers",),
     ("format",),
     ("plan",),
@@ -216,13 +220,77 @@ def report(found: dict[str, list[str]], known: tuple[str, ...]) -> list[str]:
     return lines
 
 
+SCRIPT_FOLDERS = ("benchmarks", "examples", "ci")
+
+# Accepted private imports by the scripts, sorted, each with its reason.
+SCRIPTS_KNOWN: tuple[str, ...] = (
+    # fault injection on a GPU machine, as tests/gpu does: kvikio's open wrapped to shrink a file mid-read
+    "ci/gpu_probes.py -> npydask.gpu._kvikio",
+    # the open-CuFile peak and kvikio's mode, printed by the probes beside what they read
+    "ci/gpu_probes.py -> npydask.gpu._kvikio_runtime",
+    # the pinned ring's slots in the reading thread (the probe checks there are SLOTS of them)
+    "ci/gpu_probes.py -> npydask.gpu._pinned",
+    # the process that first used CUDA, read and (dry run) set to provoke the forked-worker error
+    "ci/gpu_probes.py -> npydask.gpu.process._CUDA_PID",
+    # the toolkit check's remembered outcome, reset so the check runs again
+    "ci/gpu_probes.py -> npydask.gpu.toolkit._outcome",
+)
+
+
+def script_violations(root: Path, folders: tuple[str, ...] = SCRIPT_FOLDERS) -> dict[str, list[str]]:
+    """Private npydask imports in the scripts under ``root``'s ``folders``: key -> messages (file and line)."""
+    out: dict[str, list[str]] = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            modules: dict[str, str] = {}  # local name -> the npydask module it is bound to
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            found: list[tuple[int, str]] = []
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == "npydask":
+                            modules[alias.asname or "npydask"] = alias.name if alias.asname else "npydask"
+                            found.append((node.lineno, alias.name))
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    if node.module.split(".")[0] == "npydask":
+                        for alias in node.names:
+                            found.append((node.lineno, f"{node.module}.{alias.name}"))
+                            modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                    chain, value = [node.attr], node.value
+                    while isinstance(value, ast.Attribute):
+                        chain.append(value.attr)
+                        value = value.value
+                    if isinstance(value, ast.Name) and value.id in modules:
+                        found.append((node.lineno, ".".join([modules[value.id], *reversed(chain)])))
+            for line, name in found:
+                parts = name.split(".")
+                for k, part in enumerate(parts):
+                    if _is_private(part):
+                        target = ".".join(parts[: k + 1])
+                        out.setdefault(f"{rel} -> {target}", []).append(
+                            f"{rel}:{line}: uses {name}, private to npydask ({target}): give it a public home "
+                            "or use the public API"
+                        )
+                        break
+    return out
+
+
 def test_layers():
     lines = report(violations(ROOT), KNOWN)
     assert not lines, "\n".join(lines)
 
 
+def test_scripts_use_npydask_as_users_do():
+    lines = report(script_violations(ROOT.parent), SCRIPTS_KNOWN)
+    assert not lines, "\n".join(lines)
+
+
 def test_known_is_sorted_without_duplicates():
     assert list(KNOWN) == sorted(set(KNOWN))
+    assert list(SCRIPTS_KNOWN) == sorted(set(SCRIPTS_KNOWN))
 
 
 def test_layers_name_each_wing_once():
@@ -311,3 +379,36 @@ def test_known_only_shrinks(tmp_path):
     ]
     assert report(found, (key,)) == []
     assert report({}, (key,)) == [f"{key!r} no longer occurs: remove it from KNOWN"]
+
+
+def test_checker_finds_private_npydask_names_in_scripts(tmp_path):
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "_common.py").write_text("import os\n")  # (a script's own private helpers are its business)
+    (bench / "b.py").write_text(textwrap.dedent("""\
+        import _common
+        import npydask
+        import npydask.storage as st
+        from npydask._buffers import pieces
+        from npydask.dataset.open import _select, open_dataset
+        from npydask.gpu import _kvikio as kb
+        from npydask.storage import local
+        kb.describe()
+        npydask.storage._handles.clear_cache()
+        st._x
+        local._scan
+        npydask.open_dataset
+    """))
+    found = script_violations(tmp_path, ("benchmarks",))
+    assert sorted(found) == [
+        "benchmarks/b.py -> npydask._buffers",
+        "benchmarks/b.py -> npydask.dataset.open._select",
+        "benchmarks/b.py -> npydask.gpu._kvikio",
+        "benchmarks/b.py -> npydask.storage._handles",
+        "benchmarks/b.py -> npydask.storage._x",
+        "benchmarks/b.py -> npydask.storage.local._scan",
+    ]
+    assert found["benchmarks/b.py -> npydask._buffers"] == [
+        "benchmarks/b.py:4: uses npydask._buffers.pieces, private to npydask (npydask._buffers): give it a public "
+        "home or use the public API"
+    ]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from npydask._optional import KNOWN, install_hint, missing
+from npydask.errors import OPTIONAL_DEPENDENCIES, install_hint, missing
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -15,7 +15,7 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 def test_every_extra_the_registry_names_is_declared():
     with open(PYPROJECT, "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
-    for name, dep in KNOWN.items():
+    for name, dep in OPTIONAL_DEPENDENCIES.items():
         if dep.extra:
             assert dep.extra in extras, name
             assert f"npydask[{dep.extra}]" in dep.hint, name

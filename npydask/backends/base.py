@@ -10,7 +10,8 @@ import numpy as np
 from npydask._buffers import as_bytes, empty, raw
 from npydask.config import ReadOptions
 from npydask.plan.region import ReadPlan, same_layout
-from npydask.storage import OpenFile
+from npydask.storage.base import OpenedFile, Source
+from npydask.storage.local import LOCAL
 
 __all__ = ["Backend", "copy_runs", "destination", "finish"]
 
@@ -20,12 +21,22 @@ class Backend(ABC):
 
     ``read`` returns an array of ``plan.shape`` and the file's dtype, in C
     order: ``out`` itself when given (C-contiguous, that shape and dtype).
+    ``source`` is the source that opened ``f`` (the local file system by
+    default): a backend that reads byte runs asks it to.
     """
 
     name: ClassVar[str]
 
     @abstractmethod
-    def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
+    def read(
+        self,
+        f: OpenedFile,
+        plan: ReadPlan,
+        options: ReadOptions,
+        out: np.ndarray | None = None,
+        *,
+        source: Source = LOCAL,
+    ) -> np.ndarray:
         """Read ``plan`` from ``f``."""
 
 

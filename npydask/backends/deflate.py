@@ -21,7 +21,8 @@ from npydask.backends.base import Backend, copy_runs, destination, finish
 from npydask.config import ReadOptions
 from npydask.format.npz import inflate_into
 from npydask.plan.region import ReadPlan
-from npydask.storage import OpenFile
+from npydask.storage.base import OpenedFile, Source
+from npydask.storage.local import LOCAL
 
 __all__ = ["DeflateBackend"]
 
@@ -31,7 +32,15 @@ class DeflateBackend(Backend):
 
     name: ClassVar[str] = "deflate"
 
-    def read(self, f: OpenFile, plan: ReadPlan, options: ReadOptions, out: np.ndarray | None = None) -> np.ndarray:
+    def read(
+        self,
+        f: OpenedFile,
+        plan: ReadPlan,
+        options: ReadOptions,
+        out: np.ndarray | None = None,
+        *,
+        source: Source = LOCAL,
+    ) -> np.ndarray:
         member = f.member
         if member is None or member.stored:
             raise ValueError(f"{f.path}: the deflate backend reads deflated .npz members only")

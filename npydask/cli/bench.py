@@ -63,8 +63,10 @@ def benchmarks_folder() -> Path:
     folder = Path(npydask.__file__).resolve().parent.parent / "benchmarks"
     if not (folder / "_common.py").is_file():
         raise UsageError(
-            f"the benchmark scripts are not here ({folder}): npydask bench runs them from a source "
-            "checkout; clone the repository and pip install -e ."
+            f"npydask bench runs the scripts in the benchmarks/ folder of npydask's source repository, which an "
+            f"installed package does not include (looked for {folder}): in a checkout of the repository, run "
+            "`pip install -e .` then `npydask bench`, or one script alone, e.g. "
+            "`python benchmarks/bench_read.py --size small` (the performance page of the docs lists them all)"
         )
     return folder
 

@@ -56,7 +56,6 @@ from typing import Any
 import numpy as np
 
 import npydask
-from npydask._optional import install_hint
 from npydask.cli._common import (
     add_cluster_options,
     add_quiet_option,
@@ -72,6 +71,7 @@ from npydask.cli._errors import UsageError
 from npydask.cli._open import add_open_options, dataset_of, lazy, read_whole, selection_for, views_of
 from npydask.cli._remote import add_storage_option, is_prefix, storage_options, url_or_none
 from npydask.cli._select import is_npz, npz_members, select
+from npydask.errors import install_hint
 from npydask.storage.urls import redact
 from npydask.write.npy import check_names
 

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 import npydask
-from npydask._optional import install_hint
 from npydask.cli._common import add_cluster_options, add_quiet_option, compute, duration, number, say, size, table
 from npydask.cli._figures import write_and_show
 from npydask.cli._measure import measure
+from npydask.errors import install_hint
 
 __all__ = ["add_parser", "make_mri_set", "run"]
 

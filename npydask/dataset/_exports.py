@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from npydask._optional import missing
+from npydask.errors import missing
 
 __all__ = ["EXPORTS", "Export", "adapter"]
 

@@ -40,7 +40,7 @@ from npydask.storage.where import fspath, lister_for, resolve
 if TYPE_CHECKING:
     from npydask.dataset.multikey import MultiKeyDataset
 
-__all__ = ["open_dataset"]
+__all__ = ["open_dataset", "select_paths"]
 
 _T = TypeVar("_T")
 
@@ -245,7 +245,7 @@ def open_dataset(
         from npydask.dataset.multikey import member_keys
 
         keys, key = member_keys(key), None
-    (paths, listed), source = _select(
+    (paths, listed), source = select_paths(
         file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
     )
     check_key(key)
@@ -312,7 +312,7 @@ def open_dataset(
                       skipped=skipped)
 
 
-def _select(
+def select_paths(
     file_root: Any,
     file_filter: str,
     file_list: Any,

@@ -196,10 +196,11 @@ def natural_swap(names: Sequence[str], sep: str | None = None) -> tuple[str, str
       spread over the list: a sample, so a lone swapped pair far into a
       long list of names whose digits sit unalike can go unseen.
 
-    Measured on a million names (``benchmarks/bench_order.py``: ``vol_{i}.npy``,
-    ``vol_{i:07d}.npy``, names without digits, names whose digit runs
-    differ in length but agree): at most 81 ms of CPU on a busy 2-core
-    machine, 4.6% of opening as many files with ``headers="first"`` there.
+    On a million names it costs a small share of opening as many files
+    with ``headers="first"`` (``benchmarks/bench_order.py`` measures it on
+    ``vol_{i}.npy``, ``vol_{i:07d}.npy``, names without digits and names
+    whose digit runs differ in length but agree; figures on the
+    performance page).
 
     Pure: no file system.
 

@@ -32,12 +32,11 @@ __all__ = ["check_unread", "scan_headers", "scan_members_of", "scan_table"]
 _BATCH = 256
 _STEP = 4096
 _SLOW_FILE = 40e-6
-"""Seconds a file over which :func:`scan_headers` moves to threads. Measured on the 2-core VM,
-100,000 files: 9 us a file from the page cache in one thread, 93 us after ``drop_caches``."""
+"""Seconds a file over which :func:`scan_headers` moves to threads: several times a page-cached file's
+scan in one thread, well under a cold file's (the figures are on the performance page)."""
 _FAST_THREADED = 25e-6
-"""Seconds a file under which :func:`scan_headers` moves back from threads to this one. Measured on
-the 2-core VM, 100,000 files on 8 threads: 21 us a file from the page cache (the threads take turns
-holding the GIL), 34 us after ``drop_caches``."""
+"""Seconds a file under which :func:`scan_headers` moves back from threads to this one: just over a
+page-cached file's scan on 8 threads (they take turns holding the GIL), under a cold file's there."""
 
 
 def scan_headers(
@@ -59,9 +58,8 @@ def scan_headers(
     file: a network or cold file system, or a cold part of a big folder),
     the next files are scanned by ``threads`` threads (default 8), whose
     reads overlap, and back in this thread once a round of them runs at
-    page-cache speed (under ``_FAST_THREADED`` a file). Measured, 100,000
-    files: 9.3 s in one thread after ``drop_caches`` and 3.4 s on 8
-    threads; from the page cache 0.9 s in one thread and 2.1 s on 8.
+    page-cache speed (under ``_FAST_THREADED`` a file): threads shorten a
+    cold scan about threefold and lengthen a page-cached one about twofold.
     ``threads=1`` never starts threads; another number keeps them from the
     first batch on.
 

@@ -66,6 +66,7 @@ __all__ = [
     "Preamble",
     "format_header",
     "header_end",
+    "is_canonical",
     "parse_header",
     "parse_preamble",
 ]
@@ -317,6 +318,22 @@ _CANONICAL = re.compile(
     rf"'shape': \((?P<shape>|{_INT},|{_INT}(?:, {_INT})++)\), \}} *\n\Z",
     re.ASCII,
 )
+
+
+def is_canonical(text: str) -> bool:
+    """Whether a header's dict ``text`` is spelled exactly as numpy writes it (the parser's one-regex fast path).
+
+    Any other spelling (other spacing, key order, quotes) is still read, by
+    the strict literal parser, only more slowly.
+
+    Examples
+    --------
+    >>> is_canonical("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }" + " " * 4 + "\\n")
+    True
+    >>> is_canonical('{"descr": "<f4", "fortran_order": False, "shape": (3, 4)}\\n')
+    False
+    """
+    return _CANONICAL.match(text) is not None
 
 
 def _parse_text(raw: bytes, encoding: str, source: str) -> tuple[np.dtype, bool, tuple[int, ...]]:

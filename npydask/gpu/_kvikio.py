@@ -94,6 +94,7 @@ from npydask.gpu.plan import GpuReadPlan
 from npydask.storage import (
     FileIdentity,
     InodeIdentity,
+    OpenFile,
     check_unchanged,
     clear_cache,
     differs,
@@ -257,6 +258,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
 
             read_span = read_range
         else:
+            assert isinstance(f, OpenFile)  # (what a source that can be mapped opens)
 
             def read_file(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
                 pread_exact(fd, dest.data, offset, path)  # (a short read there: FileChangedError)
@@ -270,7 +272,7 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
         else:
             assert staging is not None  # (allocated unless every job is direct)
             wait_reads(issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), f.path)
-        if job.ref.source.mappable:
+        if isinstance(f, OpenFile):  # (a local file; an object's reads were each checked)
             check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
     return _finish_all(window, staging, offsets, xp, direct)
 

@@ -38,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from npydask._optional import install_hint
-from npydask.errors import GpuUnavailableError
+from npydask.errors import GpuUnavailableError, install_hint
 from npydask.gpu.plan import GpuReadOptions, gpu_read_options, native_dtype, plan_gpu_read, through_host
 from npydask.gpu.process import check_cuda_fork, note_cuda_use, visible_devices
 from npydask.gpu.toolkit import check_toolkit

@@ -1,4 +1,4 @@
-"""Pure planning: how to copy a strided region out of a local file, by a cost model measured on this machine.
+"""Pure planning: how to copy a strided region out of a local file, by a cost model calibrated on one machine.
 
 A region that is not one contiguous run of the file (a ROI, a chunk cut
 across rows) is a grid of byte runs (:class:`~npydask.plan.region.ReadPlan`). A
@@ -33,9 +33,10 @@ and fault-around windows (:attr:`Costs.window_bytes`) the runs touch::
              + copy_call + n_runs * copy_row + nbytes * mapped_byte
 
 The coefficients (:data:`MEASURED`) come from ``benchmarks/calibrate_roi.py``
-run on the machine this project is developed and benchmarked on (it prints
-them, and the model's predictions beside measured times for a few ROI
-shapes). ``mapped`` assumes a fresh mapping (a file first read, or one the
+run on the machine the project's benchmarks run on (the performance page
+says which); it prints them, and the model's predictions beside measured
+times for a few ROI shapes, so it can be run on another machine.
+``mapped`` assumes a fresh mapping (a file first read, or one the
 handle cache dropped): its page faults are paid again whenever the cache
 reopens the file. Ties go to the first of spans, runs, mapped.
 
@@ -137,9 +138,9 @@ class Costs:
     window_bytes: int = 65536
 
 
-# Measured by ``benchmarks/calibrate_roi.py`` on the development machine (2-core AMD EPYC KVM guest,
-# Linux 6.18, ext4, files read back into the page cache): thread CPU time, the 25th percentile of
-# many runs. Page faults there cost ~5 us per 64 KiB window (a tenth of that on pages just written).
+# Calibrated by ``benchmarks/calibrate_roi.py`` (files read back into the page cache; thread CPU time,
+# the 25th percentile of many runs). The machine, and what a page fault cost there, are on the
+# performance page.
 MEASURED = Costs(
     syscall=299.9,
     kernel_byte=0.1093,

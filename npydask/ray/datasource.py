@@ -42,12 +42,12 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from npydask._keywords import suggest_keywords
-from npydask._optional import install_hint
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.open import open_dataset
 from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.dataset.views import view_layout
+from npydask.errors import install_hint
 from npydask.plan.grouping import RowRange, plan_row_ranges
 from npydask.plan.region import Box
 from npydask.ray._columns import check_arrow_dtype, column_type, ragged_column, tensor_column

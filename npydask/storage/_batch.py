@@ -1,8 +1,8 @@
 """Tight loops over many small files: scanning headers, and reading whole payloads.
 
 Opening a folder of 20,000 small files, or reading a task's group of them,
-costs a few system calls per file; on a VM each is 2-4 us, and Python's own
-per-call overhead is of the same order. These loops do only what each file
+costs a few system calls per file, each a few microseconds, and Python's
+own per-call overhead is of the same order. These loops do only what each file
 needs (``open``, ``fstat``, one ``pread``, ``close``), bind the functions
 they call to locals and take the memoised header without re-parsing, so the
 cost per file stays close to the system calls' (measured in
@@ -39,9 +39,9 @@ OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
 SCAN_READ = 512
 """Bytes :func:`scan_files` reads first: numpy's headers take 128 or 256 (a
-longer one costs a second read). Measured: a 4 KiB ``pread`` costs 0.2 us
-more than this one (the bytes object outgrows Python's small-object
-allocator), 5% of a file's scan."""
+longer one costs a second read). Not more: a larger first read costs a
+few percent of a file's scan more (the bytes object outgrows Python's
+small-object allocator)."""
 
 
 def scan_files(paths: Sequence[str], key: str | None = None) -> list[Scanned | BaseException]:
@@ -132,8 +132,8 @@ def read_files(items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
     Loops over files served at page-cache speed (under :data:`FAST_FILE`
     seconds each, as the previous loop measured) run one at a time in the
     process: they are system calls of a few microseconds, and two threads
-    interleaving them only hand the GIL back and forth (20,000 files of 4 KiB
-    on 2 cores: 652 ms on dask's two threads against 299 ms in one). Slower
+    interleaving them only hand the GIL back and forth (two threads take
+    about twice as long as one). Slower
     files (a network or cold file system) are read by all threads at once.
 
     A group whose identities are inodes only

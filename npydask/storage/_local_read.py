@@ -122,9 +122,9 @@ def read_scratch_spans(fd: int, path: str, spans: ScratchSpans, raw: np.ndarray)
     """Fill ``raw`` from ``fd`` as :func:`read_fd` would, by the prepared ``spans``: the reads, then one copy.
 
     Between two reads there is one loop step of Python: two threads
-    reading this way overlap their system calls (256 ROIs of 32^3 float32
-    on 2 cores: 26.2 ms in one thread and 26.1 ms in two through
-    :func:`read_fd`, whose per-file planning lookups hold the GIL).
+    reading this way overlap their system calls (through :func:`read_fd`,
+    whose per-file planning lookups hold the GIL, two threads take as long
+    as one).
     """
     preadv_all(fd, path, spans.parts, spans.size, spans.offsets)
     np.copyto(raw.reshape(spans.shape), spans.grid)

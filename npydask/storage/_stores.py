@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from npydask import config
-from npydask._optional import install_hint
+from npydask.errors import install_hint
 from npydask.storage.urls import OBJECT_SCHEMES, redact
 
 __all__ = [

@@ -14,8 +14,9 @@ the same pure modules (:mod:`npydask.format.header`, :mod:`npydask.plan.region`,
 * a :class:`Target` writes one file by blocks and publishes it at once, or
   leaves nothing behind.
 
-Identities are opaque tuples: whatever must stay the same for facts read
-earlier to stay true (size, mtime and inode for a local file). A task built
+Identities (:data:`~npydask.storage.identity.Identity`) are small named
+tuples, opaque outside their source: whatever must stay the same for facts
+read earlier to stay true (size, mtime and inode for a local file). A task built
 for one identity that finds another fails with
 :class:`~npydask.errors.FileChangedError` instead of returning other data.
 A source is shared by every file of a dataset (one object, not one per
@@ -26,18 +27,18 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
 
     from npydask.config import ReadOptions
     from npydask.format.header import NpyHeader
+    from npydask.format.npz import Member
     from npydask.plan.region import ReadPlan
-    from npydask.storage._handles import OpenFile
 from npydask.storage.identity import HeaderCheck, Identity, Scanned
 
-__all__ = ["Identity", "Item", "Lister", "Listing", "Scanned", "Source", "Target"]
+__all__ = ["Identity", "Item", "Lister", "Listing", "OpenedFile", "Scanned", "Source", "Target"]
 
 Item: TypeAlias = tuple[str, Identity, int, HeaderCheck | None]
 """(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
@@ -57,7 +58,8 @@ class Listing(NamedTuple):
 
     Examples
     --------
-    >>> Listing(["a/b.npy"], [128], [(128, "etag")]).sizes
+    >>> from npydask.storage.identity import ObjectIdentity
+    >>> Listing(["a/b.npy"], [128], [ObjectIdentity(128, "etag")]).sizes
     [128]
     """
 
@@ -71,6 +73,51 @@ class Listing(NamedTuple):
     """For a listing one folder deep made folder by folder (a local one): each folder's name (``""``
     for the root's own files) and how many consecutive paths are its, in listing order; ``None``
     otherwise. Ordering can then sort each folder's paths apart instead of splitting every path."""
+
+
+class OpenedFile(Protocol):
+    """A file as :meth:`Source.open` opens it for the backends: what every source's opened files have.
+
+    A local file (:class:`~npydask.storage.OpenFile`, from the handle cache)
+    and an object (:class:`~npydask.storage.object.RemoteFile`) both are one;
+    the source that opened it reads its byte runs
+    (:meth:`Source.read_opened`), and only the backends that need more (a
+    mapping needs a local descriptor) ask for the concrete kind.
+    """
+
+    @property
+    def path(self) -> str:
+        """The file as messages name it (an object URL redacted)."""
+
+    @property
+    def identity(self) -> Identity:
+        """The identity it had when opened: every read of it is checked against this."""
+
+    @property
+    def header(self) -> NpyHeader:
+        """Its parsed header (the member's, for an ``.npz`` member)."""
+
+    @property
+    def raw(self) -> bytes:
+        """The header bytes as read from it."""
+
+    @property
+    def member(self) -> Member | None:
+        """The ``.npz`` member read (stored or deflated), ``None`` for a plain ``.npy`` file."""
+
+    @property
+    def local(self) -> bool:
+        """Whether it lives on a local file system (only then may ``backend="auto"`` map it)."""
+
+    @property
+    def deflated(self) -> bool:
+        """Whether it is a deflated ``.npz`` member (only inflating reads it)."""
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes from ``offset`` (fewer only at the end): one read or range request."""
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`~npydask.errors.FileChangedError` if it is no longer the file opened (after a read)."""
 
 
 class Source(abc.ABC):
@@ -159,8 +206,19 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def open(
         self, path: str, expected: Identity | None = None, *, key: str | None = None, check: HeaderCheck | None = None
-    ) -> OpenFile:
+    ) -> OpenedFile:
         """The file opened for a backend (its header parsed), failing if it is not ``expected`` or ``check``."""
+
+    @abc.abstractmethod
+    def read_opened(self, f: OpenedFile, plan: ReadPlan, dest: np.ndarray, options: ReadOptions) -> None:
+        """:meth:`read_runs` of a file this source's :meth:`open` returned: its runs, nothing else.
+
+        No metadata request and no identity check of its own (the file was
+        checked when opened): the caller checks afterwards with
+        ``f.check_unchanged()``. An object's range requests are each
+        conditional on its identity all the same. ``plan``'s offsets are
+        the file's (an ``.npz`` member's header already places them).
+        """
 
     @abc.abstractmethod
     def read_runs(

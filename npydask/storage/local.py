@@ -32,9 +32,9 @@ from npydask.plan.region import ReadPlan
 from npydask.storage import _local_write
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
-from npydask.storage._local_read import read_grid
+from npydask.storage._local_read import read_grid, read_local
 from npydask.storage._rois import read_rois
-from npydask.storage.base import Identity, Item, Lister, Listing, Scanned, Source, Target
+from npydask.storage.base import Identity, Item, Lister, Listing, OpenedFile, Scanned, Source, Target
 from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
@@ -115,6 +115,10 @@ class LocalSource(Source):
     ) -> None:
         """:func:`~npydask.storage.read_grid` through the handle cache (``O_DIRECT`` with ``direct_io``)."""
         read_grid(path, identity, plan, options, dest, check)
+
+    def read_opened(self, f: OpenedFile, plan: ReadPlan, dest: np.ndarray, options: ReadOptions) -> None:
+        """:func:`~npydask.storage.read_local` on ``f``'s descriptor: the reads alone, no ``stat`` or ``fstat``."""
+        read_local(cast(OpenFile, f), plan, options, dest)  # (a file this source opened: the handle cache's)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:func:`~npydask.storage._rois.read_rois`: one uncached open, the reads, one fstat, one close per file."""

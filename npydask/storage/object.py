@@ -39,7 +39,7 @@ from __future__ import annotations
 import errno
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,44 +62,14 @@ from npydask.storage._stores import (
     run_files,
     store_for,
 )
-from npydask.storage.base import Identity, Item, Scanned, Source
-from npydask.storage.identity import HeaderCheck, header_mismatch
+from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
+from npydask.storage.identity import HeaderCheck, ObjectIdentity, header_mismatch
 from npydask.storage.urls import http_target, redact, split_url
 
-__all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "source_for"]
-
-_EPOCH = "1970-01-01T00:00:00+00:00"
-"""The ``last_modified`` obstore reports for a response without ``Last-Modified``."""
+__all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
 
 _BLOCK = 64 * 1024
 """Read-ahead of a header's or zip directory's reads past the first GET."""
-
-
-class ObjectIdentity(NamedTuple):
-    """An object's size and version tag: equal while its bytes are the ones planned for."""
-
-    size: int
-    etag: str | None
-    """The ETag (sent as ``If-Match`` and compared with each response's), or ``None``."""
-    modified: str | None = None
-    """``Last-Modified`` (ISO 8601), compared only where the server sends no ETag."""
-
-    @classmethod
-    def of(cls, meta: Any, mode: str = "etag") -> ObjectIdentity:
-        """The identity in an obstore ``ObjectMeta``, as the store's ``identity`` ``mode`` takes it."""
-        size = int(meta["size"])
-        if mode == "none":
-            return cls(size, None)
-        etag = meta.get("e_tag") or None
-        modified = meta.get("last_modified")
-        if etag is not None or modified is None or mode != "last-modified":
-            return cls(size, etag)
-        modified = modified.isoformat()
-        return cls(size, None, None if modified == _EPOCH else modified)
-
-    def facts(self) -> str:
-        """The text a task's token hashes."""
-        return f"{self.size}|{self.etag}|{self.modified}"
 
 
 class ObjectSource(Source):
@@ -201,9 +171,7 @@ class ObjectSource(Source):
 
         return run_each(one, paths, self.spec.settings.concurrency)
 
-    # RemoteFile is OpenFile's object-store twin, not a subclass: the pread backend tells them apart. The
-    # interface's return type becomes a shared protocol when every ranged read goes through read_runs.
-    def open(  # type: ignore[override]
+    def open(
         self, path: str, expected: Any = None, *, key: str | None = None, check: HeaderCheck | None = None
     ) -> RemoteFile:
         """The object as a :class:`RemoteFile`.
@@ -260,6 +228,11 @@ class ObjectSource(Source):
             runs()
             return
         run_beside(lambda: self.open(path, identity, check=check), runs, self.spec.settings.concurrency)
+
+    def read_opened(self, f: OpenedFile, plan: ReadPlan, dest: np.ndarray, options: ReadOptions) -> None:
+        """The run grid of ``plan`` by range GETs, as :meth:`read_runs` (each conditional on ``f``'s ETag)."""
+        opened = cast(RemoteFile, f)  # (a file this source opened)
+        read_plan(RangeReader(self, opened.url, opened.identity), plan, options, dest)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""
@@ -432,6 +405,16 @@ def source_for(spec: StoreSpec) -> ObjectSource:
     return found
 
 
+def clear_sources() -> None:
+    """Forget this process's sources and the headers they cached: the next open reads every header again.
+
+    Their stores (connection pools) are kept. For measuring a cold open;
+    readers never need it (a cached header is used only at the identity it
+    was read at).
+    """
+    _SOURCES.clear()
+
+
 def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) -> tuple[tuple[str, Any], ...]:
     """``options`` (a :class:`StoreSpec`'s) with ``default_headers`` holding ``name: value`` too."""
     found = dict(options)
@@ -496,9 +479,11 @@ class _Blocks:
 class RemoteFile:
     """An object opened for a backend: its URL, identity, header and (for ``.npz``) member.
 
-    The object-store twin of :class:`~npydask.storage.OpenFile`:
-    ``read_at`` is a conditional range GET, :meth:`range_reader` serves the
-    pread backend, and there is nothing to close.
+    The object-store twin of :class:`~npydask.storage.OpenFile` (both are an
+    :class:`~npydask.storage.base.OpenedFile`): ``read_at`` is a
+    conditional range GET, its source's
+    :meth:`~ObjectSource.read_opened` reads its runs, and there is nothing
+    to close.
     """
 
     local = False
@@ -534,7 +519,7 @@ class RemoteFile:
         return bytes(self.source._get(self.url, self.identity, offset, offset + n, "reading"))
 
     def range_reader(self) -> RangeReader:
-        """The reader the pread backend reads this object's runs with."""
+        """A reader of this object's byte ranges (parallel conditional range GETs), for readers of spans."""
         return RangeReader(self.source, self.url, self.identity)
 
     def check_unchanged(self) -> None:

@@ -63,7 +63,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from npydask._optional import install_hint
+from npydask.errors import install_hint
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig

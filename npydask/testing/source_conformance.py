@@ -23,7 +23,8 @@ short, and inherits every check::
 
 The checks cover identities (stable, changed by a rewrite, a missing file
 named), ``scan`` (headers, raw header bytes, failures reported in place),
-``read_runs`` and ``read_many`` against :func:`numpy.load` over several
+``read_runs``, ``read_opened`` (of a file ``open`` returned, ``.npz``
+members included) and ``read_many`` against :func:`numpy.load` over several
 dtypes, orders and regions, files changed or removed after scanning, header
 bytes that differ from the expected ones, and short reads.
 :class:`~npydask.testing.conformance.BackendConformance` is the same for the
@@ -210,6 +211,60 @@ class SourceConformance:
         with pytest.raises(FileNotFoundError, match="a.npy"):
             source.read_runs(p, identity, plan, np.zeros(plan.nbytes, np.uint8), read_options())
 
+    # -- read_opened -----------------------------------------------------------------------
+
+    @pytest.mark.parametrize("frac", SOURCE_BOXES)
+    @pytest.mark.parametrize("kind", sorted(SOURCE_ARRAYS))
+    def test_read_opened_equals_numpy(self, source: Source, tmp_path: Path, kind: str, frac: Any) -> None:
+        values = SOURCE_ARRAYS[kind]()
+        p = self.put(tmp_path, "a.npy", values)
+        identity, header, raw, _ = _scanned(source, [p])[0]
+        f = source.open(p, identity, check=HeaderCheck(raw, "the test", "none"))
+        assert (f.identity, f.header, f.raw, f.member, f.deflated) == (identity, header, raw, None, False)
+        start, stop = _box(values.shape, frac)
+        plan = plan_read(f.header, normalize_box(header.shape, start, stop))
+        dest = np.full(plan.nbytes, 0xAB, np.uint8)
+        source.read_opened(f, plan, dest, read_options(gap_bytes=64))
+        f.check_unchanged()
+        region = self.load(p)[tuple(slice(a, b) for a, b in zip(start, stop))]
+        assert dest.tobytes() == region.tobytes(order="F" if header.fortran_order else "C")
+
+    @pytest.mark.parametrize("frac", [None, (0.3, 0.7)])
+    def test_read_opened_reads_a_stored_npz_member(self, source: Source, tmp_path: Path, frac: Any) -> None:
+        values = {"x": SOURCE_ARRAYS["c3d-f4"](), "y": SOURCE_ARRAYS["f3d-i2"]()}
+        archive = io.BytesIO()
+        np.savez(archive, x=values["x"], y=values["y"])
+        p = self.put_bytes(tmp_path, "m.npz", archive.getvalue())
+        for key, expected in values.items():
+            f = source.open(p, key=key)
+            assert f.member is not None and f.member.stored and not f.deflated
+            start, stop = _box(expected.shape, frac)
+            plan = plan_read(f.header, normalize_box(f.header.shape, start, stop))
+            dest = np.zeros(plan.nbytes, np.uint8)
+            source.read_opened(f, plan, dest, read_options())
+            f.check_unchanged()
+            region = expected[tuple(slice(a, b) for a, b in zip(start, stop))]
+            assert dest.tobytes() == region.tobytes(order="F" if f.header.fortran_order else "C")
+
+    def test_read_opened_of_a_replaced_file_never_gives_the_new_bytes(self, source: Source, tmp_path: Path) -> None:
+        """The opened file's bytes, or ``FileChangedError`` naming it: never the replacement's."""
+        p = self.put(tmp_path, "a.npy", np.arange(100, dtype="<i8"))
+        f = source.open(p, source.identity(p))
+        self.remove(p)
+        self.put(tmp_path, "a.npy", np.arange(100, 200, dtype="<i8"))
+        plan = plan_read(f.header, normalize_box(f.header.shape, (10,), (20,)))
+        dest = np.zeros(plan.nbytes, np.uint8)
+        error: FileChangedError | None = None
+        try:
+            source.read_opened(f, plan, dest, read_options())
+            f.check_unchanged()
+        except FileChangedError as e:  # (an object: its reads are conditional on the opened ETag)
+            error = e
+        if error is None:  # (a local file: the open descriptor still reads the file it opened)
+            assert dest.tobytes() == np.arange(10, 20, dtype="<i8").tobytes()
+        else:
+            assert "a.npy" in str(error)
+
     # -- read_many -------------------------------------------------------------------------
 
     @pytest.mark.parametrize("checked", [False, True])
@@ -291,6 +346,9 @@ class SourceConformance:
         plan = plan_read(header, normalize_box(header.shape, (1, 5, 7), (3, 30, 41)))
         dest = np.zeros(plan.nbytes, np.uint8)
         source.read_runs(paths[0], identity, plan, dest, read_options(), HeaderCheck(raw, "t", "t"))
+        assert dest.tobytes() == values[1:3, 5:30, 7:41].tobytes()
+        dest[:] = 0
+        source.read_opened(source.open(paths[0], identity), plan, dest, read_options())
         assert dest.tobytes() == values[1:3, 5:30, 7:41].tobytes()
         items = [(p, s[0], s[1].data_offset, HeaderCheck(s[2], "t", "t")) for p, s in zip(paths, scanned)]
         dest2 = bytearray(values.nbytes * 3)

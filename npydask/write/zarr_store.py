@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from npydask._keywords import suggest_keywords
-from npydask._optional import install_hint
+from npydask.errors import install_hint
 from npydask.storage.urls import is_url, split_url
 from npydask.storage.where import StoragePath, resolve
 

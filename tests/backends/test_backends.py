@@ -503,3 +503,32 @@ def test_an_empty_region_keeps_a_generic_datetimes_byte_order(tmp_path, backend,
     assert want.dtype.str == dtype
     got = npydask.read_region(str(path), (0, 0), (0, 3), backend=backend)
     assert (got.dtype.str, got.shape) == (dtype, (0, 3))
+
+
+# --------------------------------------------------------------------------
+# System calls per read
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz-member"])
+@pytest.mark.parametrize("strategy", ["spans", "runs"])
+def test_a_pread_read_costs_one_stat_one_fstat_and_its_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count_os_calls, kind: str, strategy: str
+) -> None:
+    """A cached file read through its source's runs: the handle cache's ``stat``, the reads, one ``fstat`` after."""
+    values = np.arange(40 * 50, dtype="<f8").reshape(40, 50)
+    if kind == "npy":
+        path, key = str(tmp_path / "a.npy"), None
+        np.save(path, values)
+    else:
+        path, key = str(tmp_path / "a.npz"), "x"
+        np.savez(path, x=values, y=values[:2])
+    ref = FileRef.open(path, key=key, backend="pread")
+    box = Box((3, 10), (9, 20))  # six runs of 80 bytes, 400 bytes apart
+    with config.set(roi_strategy=strategy, gap_bytes=4096):
+        np.testing.assert_array_equal(ref.read(box), values[3:9, 10:20])  # (opened and cached)
+        counts = count_os_calls(["stat", "fstat", "open", "pread", "preadv"])
+        got = ref.read(box)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(got, values[3:9, 10:20])
+    # one preadv either way: of the coalesced span ("spans", cut out after) or scattering the six runs ("runs")
+    assert counts == {"stat": 1, "fstat": 1, "open": 0, "pread": 0, "preadv": 1}, counts

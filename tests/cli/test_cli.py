@@ -469,6 +469,19 @@ def test_hints_name_command_line_flags(folder, args, flag, python):
     assert flag in line and python not in line and "file_root" not in line and "file_filter" not in line
 
 
+def test_bench_from_an_installed_package_says_where_the_scripts_are(tmp_path, monkeypatch, capsys):
+    import npydask
+
+    monkeypatch.setattr(npydask, "__file__", str(tmp_path / "site-packages" / "npydask" / "__init__.py"))
+    status, out, err = run_here(capsys, "bench", "--only", "header")
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(tmp_path / "site-packages" / "benchmarks") in err  # where it looked
+    for words in ("benchmarks/ folder of npydask's source repository", "pip install -e .", "npydask bench",
+                  "python benchmarks/bench_read.py --size small"):
+        assert words in err, err
+
+
 def test_bench_sizes_are_the_scripts_sizes(monkeypatch):
     import importlib.util
     from pathlib import Path

@@ -220,26 +220,13 @@ def test_bad_headers_argument_and_refused_combinations(tmp_path):
         npydask.open_dataset(tmp_path, headers="first", key=["x", "y"])
 
 
-def _count_calls(monkeypatch, names):
-    counts = dict.fromkeys(names, 0)
-    for name in names:
-        real = getattr(os, name)
-
-        def wrapper(*args, _real=real, _name=name, **kw):
-            counts[_name] += 1
-            return _real(*args, **kw)
-
-        monkeypatch.setattr(os, name, wrapper)
-    return counts
-
-
 @pytest.mark.parametrize("n", [3, 300])
-def test_opening_a_folder_opens_and_stats_one_file(tmp_path, monkeypatch, n):
+def test_opening_a_folder_opens_and_stats_one_file(tmp_path, monkeypatch, count_os_calls, n):
     arrays = _arrays((4, 4), "<f4", n=n)
     _write(tmp_path, arrays)
     (tmp_path / "sub").mkdir()
     _write(tmp_path / "sub", arrays[:2], ["x.npy", "y.npy"])
-    counts = _count_calls(monkeypatch, ["open", "stat", "lstat", "fstat", "pread"])
+    counts = count_os_calls(["open", "stat", "lstat", "fstat", "pread"])
     ds = npydask.open_dataset(tmp_path, headers="first")
     monkeypatch.undo()
     assert len(ds) == n + 2

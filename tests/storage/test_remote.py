@@ -104,6 +104,16 @@ class TestObjectSource(SourceConformance):
         assert source.gap_bytes == npydask.config.get("remote_gap_bytes") == 64 * 1024
         assert "secret" not in repr(source).lower()
 
+    def test_clear_sources_forgets_the_sources_and_their_headers(self, source: ObjectSource) -> None:
+        from npydask.storage.object import clear_sources
+
+        url = self.b.put("a.npy", np.arange(5))
+        source.open(url, source.identity(url))
+        clear_sources()
+        again = source_for(source.spec)
+        assert again is not source and again == source and not again._files
+        assert again.header(url).shape == (5,)
+
 
 # -- public functions --------------------------------------------------------------------------
 
