@@ -522,13 +522,13 @@ def read_boxes(
     if f.deflated:
         done = inflate_spans(f, runs.spans, buffer, verify=any(cut.inside == whole for cut in runs.cuts))
     else:
-        done = read_spans(f, runs.spans, buffer, ref.options)
+        done = read_spans(ref.source, f, runs.spans, buffer, ref.options)
     arrays = cut_boxes(runs, buffer, dests)
     _check_whole_members(f, runs, arrays)
     return BoxesRead(arrays, done.nbytes, done.requests, runs.patch_bytes)
 
 
-def _check_whole_members(f: OpenFile, runs: PatchRuns, arrays: list[np.ndarray]) -> None:
+def _check_whole_members(f: OpenedFile, runs: PatchRuns, arrays: list[np.ndarray]) -> None:
     """A stored ``.npz`` member read whole by a box: its CRC-32 checked, as :func:`read_region` checks it."""
     member = f.member
     if member is None or not member.stored:
@@ -541,7 +541,7 @@ def _check_whole_members(f: OpenFile, runs: PatchRuns, arrays: list[np.ndarray])
             check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
 
 
-def _maps(ref: FileRef, f: OpenFile) -> bool:
+def _maps(ref: FileRef, f: OpenedFile) -> bool:
     """Whether boxes are copied from the file's mapping (``"mmap"``, or ``"auto"`` with ``roi_strategy="mapped"``)."""
     if f.deflated or not (ref.source.mappable and f.local):
         return False
@@ -550,7 +550,7 @@ def _maps(ref: FileRef, f: OpenFile) -> bool:
     )
 
 
-def _read_mapped(f: OpenFile, runs: PatchRuns, options: ReadOptions, out: list[np.ndarray | None]) -> BoxesRead:
+def _read_mapped(f: OpenedFile, runs: PatchRuns, options: ReadOptions, out: list[np.ndarray | None]) -> BoxesRead:
     """Each box's part inside the file copied from the file's one mapping (the mmap backend), then padded.
 
     The bytes counted are those copied (overlaps once per box); page faults are not counted as requests.

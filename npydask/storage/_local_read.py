@@ -25,6 +25,7 @@ import numpy as np
 
 from npydask._buffers import scratch_pieces
 from npydask.config import ReadOptions
+from npydask.plan.patch_runs import Spans
 from npydask.plan.region import ReadPlan, align_span
 from npydask.storage._handles import OpenFile, acquire, pread_exact
 from npydask.storage._iovec import read_iovecs
@@ -41,6 +42,7 @@ __all__ = [
     "read_fd",
     "read_grid",
     "read_local",
+    "read_local_spans",
     "read_scratch_spans",
     "scratch_spans",
 ]
@@ -246,3 +248,23 @@ def read_grid(
     f = acquire(path, identity, check=check)
     read_local(f, plan, options, raw)
     check_unchanged(f.fd, f.identity, path)  # (the whole identity acquire found, even for an inode-only one)
+
+
+def read_local_spans(f: OpenFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
+    """Fill ``dest`` with ``spans`` of ``f`` (back to back at their positions): one ``preadv`` per span on its
+    cached descriptor, through :class:`DirectReader` with ``direct_io``. Returns the spans read (a short read is
+    completed by more, not counted); the caller checks the file afterwards."""
+    mv = dest.data
+    offsets, lengths, positions = spans.offsets.tolist(), spans.lengths.tolist(), spans.positions.tolist()
+    if options.direct_io:
+        direct = DirectReader(f)
+        for offset, n, at in zip(offsets, lengths, positions):
+            direct.read_into(dest[at : at + n], offset)
+    else:
+        fd, path, preadv = f.fd, f.path, os.preadv
+        for offset, n, at in zip(offsets, lengths, positions):
+            part = mv[at : at + n]
+            got = preadv(fd, [part], offset)
+            if got != n:
+                pread_exact(fd, part[got:], offset + got, path)
+    return len(offsets)

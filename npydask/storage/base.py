@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from npydask.config import ReadOptions
     from npydask.format.header import NpyHeader
     from npydask.format.npz import Member
+    from npydask.plan.patch_runs import Spans
     from npydask.plan.region import ReadPlan
 from npydask.storage.identity import HeaderCheck, Identity, Scanned
 
@@ -218,6 +219,18 @@ class Source(abc.ABC):
         ``f.check_unchanged()``. An object's range requests are each
         conditional on its identity all the same. ``plan``'s offsets are
         the file's (an ``.npz`` member's header already places them).
+        """
+
+    @abc.abstractmethod
+    def read_spans(self, f: OpenedFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
+        """Fill ``dest`` with ``spans`` of a file this source's :meth:`open` returned, back to back; the requests made.
+
+        Span ``k`` (``spans.lengths[k]`` bytes at file offset
+        ``spans.offsets[k]``) lands at ``spans.positions[k]`` of ``dest``
+        (C-contiguous ``uint8``, ``spans.nbytes`` long). As for
+        :meth:`read_opened`: no metadata request and no identity check of its
+        own, the caller checks afterwards with ``f.check_unchanged()``; an
+        object's range requests are each conditional on its identity.
         """
 
     @abc.abstractmethod

@@ -28,11 +28,12 @@ from npydask import config
 from npydask.config import ReadOptions
 from npydask.format import npz
 from npydask.format.header import NpyHeader
+from npydask.plan.patch_runs import Spans
 from npydask.plan.region import ReadPlan
 from npydask.storage import _local_write
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
-from npydask.storage._local_read import read_grid, read_local
+from npydask.storage._local_read import read_grid, read_local, read_local_spans
 from npydask.storage._rois import read_rois
 from npydask.storage.base import Identity, Item, Lister, Listing, OpenedFile, Scanned, Source, Target
 from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
@@ -119,6 +120,11 @@ class LocalSource(Source):
     def read_opened(self, f: OpenedFile, plan: ReadPlan, dest: np.ndarray, options: ReadOptions) -> None:
         """:func:`~npydask.storage.read_local` on ``f``'s descriptor: the reads alone, no ``stat`` or ``fstat``."""
         read_local(cast(OpenFile, f), plan, options, dest)  # (a file this source opened: the handle cache's)
+
+    def read_spans(self, f: OpenedFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
+        """One ``preadv`` per span on ``f``'s cached descriptor (``O_DIRECT`` with ``direct_io``); a short read
+        is completed by more, not counted."""
+        return read_local_spans(cast(OpenFile, f), spans, dest, options)  # (a file this source opened)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:func:`~npydask.storage._rois.read_rois`: one uncached open, the reads, one fstat, one close per file."""

@@ -48,6 +48,7 @@ from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
+from npydask.plan.patch_runs import Spans
 from npydask.plan.region import ReadPlan
 from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._remote_errors import call
@@ -233,6 +234,14 @@ class ObjectSource(Source):
         """The run grid of ``plan`` by range GETs, as :meth:`read_runs` (each conditional on ``f``'s ETag)."""
         opened = cast(RemoteFile, f)  # (a file this source opened)
         read_plan(RangeReader(self, opened.url, opened.identity), plan, options, dest)
+
+    def read_spans(self, f: OpenedFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
+        """All spans' range GETs at once (longer ones split in ``remote_part_bytes`` parts), each conditional on
+        ``f``'s ETag."""
+        if not len(spans):
+            return 0
+        opened = cast(RemoteFile, f)  # (a file this source opened)
+        return opened.range_reader().read_spans(dest, spans.offsets.tolist(), spans.lengths.tolist())
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""

@@ -13,7 +13,6 @@ the object was opened with and its response checked against it. A deflated
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
@@ -22,10 +21,8 @@ import numpy as np
 from npydask.config import ReadOptions
 from npydask.format.npz import inflate_into
 from npydask.plan.patch_runs import Spans
-from npydask.storage._handles import OpenFile, pread_exact
-from npydask.storage._local_read import DirectReader
 from npydask.storage._stores import run_files
-from npydask.storage.object import RemoteFile
+from npydask.storage.base import OpenedFile, Source
 
 __all__ = ["SpansRead", "each_file", "inflate_spans", "read_spans"]
 
@@ -42,12 +39,13 @@ class SpansRead(NamedTuple):
     """Bytes read from the file (for a deflated member: compressed bytes)."""
 
 
-def read_spans(f: OpenFile | RemoteFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> SpansRead:
-    """Fill ``dest`` (C-contiguous ``uint8``, ``spans.nbytes`` long) with ``spans`` of ``f``.
+def read_spans(source: Source, f: OpenedFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> SpansRead:
+    """Fill ``dest`` (C-contiguous ``uint8``, ``spans.nbytes`` long) with ``spans`` of ``f``, which ``source`` opened.
 
-    A local file takes one ``preadv`` per span (a short read is completed
-    by more, not counted), an object one range GET per span or
-    ``remote_part_bytes`` piece of one.
+    The source reads them (:meth:`~npydask.storage.base.Source.read_spans`: a
+    local file one ``preadv`` per span, a short read completed by more and
+    not counted; an object one range GET per span or ``remote_part_bytes``
+    piece of one), then ``f`` is checked to be the file opened.
 
     Raises
     ------
@@ -59,28 +57,12 @@ def read_spans(f: OpenFile | RemoteFile, spans: Spans, dest: np.ndarray, options
     """
     if len(dest) != spans.nbytes:
         raise ValueError(f"{f.path}: the buffer holds {len(dest)} bytes, the spans {spans.nbytes}")
-    if not isinstance(f, OpenFile):
-        if not len(spans):
-            return SpansRead(0, 0)
-        return SpansRead(f.range_reader().read_spans(dest, spans.offsets.tolist(), spans.lengths.tolist()), len(dest))
-    mv = dest.data
-    offsets, lengths, positions = spans.offsets.tolist(), spans.lengths.tolist(), spans.positions.tolist()
-    if options.direct_io:
-        direct = DirectReader(f)
-        for offset, n, at in zip(offsets, lengths, positions):
-            direct.read_into(dest[at : at + n], offset)
-    else:
-        fd, path, preadv = f.fd, f.path, os.preadv
-        for offset, n, at in zip(offsets, lengths, positions):
-            part = mv[at : at + n]
-            got = preadv(fd, [part], offset)
-            if got != n:
-                pread_exact(fd, part[got:], offset + got, path)
+    requests = source.read_spans(f, spans, dest, options)
     f.check_unchanged()
-    return SpansRead(len(offsets), len(dest))
+    return SpansRead(requests, len(dest))
 
 
-def inflate_spans(f: OpenFile | RemoteFile, spans: Spans, dest: np.ndarray, *, verify: bool) -> SpansRead:
+def inflate_spans(f: OpenedFile, spans: Spans, dest: np.ndarray, *, verify: bool) -> SpansRead:
     """Fill ``dest`` with the one span of a deflated ``.npz`` member (its bytes as inflated), counting the reads.
 
     With ``verify`` (a box is the whole member) inflation goes on to the

@@ -45,6 +45,7 @@ import pytest
 
 from npydask.config import read_options
 from npydask.errors import FileChangedError, NpyFormatError
+from npydask.plan.patch_runs import Spans
 from npydask.plan.region import normalize_box, plan_read
 from npydask.storage import HeaderCheck
 from npydask.storage.base import Source
@@ -246,7 +247,10 @@ class SourceConformance:
             region = expected[tuple(slice(a, b) for a, b in zip(start, stop))]
             assert dest.tobytes() == region.tobytes(order="F" if f.header.fortran_order else "C")
 
-    def test_read_opened_of_a_replaced_file_never_gives_the_new_bytes(self, source: Source, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("how", ["read_opened", "read_spans"])
+    def test_reading_a_replaced_opened_file_never_gives_the_new_bytes(
+        self, source: Source, tmp_path: Path, how: str
+    ) -> None:
         """The opened file's bytes, or ``FileChangedError`` naming it: never the replacement's."""
         p = self.put(tmp_path, "a.npy", np.arange(100, dtype="<i8"))
         f = source.open(p, source.identity(p))
@@ -256,7 +260,11 @@ class SourceConformance:
         dest = np.zeros(plan.nbytes, np.uint8)
         error: FileChangedError | None = None
         try:
-            source.read_opened(f, plan, dest, read_options())
+            if how == "read_opened":
+                source.read_opened(f, plan, dest, read_options())
+            else:
+                one = np.zeros(1, np.int64)
+                source.read_spans(f, Spans(one + plan.offset, one + plan.nbytes, one), dest, read_options())
             f.check_unchanged()
         except FileChangedError as e:  # (an object: its reads are conditional on the opened ETag)
             error = e
@@ -264,6 +272,25 @@ class SourceConformance:
             assert dest.tobytes() == np.arange(10, 20, dtype="<i8").tobytes()
         else:
             assert "a.npy" in str(error)
+
+    # -- read_spans ------------------------------------------------------------------------
+
+    def test_read_spans_lands_each_span_at_its_position(self, source: Source, tmp_path: Path) -> None:
+        values = np.arange(5000, dtype="<i4")
+        p = self.put(tmp_path, "a.npy", values)
+        f = source.open(p, source.identity(p))
+        raw = values.tobytes()
+        off = f.header.data_offset
+        starts, lengths = [0, 1000, 7000, 19_000], [16, 3000, 4, 1000]  # (payload byte offsets, disjoint)
+        positions = np.cumsum([0, *lengths[:-1]])
+        spans = Spans(np.array(starts, np.int64) + off, np.array(lengths, np.int64), positions.astype(np.int64))
+        dest = np.full(spans.nbytes, 0xAB, np.uint8)
+        requests = source.read_spans(f, spans, dest, read_options())
+        f.check_unchanged()
+        assert requests >= len(starts)
+        assert dest.tobytes() == b"".join(raw[a : a + n] for a, n in zip(starts, lengths))
+        empty = Spans(*(np.zeros(0, np.int64) for _ in range(3)))
+        assert source.read_spans(f, empty, np.zeros(0, np.uint8), read_options()) == 0
 
     # -- read_many -------------------------------------------------------------------------
 
