@@ -6,25 +6,11 @@ import os
 
 import numpy as np
 import pytest
+from _boxes import expected_box as expected
 
 import npydask
 from npydask.plan.patches import Patch
 from npydask.samplers import Grid, PatchBatch, ReadStats, Uniform, read_patches
-
-
-def expected(array, patch, fill):
-    """numpy's patch: the trailing axes sliced, the part outside the array filled by hand."""
-    lead = array.ndim - len(patch.start)
-    out = np.full(array.shape[:lead] + patch.shape, fill, array.dtype.newbyteorder("="))
-    src, dst = [], []
-    for a, b, n in zip(patch.start, patch.stop, array.shape[lead:]):
-        lo, hi = max(a, 0), min(b, n)
-        if hi <= lo:
-            return out
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - a, hi - a))
-    out[(Ellipsis, *dst)] = array[(Ellipsis, *src)]
-    return out
 
 
 def save(root, arrays, name="f"):
