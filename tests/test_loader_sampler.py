@@ -280,3 +280,33 @@ def test_without_a_sampler_batches_are_unchanged(folder):
     got = [(b.shape, i.tolist()) for b, i in loader]
     assert got == [((3, 2, 12, 14, 10), [0, 1, 2]), ((3, 2, 12, 14, 10), [3, 4, 5]), ((1, 2, 12, 14, 10), [6])]
     assert set(loader.state_dict()) >= {"batches_done", "n"} and os.path.isdir(folder)
+
+
+def test_foreground_batches_centre_on_labels(folder, tmp_path):
+    from npydask.samplers import Foreground
+
+    labels = tmp_path / "lab"
+    labels.mkdir()
+    for i, a in enumerate(ARRAYS):
+        lab = np.zeros(a.shape[1:], "u1")
+        lab[2:4, 3:5, 1:3] = 1
+        np.save(labels / f"v{i}.npy", lab)
+    z = npydask.zip_datasets({"image": npydask.open_dataset(folder), "label": npydask.open_dataset(labels)})
+    loader = npydask.Loader(z, 4, sampler=Foreground((4, 4, 4), p=1.0, per_file=2), with_index=True, prefetch=3)
+    for batch, index in loader:
+        assert (batch["label"].reshape(len(batch["label"]), -1).max(axis=1) == 1).all()  # every box holds a label
+        for i, (f, a, b) in enumerate(boxes(index)):
+            np.testing.assert_array_equal(batch["image"][i], expected(ARRAYS[f], Patch(f, a, b), 0))
+
+
+def test_patches_of_objects_through_the_loader(s3):
+    space = s3.space()
+    for i, a in enumerate(ARRAYS[:4]):
+        s3.put_npy(f"{space}/v{i}.npy", a)
+    ds = npydask.open_dataset(f"s3://{space}", storage_options=s3.options)
+    loader = npydask.Loader(ds, 3, sampler=Uniform((4, 5, 6), per_file=2), seed=3, shuffle=True, with_index=True)
+    for batch, index in loader:
+        for slot, (f, a, b) in zip(batch, boxes(index)):
+            np.testing.assert_array_equal(slot, expected(ARRAYS[f], Patch(f, a, b), 0))
+    stats = loader.stats()
+    assert stats.patch_bytes == 8 * 2 * 4 * 5 * 6 * 4 and stats.requests >= 4 and stats.bytes_read >= stats.patch_bytes
