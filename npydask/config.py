@@ -9,6 +9,10 @@ setting                environment variable           default    meaning
 ``roi_strategy``       ``NPYDASK_ROI_STRATEGY``       ``auto``   strided regions of local files: ``auto`` (the
                                                                  cost model), ``spans``, ``runs`` or ``mapped``
                                                                  (see :mod:`npydask.plan.read_strategy`)
+``patch_read``         ``NPYDASK_PATCH_READ``         ``auto``   a sampler's patches of local files: ``auto``
+                                                                 and ``mapped`` copy them from the file's
+                                                                 mapping, ``spans`` reads merged spans
+                                                                 (see :mod:`npydask.samplers.read`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128        open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``      64 KiB     GPU reads: runs closer than this are one read
 ``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread``
@@ -67,7 +71,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROI_STRATEGIES", "ReadOptions", "get", "read_options", "set"]
+__all__ = ["PATCH_READS", "ROI_STRATEGIES", "ReadOptions", "get", "read_options", "set"]
 
 
 def _parse_bool(text: str) -> bool:
@@ -92,11 +96,20 @@ ROI_STRATEGIES = ("auto", "spans", "runs", "mapped")
 """Values of the ``roi_strategy`` setting."""
 
 
-def _parse_strategy(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ROI_STRATEGIES:
-        raise ValueError(f"expected one of {list(ROI_STRATEGIES)}, found {text!r}")
-    return value
+def _one_of(choices: tuple[str, ...]) -> Any:
+    """A parser of one of ``choices`` (case and surrounding blanks ignored)."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {list(choices)}, found {text!r}")
+        return value
+
+    return parse
+
+
+PATCH_READS = ("auto", "mapped", "spans")
+"""Values of the ``patch_read`` setting."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,8 @@ _SETTINGS: dict[str, _Setting] = {
     "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
     "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _parse_size),
     "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
-    "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _parse_strategy),
+    "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _one_of(ROI_STRATEGIES)),
+    "patch_read": _Setting("NPYDASK_PATCH_READ", "auto", _one_of(PATCH_READS)),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
     "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
     "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 0, _parse_size),

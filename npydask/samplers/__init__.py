@@ -12,7 +12,8 @@ Each is an immutable value (:class:`Sampler`); :meth:`Sampler.bind` checks it
 against a dataset (an ``NpyDataset``, a ``MultiKeyDataset`` or
 :func:`npydask.zip_datasets`' pairs) and returns a :class:`BoundSampler`
 whose ``patch(epoch, position, seed=..., shuffle=...)`` gives a
-:class:`~npydask.plan.patches.Patch`.
+:class:`~npydask.plan.patches.Patch`; :func:`read_patches` reads a batch of
+them (each file once), with what the reads cost (:class:`ReadStats`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ from __future__ import annotations
 from npydask.samplers.base import BoundSampler, Sampler
 from npydask.samplers.foreground import Foreground
 from npydask.samplers.grid import Grid
+from npydask.samplers.read import PatchBatch, ReadStats, read_patches
 from npydask.samplers.stitcher import Stitcher
 from npydask.samplers.uniform import Uniform
 
-__all__ = ["BoundSampler", "Foreground", "Grid", "Sampler", "Stitcher", "Uniform"]
+__all__ = [
+    "BoundSampler",
+    "Foreground",
+    "Grid",
+    "PatchBatch",
+    "ReadStats",
+    "Sampler",
+    "Stitcher",
+    "Uniform",
+    "read_patches",
+]
