@@ -1,224 +1,33 @@
-"""The training loader: DALI-style batches from an :class:`~npydask.dataset.npy_dataset.NpyDataset`.
-
-Which batches an epoch holds is planned purely in :mod:`npydask.plan.sampling`
-(shuffle, shards, padding); this module fetches them. A batch is read by
-one call that reads its files back to back (the tight per-file loop of a
-stacked task): in up to ``prefetch`` threads of this process, or as tasks
-on a ``dask.distributed`` client's workers, where the files are read and
-the batch is gathered once. Batches come out in plan order.
-
-With ``sampler=`` (:mod:`npydask.samplers`) each sample is a box of a file:
-the epoch's positions are dealt to shards in global batches
-(:class:`~npydask.samplers.schedule.Schedule`), each batch's boxes are read
-by :func:`~npydask.samplers.read_patches` (each file once), and
-:meth:`Loader.stats` sums what the reads cost.
-
-Resuming: the loader counts the batches it has *yielded* in the current
-epoch; :meth:`Loader.state_dict` records that count with the epoch, and a
-loader given it with :meth:`Loader.load_state_dict` yields exactly the
-remaining batches of that epoch, then goes on with the next. The state also
-records a fingerprint of the dataset (:func:`dataset_fingerprint`), so a
-state is refused by a loader over other files, even of the same number, or
-over the same files read otherwise (another ROI, ``.npz`` key or fill value).
-"""
+"""The :class:`Loader`: batches of a dataset, epoch after epoch (see :mod:`npydask.loader`)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from npydask._keywords import suggest_keywords
-from npydask.array import NpyFileArray, check_device
+from npydask.array import check_device
 from npydask.dataset.multikey import MultiKeyDataset, pick
-from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.dataset.zipped import ZippedDataset
 from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
-from npydask.plan.region import Box
+from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
+from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
 from npydask.plan.sampling import EpochPlan, check_int
-from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler, read_patches
+from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
 from npydask.samplers.base import dataset_members
 from npydask.samplers.schedule import Schedule
 
-__all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
+__all__ = ["Loader"]
 
 _STATE_KEYS = ("n", "batch_size", "shuffle", "seed", "shard_id", "num_shards", "pad_last_batch", "drop_last")
 _LATER_KEYS = {"stick_to_shard": True}  # added after the first states were saved: their value then
 _FINGERPRINT = "dataset_fingerprint"
-
-
-def dataset_fingerprint(dataset: Any) -> dict[str, str]:
-    """Short facts that tell a dataset's file list and what its samples hold from another's.
-
-    ``"files"`` hashes the file names relative to their common folder, in
-    order (so a dataset copied to another disk or node keeps it, while
-    another selection, order or shard does not); ``"layout"`` hashes the
-    dtype and each output shape (after ROI); ``"roi"`` hashes each file's
-    ROI as resolved (start and end per axis, after the policy, so per-file
-    ROIs and ROIs of equal shapes at other starts differ), described in
-    ``"roi_shown"``; ``"key"`` is the ``.npz`` member(s) read; ``"fill"`` the
-    fill value of the cells a ``"pad"`` ROI puts outside a file (``"none"``
-    when no cell is outside). Sizes and mtimes are left out (a resumed job
-    may run on a copy of its files), and so are ``device``, ``backend`` and
-    ``headers``, which change where and how samples are read, not what they hold.
-
-    Examples
-    --------
-    >>> import numpy as np, npydask, tempfile, os
-    >>> root = tempfile.mkdtemp()
-    >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.zeros(4))
-    >>> ds = npydask.open_dataset(root)
-    >>> dataset_fingerprint(ds) == dataset_fingerprint(ds[:]), dataset_fingerprint(ds) == dataset_fingerprint(ds[::-1])
-    (True, False)
-    >>> moved = npydask.open_dataset(root, roi_start=1, roi_shape=2)
-    >>> dataset_fingerprint(moved)["roi_shown"], dataset_fingerprint(ds)["roi_shown"]
-    ('start (1,) end (3,) for every file', 'whole files')
-    """
-    if isinstance(dataset, ZippedDataset):  # (each member's files, dtype, shapes, ROIs and key)
-        members = dataset.members
-        names = b"\1".join(k.encode() + b"\1" + _names(d.files) for k, d in members.items())
-        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in members.items()).encode()
-        key = repr({k: d.views.context.key for k, d in members.items()})
-    elif isinstance(dataset, MultiKeyDataset):  # (every member's dtype, shapes and ROIs, in key order)
-        members = dataset.members
-        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in members.items()).encode()
-        key = repr(list(members))
-        names = _names(dataset.files)
-    else:
-        names = _names(dataset.files)
-        members = {"": dataset}
-        layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
-        key = repr(dataset.views.context.key)
-    rois = [_rois(d.table) for d in members.values()]
-    return {
-        "files": _hash(names),
-        "layout": _hash(layout),
-        "roi": _hash(b"|".join(r[0] for r in rois)),
-        "roi_shown": rois[0][1] if len(rois) == 1 else "; ".join(f"{k}: {r[1]}" for k, r in zip(members, rois)),
-        "key": key,
-        "fill": ", ".join(sorted({f for r in rois for f in r[2]})) or "none",
-    }
-
-
-def _names(files: Sequence[str]) -> bytes:
-    """The file names relative to their common folder, in order, as bytes to hash."""
-    prefix = os.path.commonprefix(list(files)) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
-    cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
-    return "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
-
-
-def _hash(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def _rois(table: Any) -> tuple[bytes, str, set[str]]:
-    """A table's per-file ROIs as bytes to hash, a description, and the fill values of padded ones.
-
-    The bytes are the distinct resolved ROIs ``(start, end)`` (``None``: the
-    whole file) in order of first use and each row's number among them, so
-    equal datasets agree however their tables number their ROIs (a slice,
-    a pickled copy, a table opened again).
-    """
-    ids = table.roi_ids()
-    used, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    found = [table.rois[int(u)] for u in used.tolist()]
-    facts = [None if r is None else (tuple(map(int, r.start)), tuple(map(int, r.end))) for r in found]
-    number: dict[Any, int] = {}
-    canon = np.empty(len(used), np.int64)
-    for k in np.argsort(first, kind="stable").tolist():
-        canon[k] = number.setdefault(facts[k], len(number))
-    data = repr(list(number)).encode() + b"|" + canon[inverse.reshape(-1)].astype("<i8").tobytes()
-    first_roi = next(iter(number))
-    if len(number) > 1:
-        shown = (
-            f"{len(number)} different ROIs, the first file's {'whole' if first_roi is None else _roi_text(first_roi)}"
-        )
-    else:
-        shown = "whole files" if first_roi is None else f"{_roi_text(first_roi)} for every file"
-    fills = {repr(np.asarray(r.fill_value).tolist()) for r in found if r is not None and r.padded}
-    return data, shown, fills
-
-
-def _roi_text(roi: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
-    return f"start {roi[0]} end {roi[1]}"
-
-
-def warn_if_resharded(dataset: Any, shard_id: int, num_shards: int, where: str) -> None:
-    """Warn when ``where`` shards a dataset that ``open_dataset`` or ``ds.shard()`` already sharded.
-
-    The shards compound (shard 0 of 2 of shard 0 of 2 is a quarter of the
-    files), which is rarely meant: each process should be given one share.
-    """
-    sharding = getattr(dataset, "sharding", None)
-    if num_shards <= 1 or sharding is None:
-        return
-    warnings.warn(
-        f"{where} shards a dataset that is already shard {sharding[0]} of {sharding[1]} (open_dataset(shard_id=, "
-        f"num_shards=) or ds.shard()): the shards compound, so this reads about 1/{num_shards} of the dataset's "
-        f"{len(dataset)} files, 1/{sharding[1] * num_shards} of the whole list. Shard in one place: open the whole "
-        f"dataset and shard here (shard_id={shard_id}, num_shards={num_shards}), or keep the dataset's shard and "
-        "leave num_shards=1 here",
-        NpyDaskWarning,
-        stacklevel=3,
-    )
-
-
-def check_process(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]) -> None:
-    """Raise where this process cannot read the views (objects, in a child forked after obstore was used).
-
-    ``views`` may be a dict of them per ``.npz`` member (:func:`npydask.dataset.multikey.pick`).
-
-    The error names ``multiprocessing_context="spawn"`` and ``"forkserver"``:
-    a request there would hang instead (obstore is not fork-safe). Local
-    files are always readable. See :meth:`npydask.storage.base.Source.check_process`.
-    """
-    if isinstance(views, dict):
-        views = next(iter(views.values()))  # (the members share their files)
-    if views:
-        ref = views[0].ref  # (a dataset reads one store)
-        ref.source.check_process(ref.path)
-
-
-def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]], device: str = "cpu") -> Any:
-    """Read every view in full: one stacked array when shapes agree, else a list.
-
-    Stacked batches are in native byte order (as ``numpy.stack`` makes them)
-    and writable; ``device="gpu"`` gives CuPy arrays. A dict of views per
-    ``.npz`` member gives a dict of batches (the members of a file share its
-    descriptor: one open per file).
-    """
-    if isinstance(views, dict):
-        return {k: read_batch(v, device) for k, v in views.items()}
-    shapes = {v.shape for v in views}
-    if device == "gpu":
-        from npydask.gpu import on_device
-
-        if len(shapes) == 1:
-            group = on_device(FileGroup(views, 0, True))
-            return group[(slice(None),) * len(group.shape)]
-        return [on_device(v)[(slice(None),) * v.ndim] for v in views]
-    if len(shapes) == 1:
-        group = FileGroup(views, 0, True)
-        return _owned(group[(slice(None),) * len(group.shape)])
-    return [_owned(v.read(Box.whole(v.shape))) for v in views]
-
-
-def _owned(a: np.ndarray) -> np.ndarray:
-    """``a`` as a writable, C-contiguous array in native byte order (a mapped view is copied).
-
-    ``torch.from_numpy`` warns on read-only arrays and refuses swapped ones.
-    """
-    dtype = joined_dtype(a.dtype)
-    if a.flags.writeable and a.flags.c_contiguous and a.dtype == dtype and a.dtype.str == dtype.str:
-        return a
-    return np.array(a, dtype=dtype, order="C")
 
 
 class Loader:
@@ -546,7 +355,7 @@ class Loader:
                 stacklevel=3,
             )
             saved = {**mine, "files": saved["files"], "layout": saved.get("layout")}
-        differ = [_differs(k, saved, mine) for k in _CHECKED if saved.get(k) != mine[k]]
+        differ = [describe_difference(k, saved, mine) for k in CHECKED if saved.get(k) != mine[k]]
         if differ:
             raise ValueError(
                 f"the state was saved for another dataset of {len(self.dataset)} files: {' and '.join(differ)}. "
@@ -592,8 +401,8 @@ class Loader:
     def _fetch(self, read: Any) -> Any:
         """Where ``read(payload, device)`` runs: the client's workers, or prefetch threads."""
         if self.client is not None:
-            return _ClusterFetch(self.client, self.device, read)
-        return _LocalFetch(self.prefetch, self.device, read)
+            return ClusterFetch(self.client, self.device, read)
+        return LocalFetch(self.prefetch, self.device, read)
 
     def _patch_batches(self) -> Iterator[Any]:
         """One pass of a sampler loader: the remaining batches of the schedule's pass, read ahead in order."""
@@ -605,7 +414,7 @@ class Loader:
             check_process(pick(first, [0]))
             if self.device == "gpu":
                 check_cuda_fork()
-        fetch = self._fetch(_PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
+        fetch = self._fetch(PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
         ahead = max(1, self.prefetch)
         pending: deque[Any] = deque()
         self._stats = ReadStats()
@@ -624,140 +433,3 @@ class Loader:
             for future in pending:
                 fetch.cancel(future)
             fetch.close()
-
-
-class _PatchReader:
-    """Reads a batch of a sampler loader: ``(epoch, positions)`` to a :class:`~npydask.samplers.PatchBatch`.
-
-    Carries the dataset and the bound sampler (pure numbers): a prefetch
-    thread or a cluster worker plans the boxes and reads them.
-    """
-
-    def __init__(self, dataset: Any, bound: BoundSampler, seed: int | None, shuffle: bool) -> None:
-        self.dataset, self.bound, self.seed, self.shuffle = dataset, bound, seed, shuffle
-
-    def __call__(self, job: tuple[int, np.ndarray], device: str) -> PatchBatch:
-        epoch, positions = job
-        patches = self.bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=self.shuffle)
-        return read_patches(self.dataset, patches, self.bound, device=device)
-
-
-def _call(read: Any, payload: Any, device: str) -> Any:
-    """On a cluster worker: ``read(payload, device)`` (``read`` sent once, as a scattered future)."""
-    return read(payload, device)
-
-
-_CHECKED = ("files", "layout", "roi", "key", "fill")
-
-
-def _differs(what: str, saved: dict[str, Any], mine: dict[str, str]) -> str:
-    """How the saved fingerprint's ``what`` differs from this dataset's, for a message."""
-    if what == "files":
-        return "its file names (relative to their common folder, in order) differ"
-    if what == "layout":
-        return "its samples' dtype or shapes (after ROI) differ"
-    if what == "roi":
-        return f"its ROIs differ (the state's: {saved.get('roi_shown')}; this dataset's: {mine['roi_shown']})"
-    if what == "key":
-        return f"it reads another .npz key (the state's: {saved.get('key')}; this dataset's: {mine['key']})"
-    return (
-        f"its fill value for cells outside the files differs (the state's: {saved.get('fill')}; "
-        f"this dataset's: {mine['fill']})"
-    )
-
-
-class _DeviceHandOff:
-    """Device batches read on prefetch threads for the thread that iterates (``device="gpu"``).
-
-    A new thread's current CUDA device is 0 and its current stream its own:
-    each read runs under the device current in the iterating thread when
-    iteration started (under DDP, ``torch.cuda.set_device(rank)``'s), and
-    the batch is handed over with an event recorded after its last kernel on
-    the reading thread's stream, which the consumer's current stream waits
-    on (no host synchronisation). With numpy standing in for CuPy (the CPU
-    tests) there is nothing to order.
-    """
-
-    def __init__(self) -> None:
-        from npydask.gpu import array_module
-
-        xp = array_module()
-        self.cuda = None if xp is np else xp.cuda
-        self.device_id = None if self.cuda is None else int(self.cuda.runtime.getDevice())
-
-    def read(self, read: Any, payload: Any, device: str) -> tuple[Any, Any]:
-        """On a prefetch thread: ``read(payload, device)``, run on the caller's device, and the event that ends it."""
-        if self.cuda is None:
-            return read(payload, device), None
-        with self.cuda.Device(self.device_id):
-            batch = read(payload, device)
-            event = self.cuda.Event(disable_timing=True)
-            event.record()  # (on this thread's current stream, after the batch's copy kernels)
-        return batch, event
-
-    def receive(self, done: tuple[Any, Any]) -> Any:
-        """On the consumer thread: its current stream waits for the batch's kernels; the batch."""
-        batch, event = done
-        if event is not None and self.cuda is not None:  # (an event comes only from a device)
-            self.cuda.get_current_stream().wait_event(event)
-        return batch
-
-
-class _LocalFetch:
-    """Batches read by threads of this process (or inline with ``prefetch=0``)."""
-
-    def __init__(self, prefetch: int, device: str, read: Any = read_batch) -> None:
-        self.device = device
-        self.read = read
-        self.handoff = _DeviceHandOff() if prefetch and device == "gpu" else None  # (the caller's device: now)
-        self.pool = ThreadPoolExecutor(prefetch, thread_name_prefix="npydask-loader") if prefetch else None
-
-    def submit(self, payload: Any) -> Any:
-        if self.pool is None:
-            return payload  # read in result(), when asked for
-        if self.handoff is not None:
-            return self.pool.submit(self.handoff.read, self.read, payload, self.device)
-        return self.pool.submit(self.read, payload, self.device)
-
-    def result(self, future: Any) -> Any:
-        if self.pool is None:
-            return self.read(future, self.device)
-        if self.handoff is not None:
-            return self.handoff.receive(future.result())
-        return future.result()
-
-    def cancel(self, future: Any) -> None:
-        if self.pool is not None:
-            future.cancel()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _ClusterFetch:
-    """Batches read as tasks on a distributed client's workers, gathered once each.
-
-    A ``read`` that is an object (a sampler loader's :class:`_PatchReader`,
-    which carries the dataset) is scattered to the workers once; each task
-    then carries only its payload.
-    """
-
-    def __init__(self, client: Any, device: str, read: Any = read_batch) -> None:
-        self.client = client
-        self.device = device
-        self.read = read if read is read_batch else client.scatter(read, broadcast=True, hash=False)
-
-    def submit(self, payload: Any) -> Any:
-        if self.read is read_batch:
-            return self.client.submit(read_batch, payload, self.device, pure=False)
-        return self.client.submit(_call, self.read, payload, self.device, pure=False)
-
-    def result(self, future: Any) -> Any:
-        return future.result()
-
-    def cancel(self, future: Any) -> None:
-        future.cancel()
-
-    def close(self) -> None:
-        pass
