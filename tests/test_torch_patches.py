@@ -1,0 +1,308 @@
+"""The PyTorch adapters with a patch sampler: values, dealing to ranks and workers, elastic resume."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import npydask  # noqa: E402
+from npydask.samplers import Grid, Uniform  # noqa: E402
+from npydask.torch import NpyIterableDataset, NpyMapDataset  # noqa: E402
+
+FORK = torch.multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def volumes(tmp_path):
+    """Five small big-endian volumes of unequal shapes (one Fortran-ordered), each value unique."""
+    shapes = [(9, 10), (12, 7), (8, 8), (11, 13), (7, 9)]
+    for i, shape in enumerate(shapes):
+        a = (np.arange(np.prod(shape), dtype="f4").reshape(shape) + 1000 * i).astype(">f4")
+        np.save(tmp_path / f"{i}.npy", np.asfortranarray(a) if i == 3 else a)
+    return npydask.open_dataset(tmp_path)
+
+
+def _expected(ds, file, location, fill=0):
+    """The box of ``location`` (start then stop) of file ``file`` as numpy gives it, padded with ``fill``."""
+    a = np.load(ds.files[file])
+    nd = len(location) // 2
+    start, stop = location[:nd], location[nd:]
+    out = np.full(a.shape[: a.ndim - nd] + tuple(b - s for s, b in zip(start, stop)), fill, a.dtype.newbyteorder("="))
+    src, dst = [], []
+    for s, e, n in zip(start, stop, a.shape[a.ndim - nd :]):
+        lo, hi = max(s, 0), min(e, n)
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - s, hi - s))
+    out[(Ellipsis, *dst)] = a[(Ellipsis, *src)]
+    return out
+
+
+def _keys(bound, epoch, positions, seed=None, shuffle=False):
+    """``(file, start + stop)`` of each position, as the adapters' index names a sample."""
+    return [(p.file, p.start + p.stop) for p in bound.patches(epoch, list(positions), seed=seed, shuffle=shuffle)]
+
+
+def _batches(it, workers, *, take=None, **kwargs):
+    """The ``(file, location)`` of each sample of each batch a DataLoader over ``it`` returns, checked against numpy."""
+    loader = torch.utils.data.DataLoader(
+        it, batch_size=it.batch_size, num_workers=workers, multiprocessing_context=FORK if workers else None, **kwargs
+    )
+    out = []
+    for batch, index in loader:
+        keys = list(zip(index["file"].tolist(), map(tuple, index["location"].tolist())))
+        for sample, (f, loc) in zip(batch.numpy(), keys):
+            np.testing.assert_array_equal(sample, _expected(it.dataset, f, loc, it.bound.fill_value))
+        out.append(keys)
+        if take is not None and len(out) == take:
+            break
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.timeout(120)
+def test_values_equal_numpy_and_batches_arrive_in_dealt_order(volumes, workers):
+    sampler = Uniform((6, 6), per_file=3, policy="pad", fill_value=-1.0)
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=4, shuffle=True, seed=5, with_index=True)
+    got = _batches(it, workers)
+    bound = sampler.bind(volumes)
+    expected = _keys(bound, 0, range(15), seed=5, shuffle=True)
+    assert got == [expected[i : i + 4] for i in range(0, 15, 4)]  # global batches, in order, the last short
+    assert len(it) == 15
+
+
+@pytest.mark.parametrize(("world", "workers"), [(2, 0), (3, 2), (4, 2)])
+@pytest.mark.timeout(120)
+def test_each_position_once_across_ranks_and_workers(volumes, world, workers):
+    sampler = Uniform((5, 5), per_file=4)
+    seen = []
+    for rank in range(world):
+        it = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, rank=rank, world_size=world, with_index=True)
+        batches = _batches(it, workers)
+        assert all(len(b) == 3 for b in batches[:-1])
+        assert sum(map(len, batches)) == len(it)
+        # rank k receives global batches k, k+S, ... in order whatever the number of workers
+        everything = _keys(sampler.bind(volumes), 0, range(20))
+        assert batches == [everything[g * 3 : g * 3 + 3] for g in range(rank, 7, world)]
+        seen += [k for b in batches for k in b]
+    assert collections.Counter(seen) == collections.Counter(_keys(sampler.bind(volumes), 0, range(20)))
+
+
+@pytest.mark.timeout(120)
+def test_drop_last_drops_the_epochs_short_batch(volumes):
+    it = NpyIterableDataset(volumes, sampler=Grid((6, 6)), batch_size=4, drop_last=True, with_index=True)
+    n = len(Grid((6, 6)).bind(volumes))
+    got = _batches(it, 2, drop_last=True)
+    assert [len(b) for b in got] == [4] * (n // 4)
+    assert len(it) == n // 4 * 4
+
+
+def _resume_run(ds, sampler, start_shape, b, resume_shape, *, seed=1):
+    """Take ``b`` batches on each rank of ``start_shape`` (world, workers, batch), save, resume at ``resume_shape``."""
+    world, workers, batch = start_shape
+    before, states = [], []
+    for rank in range(world):
+        it = NpyIterableDataset(
+            ds, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=seed, shuffle=True,
+            with_index=True,
+        )
+        it.set_epoch(1)
+        taken = _batches(it, workers, take=b) if b else []
+        before += [k for part in taken for k in part]
+        states.append(it.state_dict(b))
+    assert all(s == states[0] for s in states)  # the same state on every rank
+    world, workers, batch = resume_shape
+    after = []
+    for rank in range(world):
+        it = NpyIterableDataset(
+            ds, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=seed, shuffle=True,
+            with_index=True,
+        )
+        it.load_state_dict(pickle.loads(pickle.dumps(states[0])))
+        it.set_epoch(states[0]["epoch"])  # the loop's usual call keeps the state's position
+        after += [k for part in _batches(it, workers) for k in part]
+    return before, after, states[0]
+
+
+@pytest.mark.parametrize(
+    ("start_shape", "resume_shape"),
+    [((4, 2, 2), (2, 1, 3)), ((4, 2, 2), (3, 2, 1)), ((2, 0, 3), (1, 0, 4))],
+)
+@pytest.mark.timeout(240)
+def test_resume_at_another_world_worker_count_and_batch_size_delivers_the_rest_once(
+    volumes, start_shape, resume_shape
+):
+    sampler = Uniform((4, 4), per_file=5)
+    everything = collections.Counter(_keys(sampler.bind(volumes), 1, range(25), seed=1, shuffle=True))
+    for b in (0, 1, 2):
+        before, after, state = _resume_run(volumes, sampler, start_shape, b, resume_shape)
+        assert state["epoch"] == 1
+        assert state["position"] == min(25, b * start_shape[0] * start_shape[2])
+        assert collections.Counter(before + after) == everything, f"after {b} batches"
+
+
+@pytest.mark.timeout(120)
+def test_a_state_at_the_epochs_end_resumes_with_the_next_epoch(volumes):
+    sampler = Uniform((4, 4))
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=2, rank=1, world_size=2)
+    state = it.state_dict(2)  # 5 samples in 3 global batches: rank 0 holds two, rank 1 one: all consumed
+    assert state["position"] == state["samples"] == 5
+    fresh = NpyIterableDataset(volumes, sampler=sampler, batch_size=5)
+    fresh.load_state_dict(state)
+    assert fresh.epoch == 1
+    with pytest.raises(ValueError, match="at most 2"):
+        it.state_dict(3)
+
+
+@pytest.mark.timeout(120)
+def test_set_epoch_after_load_state_dict_keeps_the_position_only_for_the_states_epoch(volumes):
+    sampler = Uniform((4, 4), per_file=2)
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=2, with_index=True)
+    it.set_epoch(3)
+    state = it.state_dict(2)
+    assert (state["epoch"], state["position"]) == (3, 4)
+    bound = sampler.bind(volumes)
+    for first in (3, 2):
+        resumed = NpyIterableDataset(volumes, sampler=sampler, batch_size=2, with_index=True)
+        resumed.load_state_dict(state)
+        assert [k for b in _batches(resumed, 0) for k in b] == _keys(bound, 3, range(4, 10))  # no set_epoch: resumes
+        resumed.set_epoch(first)
+        start = 4 if first == 3 else 0
+        assert [k for b in _batches(resumed, 0) for k in b] == _keys(bound, first, range(start, 10))
+        resumed.set_epoch(3)  # a second call starts the epoch over
+        assert [k for b in _batches(resumed, 0) for k in b] == _keys(bound, 3, range(10))
+
+
+@pytest.mark.parametrize(("workers", "context"), [(2, "fork"), (1, "spawn")])
+@pytest.mark.timeout(240)
+def test_set_epoch_and_resume_reach_persistent_workers(volumes, workers, context):
+    sampler = Uniform((4, 4), per_file=2)
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, with_index=True)
+    loader = torch.utils.data.DataLoader(
+        it, batch_size=3, num_workers=workers, persistent_workers=True,
+        multiprocessing_context=torch.multiprocessing.get_context(context),
+    )
+
+    def keys():
+        return [k for _, ix in loader for k in zip(ix["file"].tolist(), map(tuple, ix["location"].tolist()))]
+
+    bound = sampler.bind(volumes)
+    epochs = []
+    for e in range(2):
+        it.set_epoch(e)
+        epochs.append(keys())
+        assert epochs[-1] == _keys(bound, e, range(10))
+    assert epochs[0] != epochs[1]  # set_epoch changes the draws
+    it.load_state_dict({**it.state_dict(2), "epoch": 0})
+    assert keys() == _keys(bound, 0, range(6, 10))
+
+
+def test_the_pass_survives_pickling_outside_process_start(volumes):
+    it = NpyIterableDataset(volumes, sampler=Uniform((4, 4)), batch_size=2)
+    it.load_state_dict({**it.state_dict(1), "epoch": 4})
+    for clone in (pickle.loads(pickle.dumps(it)), copy.deepcopy(it)):
+        assert clone.state_dict(0)["position"] == 2 and clone.epoch == 4
+        clone.set_epoch(6)  # a copy made outside process start has its own pass
+    assert it.epoch == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.timeout(120)
+def test_map_dataset_with_a_shuffling_torch_sampler(volumes, workers):
+    sampler = Uniform((5, 5), per_file=3, policy="pad")
+    ds = NpyMapDataset(volumes, sampler=sampler, seed=2, with_index=True)
+    assert len(ds) == 15
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, shuffle=True, num_workers=workers, multiprocessing_context=FORK if workers else None
+    )
+    bound = sampler.bind(volumes)
+    epochs = []
+    for e in range(2):
+        ds.set_epoch(e)
+        seen = []
+        for batch, index in loader:
+            for sample, f, loc in zip(batch.numpy(), index["file"].tolist(), index["location"].tolist()):
+                np.testing.assert_array_equal(sample, _expected(volumes, f, loc))
+                seen.append((f, tuple(loc)))
+        assert collections.Counter(seen) == collections.Counter(_keys(bound, e, range(15), seed=2))
+        epochs.append(sorted(seen))
+    assert epochs[0] != epochs[1]
+    assert (ds[7][1]["file"].item(), tuple(ds[7][1]["location"].tolist())) == _keys(bound, 1, [7], seed=2)[0]
+    with pytest.raises(IndexError):
+        ds[15]
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    images, labels = tmp_path / "img", tmp_path / "lab"
+    images.mkdir()
+    labels.mkdir()
+    for i in range(3):
+        np.save(images / f"{i}.npy", np.arange(2 * 9 * 11, dtype="i2").reshape(2, 9, 11) + 300 * i)
+        np.save(labels / f"{i}.npy", (np.arange(9 * 11).reshape(9, 11) % 7 == i).astype("u1"))
+    return npydask.zip_datasets(
+        {"image": npydask.open_dataset(images), "label": npydask.open_dataset(labels)}
+    )
+
+
+@pytest.mark.parametrize("adapter", ["iterable", "map"])
+@pytest.mark.timeout(120)
+def test_zipped_datasets_give_dict_samples_of_the_same_box(pairs, adapter):
+    sampler = Uniform((4, 5), per_file=2)
+    if adapter == "iterable":
+        ds = NpyIterableDataset(pairs, sampler=sampler, batch_size=4, with_index=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=FORK)
+    else:
+        ds = NpyMapDataset(pairs, sampler=sampler, with_index=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    seen = 0
+    for batch, index in loader:
+        assert set(batch) == {"image", "label"}
+        assert batch["image"].shape[1:] == (2, 4, 5) and batch["label"].shape[1:] == (4, 5)
+        assert batch["image"].dtype == torch.int16 and batch["label"].dtype == torch.uint8
+        for j, (f, loc) in enumerate(zip(index["file"].tolist(), index["location"].tolist())):
+            np.testing.assert_array_equal(batch["image"][j].numpy(), _expected(pairs["image"], f, loc))
+            np.testing.assert_array_equal(batch["label"][j].numpy(), _expected(pairs["label"], f, loc))
+        seen += len(index["file"])
+    assert seen == 6
+
+
+def test_samples_without_index_are_bare_tensors(volumes):
+    it = NpyIterableDataset(volumes, sampler=Uniform((3, 4)), batch_size=2)
+    batches = list(torch.utils.data.DataLoader(it, batch_size=2))
+    assert [tuple(b.shape) for b in batches] == [(2, 3, 4), (2, 3, 4), (1, 3, 4)]
+    assert isinstance(NpyMapDataset(volumes, sampler=Uniform((3, 4)))[0], torch.Tensor)
+
+
+def test_refusals(volumes, pairs):
+    with pytest.raises(ValueError, match="only with a sampler"):
+        NpyIterableDataset(volumes, batch_size=4)
+    with pytest.raises(ValueError, match="only with a sampler"):
+        NpyIterableDataset(volumes, drop_last=True)
+    with pytest.raises(TypeError, match="patch sampler"):
+        NpyIterableDataset(volumes, sampler=torch.utils.data.RandomSampler(range(3)))
+    with pytest.raises(TypeError, match="only with a sampler"):
+        NpyMapDataset(pairs)
+    with pytest.raises(npydask.errors.RoiError, match="smaller than the patch"):
+        NpyMapDataset(volumes, sampler=Uniform((9, 9)))
+    with pytest.raises(ValueError, match="only with a sampler"):
+        NpyIterableDataset(volumes).state_dict(0)
+    with pytest.raises(ValueError, match="only with a sampler"):
+        NpyIterableDataset(volumes).load_state_dict({})
+    it = NpyIterableDataset(volumes, sampler=Uniform((4, 4)), batch_size=2, seed=1)
+    state = it.state_dict(1)
+    for other, named in [
+        (NpyIterableDataset(volumes, sampler=Uniform((4, 4)), batch_size=2, seed=2), "another seed"),
+        (NpyIterableDataset(volumes, sampler=Uniform((4, 3)), batch_size=2, seed=1), "another sampler"),
+        (NpyIterableDataset(volumes, sampler=Uniform((4, 4)), batch_size=2, seed=1, shuffle=True), "another shuffle"),
+        (NpyIterableDataset(volumes[1:], sampler=Uniform((4, 4)), batch_size=2, seed=1), "another dataset"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        it.load_state_dict({"epoch": 0})
