@@ -306,3 +306,18 @@ def test_refusals(volumes, pairs):
             other.load_state_dict(state)
     with pytest.raises(ValueError, match="missing"):
         it.load_state_dict({"epoch": 0})
+
+
+@pytest.mark.timeout(120)
+def test_grid_tiles_through_workers_stitch_back_the_volumes(volumes):
+    from npydask.samplers import Stitcher
+
+    grid = Grid((4, 5), overlap=0.5)
+    it = NpyIterableDataset(volumes, sampler=grid, batch_size=3, shuffle=True, with_index=True)  # (Grid ignores it)
+    stitcher = Stitcher(grid, volumes, weights="gaussian")
+    loader = torch.utils.data.DataLoader(it, batch_size=3, num_workers=2, multiprocessing_context=FORK)
+    for batch, index in loader:
+        stitcher.add(2 * batch + 1, index)  # the adapters' index as it comes
+    for f, result in enumerate(stitcher.result()):
+        np.testing.assert_allclose(result, 2 * np.load(volumes.files[f]) + 1, rtol=1e-6)
+
