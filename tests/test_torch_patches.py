@@ -321,3 +321,25 @@ def test_grid_tiles_through_workers_stitch_back_the_volumes(volumes):
     for f, result in enumerate(stitcher.result()):
         np.testing.assert_allclose(result, 2 * np.load(volumes.files[f]) + 1, rtol=1e-6)
 
+
+
+@pytest.mark.timeout(120)
+def test_foreground_patches_of_zipped_volumes_through_workers(pairs, tmp_path):
+    from npydask.samplers import Foreground
+
+    sampler = Foreground((3, 3), p=1.0, per_file=4, index=str(tmp_path / "fg.npz"))
+    it = NpyIterableDataset(pairs, sampler=sampler, batch_size=4, seed=3, with_index=True)
+    loader = torch.utils.data.DataLoader(it, batch_size=4, num_workers=2, multiprocessing_context=FORK)
+    seen = []
+    for batch, index in loader:
+        for j, (f, loc) in enumerate(zip(index["file"].tolist(), index["location"].tolist())):
+            np.testing.assert_array_equal(batch["image"][j].numpy(), _expected(pairs["image"], f, loc))
+            np.testing.assert_array_equal(batch["label"][j].numpy(), _expected(pairs["label"], f, loc))
+            assert batch["label"][j].any()  # p=1: every box holds a labelled voxel
+            seen.append((f, tuple(loc)))
+    assert seen == _keys(sampler.bind(pairs), 0, range(12), seed=3)
+
+
+def test_a_map_dataset_takes_a_seed_only_with_a_sampler(volumes):
+    with pytest.raises(ValueError, match="seed only with a sampler"):
+        NpyMapDataset(volumes, seed=1)

@@ -106,6 +106,12 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     samples per epoch. Only the epoch's last batch is short (dropped with
     ``drop_last``), and ranks may hold one batch fewer than others.
 
+    A :class:`~npydask.samplers.Foreground` sampler finds each label file's
+    candidates once per process; DataLoader workers are processes, started
+    again each epoch unless ``persistent_workers=True``. Give it ``index=``
+    (a file that every worker and rank reuses) or keep the workers
+    persistent, so labels are not read again each epoch.
+
     :meth:`state_dict` ``(batches_seen)`` gives the resume state after the
     training loop took ``batches_seen`` batches of the current pass (the
     same on every rank); :meth:`load_state_dict` accepts another world

@@ -64,6 +64,18 @@ class NpyMapDataset(torch.utils.data.Dataset):
     TypeError
         A dtype torch cannot hold (see :func:`check_torch_dtype`), or a
         ``sampler`` that is not one of :mod:`npydask.samplers`.
+    ValueError
+        A ``seed`` without a ``sampler``.
+    RoiError
+        A file the sampler's patch does not fit (``policy="inside"``).
+
+    Notes
+    -----
+    A :class:`~npydask.samplers.Foreground` sampler finds each label file's
+    candidates once per process; DataLoader workers are processes, started
+    again each epoch unless ``persistent_workers=True``. Give it ``index=``
+    (a file that every worker and rank reuses) or keep the workers
+    persistent, so labels are not read again each epoch.
 
     Examples
     --------
@@ -96,6 +108,11 @@ class NpyMapDataset(torch.utils.data.Dataset):
         with_index: bool = False,
     ) -> None:
         self.bound = check_dataset(dataset, "NpyMapDataset", device, sampler)
+        if self.bound is None and seed is not None:
+            raise ValueError(
+                "NpyMapDataset takes a seed only with a sampler (it seeds the boxes drawn); without one the "
+                "DataLoader's sampler (its generator=) decides the order"
+            )
         self.dataset = dataset
         self.sampler = sampler
         self.seed = None if seed is None else check_int("seed", seed, 0)
