@@ -151,7 +151,7 @@ def test_a_state_at_the_epochs_end_resumes_with_the_next_epoch(volumes):
     sampler = Uniform((4, 4))
     it = NpyIterableDataset(volumes, sampler=sampler, batch_size=2, rank=1, world_size=2)
     state = it.state_dict(2)  # 5 samples in 3 global batches: rank 0 holds two, rank 1 one: all consumed
-    assert state["position"] == state["samples"] == 5
+    assert (state["epoch"], state["position"]) == (1, 0)
     fresh = NpyIterableDataset(volumes, sampler=sampler, batch_size=5)
     fresh.load_state_dict(state)
     assert fresh.epoch == 1
@@ -343,3 +343,38 @@ def test_foreground_patches_of_zipped_volumes_through_workers(pairs, tmp_path):
 def test_a_map_dataset_takes_a_seed_only_with_a_sampler(volumes):
     with pytest.raises(ValueError, match="seed only with a sampler"):
         NpyMapDataset(volumes, seed=1)
+
+
+@pytest.mark.timeout(120)
+def test_a_zipped_datasets_state_resumes(pairs):
+    sampler = Uniform((4, 5), per_file=2)
+    it = NpyIterableDataset(pairs, sampler=sampler, batch_size=2, with_index=True)
+    state = it.state_dict(1)
+    resumed = NpyIterableDataset(pairs, sampler=sampler, batch_size=4, with_index=True)
+    resumed.load_state_dict(state)
+    got = [k for _, ix in torch.utils.data.DataLoader(resumed, batch_size=4)
+           for k in zip(ix["file"].tolist(), map(tuple, ix["location"].tolist()))]  # fmt: skip
+    assert got == _keys(sampler.bind(pairs), 0, range(2, 6))
+    labels_only = npydask.zip_datasets({"image": pairs["image"], "label": pairs["image"]})
+    with pytest.raises(ValueError, match="another dataset"):
+        NpyIterableDataset(labels_only, sampler=sampler, batch_size=2).load_state_dict(state)
+
+
+@pytest.mark.timeout(120)
+def test_the_loaders_state_and_the_adapters_resume_each_other(volumes):
+    sampler = Uniform((4, 4), per_file=3)
+    bound = sampler.bind(volumes)
+    loader = npydask.Loader(volumes, 2, sampler=sampler, shuffle=True, seed=4, shard_id=0, num_shards=2)
+    loader.set_epoch(2)
+    next(iter(loader))
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, shuffle=True, seed=4, with_index=True)
+    it.load_state_dict(loader.state_dict())  # position 4 of epoch 2
+    got = [k for b in _batches(it, 0, take=2) for k in b]
+    assert got == _keys(bound, 2, range(4, 10), seed=4, shuffle=True)
+    back = npydask.Loader(volumes, 5, sampler=sampler, shuffle=True, seed=4, with_index=True)
+    back.load_state_dict(it.state_dict(2))  # position 10 of epoch 2
+    _, index = next(iter(back))
+    location = np.concatenate([index["start"], index["stop"]], axis=1)
+    assert list(zip(index["file"].tolist(), map(tuple, location.tolist()))) == _keys(
+        bound, 2, range(10, 15), seed=4, shuffle=True
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -288,8 +289,11 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         (since the epoch's ``set_epoch``, or since :meth:`load_state_dict`
         when it resumed one); every rank then records the same state. It
         holds the epoch, the position ``P`` (the positions before it are
-        consumed), and the seed, shuffle, sampler and dataset fingerprints
-        that must agree to resume it.
+        consumed; a state taken after an epoch's last batch is the next
+        epoch at position 0), and the seed, shuffle, sampler and dataset
+        fingerprints that must agree to resume it: the state
+        :meth:`npydask.Loader.state_dict` gives with the same sampler, so
+        either resumes the other.
 
         Raises
         ------
@@ -298,7 +302,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         """
         state = self._resume_state(self.epoch, 0)
         position = self._deal(self._pass.start).position_after(batches_seen)
-        return ResumeState.from_dict({**state.to_dict(), "position": position}).to_dict()
+        return replace(state, position=position).rolled_over().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s state, with any world size, worker count or ``batch_size``.
