@@ -378,3 +378,38 @@ def test_the_loaders_state_and_the_adapters_resume_each_other(volumes):
     assert list(zip(index["file"].tolist(), map(tuple, location.tolist()))) == _keys(
         bound, 2, range(10, 15), seed=4, shuffle=True
     )
+
+
+@pytest.mark.timeout(240)
+def test_saved_at_every_step_at_4x2_resumes_at_2x1_and_3x2_and_then_again_at_1x1(volumes):
+    sampler = Uniform((4, 4), per_file=5)
+    everything = collections.Counter(_keys(sampler.bind(volumes), 1, range(25), seed=1, shuffle=True))
+
+    def adapter(rank, world, batch, state=None):
+        it = NpyIterableDataset(
+            volumes, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=1, shuffle=True,
+            with_index=True,
+        )
+        if state is not None:
+            it.load_state_dict(state)
+        it.set_epoch(1 if state is None else state["epoch"])
+        return it
+
+    full = [_batches(adapter(rank, 4, 2), 2) for rank in range(4)]  # 13 global batches: 4, 3, 3, 3 per rank
+    assert [len(f) for f in full] == [4, 3, 3, 3]
+    for b in range(5):
+        state = adapter(0, 4, 2).state_dict(b)
+        before = [k for f in full for part in f[:b] for k in part]
+        if b == 4:  # the epoch is over: the state is the next epoch's start
+            assert (state["epoch"], state["position"]) == (2, 0) and collections.Counter(before) == everything
+            continue
+        for world, workers, batch in [(2, 1, 3), (3, 2, 1)]:
+            runs = [_batches(adapter(rank, world, batch, state), workers) for rank in range(world)]
+            after = [k for run in runs for part in run for k in part]
+            assert collections.Counter(before + after) == everything, (b, world, workers, batch)
+        # the (3x2) pass saved again after one batch on each rank, resumed at (1x1)
+        again = adapter(0, 3, 1, state).state_dict(1)
+        taken = [k for run in runs for part in run[:1] for k in part]
+        rest = [k for part in _batches(adapter(0, 1, 4, again), 0) for k in part] if again["epoch"] == 1 else []
+        assert again["epoch"] == 1 or b == 3  # (b=3: one batch remained, which the (3x2) pass consumed)
+        assert collections.Counter(before + taken + rest) == everything, b
