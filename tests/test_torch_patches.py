@@ -413,3 +413,29 @@ def test_saved_at_every_step_at_4x2_resumes_at_2x1_and_3x2_and_then_again_at_1x1
         rest = [k for part in _batches(adapter(0, 1, 4, again), 0) for k in part] if again["epoch"] == 1 else []
         assert again["epoch"] == 1 or b == 3  # (b=3: one batch remained, which the (3x2) pass consumed)
         assert collections.Counter(before + taken + rest) == everything, b
+
+
+@pytest.mark.timeout(180)
+def test_patches_of_objects_in_the_main_process_and_a_spawned_worker(s3):
+    space = s3.space()
+    arrays = [np.arange(9 * 10, dtype=">i4").reshape(9, 10) * (i + 1) for i in range(3)]
+    for i, a in enumerate(arrays):
+        s3.put_npy(f"{space}/v{i}.npy", a)
+    ds = npydask.open_dataset(f"s3://{space}", storage_options=s3.options)
+    sampler = Uniform((4, 5), per_file=2)
+    it = NpyIterableDataset(ds, sampler=sampler, batch_size=4, seed=2, with_index=True)
+    for workers, context in [(0, None), (1, "spawn")]:
+        loader = torch.utils.data.DataLoader(
+            it, batch_size=4, num_workers=workers,
+            multiprocessing_context=torch.multiprocessing.get_context(context) if context else None,
+        )
+        seen = []
+        for batch, index in loader:
+            for sample, f, (r0, c0, r1, c1) in zip(batch.numpy(), index["file"].tolist(), index["location"].tolist()):
+                np.testing.assert_array_equal(sample, arrays[f][r0:r1, c0:c1])
+                seen.append((f, (r0, c0, r1, c1)))
+        assert seen == _keys(sampler.bind(ds), 0, range(6), seed=2)
+    mapped = NpyMapDataset(ds, sampler=sampler, seed=2)
+    forked = torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=1, multiprocessing_context=FORK)
+    with pytest.raises(RuntimeError, match="spawn"):
+        next(iter(forked))
