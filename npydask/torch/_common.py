@@ -37,6 +37,7 @@ _HINTS = {
     "V": 'batch[name] for each field (or batch.view("uint8") for raw bytes)',
 }
 
+
 def check_torch_dtype(dataset: Any) -> None:
     """Refuse a dataset whose dtype torch tensors cannot hold, naming the dtype and a way around.
 
@@ -71,12 +72,13 @@ def check_torch_dtype(dataset: Any) -> None:
         f"convert each, e.g. {hint}, or save the files in a dtype torch holds"
     )
 
+
 class SharedPass:
     """Where the next pass starts, in shared memory: set in the main process, read by every DataLoader worker.
 
-    Three numbers: the epoch, the position ``P`` the pass starts at (0 but
-    after ``load_state_dict``), and whether that ``P`` is still pending (kept
-    by the first ``set_epoch`` of the same epoch). Made with the dataset, so
+    Three numbers: the epoch, the position ``P`` the pass starts at (0, or
+    the state's after ``load_state_dict``), and whether that ``P`` is still
+    pending (kept by the first ``set_epoch`` of the same epoch). Made with the dataset, so
     forked workers inherit it and spawned ones receive it while they start
     (``multiprocessing`` shares the memory then). A copy pickled at any other
     time (``pickle``, ``copy.deepcopy``) carries the current numbers in a
@@ -116,9 +118,11 @@ class SharedPass:
 
 
 def shared_pass(values: Any) -> SharedPass:
+    """A :class:`SharedPass` over ``values``, the shared memory of the one a DataLoader worker was started with."""
     shared = SharedPass.__new__(SharedPass)
     shared._values = values
     return shared
+
 
 def file_samples(picked: Any, device: str) -> list[Any]:
     """Each picked sample as a tensor, or a dict of tensors per ``.npz`` member.
@@ -141,6 +145,7 @@ def arrays(views: Sequence[Any], device: str) -> list[Any]:
 
 
 def tensor(a: Any) -> torch.Tensor:
+    """``a`` as a tensor sharing its memory: a NumPy array on the host, a CuPy one on its device."""
     if isinstance(a, np.ndarray):
         return torch.from_numpy(a)  # writable and native-order: no copy, no warning
     return torch.from_dlpack(a)  # CuPy, on the device

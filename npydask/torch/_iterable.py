@@ -38,6 +38,7 @@ def split_for(n: int, rank: int, world_size: int, worker: int, num_workers: int)
     k = len(mine)
     return mine[k * worker // num_workers : k * (worker + 1) // num_workers]
 
+
 class NpyIterableDataset(torch.utils.data.IterableDataset):
     """Samples of an :class:`~npydask.dataset.npy_dataset.NpyDataset` as tensors, split by rank and DataLoader worker.
 
