@@ -439,3 +439,8 @@ def test_patches_of_objects_in_the_main_process_and_a_spawned_worker(s3):
     forked = torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=1, multiprocessing_context=FORK)
     with pytest.raises(RuntimeError, match="spawn"):
         next(iter(forked))
+
+
+def test_a_sharded_dataset_dealt_to_ranks_again_warns(volumes):
+    with pytest.warns(npydask.NpyDaskWarning, match="shards compound"):
+        NpyIterableDataset(volumes.shard(0, 2), sampler=Uniform((4, 4)), batch_size=2, rank=0, world_size=2)

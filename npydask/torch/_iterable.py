@@ -188,9 +188,9 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         self.with_index = bool(with_index)
         self.read_size = check_int("read_size", read_size, 1)
         self._pass = SharedPass()
+        self._fingerprint: dict[str, str] | None = None  # the dataset's, computed once, when a state is first asked for
         share = self._share()
-        if bound is None:
-            warn_if_resharded(dataset, share[0], share[1], f"NpyIterableDataset (rank {share[0]} of {share[1]})")
+        warn_if_resharded(dataset, share[0], share[1], f"NpyIterableDataset (rank {share[0]} of {share[1]})")
 
     @property
     def epoch(self) -> int:
@@ -280,8 +280,13 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             self.seed,
             self.shuffle and not bound.shuffle_ignored,
             bound.sampler.fingerprint(),
-            dataset_fingerprint(self.dataset),
+            self._dataset_fingerprint(),
         )
+
+    def _dataset_fingerprint(self) -> dict[str, str]:
+        if self._fingerprint is None:
+            self._fingerprint = dataset_fingerprint(self.dataset)
+        return self._fingerprint
 
     def state_dict(self, batches_seen: int) -> dict[str, Any]:
         """The resume state after the training loop took ``batches_seen`` batches of the current pass.
