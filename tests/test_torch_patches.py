@@ -444,3 +444,27 @@ def test_patches_of_objects_in_the_main_process_and_a_spawned_worker(s3):
 def test_a_sharded_dataset_dealt_to_ranks_again_warns(volumes):
     with pytest.warns(npydask.NpyDaskWarning, match="shards compound"):
         NpyIterableDataset(volumes.shard(0, 2), sampler=Uniform((4, 4)), batch_size=2, rank=0, world_size=2)
+
+
+@pytest.mark.timeout(120)
+def test_npz_members_give_dict_samples_with_their_state(tmp_path):
+    members = [{"x": np.arange(2 * 8 * 9, dtype="f4").reshape(2, 8, 9) + i, "m": np.eye(8, 9, k=i, dtype="u1")}
+               for i in range(3)]  # fmt: skip
+    for i, m in enumerate(members):
+        np.savez(tmp_path / f"s{i}.npz", **m)
+    ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "m"])
+    sampler = Uniform((3, 4), per_file=2, policy="pad", fill_value=7)
+    it = NpyIterableDataset(ds, sampler=sampler, batch_size=4, with_index=True)
+    mapped = NpyMapDataset(ds, sampler=sampler, with_index=True)
+    for loader in (torch.utils.data.DataLoader(it, batch_size=4), torch.utils.data.DataLoader(mapped, batch_size=4)):
+        for batch, index in loader:
+            for j, (f, loc) in enumerate(zip(index["file"].tolist(), index["location"].tolist())):
+                for key in ("x", "m"):
+                    want = np.full(members[f][key].shape[:-2] + (3, 4), 7, members[f][key].dtype)
+                    (r0, c0, r1, c1), a = loc, members[f][key]
+                    lo, hi = (max(r0, 0), max(c0, 0)), (min(r1, 8), min(c1, 9))
+                    want[..., lo[0] - r0 : hi[0] - r0, lo[1] - c0 : hi[1] - c0] = a[..., lo[0] : hi[0], lo[1] : hi[1]]
+                    np.testing.assert_array_equal(batch[key][j].numpy(), want)
+    resumed = NpyIterableDataset(ds, sampler=sampler, batch_size=2)
+    resumed.load_state_dict(it.state_dict(1))  # the members' fingerprint agrees
+    assert resumed.state_dict(1)["position"] == 6
