@@ -213,7 +213,19 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        # a spawned (or forkserver) DataLoader worker has no process group: the share its parent saw
+        return self.__dict__.get("_parent_share", (0, 1))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with this process's rank and world size when ``torch.distributed`` gives them.
+
+        A spawned DataLoader worker unpickles the dataset in a process that
+        has no process group; without them it would read rank 0 of 1's share.
+        """
+        state = self.__dict__.copy()
+        if self.rank is None:
+            state["_parent_share"] = self._share()
+        return state
 
     @staticmethod
     def _worker() -> tuple[int, int]:
