@@ -299,7 +299,7 @@ class Loader:
     >>> [batch[:, 0].tolist() for batch in loader], loader.epoch
     ([[6, 7, 8], [9, 9, 9]], 1)
 
-    With a sampler, two random 2-sample boxes per file each epoch:
+    With a sampler, two random one-voxel boxes per file each epoch:
 
     >>> from npydask.samplers import Uniform
     >>> loader = npydask.Loader(npydask.open_dataset(root), 4, sampler=Uniform((1,), per_file=2), with_index=True)
