@@ -18,7 +18,7 @@ import tempfile
 import pytest
 from _pytest.doctest import DoctestItem
 
-collect_ignore = [] if importlib.util.find_spec("torch") is not None else ["npydask/torch.py"]
+collect_ignore = [] if importlib.util.find_spec("torch") is not None else ["npydask/torch"]
 
 
 @pytest.fixture(autouse=True)

@@ -307,6 +307,49 @@ def probe_loader_torch_gpu(c: Context) -> str:
     return "; ".join(out)
 
 
+def probe_torch_patches_gpu(c: Context) -> str:
+    """Both torch adapters with a patch sampler and ``device="gpu"``: padded boxes of a zipped pair, CUDA tensors.
+
+    ``NpyIterableDataset`` (batches dealt to the DataLoader, its ``location`` index) and
+    ``NpyMapDataset`` under a shuffling DataLoader, ``num_workers=0``; every box of image and label
+    equals ``numpy.load`` sliced and padded with the sampler's fill value.
+    """
+    import torch
+
+    import npydask
+    from npydask.samplers import Uniform
+    from npydask.torch import NpyIterableDataset, NpyMapDataset
+
+    folder, arrays = _loader_files(c)
+    ds = npydask.open_dataset(folder, device="gpu")
+    pairs = npydask.zip_datasets({"image": ds, "label": ds})
+    sampler = Uniform((5 * c.scale, 6), per_file=2, policy="pad", fill_value=-1.0)
+
+    def box(a: np.ndarray, loc: list[int]) -> np.ndarray:
+        r0, c0, r1, c1 = loc
+        out = np.full((r1 - r0, c1 - c0), -1.0, a.dtype)
+        lo, hi = (max(r0, 0), max(c0, 0)), (min(r1, a.shape[0]), min(c1, a.shape[1]))
+        out[lo[0] - r0 : hi[0] - r0, lo[1] - c0 : hi[1] - c0] = a[lo[0] : hi[0], lo[1] : hi[1]]
+        return out
+
+    out = []
+    for adapter, shuffle in ((NpyIterableDataset(pairs, sampler=sampler, batch_size=4, with_index=True), False),
+                             (NpyMapDataset(pairs, sampler=sampler, seed=3, with_index=True), True)):  # fmt: skip
+        seen = 0
+        loader = torch.utils.data.DataLoader(adapter, batch_size=4, shuffle=shuffle, num_workers=0, pin_memory=False)
+        for batch, index in loader:
+            for key in ("image", "label"):
+                if batch[key].is_cuda == c.dry:
+                    raise AssertionError(f"{type(adapter).__name__} gave a {key} tensor on {batch[key].device}")
+                want = [box(arrays[f], loc) for f, loc in zip(index["file"].tolist(), index["location"].tolist())]
+                same(batch[key].cpu().numpy(), np.stack(want), f"{key} patches")
+            seen += len(index["file"])
+        if seen != 2 * len(arrays):
+            raise AssertionError(f"{type(adapter).__name__} gave {seen} patches of {2 * len(arrays)}")
+        out.append(f"{type(adapter).__name__}: {seen} padded patches equal" + ("" if c.dry else ", CUDA tensors"))
+    return "; ".join(out)
+
+
 _FRESH = """
 import os, sys
 import numpy as np, torch, npydask
@@ -846,6 +889,7 @@ PROBES: dict[str, Callable[[Context], str]] = {
     "stats_gpu": probe_stats_gpu,
     "loader_torch_gpu": probe_loader_torch_gpu,
     "torch_fork_before_cuda": probe_torch_fork_before_cuda,
+    "torch_patches_gpu": probe_torch_patches_gpu,
     "to_npy_device": probe_to_npy_of_device_array,
     "kvikio_errors": probe_kvikio_errors,
     "read_routes": probe_read_routes,

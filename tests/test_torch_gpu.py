@@ -78,3 +78,30 @@ def test_a_worker_forked_after_the_parent_used_cuda_names_what_works(folder, num
     with pytest.raises(GpuUnavailableError, match=said):
         _load(adapter, 2)
     assert _load(adapter, 0).shape == (12, 6)  # the parent itself reads on
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.timeout(120)
+def test_patches_on_the_device_through_workers(folder, numpy_device, kind, workers):
+    from npydask.samplers import Uniform
+
+    ds = npydask.open_dataset(folder)
+    sampler = Uniform((2, 2), per_file=2)
+    adapter = (
+        NpyIterableDataset(ds, sampler=sampler, batch_size=4, device="gpu", with_index=True)
+        if kind == "iterable"
+        else NpyMapDataset(ds, sampler=sampler, device="gpu", with_index=True)
+    )
+    ctx = torch.multiprocessing.get_context("fork") if workers else None
+    loader = torch.utils.data.DataLoader(adapter, batch_size=4, num_workers=workers, multiprocessing_context=ctx)
+    seen = 0
+    for batch, index in loader:
+        for sample, f, (r0, c0, r1, c1) in zip(batch.numpy(), index["file"].tolist(), index["location"].tolist()):
+            np.testing.assert_array_equal(sample, np.load(ds.files[f])[r0:r1, c0:c1])
+        seen += len(batch)
+    assert seen == 24
+    if workers:  # a worker forked after the parent used CUDA names what works, as without a sampler
+        gpu_process._CUDA_PID = os.getpid()
+        with pytest.raises(GpuUnavailableError, match="num_workers=0"):
+            next(iter(loader))
