@@ -419,6 +419,7 @@ def probe_kvikio_errors(c: Context) -> str:
     from npydask.gpu import _kvikio_runtime as kr
     from npydask.gpu import describe
     from npydask.storage import clear_cache
+    from npydask.storage.local import LocalSource
 
     text = describe()  # (raises nothing; names the path, and kvikio's threads and GDS availability)
     paths = ("GPUDirect Storage:", "kvikio POSIX compatibility mode:", "pinned host memory (kvikio not installed)")
@@ -437,7 +438,7 @@ def probe_kvikio_errors(c: Context) -> str:
         with npydask.config.set(gpu_host_bytes=0):  # (through kvikio: small reads would take the host route)
             x = npydask.from_npy(p, device=device)
         done: list[int] = []
-        real_open, real_pread = kb._open_checked, kb.pread_exact
+        real_open, real_read = kb._open_checked, LocalSource.read_spans
 
         # (both stand-ins are installed for this iteration's compute only: the finally below restores the real ones)
         def open_then_shrink(kvikio: Any, ref: Any, *, real_open: Any = real_open, done: list[int] = done) -> Any:
@@ -448,16 +449,17 @@ def probe_kvikio_errors(c: Context) -> str:
                 os.truncate(p, 256)
             return opened
 
-        def shrink_then_pread(
-            fd: int, dest: Any, offset: int, path: str, *, real_pread: Any = real_pread, done: list[int] = done
-        ) -> None:  # (pinned path, dry run)
-            if not done and path == p:
+        def shrink_then_read(
+            source: Any, f: Any, spans: Any, dest: Any, options: Any, *, real_read: Any = real_read,
+            done: list[int] = done,
+        ) -> int:  # (pinned path, dry run)
+            if not done and f.path == p:
                 done.append(1)
                 os.truncate(p, 256)
-            real_pread(fd, dest, offset, path)
+            return int(real_read(source, f, spans, dest, options))
 
         if device == "gpu":
-            kb._open_checked, kb.pread_exact = open_then_shrink, shrink_then_pread
+            kb._open_checked, LocalSource.read_spans = open_then_shrink, shrink_then_read
         else:
             os.truncate(p, 256)  # (the CPU path: after the graph was built)
         try:
@@ -465,7 +467,7 @@ def probe_kvikio_errors(c: Context) -> str:
         except Exception as e:  # noqa: BLE001 - the class is what is compared
             errors[device] = e
         finally:
-            kb._open_checked, kb.pread_exact = real_open, real_pread
+            kb._open_checked, LocalSource.read_spans = real_open, real_read
     if set(errors) != {"cpu", "gpu"} or type(errors["gpu"]) is not type(errors["cpu"]):
         raise AssertionError(f"truncated after opening: cpu {errors.get('cpu')!r}, gpu {errors.get('gpu')!r}")
     if os.path.basename(p) not in str(errors["gpu"]):

@@ -59,7 +59,7 @@ import errno
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -91,16 +91,16 @@ from npydask.gpu._kvikio_runtime import (
     unavailable,
 )
 from npydask.gpu.plan import GpuReadPlan
+from npydask.plan.patch_runs import Spans
 from npydask.storage import (
     FileIdentity,
     InodeIdentity,
-    OpenFile,
     check_unchanged,
     clear_cache,
     differs,
     file_changed,
-    pread_exact,
 )
+from npydask.storage.base import OpenedFile, Source
 
 if TYPE_CHECKING:  # (backends sit left of the reader: no import at run time)
     from npydask.reader import FileRef
@@ -185,13 +185,6 @@ def read_to_device(jobs: Sequence[DeviceRead], xp: Any, kvikio: Any = _AUTO) -> 
     return results
 
 
-@runtime_checkable
-class _RangeReadable(Protocol):
-    """An opened file read by range requests (:class:`~npydask.storage.object.RemoteFile`)."""
-
-    def range_reader(self) -> Any: ...
-
-
 def _layout(window: Sequence[DeviceRead], direct: Sequence[bool] = ()) -> tuple[list[int], int, int]:
     """Each job's staging offset in one shared buffer (aligned), the total, and the alignment.
 
@@ -232,7 +225,8 @@ def _direct(job: DeviceRead, posix: bool, xp: Any) -> bool:
 
 
 def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
-    """``os.preadv`` into host memory, copies to the device, then the device steps.
+    """Each source's own reads into host memory (:meth:`~npydask.storage.base.Source.read_spans`), copies to the
+    device, then the device steps.
 
     On a device every read goes piece by piece through the thread's ring of
     pinned buffers (:func:`~npydask.gpu._pinned.upload`: a piece is read while
@@ -246,34 +240,25 @@ def _read_window_host(window: Sequence[DeviceRead], xp: Any) -> list[Any]:
     offsets, total, alignment = _layout(window, direct)
     staging = aligned_empty(xp, total, alignment) if not all(direct) else None
     for k, (job, at) in enumerate(zip(window, offsets)):
-        f = job.ref.source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
-        read_span: ReadSpan
-        if not job.ref.source.mappable:  # an object: range requests (each checked)
-            assert isinstance(f, _RangeReadable)  # (what a source that cannot be mapped opens)
-            reader = f.range_reader()
+        source = job.ref.source
+        f = source.open(job.ref.path, job.ref.identity, key=job.ref.key, check=job.ref.check)
 
-            def read_range(offset: int, size: int, dest: np.ndarray, reader: Any = reader) -> int:
-                reader.read_into(dest, offset)
-                return size
+        def read_host(
+            offset: int, size: int, dest: np.ndarray, f: OpenedFile = f, source: Source = source, job: DeviceRead = job
+        ) -> int:
+            # the source reads its own way: a local file by pread (a short read: FileChangedError), an
+            # object by range requests, each conditional on its identity
+            one = np.ones(1, np.int64)
+            source.read_spans(f, Spans(one * offset, one * size, one * 0), dest, job.ref.options)
+            return size
 
-            read_span = read_range
-        else:
-            assert isinstance(f, OpenFile)  # (what a source that can be mapped opens)
-
-            def read_file(offset: int, size: int, dest: np.ndarray, fd: int = f.fd, path: str = f.path) -> int:
-                pread_exact(fd, dest.data, offset, path)  # (a short read there: FileChangedError)
-                return size
-
-            read_span = read_file
-        if on_device:
-            read_span = _through_ring(read_span, xp)
+        read_span: ReadSpan = _through_ring(read_host, xp) if on_device else read_host
         if direct[k]:
             wait_reads(issue_direct(job.plan, read_span, job.out), f.path)
         else:
             assert staging is not None  # (allocated unless every job is direct)
             wait_reads(issue_reads(job.plan, read_span, staging[at : at + job.plan.staging_nbytes]), f.path)
-        if isinstance(f, OpenFile):  # (a local file; an object's reads were each checked)
-            check_unchanged(f.fd, f.identity, f.path)  # a rewrite during the read: never other data
+        f.check_unchanged()  # a rewrite during the read: never other data (an object's reads were each checked)
     return _finish_all(window, staging, offsets, xp, direct)
 
 

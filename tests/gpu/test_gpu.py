@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ from npydask.gpu import process as gpu_process
 from npydask.gpu.plan import GpuReadOptions, plan_gpu_read
 from npydask.plan.region import Box
 from npydask.reader import FileRef
+from npydask.storage.local import LocalSource
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOOD = ["<f4", ">f4", ">f8", "<f2", ">c8", ">c16", "?", "|u1", ">i2", "<u4", ">i8"]
@@ -554,14 +556,15 @@ def test_device_reads_check_the_file_after_the_read(save, monkeypatch, branch):
         fake.CuFile.pread = pread_then_rewrite
         how = {"kvikio": fake}
     else:
-        real = kvikio_backend.pread_exact
+        real = LocalSource.read_spans
 
-        def pread_then_rewrite(fd, dest, offset, path):
-            real(fd, dest, offset, path)
-            if path == paths[1]:
-                _rewrite_in_place(path)
+        def read_then_rewrite(self, f, spans, dest, options):
+            requests = real(self, f, spans, dest, options)
+            if f.path == paths[1]:
+                _rewrite_in_place(f.path)
+            return requests
 
-        monkeypatch.setattr(kvikio_backend, "pread_exact", pread_then_rewrite)
+        monkeypatch.setattr(LocalSource, "read_spans", read_then_rewrite)
         how = {}
     with pytest.raises(FileChangedError, match=re.escape(os.path.basename(paths[1]))):
         kvikio_backend.read_to_device(jobs, np, **how)
@@ -766,14 +769,14 @@ def test_a_file_truncated_after_opening_is_a_changed_file_on_both_branches(save,
     if branch == "kvikio":
         how = {"kvikio": FakeKvikio(before_read=_truncate_once(p))}
     else:
-        real = kvikio_backend.pread_exact
+        real = LocalSource.read_spans
 
-        def truncate_then_read(fd: int, dest: object, offset: int, path: str) -> object:
-            if path == p:
+        def truncate_then_read(self: LocalSource, f: Any, spans: Any, dest: Any, options: Any) -> int:
+            if f.path == p:
                 os.truncate(p, 200)
-            return real(fd, dest, offset, path)
+            return real(self, f, spans, dest, options)
 
-        monkeypatch.setattr(kvikio_backend, "pread_exact", truncate_then_read)
+        monkeypatch.setattr(LocalSource, "read_spans", truncate_then_read)
         how = {}
     monkeypatch.setitem(sys.modules, "kvikio", None)
     with pytest.raises(FileChangedError, match=re.escape(os.path.basename(p))) as info:
@@ -893,14 +896,14 @@ class _ObjectLike:
     concurrent = True
 
     def open(self, path, identity, key=None, check=None):
-        class Reader:
-            def read_into(self, dest, offset):
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read(len(dest))
-                dest[: len(data)] = np.frombuffer(data, np.uint8)
+        return types.SimpleNamespace(path=path, check_unchanged=lambda: None)
 
-        return types.SimpleNamespace(path=path, range_reader=Reader)
+    def read_spans(self, f, spans, dest, options):
+        with open(f.path, "rb") as file:
+            for offset, n, at in zip(spans.offsets.tolist(), spans.lengths.tolist(), spans.positions.tolist()):
+                file.seek(offset)
+                dest[at : at + n] = np.frombuffer(file.read(n), np.uint8)
+        return len(spans)
 
 
 def test_objects_read_through_pinned_memory_beside_kvikio_are_logged_once(save, fresh_kvikio_state, caplog):
