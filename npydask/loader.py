@@ -7,6 +7,12 @@ stacked task): in up to ``prefetch`` threads of this process, or as tasks
 on a ``dask.distributed`` client's workers, where the files are read and
 the batch is gathered once. Batches come out in plan order.
 
+With ``sampler=`` (:mod:`npydask.samplers`) each sample is a box of a file:
+the epoch's positions are dealt to shards in global batches
+(:class:`~npydask.samplers.schedule.Schedule`), each batch's boxes are read
+by :func:`~npydask.samplers.read_patches` (each file once), and
+:meth:`Loader.stats` sums what the reads cost.
+
 Resuming: the loader counts the batches it has *yielded* in the current
 epoch; :meth:`Loader.state_dict` records that count with the epoch, and a
 loader given it with :meth:`Loader.load_state_dict` yields exactly the
@@ -32,10 +38,14 @@ from npydask._keywords import suggest_keywords
 from npydask.array import NpyFileArray, check_device
 from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.dataset.stacking import FileGroup, joined_dtype
+from npydask.dataset.zipped import ZippedDataset
 from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
 from npydask.plan.region import Box
 from npydask.plan.sampling import EpochPlan, check_int
+from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler, read_patches
+from npydask.samplers.base import dataset_members
+from npydask.samplers.schedule import Schedule
 
 __all__ = ["Loader", "check_process", "dataset_fingerprint", "read_batch", "warn_if_resharded"]
 
@@ -71,15 +81,18 @@ def dataset_fingerprint(dataset: Any) -> dict[str, str]:
     >>> dataset_fingerprint(moved)["roi_shown"], dataset_fingerprint(ds)["roi_shown"]
     ('start (1,) end (3,) for every file', 'whole files')
     """
-    files = dataset.files
-    prefix = os.path.commonprefix(files) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
-    cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
-    names = "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
-    if isinstance(dataset, MultiKeyDataset):  # (every member's dtype, shapes and ROIs, in key order)
+    if isinstance(dataset, ZippedDataset):  # (each member's files, dtype, shapes, ROIs and key)
+        members = dataset.members
+        names = b"\1".join(k.encode() + b"\1" + _names(d.files) for k, d in members.items())
+        layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in members.items()).encode()
+        key = repr({k: d.views.context.key for k, d in members.items()})
+    elif isinstance(dataset, MultiKeyDataset):  # (every member's dtype, shapes and ROIs, in key order)
         members = dataset.members
         layout = "|".join(f"{k}|{d.dtype.str}|{d.dtype}|{d.shapes}" for k, d in members.items()).encode()
         key = repr(list(members))
+        names = _names(dataset.files)
     else:
+        names = _names(dataset.files)
         members = {"": dataset}
         layout = f"{dataset.dtype.str}|{dataset.dtype}|{dataset.shapes}".encode()
         key = repr(dataset.views.context.key)
@@ -92,6 +105,13 @@ def dataset_fingerprint(dataset: Any) -> dict[str, str]:
         "key": key,
         "fill": ", ".join(sorted({f for r in rois for f in r[2]})) or "none",
     }
+
+
+def _names(files: Sequence[str]) -> bytes:
+    """The file names relative to their common folder, in order, as bytes to hash."""
+    prefix = os.path.commonprefix(list(files)) if len(files) > 1 else os.path.dirname(files[0]) + os.sep
+    cut = max(prefix.rfind(os.sep), prefix.rfind("/")) + 1
+    return "\0".join(f[cut:] for f in files).encode("utf-8", "surrogateescape")
 
 
 def _hash(data: bytes) -> str:
@@ -206,15 +226,32 @@ class Loader:
 
     Parameters
     ----------
-    dataset : NpyDataset or MultiKeyDataset
+    dataset : NpyDataset, MultiKeyDataset or ZippedDataset
         The files (after ROI); their order is the unshuffled order. A
         :class:`~npydask.dataset.multikey.MultiKeyDataset` (``key=["x", "y"]``)
-        gives dict batches, one batch per member.
+        gives dict batches, one batch per member; so does a
+        :class:`~npydask.dataset.zipped.ZippedDataset` (:func:`~npydask.zip_datasets`),
+        which needs ``sampler=``.
     batch_size : int
         Samples per batch.
+    sampler : Sampler, optional
+        Read a box of a file per sample (:mod:`npydask.samplers`:
+        ``Uniform``, ``Foreground``, ``Grid``) instead of whole files (or the
+        dataset's ROI). An epoch then holds ``len(sampler.bind(dataset))``
+        samples, and its *global batch* ``g`` holds positions ``[g*B,
+        (g+1)*B)``: shard ``k`` of ``S`` takes global batches ``k, k+S,
+        ...`` (not a contiguous range), so ``pad_last_batch=True`` and
+        ``stick_to_shard=False`` raise ``ValueError``. Batches are arrays
+        ``(B, *leading axes, *patch_shape)`` in native byte order (dicts of
+        them for a zipped or multi-key dataset), each file read once per
+        batch with all its patches (:func:`~npydask.samplers.read_patches`).
+        ``state_dict()`` records one position ``P`` and resumes at another
+        ``num_shards`` or ``batch_size``; :meth:`stats` sums the reads.
     shuffle : bool
         Permute the whole list each epoch with a generator seeded only by
-        ``(seed, epoch)``, the same on every shard, before sharding.
+        ``(seed, epoch)``, the same on every shard, before sharding. With a
+        sampler, the sampler's units (a file's ``per_file`` patches) are
+        permuted instead (ignored by ``Grid``).
     seed : int, optional
         ``None`` is a fixed default, so separate processes agree.
     shard_id, num_shards : int
@@ -238,14 +275,20 @@ class Loader:
         workers. 0 reads each batch when it is asked for.
     client : distributed.Client, optional
         Read batches on the cluster's workers (each batch is one task that
-        reads its files where it runs; the result is gathered once).
+        reads its files where it runs; the result is gathered once). With a
+        sampler the dataset and bound sampler are sent to the workers once
+        per epoch and each task reads one batch's patches.
     device : {"cpu", "gpu"}
         NumPy or CuPy batches (the dataset's own device is not used: a
         loader on a GPU host may read a CPU dataset to the device). CuPy
         batches are read on the device current when iteration starts and
         handed over complete on the consumer's stream (a CUDA event).
     with_index : bool
-        Yield ``(batch, indices)``, the indices into ``dataset``.
+        Yield ``(batch, indices)``, the indices into ``dataset``. With a
+        sampler, ``(batch, index)``: ``index`` a dict of ``"file"`` (int64,
+        B), ``"start"`` and ``"stop"`` (int64, B x patch ndim), the boxes in
+        the dataset's coordinates (what :class:`~npydask.samplers.Stitcher`
+        takes).
 
     Examples
     --------
@@ -255,6 +298,15 @@ class Loader:
     >>> loader = npydask.Loader(npydask.open_dataset(root), 3, shard_id=2, num_shards=3, pad_last_batch=True)
     >>> [batch[:, 0].tolist() for batch in loader], loader.epoch
     ([[6, 7, 8], [9, 9, 9]], 1)
+
+    With a sampler, two random one-voxel boxes per file each epoch:
+
+    >>> from npydask.samplers import Uniform
+    >>> loader = npydask.Loader(npydask.open_dataset(root), 4, sampler=Uniform((1,), per_file=2), with_index=True)
+    >>> [(batch.shape, index["file"].tolist()) for batch, index in loader][:2]
+    [((4, 1), [0, 0, 1, 1]), ((4, 1), [2, 2, 3, 3])]
+    >>> len(loader), loader.stats().patch_bytes
+    (5, 160)
     """
 
     @suggest_keywords
@@ -263,6 +315,7 @@ class Loader:
         dataset: Any,
         batch_size: int,
         *,
+        sampler: Sampler | None = None,
         shuffle: bool = False,
         seed: int | None = None,
         shard_id: int = 0,
@@ -277,8 +330,17 @@ class Loader:
     ) -> None:
         from npydask.dataset.npy_dataset import NpyDataset
 
-        if not isinstance(dataset, (NpyDataset, MultiKeyDataset)):
+        if isinstance(dataset, ZippedDataset) and sampler is None:
+            raise TypeError(
+                "Loader reads a ZippedDataset (zip_datasets) only with sampler=: its members pair files whose "
+                "samples are boxes read alike (npydask.samplers.Uniform, Foreground or Grid)"
+            )
+        if not isinstance(dataset, (NpyDataset, MultiKeyDataset, ZippedDataset)):
             raise TypeError(f"Loader reads an NpyDataset (from npydask.open_dataset), found {type(dataset).__name__}")
+        if sampler is not None and not isinstance(sampler, Sampler):
+            raise TypeError(
+                f"sampler must be a patch sampler of npydask.samplers (Uniform, Foreground, Grid), found {sampler!r}"
+            )
         if len(dataset) == 0:
             raise ValueError("Loader: the dataset holds no files")
         batch_size = check_int("batch_size", batch_size, 1)
@@ -286,33 +348,75 @@ class Loader:
         if seed is not None:
             seed = check_int("seed", seed, 0)
         check_device(device)
-        self.plan = EpochPlan(
-            len(dataset),
-            batch_size,
-            bool(shuffle),
-            seed,
-            shard_id,
-            num_shards,
-            bool(pad_last_batch),
-            bool(drop_last),
-            bool(stick_to_shard),
-        )
-        len(self.plan)  # checks the shard arguments now
+        self.sampler = sampler
+        self.bound: BoundSampler | None = None
+        self.schedule: Schedule | None = None
+        self.plan: EpochPlan | None = None
+        if sampler is not None:
+            self.bound = sampler.bind(dataset)
+            self.schedule = Schedule(
+                self.bound,
+                batch_size,
+                seed=seed,
+                shuffle=bool(shuffle),
+                shard_id=shard_id,
+                num_shards=num_shards,
+                drop_last=bool(drop_last),
+                pad_last_batch=bool(pad_last_batch),
+                stick_to_shard=bool(stick_to_shard),
+            )
+        else:
+            self.plan = EpochPlan(
+                len(dataset),
+                batch_size,
+                bool(shuffle),
+                seed,
+                shard_id,
+                num_shards,
+                bool(pad_last_batch),
+                bool(drop_last),
+                bool(stick_to_shard),
+            )
+            len(self.plan)  # checks the shard arguments now
         warn_if_resharded(dataset, shard_id, num_shards, f"Loader(shard_id={shard_id}, num_shards={num_shards})")
         self._fingerprint: dict[str, str] | None = None  # computed once, when a state is first asked for
         self.dataset = dataset
         self.client = client
         self.device = device
         self.with_index = bool(with_index)
-        self.epoch = 0
+        self._epoch = 0
         self._done = 0  # batches yielded so far in this epoch
+        self._stats = ReadStats()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to (0 at first)."""
+        return self._epoch if self.schedule is None else self.schedule.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if self.schedule is None:
+            self._epoch = value
+        else:
+            self.schedule.epoch = value
 
     def __len__(self) -> int:
-        """Batches per epoch (of the current epoch: see ``stick_to_shard``)."""
+        """Batches per epoch (of the current epoch: see ``stick_to_shard``; with a sampler, of a whole epoch)."""
+        if self.schedule is not None:
+            return len(self.schedule)
+        assert self.plan is not None
         return self.plan.count(self.epoch)
 
     def __repr__(self) -> str:
+        s = self.schedule
+        if s is not None:
+            return (
+                f"Loader({s.samples} samples of {self.sampler!r}, batch_size={s.batch_size}, shard "
+                f"{s.shard_id}/{s.num_shards}, {len(self)} batches per epoch, epoch={self.epoch}, "
+                f"shuffle={s.shuffle}, device={self.device!r})"
+            )
         p = self.plan
+        assert p is not None
         return (
             f"Loader({p.n} files, batch_size={p.batch_size}, shard {p.shard_id}/{p.num_shards}, "
             f"{len(self)} batches per epoch, epoch={self.epoch}, shuffle={p.shuffle}, device={self.device!r})"
@@ -320,6 +424,9 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield epoch ``epoch`` from its start."""
+        if self.schedule is not None:
+            self.schedule.set_epoch(epoch)
+            return
         self.epoch = check_int("epoch", epoch, 0)
         self._done = 0
 
@@ -329,8 +436,37 @@ class Loader:
             self._fingerprint = dataset_fingerprint(self.dataset)
         return self._fingerprint
 
+    def stats(self) -> ReadStats:
+        """What reading the last epoch's patches cost: ``bytes_read``, ``patch_bytes``, ``requests``, ``io_wait_s``.
+
+        The sums over the batches yielded by the latest pass (the epoch in
+        progress while iterating, the whole epoch once it is over; a resumed
+        pass counts from where it resumed). ``bytes_read / patch_bytes`` is
+        the read amplification; ``io_wait_s`` sums the batches' read times
+        (with prefetch threads they overlap the training step).
+
+        Raises
+        ------
+        ValueError
+            For a loader without ``sampler=`` (its batches are whole files or ROIs).
+        """
+        if self.schedule is None:
+            raise ValueError("Loader.stats() counts a sampler's patch reads; this loader has no sampler=")
+        return self._stats
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: its epoch, batches yielded in it, the plan and the dataset they depend on."""
+        """Where this loader stands: its epoch, batches yielded in it, the plan and the dataset they depend on.
+
+        With a sampler: ``epoch``, the position ``position`` (``P``: the
+        samples ``[0, P)`` of the epoch are consumed), the epoch's
+        ``samples``, ``seed``, ``shuffle``, the ``sampler``'s fingerprint and
+        the ``dataset_fingerprint``; the same on every rank after the same
+        number of batches.
+        """
+        if self.schedule is not None:
+            assert self.sampler is not None
+            return self.schedule.state(self.sampler.fingerprint(), self.fingerprint())
+        assert self.plan is not None
         state = {k: getattr(self.plan, k) for k in (*_STATE_KEYS, *_LATER_KEYS)}
         state.update(epoch=self.epoch, batches_done=self._done)
         state[_FINGERPRINT] = dict(self.fingerprint())
@@ -346,6 +482,12 @@ class Loader:
         one saved before the fingerprint held ROIs, keys and fill values is
         checked for the rest, with a warning.
 
+        With a sampler, the state may come from a loader with another
+        ``num_shards``, ``shard_id``, ``batch_size`` or ``drop_last``: the next
+        pass deals the epoch's remaining positions ``[P, N)`` by this
+        loader's settings, each exactly once across the shards (a state at
+        the end of an epoch goes on with the next epoch).
+
         Raises
         ------
         ValueError
@@ -354,7 +496,20 @@ class Loader:
             another dataset (other files, order, shapes or dtype, even of the
             same length, or the same files at other ROIs, with another
             ``.npz`` key or fill value), whose remaining batches would differ.
+            With a sampler: another dataset, sampler, seed or shuffle (the
+            message names each). A state of a loader with a sampler given to
+            one without (or the reverse) is refused, naming it.
         """
+        if self.schedule is not None:
+            assert self.sampler is not None
+            self.schedule.load(state, self.sampler.fingerprint(), self.fingerprint())
+            return
+        assert self.plan is not None
+        if isinstance(state, dict) and "position" in state and "sampler" in state and "batches_done" not in state:
+            raise ValueError(
+                "this state was saved by a loader with sampler= (it records a position P and the sampler "
+                f"{state.get('sampler')!r}); it resumes only a loader with that sampler"
+            )
         missing = [k for k in (*_STATE_KEYS, "epoch", "batches_done") if k not in state]
         if missing:
             raise ValueError(f"not a Loader state: missing {missing}; pass what Loader.state_dict() returned")
@@ -394,12 +549,16 @@ class Loader:
         differ = [_differs(k, saved, mine) for k in _CHECKED if saved.get(k) != mine[k]]
         if differ:
             raise ValueError(
-                f"the state was saved for another dataset of {self.plan.n} files: {' and '.join(differ)}. "
+                f"the state was saved for another dataset of {len(self.dataset)} files: {' and '.join(differ)}. "
                 "Resume with the dataset the state was saved over (same files, filter, order, shard, ROI, "
                 "out_of_bounds_policy, fill_value and key), or start without load_state_dict"
             )
 
     def __iter__(self) -> Iterator[Any]:
+        if self.schedule is not None:
+            yield from self._patch_batches()
+            return
+        assert self.plan is not None
         epoch, start = self.epoch, self._done
         if start >= self.plan.count(epoch):  # a finished epoch recorded by a state: go on with the next
             epoch, start = epoch + 1, 0
@@ -410,11 +569,7 @@ class Loader:
             check_process(pick(dataset, [0]))  # (before a thread starts: in a forked child, a clear error, not a hang)
             if self.device == "gpu":
                 check_cuda_fork()  # (a child forked after CUDA was used: a clear error, not CUDA's)
-        fetch = (
-            _ClusterFetch(self.client, self.device)
-            if self.client is not None
-            else _LocalFetch(self.prefetch, self.device)
-        )
+        fetch = self._fetch(read_batch)
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
         try:
@@ -433,6 +588,63 @@ class Loader:
             for _, future in pending:
                 fetch.cancel(future)
             fetch.close()
+
+    def _fetch(self, read: Any) -> Any:
+        """Where ``read(payload, device)`` runs: the client's workers, or prefetch threads."""
+        if self.client is not None:
+            return _ClusterFetch(self.client, self.device, read)
+        return _LocalFetch(self.prefetch, self.device, read)
+
+    def _patch_batches(self) -> Iterator[Any]:
+        """One pass of a sampler loader: the remaining batches of the schedule's pass, read ahead in order."""
+        schedule, bound = self.schedule, self.bound
+        assert schedule is not None and bound is not None
+        epoch, batches = schedule.begin()
+        if self.client is None:
+            first = next(iter(dataset_members(self.dataset).values()))
+            check_process(pick(first, [0]))
+            if self.device == "gpu":
+                check_cuda_fork()
+        fetch = self._fetch(_PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
+        ahead = max(1, self.prefetch)
+        pending: deque[Any] = deque()
+        self._stats = ReadStats()
+        try:
+            position = 0
+            while position < len(batches) or pending:
+                while position < len(batches) and len(pending) < ahead:
+                    pending.append(fetch.submit((epoch, batches[position])))
+                    position += 1
+                got: PatchBatch = fetch.result(pending.popleft())
+                schedule.took()
+                self._stats += got.stats
+                yield (got.batch, got.index) if self.with_index else got.batch
+            schedule.finish()
+        finally:
+            for future in pending:
+                fetch.cancel(future)
+            fetch.close()
+
+
+class _PatchReader:
+    """Reads a batch of a sampler loader: ``(epoch, positions)`` to a :class:`~npydask.samplers.PatchBatch`.
+
+    Carries the dataset and the bound sampler (pure numbers): a prefetch
+    thread or a cluster worker plans the boxes and reads them.
+    """
+
+    def __init__(self, dataset: Any, bound: BoundSampler, seed: int | None, shuffle: bool) -> None:
+        self.dataset, self.bound, self.seed, self.shuffle = dataset, bound, seed, shuffle
+
+    def __call__(self, job: tuple[int, np.ndarray], device: str) -> PatchBatch:
+        epoch, positions = job
+        patches = self.bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=self.shuffle)
+        return read_patches(self.dataset, patches, self.bound, device=device)
+
+
+def _call(read: Any, payload: Any, device: str) -> Any:
+    """On a cluster worker: ``read(payload, device)`` (``read`` sent once, as a scattered future)."""
+    return read(payload, device)
 
 
 _CHECKED = ("files", "layout", "roi", "key", "fill")
@@ -473,12 +685,12 @@ class _DeviceHandOff:
         self.cuda = None if xp is np else xp.cuda
         self.device_id = None if self.cuda is None else int(self.cuda.runtime.getDevice())
 
-    def read(self, views: Any, device: str) -> tuple[Any, Any]:
-        """On a prefetch thread: the batch, read on the caller's device, and the event that ends it."""
+    def read(self, read: Any, payload: Any, device: str) -> tuple[Any, Any]:
+        """On a prefetch thread: ``read(payload, device)``, run on the caller's device, and the event that ends it."""
         if self.cuda is None:
-            return read_batch(views, device), None
+            return read(payload, device), None
         with self.cuda.Device(self.device_id):
-            batch = read_batch(views, device)
+            batch = read(payload, device)
             event = self.cuda.Event(disable_timing=True)
             event.record()  # (on this thread's current stream, after the batch's copy kernels)
         return batch, event
@@ -494,21 +706,22 @@ class _DeviceHandOff:
 class _LocalFetch:
     """Batches read by threads of this process (or inline with ``prefetch=0``)."""
 
-    def __init__(self, prefetch: int, device: str) -> None:
+    def __init__(self, prefetch: int, device: str, read: Any = read_batch) -> None:
         self.device = device
+        self.read = read
         self.handoff = _DeviceHandOff() if prefetch and device == "gpu" else None  # (the caller's device: now)
         self.pool = ThreadPoolExecutor(prefetch, thread_name_prefix="npydask-loader") if prefetch else None
 
-    def submit(self, views: list[NpyFileArray]) -> Any:
+    def submit(self, payload: Any) -> Any:
         if self.pool is None:
-            return views  # read in result(), when asked for
+            return payload  # read in result(), when asked for
         if self.handoff is not None:
-            return self.pool.submit(self.handoff.read, views, self.device)
-        return self.pool.submit(read_batch, views, self.device)
+            return self.pool.submit(self.handoff.read, self.read, payload, self.device)
+        return self.pool.submit(self.read, payload, self.device)
 
     def result(self, future: Any) -> Any:
         if self.pool is None:
-            return read_batch(future, self.device)
+            return self.read(future, self.device)
         if self.handoff is not None:
             return self.handoff.receive(future.result())
         return future.result()
@@ -523,14 +736,22 @@ class _LocalFetch:
 
 
 class _ClusterFetch:
-    """Batches read as tasks on a distributed client's workers, gathered once each."""
+    """Batches read as tasks on a distributed client's workers, gathered once each.
 
-    def __init__(self, client: Any, device: str) -> None:
+    A ``read`` that is an object (a sampler loader's :class:`_PatchReader`,
+    which carries the dataset) is scattered to the workers once; each task
+    then carries only its payload.
+    """
+
+    def __init__(self, client: Any, device: str, read: Any = read_batch) -> None:
         self.client = client
         self.device = device
+        self.read = read if read is read_batch else client.scatter(read, broadcast=True, hash=False)
 
-    def submit(self, views: list[NpyFileArray]) -> Any:
-        return self.client.submit(read_batch, views, self.device, pure=False)
+    def submit(self, payload: Any) -> Any:
+        if self.read is read_batch:
+            return self.client.submit(read_batch, payload, self.device, pure=False)
+        return self.client.submit(_call, self.read, payload, self.device, pure=False)
 
     def result(self, future: Any) -> Any:
         return future.result()

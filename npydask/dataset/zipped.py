@@ -133,6 +133,21 @@ class ZippedDataset(KeyedDatasets):
                           for k, d in self._members.items())
         return f"ZippedDataset({len(self)} samples, members {{{parts}}})"
 
+    @property
+    def files(self) -> dict[str, list[str]]:
+        """Each member's files, in order (as :attr:`shapes`, per key)."""
+        return {k: d.files for k, d in self._members.items()}
+
+    @property
+    def sharding(self) -> tuple[int, int] | None:
+        """The shard ``(shard_id, num_shards)`` every member holds (:attr:`NpyDataset.sharding`), else ``None``.
+
+        ``z.shard(k, n)`` shards each member alike; members sharded apart
+        before zipping report ``None`` when their shards differ.
+        """
+        found = {d.sharding for d in self._members.values()}
+        return found.pop() if len(found) == 1 else None
+
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
         """``z[key]``: a member dataset; ``z[i]``: a dict of lazy arrays; ``z[a:b]``, ``z[[i, j]]``: sub-datasets."""

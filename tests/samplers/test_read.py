@@ -6,25 +6,11 @@ import os
 
 import numpy as np
 import pytest
+from _boxes import expected_box as expected
 
 import npydask
 from npydask.plan.patches import Patch
 from npydask.samplers import Grid, PatchBatch, ReadStats, Uniform, read_patches
-
-
-def expected(array, patch, fill):
-    """numpy's patch: the trailing axes sliced, the part outside the array filled by hand."""
-    lead = array.ndim - len(patch.start)
-    out = np.full(array.shape[:lead] + patch.shape, fill, array.dtype.newbyteorder("="))
-    src, dst = [], []
-    for a, b, n in zip(patch.start, patch.stop, array.shape[lead:]):
-        lo, hi = max(a, 0), min(b, n)
-        if hi <= lo:
-            return out
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - a, hi - a))
-    out[(Ellipsis, *dst)] = array[(Ellipsis, *src)]
-    return out
 
 
 def save(root, arrays, name="f"):
@@ -179,3 +165,20 @@ def test_patches_of_objects(s3, arrays):
     for slot, p in zip(got.batch, patches):
         np.testing.assert_array_equal(slot, expected(arrays[p.file], p, 3))
     assert got.stats.requests >= 3 and got.stats.bytes_read >= got.stats.patch_bytes // 2
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_members_of_a_multi_key_dataset(tmp_path, compressed):
+    rng = np.random.default_rng(0)
+    members = [{"x": rng.standard_normal((2, 9, 8)).astype(">f4"), "m": rng.integers(0, 9, (9, 8), "u1")}
+               for _ in range(3)]  # fmt: skip
+    for i, m in enumerate(members):
+        (np.savez_compressed if compressed else np.savez)(tmp_path / f"s{i}.npz", **m)
+    ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "m"])
+    bound = Uniform((3, 4), per_file=2, policy="pad", fill_value=5).bind(ds)
+    patches = bound.patches(0, range(6), seed=3) + [Patch(1, (7, -1), (10, 3))]
+    got = read_patches(ds, patches, bound)
+    assert got.batch["x"].shape == (7, 2, 3, 4) and got.batch["m"].shape == (7, 3, 4)
+    for i, p in enumerate(patches):
+        for key in ("x", "m"):
+            np.testing.assert_array_equal(got.batch[key][i], expected(members[p.file][key], p, 5))
