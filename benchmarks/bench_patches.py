@@ -70,14 +70,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import io
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -197,45 +196,10 @@ def mismatches(paths: Sequence[str], batches: Sequence[tuple[np.ndarray, dict[st
 
 
 def npydask_loader(root: str, size: Size, *, check: bool = False, **open_kw: Any) -> Any:
-    """``npydask.Loader(ds, 8, sampler=Uniform(patch, per_file), shuffle=True)`` over ``root``.
-
-    Where the Loader does not take ``sampler=`` yet, :class:`PatchEpochs`
-    stands in for it (said so in the table).
-    """
+    """``npydask.Loader(ds, 8, sampler=Uniform(patch, per_file), shuffle=True)`` over ``root``."""
     ds = npydask.open_dataset(root, **open_kw)
     sampler = Uniform((size.patch,) * 3, per_file=size.per_file)
-    if "sampler" not in inspect.signature(npydask.Loader).parameters:
-        return PatchEpochs(ds, sampler, with_index=check)
     return npydask.Loader(ds, BATCH, sampler=sampler, shuffle=True, with_index=check)
-
-
-class PatchEpochs:
-    """Epochs of a sampler's batches read with ``npydask.samplers.read_patches``, one batch after another.
-
-    A stand-in for ``Loader(sampler=...)`` (no prefetch) where the Loader does
-    not take a sampler; ``stats()`` adds up the epoch's reads as the Loader's does.
-    """
-
-    def __init__(self, ds: Any, sampler: Any, *, with_index: bool = False) -> None:
-        self.ds, self.bound, self.with_index = ds, sampler.bind(ds), with_index
-        self.epoch = 0
-        self._stats: Any = None
-
-    def __iter__(self) -> Iterator[Any]:
-        from npydask.samplers import ReadStats, read_patches
-
-        n = len(self.bound)
-        stats = ReadStats()
-        for g in range(0, n, BATCH):
-            patches = self.bound.patches(self.epoch, range(g, min(g + BATCH, n)), shuffle=True)
-            got = read_patches(self.ds, patches, self.bound)
-            stats += got.stats
-            yield (got.batch, got.index) if self.with_index else got.batch
-        self._stats = stats
-        self.epoch += 1
-
-    def stats(self) -> Any:
-        return self._stats
 
 
 def stats_of(loader: Any) -> dict[str, Any]:
