@@ -448,19 +448,22 @@ class Bench:
             ("npydask Loader(sampler=Uniform, shuffle=True)", lambda: lambda: count_epoch(loader), "", nd_bytes,
              "loader.stats() bytes_read"),
         ]
-        for cold in (False, True):
-            for variant, make, module, bpp, how in ways:
-                if make is None:
-                    if not cold:
-                        self.skipped("L", variant, f"{module} is not installed here")
-                    continue
-                try:
-                    epoch = make()
-                    epoch()  # (untimed: workers started, pipeline warmed)
-                except Exception as e:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
-                    self.skipped("L", variant + (" [cold]" if cold else ""), f"{type(e).__name__}: {e}"[:200])
-                    continue
-                self.time("L", variant, epoch, cold=cold, bytes_per_patch=bpp, how=how)
+        # each way built once (its workers, its pipeline), timed warm then cold, then let go before the next
+        for variant, make, module, bpp, how in ways:
+            if make is None:
+                self.skipped("L", variant, f"{module} is not installed here")
+                continue
+            try:
+                epoch = make()
+                epoch()  # (untimed: workers started, pipeline warmed)
+            except Exception as e:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
+                self.skipped("L", variant, f"{type(e).__name__}: {e}"[:200])
+                continue
+            for cold in (False, True):
+                self.time("L", variant, epoch, cold=cold, bytes_per_patch=bpp, how=how,
+                          budget=self.args.slow_budget if module else None)
+            del epoch
+            gc.collect()
 
     def _monai_way(self) -> Callable[[], Callable[[], int]] | None:
         if not _peers.has("monai"):
@@ -558,7 +561,7 @@ class Bench:
 
     def report(self) -> list[dict[str, Any]]:
         rows = []
-        for r in self.rows:
+        for r in sorted(self.rows, key=lambda r: (r.group, "[cold]" in r.variant)):
             if not r.times:
                 rows.append([r.group, r.variant, "n/a", "", "", "", "", "", r.note])
                 continue
