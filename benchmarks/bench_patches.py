@@ -73,6 +73,7 @@ import gc
 import io
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -666,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time a slow peer once when its first epoch x --repeat exceeds S seconds (default 60)")
     args = ap.parse_args(argv)
     size = SIZES[args.size]
+    # a timeout's SIGTERM unwinds like an error: SeaweedFS stopped, the link's qdisc removed from lo
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     _common.print_environment(_common.environment())
     folder = args.data or tempfile.mkdtemp(prefix="npydask-bench-patches-")
     t0 = time.perf_counter()
