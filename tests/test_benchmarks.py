@@ -65,6 +65,41 @@ def test_remote_benchmark_runs_at_tiny_size(tmp_path):
     assert any(t.startswith("(info) R1 roi over an emulated 200 Mbit/s link") for t in verdicts)
 
 
+@pytest.mark.timeout(240)
+def test_patches_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_patches.py: npydask's patches checked against numpy, locally (warm, cold) and over SeaweedFS.
+
+    The peers (MONAI, TorchIO, DALI) are benchmark-only: where one is not
+    installed its rows say so and its goals are n/a.
+    """
+    import importlib.util
+
+    stdout, data = _run_tiny("bench_patches.py", tmp_path, 1, 200, "--link-via", "proxy", "--link-mbit", "200")
+    assert "goal" in stdout and data["results_agree"] is True
+    rows = {r["variant"]: r for r in data["results"]}
+    for variant in ("npydask Loader(sampler=Uniform, shuffle=True)", "raw floor: numpy mmap patch loop"):
+        for cold in ("", " [cold]"):
+            row = rows[variant + cold]
+            assert row["samples"] == 16 and row["samples_per_s"] > 0, row
+    facts = data["facts"]
+    assert facts["L npydask: samples checked against numpy"] == "16, 0 differ"
+    npydask_row = rows["npydask Loader(sampler=Uniform, shuffle=True)"]
+    assert npydask_row["bytes_per_patch"] >= facts["patch bytes"]  # at least each patch's own bytes were read
+    for module, start in (("monai", "MONAI"), ("torchio", "TorchIO"), ("nvidia.dali", "DALI")):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            peer = next(r for r in data["results"] if r["variant"].startswith(start))
+            assert peer["note"] == f"n/a: {module} is not installed here" and not peer["times_s"]
+            assert all(g["verdict"] == "n/a" for g in data["goals"] if f"/ {start}'s" in g["goal"])
+    if "S npydask: samples checked against numpy" in facts:  # (SeaweedFS ran)
+        assert facts["S npydask: samples checked against numpy"] == "16, 0 differ"
+        remote = facts["S npydask epoch through the proxy"]
+        assert remote["requests"]["GET"] >= 4 and remote["bytes down"] >= 16 * facts["patch bytes"]
+        assert "pacing proxy" in facts["S link"]
+        assert any(r["variant"] == "npydask Loader(sampler=Uniform), link 200 Mbit/s" for r in data["results"])
+    else:
+        assert any(r["group"] == "S" and r["note"].startswith("n/a") for r in data["results"])
+
+
 def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server):
     """``_link.shaped_port`` paces one server port's responses with tc and leaves loopback as it found it."""
     sys.path.insert(0, str(BENCH))

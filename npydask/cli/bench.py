@@ -29,7 +29,7 @@ __all__ = ["SCRIPTS", "add_parser", "run"]
 
 SCRIPTS = ("bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py", "bench_write.py",
            "bench_cluster.py", "bench_memory.py", "bench_convert.py", "bench_remote.py", "bench_ray.py",
-           "bench_scale.py")
+           "bench_scale.py", "bench_patches.py")
 SIZES = ("tiny", "small", "full")  # the scripts' own --size choices (benchmarks/_common.py)
 HELP = """\
 examples:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             if args.repeat is not None:
                 command += ["--repeat", str(args.repeat)]
             if args.data and script in ("bench_dataset.py", "bench_loader.py", "bench_read.py", "bench_remote.py",
-                                        "bench_ray.py", "bench_scale.py"):
+                                        "bench_ray.py", "bench_scale.py", "bench_patches.py"):
                 command += ["--data", args.data]
             part = os.path.join(tmp, script + ".json")
             command += ["--json", part]
