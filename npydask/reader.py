@@ -507,16 +507,23 @@ def read_boxes(
     gap = ref.options.gap_bytes if max_gap is None else max_gap
     if f.deflated:
         gap = MAX_INFLATE_GAP
-    runs = plan_boxes(
-        f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path
-    )
+    maps = _maps(ref, f)
+
+    def plan(merge: bool) -> PatchRuns:
+        return plan_boxes(
+            f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path,
+            merge=merge,
+        )
+
+    runs = plan(not maps)  # (a mapping copies each box: no spans to merge)
     dests = check_outs(runs, out, f.path)
-    if _maps(ref, f):
+    if maps:
         try:
             return _read_mapped(f, runs, ref.options, dests)
         except MapError:
             if ref.backend != "auto":
                 raise
+            runs = plan(True)  # (the mapping was refused: read the spans)
     buffer = empty((runs.bytes_read,), np.uint8)
     whole = Box.whole(f.header.shape)
     if f.deflated:

@@ -63,7 +63,7 @@ class MmapBackend(Backend):
         dtype = f.header.dtype
         if plan.n_runs == 0:
             return exact_empty(plan.shape, dtype) if out is None else out
-        if plan.n_runs > 1 and options.roi_strategy != "auto":  # (raises for a forced spans or runs)
+        if plan.n_runs > 1 and options.roi_strategy not in ("auto", "mapped"):  # (raises for a forced spans or runs)
             choose(plan, options.gap_bytes, options.max_span_bytes, _MAPPED, options.roi_strategy)
         # (a local file from the handle cache: the reader refuses "mmap" for sources that cannot map)
         base = _mapped(cast(OpenFile, f), plan.end)[plan.offset : plan.end]

@@ -208,6 +208,7 @@ def plan_boxes(
     max_span: int = 1 << 30,
     fill_value: Any = 0,
     source: str = "<array>",
+    merge: bool = True,
 ) -> PatchRuns:
     """Plan the reads of ``boxes`` of a file with ``header``: their spans merged, each box's place in them.
 
@@ -228,6 +229,9 @@ def plan_boxes(
         The value of cells outside the file.
     source : str
         The file's name, for errors.
+    merge : bool
+        ``False``: plan each box alone and no spans (``spans`` empty, no
+        buffer places), for a caller that copies each box from a mapping.
 
     Raises
     ------
@@ -255,14 +259,14 @@ def plan_boxes(
         plan = plan_read(header, inside)
         co = plan.coalesce(max_gap, max(max_span, plan.run_nbytes))
         parts.append((box, inside, plan, co))
-        if plan.n_runs:
+        if plan.n_runs and merge:
             offsets.append(grid_offsets(co.offset, co.outer_shape, co.outer_strides))
             lengths.append(co.span_nbytes)
     spans, places = _merge(offsets, lengths, max_gap)
     cuts = []
     k = 0
     for box, inside, plan, co in parts:
-        if not plan.n_runs:
+        if not plan.n_runs or not merge:
             cuts.append(BoxCut(box, inside, plan, co))
             continue
         where = places[k]

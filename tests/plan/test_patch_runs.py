@@ -100,6 +100,15 @@ def test_overlapping_boxes_read_their_union_once():
     assert runs.bytes_read == 6 * 480 < a.size * 4 + b.size * 4
 
 
+def test_without_merging_each_box_keeps_its_own_plan_and_no_spans():
+    header, _ = make((8, 10, 12), "<f4", True, 1)
+    boxes = [Box((0, 1, 2), (4, 6, 9)), Box((-2, 0, 0), (3, 10, 12)), Box((9, 0, 0), (12, 3, 3))]
+    merged, alone = (plan_boxes(header, boxes, max_gap=64, merge=m) for m in (True, False))
+    assert len(alone.spans) == 0 and alone.bytes_read == 0 and len(merged.spans) > 0
+    assert [(c.box, c.inside, c.plan) for c in alone.cuts] == [(c.box, c.inside, c.plan) for c in merged.cuts]
+    assert [c.padded for c in alone.cuts] == [c.padded for c in merged.cuts] == [False, True, True]
+
+
 def test_boxes_that_share_no_span_are_one_strided_copy_each():
     # Planes of three random boxes interleave in file order; grouped by box in the buffer, each box's
     # spans sit at a regular stride.
