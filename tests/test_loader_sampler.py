@@ -132,6 +132,40 @@ def test_resume_at_another_world_size_delivers_each_remaining_sample_once(ds, th
         assert before + mid + rest == whole, step
 
 
+# Loader(ds, 3, sampler=Uniform((3, 3, 3), per_file=2), seed=4, shuffle=True).state_dict() after two batches,
+# as saved: the fingerprints hash names relative to the folder, the dtype, shapes and sampler parameters
+SAVED = {
+    "epoch": 0,
+    "position": 6,
+    "samples": 14,
+    "seed": 4,
+    "shuffle": True,
+    "sampler": "e1149a66f6c94942f89f35a369d20dbf",
+    "dataset_fingerprint": {
+        "files": "a83415dfb3cd2b8aafa557af117ad143",
+        "layout": "8d99f97c706a72f8191e340110718905",
+        "roi": "296552f32e933853426ace98593310e9",
+        "roi_shown": "whole files",
+        "key": "None",
+        "fill": "none",
+    },
+}
+
+
+def test_a_saved_state_keeps_its_format_and_resumes(ds):
+    sampler = Uniform((3, 3, 3), per_file=2)
+    loader = npydask.Loader(ds, 3, sampler=sampler, seed=4, shuffle=True)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert state == SAVED and list(state) == list(SAVED)
+    it.close()
+    resumed = npydask.Loader(ds, 4, sampler=sampler, seed=4, shuffle=True, with_index=True)
+    resumed.load_state_dict(SAVED)  # another batch size: positions 6-13 of epoch 0, once each, in order
+    got = [b for _, index in resumed for b in boxes(index)]
+    assert got == [(p.file, p.start, p.stop) for p in sampler.bind(ds).patches(0, range(6, 14), seed=4, shuffle=True)]
+
+
 def test_a_state_at_the_end_of_an_epoch_goes_on_with_the_next(ds):
     sampler = Uniform((3, 3, 3))
 

@@ -360,6 +360,40 @@ def test_a_zipped_datasets_state_resumes(pairs):
         NpyIterableDataset(labels_only, sampler=sampler, batch_size=2).load_state_dict(state)
 
 
+# NpyIterableDataset(volumes, sampler=Uniform((4, 4), per_file=3), batch_size=2, shuffle=True, seed=4, rank=0,
+# world_size=2).state_dict(1) in epoch 2, as saved (the fingerprints hash names relative to the folder)
+SAVED = {
+    "epoch": 2,
+    "position": 4,
+    "samples": 15,
+    "seed": 4,
+    "shuffle": True,
+    "sampler": "930b85898377c35b86c577c8bfe5b661",
+    "dataset_fingerprint": {
+        "files": "2d17c5dfeed01dc86ccdc23f28dfd597",
+        "layout": "793b0ef4859e22968b73b73bf9bfff4b",
+        "roi": "fc1e79feb1f26444debd353785b78b04",
+        "roi_shown": "whole files",
+        "key": "None",
+        "fill": "none",
+    },
+}
+
+
+@pytest.mark.timeout(120)
+def test_a_saved_state_keeps_its_format_and_resumes(volumes):
+    sampler = Uniform((4, 4), per_file=3)
+    it = NpyIterableDataset(volumes, sampler=sampler, batch_size=2, shuffle=True, seed=4, rank=0, world_size=2)
+    it.set_epoch(2)
+    assert it.state_dict(1) == SAVED and list(it.state_dict(1)) == list(SAVED)
+    assert it.state_dict(4) == {**SAVED, "epoch": 3, "position": 0}  # all 8 global batches taken
+    resumed = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, shuffle=True, seed=4, with_index=True)
+    resumed.load_state_dict(SAVED)
+    assert resumed.epoch == 2
+    got = [k for b in _batches(resumed, 0) for k in b]
+    assert got == _keys(sampler.bind(volumes), 2, range(4, 15), seed=4, shuffle=True)
+
+
 @pytest.mark.timeout(120)
 def test_the_loaders_state_and_the_adapters_resume_each_other(volumes):
     sampler = Uniform((4, 4), per_file=3)

@@ -8,6 +8,12 @@ each position: the dataset, the sampler, the seed and the shuffle. A
 loader resumes a state when those agree (:func:`check_resumable`), with any
 number of shards, workers or batch size, and deals ``[P, N)`` from there.
 
+Both steps of a loader are here, for :class:`npydask.Loader` and the
+PyTorch adapter alike: a loader describes its current pass as a state at
+the pass's start ``P0``; :meth:`ResumeState.after` gives the state to save
+after the batches taken, and :meth:`ResumeState.resume` the state a
+loader's next pass starts at, from a saved one.
+
 Examples
 --------
 >>> saved = ResumeState(epoch=1, position=64, samples=100, seed=None, shuffle=True, sampler="Uniform((8, 8))")
@@ -24,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask.plan.deal import Deal
 from npydask.plan.sampling import DEFAULT_SEED, check_int
 
 __all__ = ["STATE_KEYS", "ResumeState", "check_resumable"]
@@ -103,6 +110,77 @@ class ResumeState:
         if self.position < self.samples:
             return self
         return replace(self, epoch=self.epoch + 1, position=0)
+
+    def after(self, deal: Deal, batches: int) -> ResumeState:
+        """The state to save after ``batches`` batches on every shard of the pass ``deal``, which this state begins.
+
+        ``self`` is a loader's current pass: its epoch, with ``position`` the
+        pass's start ``P0`` (``deal.start``). The result holds ``P``
+        (:meth:`~npydask.plan.deal.Deal.position_after`), rolled over
+        (:meth:`rolled_over`): a pass whose global batches are all consumed
+        is recorded as the next epoch at position 0, so a rank whose
+        iterator reached the epoch's end and a rank that stopped after its
+        last batch record the same state.
+
+        Parameters
+        ----------
+        deal : Deal
+            The pass: positions ``[self.position, self.samples)`` dealt in
+            global batches to the shards (any shard of it: ``P`` does not
+            depend on which).
+        batches : int
+            The batches taken on every shard since the pass began.
+
+        Raises
+        ------
+        ValueError
+            ``batches`` is more than a shard holds in the pass, or ``deal``
+            is not a pass over this state's samples from its position.
+
+        Examples
+        --------
+        >>> from npydask.plan.deal import Deal
+        >>> begun = ResumeState(2, 0, 9, 0, False, "Uniform((4,))")
+        >>> [(s.epoch, s.position) for s in (begun.after(Deal(9, 2, num_shards=2), b) for b in range(4))]
+        [(2, 0), (2, 4), (2, 8), (3, 0)]
+        """
+        if (deal.n, deal.start) != (self.samples, self.position):
+            raise ValueError(
+                f"the pass deals positions [{deal.start}, {deal.n}), but the state begins at position "
+                f"{self.position} of {self.samples} samples: describe the pass with the state at its start"
+            )
+        return replace(self, position=deal.position_after(batches)).rolled_over()
+
+    @classmethod
+    def resume(cls, saved: Mapping[str, Any], current: ResumeState) -> ResumeState:
+        """Where a loader's next pass starts when it resumes ``saved``: that state, checked and rolled over.
+
+        ``saved`` is a state's plain values (:meth:`to_dict`, what a
+        ``state_dict()`` returned) and ``current`` the state of the loader
+        that resumes it (its epoch and position are not compared). The
+        result's epoch and position are the next pass's: the state's own,
+        or the next epoch from position 0 when the state was taken at an
+        epoch's end (:meth:`rolled_over`).
+
+        Raises
+        ------
+        ValueError
+            Not a state (:meth:`from_dict`), or one of another dataset,
+            sampler, seed, shuffle or number of samples
+            (:func:`check_resumable`, naming each difference).
+
+        Examples
+        --------
+        >>> loader = ResumeState(0, 0, 9, 7, True, "Uniform((4,))", {"files": "ab"})
+        >>> saved = {"epoch": 2, "position": 9, "samples": 9, "seed": 7, "shuffle": True,
+        ...          "sampler": "Uniform((4,))", "dataset_fingerprint": {"files": "ab"}}
+        >>> start = ResumeState.resume(saved, loader)
+        >>> start.epoch, start.position
+        (3, 0)
+        """
+        state = cls.from_dict(saved)
+        check_resumable(state, current)
+        return state.rolled_over()
 
     def to_dict(self) -> dict[str, Any]:
         """The state as plain values (for ``torch.save``, JSON or pickle): :data:`STATE_KEYS` as keys."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from npydask.plan.deal import Deal, check_sampler_options
-from npydask.plan.resume import ResumeState, check_resumable
+from npydask.plan.resume import ResumeState
 from npydask.plan.sampling import check_int
 from npydask.samplers.base import BoundSampler
 
@@ -144,16 +144,17 @@ class Schedule:
         self.epoch, self.start, self.done = check_int("epoch", epoch, 0), 0, 0
 
     def resume_state(self, sampler: str, dataset: Mapping[str, str]) -> ResumeState:
-        """The state after the batches taken: ``P`` (:meth:`~npydask.plan.deal.Deal.position_after`).
+        """The state after the batches taken: ``P`` (:meth:`~npydask.plan.resume.ResumeState.after`).
 
         A pass whose global batches are all consumed is recorded as the next
-        epoch at position 0 (:meth:`~npydask.plan.resume.ResumeState.rolled_over`),
-        so a rank whose iterator reached the epoch's end and a rank that
-        stopped after its last batch record the same state.
+        epoch at position 0, so a rank whose iterator reached the epoch's
+        end and a rank that stopped after its last batch record the same state.
         """
-        position = self.deal().position_after(self.done)
-        state = ResumeState(self.epoch, position, self.samples, self.seed, self.shuffle, sampler, dataset)
-        return state.rolled_over()
+        return self._begun(sampler, dataset).after(self.deal(), self.done)
+
+    def _begun(self, sampler: str, dataset: Mapping[str, str]) -> ResumeState:
+        """The current pass as a state at its start ``P0``, with what must agree to resume it."""
+        return ResumeState(self.epoch, self.start, self.samples, self.seed, self.shuffle, sampler, dataset)
 
     def state(self, sampler: str, dataset: Mapping[str, str]) -> dict[str, Any]:
         """:meth:`resume_state` as plain values (what ``state_dict()`` returns)."""
@@ -167,14 +168,12 @@ class Schedule:
         ValueError
             Not such a state (one of a loader without a sampler is named as
             such), or one of another dataset, sampler, seed or shuffle
-            (:func:`~npydask.plan.resume.check_resumable`).
+            (:meth:`~npydask.plan.resume.ResumeState.resume`).
         """
         if isinstance(state, Mapping) and "batches_done" in state and "position" not in state:
             raise ValueError(
                 "this state was saved by a loader without a sampler (it counts batches, not a position P); "
                 "it resumes only a loader without sampler=. Start this loader without load_state_dict"
             )
-        saved = ResumeState.from_dict(state)
-        check_resumable(saved, ResumeState(0, 0, self.samples, self.seed, self.shuffle, sampler, dataset))
-        saved = saved.rolled_over()
-        self.epoch, self.start, self.done = saved.epoch, saved.position, 0
+        start = ResumeState.resume(state, self._begun(sampler, dataset))
+        self.epoch, self.start, self.done = start.epoch, start.position, 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,7 @@ from npydask.dataset.multikey import pick
 from npydask.gpu import check_cuda_fork
 from npydask.loader import check_process, dataset_fingerprint, warn_if_resharded
 from npydask.plan.deal import Deal
-from npydask.plan.resume import ResumeState, check_resumable
+from npydask.plan.resume import ResumeState
 from npydask.plan.sampling import check_int, epoch_order
 from npydask.samplers import Sampler, read_patches
 from npydask.torch._common import SharedPass, check_dataset, file_samples, first_views, patch_samples
@@ -278,7 +277,8 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             got = read_patches(self.dataset, patches, bound, device=self.device)
             yield from patch_samples(got, self.with_index)
 
-    def _resume_state(self, epoch: int, position: int) -> ResumeState:
+    def _begun(self) -> ResumeState:
+        """The current pass as a state at its start ``P0``, with what must agree to resume it."""
         bound = self.bound
         if bound is None:
             raise ValueError(
@@ -286,8 +286,8 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
                 "the epoch, or use npydask.Loader, whose state_dict() resumes whole-file epochs"
             )
         return ResumeState(
-            epoch,
-            position,
+            self._pass.epoch,
+            self._pass.start,
             len(bound),
             self.seed,
             self.shuffle and not bound.shuffle_ignored,
@@ -318,9 +318,8 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         ValueError
             No ``sampler``, or more batches than this pass holds on a rank.
         """
-        state = self._resume_state(self.epoch, 0)
-        position = self._deal(self._pass.start).position_after(batches_seen)
-        return replace(state, position=position).rolled_over().to_dict()
+        begun = self._begun()
+        return begun.after(self._deal(begun.position), batches_seen).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s state, with any world size, worker count or ``batch_size``.
@@ -335,8 +334,5 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             No ``sampler``; not a sampler state; or another dataset,
             sampler, seed or shuffle than the state's (named).
         """
-        current = self._resume_state(0, 0)
-        saved = ResumeState.from_dict(state)
-        check_resumable(saved, current)
-        rolled = saved.rolled_over()
-        self._pass.set(rolled.epoch, rolled.position, pending=True)
+        start = ResumeState.resume(state, self._begun())
+        self._pass.set(start.epoch, start.position, pending=True)

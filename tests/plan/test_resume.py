@@ -6,22 +6,24 @@ import json
 
 import pytest
 
-from npydask.plan.deal import position_after
+from npydask.plan.deal import Deal, position_after
 from npydask.plan.resume import STATE_KEYS, ResumeState, check_resumable
 from npydask.plan.sampling import DEFAULT_SEED
 
 FINGERPRINT = {"files": "f1", "layout": "l1", "roi": "r1", "roi_shown": "whole files"}
 
 
-VALUES = {
+# a saved state as state_dict() has returned it (the format old checkpoints hold)
+SAVED = {
     "epoch": 2,
     "position": 48,
     "samples": 100,
     "seed": 5,
     "shuffle": True,
     "sampler": "Uniform(patch_shape=(8, 8))",
-    "dataset": FINGERPRINT,
+    "dataset_fingerprint": FINGERPRINT,
 }
+VALUES = {**{k: v for k, v in SAVED.items() if k != "dataset_fingerprint"}, "dataset": FINGERPRINT}
 
 
 def state(**changes):
@@ -32,7 +34,7 @@ def test_state_round_trip_through_plain_values():
     saved = state()
     d = saved.to_dict()
     assert tuple(d) == STATE_KEYS
-    assert d == {**{k: v for k, v in VALUES.items() if k != "dataset"}, "dataset_fingerprint": FINGERPRINT}
+    assert d == SAVED
     assert ResumeState.from_dict(d) == saved
     assert ResumeState.from_dict(json.loads(json.dumps(d))) == saved  # plain values: JSON keeps them
     assert state(seed=None).seed == DEFAULT_SEED  # recorded as the generator it stands for
@@ -98,3 +100,29 @@ def test_a_finished_epoch_rolls_over_to_the_next():
     assert state().rolled_over() == state()
     # the state after the last batch of an epoch, whatever the shards hold at the tail
     assert ResumeState(2, position_after(100, 8, 3, 5), 100, 5, True, "s").rolled_over().position == 0
+
+
+def test_after_records_p_of_the_pass_and_rolls_over_at_its_end():
+    begun = state(position=4)  # a pass of epoch 2 resumed at P0 = 4: 96 positions, 12 global batches of 8
+    deal = Deal(100, 8, shard_id=1, num_shards=5, start=4)
+    assert [begun.after(deal, b) for b in range(4)] == [
+        state(position=4),
+        state(position=44),
+        state(position=84),
+        state(epoch=3, position=0),  # shards 0 and 1 hold 3 batches, the rest 2: all 12 consumed
+    ]
+    assert begun.after(Deal(100, 8, num_shards=5, start=4), 2) == begun.after(deal, 2)  # any shard: the same P
+    with pytest.raises(ValueError, match="4 batches consumed, but a shard holds at most 3 in this pass"):
+        begun.after(deal, 4)
+    with pytest.raises(ValueError, match=r"deals positions \[0, 100\), but the state begins at position 4"):
+        begun.after(Deal(100, 8), 1)
+
+
+def test_resume_checks_a_saved_state_and_gives_where_the_next_pass_starts():
+    current = state(epoch=0, position=0)
+    assert ResumeState.resume(SAVED, current) == state()
+    assert ResumeState.resume({**SAVED, "position": 100}, current) == state(epoch=3, position=0)
+    with pytest.raises(ValueError, match=r"another seed \(the state's 5, this loader's 6\)"):
+        ResumeState.resume(SAVED, state(seed=6))
+    with pytest.raises(ValueError, match=r"not the state of a loader with a sampler: missing \['position'"):
+        ResumeState.resume({"epoch": 0, "batches_done": 3}, current)
