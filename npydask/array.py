@@ -304,7 +304,7 @@ def wrap(
     else:
         meta = np.empty((0,) * len(source.shape), source.dtype)
     # The source's token is already a hash of (path, identity, header, settings); hashing its
-    # repr with the chunks is ~10x cheaper than tokenize() walking the chunk tuples.
+    # repr with the chunks is cheaper than tokenize() walking the chunk tuples.
     facts = repr((source.__dask_tokenize__(), chunks, key, device, inline)).encode("utf8", "surrogateescape")
     name = "npy-" + hashlib.blake2b(facts, digest_size=16).hexdigest()
     return chunk_array(source, chunks, name, meta, inline=inline)

@@ -105,8 +105,8 @@ class NpyDataset:
 
         Each is ``os.path.join(file_root, entry)``, relative roots made absolute.
 
-        A new list each time, made from the dataset's columns (O(N): about
-        0.2 us a file).
+        A new list each time, made from the dataset's columns (O(N); figures
+        on the performance page).
         """
         return self._context.source.display_all(self._table.paths())
 

@@ -51,12 +51,10 @@ def _gc_paused(fn: Callable[..., _T]) -> Callable[..., _T]:
     Opening a folder builds a few transient objects per file (paths, the
     scan's results and identities, before they become the table's
     columns), none in a cycle; every 700 new ones start a collection, which
-    walks the ones still young, and every tenth of those a larger one.
-    Measured with the table (100,000 files, warm): 0.80 s paused against
-    1.19 s collecting with ``headers="all"``, 0.24 s against 0.28 s with
-    ``"first"``. Another
-    thread (or the caller) may have turned the collector off: it is then
-    left as found.
+    walks the ones still young, and every tenth of those a larger one:
+    opening is faster with it paused (figures on the performance page).
+    Another thread (or the caller) may have turned the collector off: it is
+    then left as found.
     """
 
     @functools.wraps(fn)

@@ -48,9 +48,8 @@ at most about 800 KiB in all), so one ``from_array`` serves every group.
 
 One source means one dask layer: dask then fuses each read with the
 reduction after it, with no ``concatenate`` step and none of the alias
-tasks its fusion leaves behind. For the 64 volumes of ``bench_cluster.py``
-(8 tasks, 2 worker processes) that took 23 tasks to 15 and the sum from
-151.7 ms to 136.7 ms (medians of 13 alternating runs). Past the limit each
+tasks its fusion leaves behind, so fewer tasks and a faster sum (figures on
+the performance page). Past the limit each
 group keeps its own small source, so no task ships a large dataset's facts.
 """
 
@@ -330,8 +329,9 @@ def group_token(views: Sequence[NpyFileArray]) -> str:
     per distinct object: for thousands of files this is the per-file cost of
     building a graph. The paths are hashed joined by NUL (which no path
     holds), each file's number of shared facts and its identity as 64-bit
-    integers (local files; an object's ETag is text, hashed as its repr):
-    ``repr`` of 20,000 identities' nanosecond mtimes took 0.3 us a file.
+    integers (local files; an object's ETag is text, hashed as its repr),
+    cheaper than the ``repr`` of nanosecond mtimes (figures on the
+    performance page).
     """
     shared: dict[tuple[int, int, str, str | None, int], int] = {}
     heads: list[str] = []
@@ -428,8 +428,8 @@ def join(
     :class:`FileGroup` of all the files: one ``from_array`` call however many
     groups. With ``shared`` (a graph for a local scheduler) that source is
     held once in the graph (``inline_array=False``) rather than embedded in
-    every task, so stacking 10,000 large files costs milliseconds, not one
-    ``from_array`` (~0.8 ms) per file. On a cluster every task carries it
+    every task, so stacking 10,000 large files costs one ``from_array``, not
+    one per file (figures on the performance page). On a cluster every task carries it
     (a worker then needs no other key first), as long as files times tasks
     stays within :data:`LIGHT_FILE_TASKS`; past that, each group keeps a
     small source of its own and the groups are concatenated, so no task

@@ -36,24 +36,10 @@ form, so a slice, its pickle and a table built from the same lists agree.
 :class:`npydask.dataset.views.FileViews` is the read-only sequence of
 :class:`~npydask.array.NpyFileArray` views over a table, made on demand.
 
-Measured (the table alone, by ``tracemalloc``, built by :meth:`FileTable.from_lists` from
-lists of paths like the scale benchmark's ``dNNNN/sNNNNNNN.npy``, one header, local identities;
-the goals are 200 B/file held and 100 B/file sent; the dated table is on the performance page):
-
-==========  ==========  ==========  ==========  ===========  =====================  ========
-files       held B/f    peak B/f    from_lists  TableBuilder pickled 32k-row slice  token()
-==========  ==========  ==========  ==========  ===========  =====================  ========
-10,000      50.1        180         0.5-0.8 us  0.65 us/f    50.1 B/f (whole)       0.7 ms
-100,000     50.0        178         0.5-0.9 us  0.62 us/f    50.0 B/f               4.5 ms
-1,000,000   50.0        180         0.6-0.8 us  0.59 us/f    50.0 B/f               44 ms
-==========  ==========  ==========  ==========  ===========  =====================  ========
-
-Held is names (18) + ends (8) + size, mtime_ns, ino (24); the peak is the
-transient lists :meth:`FileTable.from_lists` makes. At 1M rows: ``paths()``
-0.2 us a path, ``rows()`` 0.4 us a row, ``layout()`` 6 ms (one header: no
-loop over rows), ``token()`` of a 32k-row slice 1.6 ms, ``take`` of every
-7th row 8-14 ms. The per-file objects datasets held before this table: 460 B/file (traced),
-pickled at 114 B/file.
+With one header and local identities the table holds about 50 bytes a
+file: names (about 18 for the scale benchmark's ``dNNNN/sNNNNNNN.npy``) +
+ends (8) + size, mtime_ns, ino (24), within the goals of 200 B/file held
+and 100 B/file sent (figures on the performance page).
 """
 
 from __future__ import annotations
@@ -341,7 +327,7 @@ class FileTable:
                              f"{sorted(k.__name__ for k in {type(i) for i in identities})}")
         columns: dict[str, Any] = {}
         field = [] if n and type(identities[0]) is InodeIdentity else [
-            list(map(itemgetter(k), identities)) for k in range(3)]  # (zip(*rows) is 10x slower)
+            list(map(itemgetter(k), identities)) for k in range(3)]  # (not zip(*rows): slower)
         if not field:  # (headers="first": the listing's inode, size unknown, mtime_ns holding when it was listed)
             columns.update(size=np.full(n, -1, np.int64), mtime_ns=list(map(itemgetter(1), identities)),
                            ino=list(map(itemgetter(0), identities)))

@@ -2,8 +2,9 @@
 
 Headers that do not match numpy's canonical spelling (other writers, other
 key orders, structured dtypes) are Python dict literals. ``ast.parse`` would
-build a Python object for every node: about 500 bytes per byte of text, so a
-1 MiB header cost ~520 MB and 5 s before npydask refused it. This parser scans
+build a Python object for every node, hundreds of bytes per byte of text, so
+a header near the 1 MiB limit cost far more memory and time than its size
+(figures on the performance page). This parser scans
 the text once with one regular expression and builds only the values (memory
 in proportion to what the header holds: a tuple of ints, a list of fields).
 
@@ -49,8 +50,8 @@ class LiteralError(ValueError):
 
 
 # Every repeated group is possessive (``*+``) or unrolled around a character class: a repeated
-# group that may backtrack keeps state per repetition in ``re`` (~120 bytes), so 1 MiB of blanks,
-# digits or string would cost ~100 MB.
+# group that may backtrack keeps state per repetition in ``re``, so 1 MiB of blanks, digits or
+# string would cost many times its size (figures on the performance page).
 _DIGITS = r"[0-9](?:_?[0-9])*+"
 _NUMBER = (
     r"0[xX](?:_?[0-9a-fA-F])++|0[bB](?:_?[01])++|0[oO](?:_?[0-7])++"

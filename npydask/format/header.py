@@ -75,11 +75,12 @@ MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 1 << 20
 """Largest header text accepted (1 MiB); numpy itself stops at 10,000 characters."""
 MAX_ZERO_ITEMSIZE_ELEMENTS = 1 << 24
-"""Most elements an array of zero-size items (``|V0``, ``[]``) may have: about 0.2 s per copy.
+"""Most elements an array of zero-size items (``|V0``, ``[]``) may have.
 
 Such an array holds no bytes, so its shape is bounded by nothing else, yet
 numpy (and so dask) loops over its elements in every copy: a 128-byte file
-of shape ``(10**18,)`` would keep a compute spinning forever.
+of shape ``(10**18,)`` would keep a compute spinning forever. At this bound
+a copy takes a fraction of a second (figures on the performance page).
 """
 MAX_NDIM = 64
 """numpy's ``NPY_MAXDIMS`` (64 since numpy 2.0)."""
@@ -309,7 +310,7 @@ def header_end(buf: bytes) -> int:
         return 12 + int.from_bytes(buf[8:12], "little")
     return 0
 
-# (A possessive repeat: a backtracking group keeps ~120 bytes per repetition, 100 MB over 1 MiB.)
+# (A possessive repeat: a backtracking group keeps state per repetition, far more than the text.)
 # At most 19 digits: longer numbers (too large for intp anyway, and possibly past
 # Python's int-from-string digit limit) take the slow path, which refuses them.
 _INT = r"(?:0|[1-9][0-9]{0,18})"
@@ -360,7 +361,7 @@ def _parse_literal(text: str, source: str) -> tuple[Any, Any, Any]:
         raise _fail(source, "header text ending in a newline", repr(text[-40:]))
     if not text.startswith("{"):
         raise _fail(source, "header text starting with '{'", repr(text[:40]))
-    from npydask.format._literal import LiteralError, parse_dict  # (only here: its regex compiles in ~3 ms at import)
+    from npydask.format._literal import LiteralError, parse_dict  # (only here: canonical headers skip its regex)
 
     try:
         items, end = parse_dict(text)

@@ -49,8 +49,8 @@ IO_THREADS = 16
 """kvikio threads the first device read asks for where ``KVIKIO_NTHREADS``/``KVIKIO_NUM_THREADS`` are unset.
 
 At most one per CPU core, and never fewer than kvikio already has. kvikio's
-own default is one thread, which reads a file from the page cache about 8x
-slower than 16 threads do; beyond 16 raw ``CuFile.pread`` gained nothing
+own default is one thread, which reads a file from the page cache several
+times slower than 16 threads do; beyond 16 raw ``CuFile.pread`` gained nothing
 (``benchmarks/bench_gpu.py``; the measured table is on the performance page).
 """
 

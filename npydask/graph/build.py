@@ -12,8 +12,8 @@ the same tasks, ``getter_nofancy(source, slices, asarray=False, lock=False)``:
   ``optimize_blockwise`` fuses the reads with the operations after them and
   culling needs no materialised graph, exactly as for ``from_array``; the
   layer (:class:`npydask.graph._legacy.ReadLayer`) also materialises and culls
-  its one kind of task directly, where dask's generic ``Blockwise`` code took
-  about 125 us a layer at compute time;
+  its one kind of task directly, faster than dask's generic ``Blockwise``
+  code at compute time (figures on the performance page);
 - under array query planning (``DASK_ARRAY__QUERY_PLANNING=True``), an
   :class:`NpyChunks` expression whose ``_layer`` makes those tasks, named
   ``name`` (where ``from_array``'s expression ignores the name it is given).
@@ -184,7 +184,7 @@ def _computed(x: da.Array) -> np.ndarray:
     """``x`` computed by dask's synchronous scheduler, called directly.
 
     (``x.compute(scheduler="sync")`` looks for a distributed client first and
-    so imports ``distributed``, about 5 MB of modules read at a user's first
+    so imports ``distributed``, a large package read at a user's first
     ``from_npy``.)
     """
     import dask

@@ -382,7 +382,7 @@ def _cut(cut: BoxCut, buffer: np.ndarray, runs: PatchRuns, out: np.ndarray | Non
         grid = co.outer_shape + co.inner_shape
         dest = as_bytes(block).reshape(grid)
         if cut.strides is not None:
-            # (np.ndarray over the buffer: numpy's as_strided costs ~20 us of Python per call)
+            # (np.ndarray over the buffer: numpy's as_strided costs more Python per call)
             src = np.ndarray(grid, np.uint8, buffer, cut.first, cut.strides + co.inner_strides)
         else:  # spans at irregular places: every run gathered by one fancy index over a window view
             assert cut.positions is not None

@@ -132,8 +132,8 @@ def read_files(items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
     Loops over files served at page-cache speed (under :data:`FAST_FILE`
     seconds each, as the previous loop measured) run one at a time in the
     process: they are system calls of a few microseconds, and two threads
-    interleaving them only hand the GIL back and forth (two threads take
-    about twice as long as one). Slower
+    interleaving them only hand the GIL back and forth (figures on the
+    performance page). Slower
     files (a network or cold file system) are read by all threads at once.
 
     A group whose identities are inodes only

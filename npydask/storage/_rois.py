@@ -3,7 +3,8 @@
 A task that stacks the same ROI of many files reads each file once, so
 going through the handle cache only churns it: a group of 256 volumes
 against the cache's 128 files opened, parsed the header of, and evicted
-every file, 40 us of a ~170 us read. This loop does what
+every file, a large share of each read (figures on the performance page).
+This loop does what
 :func:`npydask.storage._batch.read_files` does for whole small files. The
 header was parsed when the dataset was opened, so a file is checked by its
 identity (one ``fstat`` after the read, which catches a file changed

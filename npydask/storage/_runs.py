@@ -94,6 +94,6 @@ def coalesced(plan: ReadPlan, max_gap: int, max_span: int) -> tuple[Coalesced, t
 def grid(scratch: np.ndarray, co: Coalesced, n: int) -> np.ndarray:
     """The runs of ``n`` spans read back to back into ``scratch``: a strided ``uint8`` view of it.
 
-    (``np.ndarray`` over the buffer: numpy's ``as_strided`` costs ~20 us of Python per call.)
+    (``np.ndarray`` over the buffer: numpy's ``as_strided`` costs more Python per call.)
     """
     return np.ndarray((n, *co.inner_shape), np.uint8, scratch, 0, (co.span_nbytes, *co.inner_strides))

@@ -6,9 +6,9 @@ obstore's store constructor: its config keys and its client keys) and a
 snapshot of the remote settings (timeouts, retries, concurrency, part size).
 Each process builds the obstore store for a spec once, on first use
 (:func:`store_for`), and runs requests on one thread pool per process
-(:func:`run_all`): obstore's synchronous calls release the GIL, and on the
-local SeaweedFS server a pool of 64 threads fetched 2,000 small objects in
-0.45 s against 0.55 s for 64 coroutines on an event loop.
+(:func:`run_all`): obstore's synchronous calls release the GIL, and a pool
+of threads fetched small objects faster than as many coroutines on an event
+loop (figures on the performance page).
 
 obstore is not fork-safe: a child forked from a process that has used it
 hangs on its first request, even with a new store. The first use records

@@ -17,14 +17,14 @@ identity                  access key          allowed
 
 Three buckets exist once :meth:`SeaweedServer.start` returns: ``bucket``
 (``"npydask"``), ``private_bucket`` (``"private"``, the admin's only) and
-``public_bucket`` (``"public"``). Starting takes about 2.5 s on an idle machine
+``public_bucket`` (``"public"``). Starting takes a few seconds
 (``-master.peers=none``: a single master leads at once instead of after a
 random raft bootstrap wait that made the volume server's first heartbeat miss
 and retry 5 s later);
 :attr:`SeaweedServer.startup_seconds` says how long the last start took.
 
 Stopping sends SIGTERM to the server's process group, then SIGKILL after
-``term_grace`` seconds (a graceful SeaweedFS shutdown takes about 16 s, so the
+``term_grace`` seconds (a graceful SeaweedFS shutdown is slow, so the
 grace is short by default), removes the gRPC sockets ``weed`` leaves in
 ``/tmp`` under its own port numbers, and deletes the temporary folder.
 
@@ -235,9 +235,9 @@ class SeaweedServer:
         size and the next one grows (volumes are files, not preallocated).
     min_free_space
         ``-volume.minFreeSpace``: the free disk space below which the volume
-        server turns read-only. weed's default, 1% of the disk, is 2.7 GB on a
-        270 GB disk shared with other jobs, far more than a test writes; the
-        server then accepts no write and never becomes ready.
+        server turns read-only. weed's default, 1% of the disk, is gigabytes
+        on a large disk shared with other jobs, far more than a test writes;
+        the server then accepts no write and never becomes ready.
 
     Attributes
     ----------
@@ -342,7 +342,7 @@ class SeaweedServer:
         """Kill the server and start it again on the same ports over the same data.
 
         Objects written before survive (SeaweedFS writes through to its files).
-        Costs about one start (2.5 s). For "the server went away" drills: requests
+        Costs about one start. For "the server went away" drills: requests
         made between the kill and the restart fail with connection refused.
 
         Raises
