@@ -8,10 +8,14 @@ of :mod:`npydask.samplers` are tested without data:
   kept whole). A box may hang over the edge of the file (a negative start, a
   stop beyond the extent) only under a padding policy; the reader fills
   what lies outside with the sampler's ``fill_value``.
-* **Draws.** Every random choice for global position ``p`` of ``epoch`` comes
-  from its own generator, :func:`draw_rng` ``(seed, epoch, p)``: a sample's
-  box never depends on the number of shards, workers or the batch size,
-  nor on which samples were drawn before it.
+* **Draws.** Every random choice for global position ``p`` of ``epoch``
+  depends only on ``(seed, epoch, p)``: a sample's box never depends on the
+  number of shards, workers or the batch size, nor on which samples were
+  drawn before it. Uniform boxes come from :func:`draw_words`, a
+  counter-based hash computed for a whole batch at once
+  (:func:`uniform_starts`); samplers that make several dependent choices
+  per sample (foreground oversampling) use a generator per position,
+  :func:`draw_rng`.
 * **Order.** An epoch of ``per_file`` patches per file has
   ``per_file * n_files`` samples in *units*: the ``per_file`` patches of one
   file are adjacent (so one file's patches are read together). With
@@ -32,8 +36,9 @@ same file, and the draws repeat exactly:
 >>> order = unit_order(3, 2, seed=7, epoch=0, shuffle=True)
 >>> [position_file(order, 2, p).file for p in range(6)] == [int(f) for f in order for _ in range(2)]
 True
->>> a = uniform_start(draw_rng(7, 0, 4), (100, 80), (32, 32), "inside")
->>> a == uniform_start(draw_rng(7, 0, 4), (100, 80), (32, 32), "inside")
+>>> lo, hi = np.zeros((2, 2), np.int64), np.array([[68, 48], [68, 48]])
+>>> a = uniform_starts(7, 0, [4, 5], lo, hi)
+>>> a.tolist() == uniform_starts(7, 0, [5, 4], lo, hi)[::-1].tolist()
 True
 """
 
@@ -55,6 +60,7 @@ __all__ = [
     "Slot",
     "axis_starts",
     "draw_rng",
+    "draw_words",
     "grid_starts",
     "grid_step",
     "patch_index",
@@ -62,6 +68,7 @@ __all__ = [
     "shift_inside",
     "start_range",
     "uniform_start",
+    "uniform_starts",
     "unit_order",
 ]
 
@@ -138,6 +145,93 @@ def draw_rng(seed: int, epoch: int, position: int) -> np.random.Generator:
     epoch = check_int("epoch", epoch, 0)
     position = check_int("position", position, 0)
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, position], spawn_key=(_DRAWS,)))
+
+
+_U64 = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+_UNIT = 2.0**-53
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, element by element on a ``uint64`` array (wrapping arithmetic)."""
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    out: np.ndarray = z ^ (z >> _S31)
+    return out
+
+
+def draw_words(seed: int, epoch: int, positions: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    """``n`` random 64-bit words for each of ``positions`` of ``epoch``: a ``(len(positions), n)`` ``uint64`` array.
+
+    Word ``j`` of position ``p`` is a counter-based hash of ``(seed, epoch,
+    p, j)``: SplitMix64's finaliser (the mixer numpy's ``SeedSequence`` and
+    Java's ``SplittableRandom`` build on) applied in a chain, so a word
+    depends only on those four numbers. A batch's words take a few numpy
+    operations, whatever its size, where seeding a generator per position
+    costs more than the draws themselves. ``seed`` is taken modulo ``2**64``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A value that is not a non-negative integer.
+
+    Examples
+    --------
+    >>> w = draw_words(0, 1, [5, 6], 3)
+    >>> w.shape, w.dtype.name, bool((w[1] == draw_words(0, 1, [6], 3)[0]).all())
+    ((2, 3), 'uint64', True)
+    >>> bool((w[0] != w[1]).all()), bool((draw_words(1, 1, [5], 3) != w[0]).all())
+    (True, True)
+    """
+    seed = check_int("seed", seed, 0)
+    epoch = check_int("epoch", epoch, 0)
+    n = check_int("n", n, 0)
+    pos = np.asarray(positions)
+    if pos.ndim != 1 or (pos.size and (pos.dtype.kind not in "iu" or int(pos.min()) < 0)):
+        pos = np.array([check_int("position", p, 0) for p in np.ravel(np.asarray(positions, dtype=object))])
+    key = _mix(np.array([seed & _U64], np.uint64) ^ np.uint64(_DRAWS))
+    key = _mix(key ^ np.array([epoch & _U64], np.uint64) + _GOLDEN)
+    per_position = _mix(key ^ (pos.astype(np.uint64) + _GOLDEN))
+    words = per_position[:, None] + _GOLDEN * np.arange(1, n + 1, dtype=np.uint64)
+    return _mix(words)
+
+
+def uniform_starts(
+    seed: int, epoch: int, positions: Sequence[int] | np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Boxes' starts drawn uniformly in ``[lo, hi]`` per position and axis, from :func:`draw_words`.
+
+    ``lo`` and ``hi`` are ``(len(positions), ndim)`` integer arrays (each
+    position's :func:`start_range` per axis); the start along an axis is
+    ``lo + floor(u * (hi - lo + 1))`` for ``u`` the word's top 53 bits as a
+    fraction of one (every start equally likely, to within ``2**-53``).
+
+    Raises
+    ------
+    ValueError
+        ``lo`` and ``hi`` of another shape, or ``hi < lo``.
+
+    Examples
+    --------
+    >>> s = uniform_starts(0, 0, range(1000), np.zeros((1000, 1), np.int64), np.full((1000, 1), 9))
+    >>> int(s.min()), int(s.max()), len(np.unique(s))
+    (0, 9, 10)
+    """
+    lo = np.asarray(lo, np.int64)
+    hi = np.asarray(hi, np.int64)
+    words = draw_words(seed, epoch, positions, lo.shape[-1] if lo.ndim == 2 else 0)
+    if lo.shape != hi.shape or lo.shape != words.shape:
+        raise ValueError(
+            f"lo {lo.shape} and hi {hi.shape} must both be (positions, axes) = {words.shape[:1]} x axes"
+        )
+    count = hi - lo + 1
+    if count.size and int(count.min()) < 1:
+        raise ValueError("every hi must be at least its lo")
+    offset = ((words >> _S11).astype(np.float64) * _UNIT * count).astype(np.int64)
+    starts: np.ndarray = lo + np.minimum(offset, count - 1)
+    return starts
 
 
 def unit_order(n_files: int, per_file: int, seed: int | None, epoch: int, shuffle: bool) -> np.ndarray:

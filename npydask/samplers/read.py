@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from npydask import config
+from npydask import _buffers, config
 from npydask.config import PATCH_READS
 from npydask.dataset.stacking import joined_dtype
 from npydask.plan.patches import Patch, patch_index
@@ -180,7 +180,7 @@ def _read_member(member: Any, patches: list[Patch], fill_value: Any, route: str)
     stacked = len(set(shapes.values())) == 1 and len({d.str for d in dtypes.values()}) == 1
     if stacked:
         f0 = files[0]
-        batch: Any = np.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
+        batch: Any = _buffers.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
         slots = list(batch)
     else:
         slots = [np.empty((*shapes[p.file], *p.shape), dtypes[p.file]) for p in patches]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from npydask.plan.patches import Patch, uniform_start
-from npydask.plan.sampling import check_int
+import numpy as np
+
+from npydask.plan.patches import Patch, start_range, uniform_starts
+from npydask.plan.sampling import DEFAULT_SEED, check_int
 from npydask.samplers.base import Sampler, UnitBound, check_fill_value, check_patch_shape, check_policy
 
 __all__ = ["Uniform", "UniformBound"]
@@ -44,9 +46,10 @@ class Uniform(Sampler):
 
     Notes
     -----
-    Each sample's box comes from its own generator, seeded with ``(seed,
-    epoch, global position)`` (:func:`npydask.plan.patches.draw_rng`): the
-    same boxes whatever the number of shards, workers or the batch size.
+    Each sample's box depends only on ``(seed, epoch, global position)``: a
+    counter-based hash of those numbers (:func:`npydask.plan.patches.uniform_starts`)
+    gives its start per axis, the same boxes whatever the number of shards,
+    workers or the batch size, and a batch's boxes are drawn together.
 
     Examples
     --------
@@ -99,7 +102,44 @@ class UniformBound(UnitBound):
 
     sampler: Uniform
 
+    def __init__(self, sampler: Uniform, extents: tuple[tuple[int, ...], ...]) -> None:
+        super().__init__(sampler, extents)
+        self._ranges: tuple[np.ndarray, np.ndarray] | None = None
+
     def patch(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Patch:
-        draw = self.locate(epoch, position, seed=seed, shuffle=shuffle)
-        start = uniform_start(draw.rng, self.extents[draw.file], self.patch_shape, self.policy)
-        return Patch(draw.file, start, tuple(s + p for s, p in zip(start, self.patch_shape)))
+        return self.patches(epoch, (position,), seed=seed, shuffle=shuffle)[0]
+
+    def patches(
+        self, epoch: int, positions: Iterable[int], *, seed: int | None = None, shuffle: bool = False
+    ) -> list[Patch]:
+        """The boxes of several positions of ``epoch``, drawn together (``uniform_starts``)."""
+        epoch = check_int("epoch", epoch, 0)
+        seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
+        n = len(self)
+        pos = [check_int("position", p, 0) for p in positions]
+        for p in pos:
+            if p >= n:
+                raise ValueError(f"position {p} is past the epoch's end: {self!r}")
+        if not pos:
+            return []
+        at = np.array(pos, np.int64)
+        files = self.order(epoch, seed=seed, shuffle=shuffle)[at // self.per_file]
+        lo, hi = self._start_ranges()
+        starts = uniform_starts(seed, epoch, at, lo[files], hi[files]).tolist()
+        shape = self.patch_shape
+        return [
+            Patch(f, tuple(s), tuple(a + b for a, b in zip(s, shape))) for f, s in zip(files.tolist(), starts)
+        ]
+
+    def _start_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each file's smallest and largest start per axis (:func:`~npydask.plan.patches.start_range`), made once."""
+        ranges = self._ranges
+        if ranges is None:
+            extents = np.array(self.extents, np.int64).reshape(self.n_files, len(self.patch_shape))
+            patch = np.array(self.patch_shape, np.int64)
+            fits = extents >= patch
+            if not fits.all():  # (only under "pad": "inside" refused these files when bound)
+                for e, p in zip(*np.nonzero(~fits)):
+                    start_range(int(extents[e, p]), int(patch[p]), self.policy)  # (raises what it refuses)
+            ranges = self._ranges = (np.where(fits, 0, extents - patch), np.where(fits, extents - patch, 0))
+        return ranges

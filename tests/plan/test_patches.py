@@ -17,6 +17,7 @@ from npydask.plan.patches import (
     Slot,
     axis_starts,
     draw_rng,
+    draw_words,
     grid_starts,
     grid_step,
     patch_index,
@@ -24,6 +25,7 @@ from npydask.plan.patches import (
     shift_inside,
     start_range,
     uniform_start,
+    uniform_starts,
     unit_order,
 )
 from npydask.plan.sampling import DEFAULT_SEED, epoch_order
@@ -209,6 +211,54 @@ def test_uniform_starts_cover_the_range_uniformly():
     assert len(counts) == 10 and counts.min() > 400  # every start 0..9 drawn, about 500 times each
     pads = [uniform_start(draw_rng(0, 0, p), (3,), (6,), "pad")[0] for p in range(600)]
     assert set(pads) == {-3, -2, -1, 0}
+
+
+def test_draw_words_depend_only_on_seed_epoch_position_and_word():
+    words = draw_words(3, 2, np.arange(200), 4)
+    assert words.shape == (200, 4) and words.dtype == np.uint64
+    # a batch's words are each position's own, whatever the batch and its order
+    for p in (0, 7, 199):
+        assert draw_words(3, 2, [p], 4)[0].tolist() == words[p].tolist()
+    assert draw_words(3, 2, [9, 1], 4).tolist() == words[[9, 1]].tolist()
+    assert draw_words(3, 2, np.arange(200), 2).tolist() == words[:, :2].tolist()  # word j does not depend on n
+    seen = {tuple(draw_words(s, e, [p], 4)[0].tolist()) for s in range(3) for e in range(3) for p in range(20)}
+    assert len(seen) == 3 * 3 * 20
+    big = draw_words(2**64 + 3, 2, [0], 1)  # (the seed is taken modulo 2**64)
+    assert big.tolist() == draw_words(3, 2, [0], 1).tolist()
+    assert draw_words(0, 0, [], 3).shape == (0, 3)
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises((TypeError, ValueError)):
+            draw_words(0, 0, [bad], 1)
+        with pytest.raises((TypeError, ValueError)):
+            draw_words(bad, 0, [0], 1)
+
+
+def test_draw_words_bits_are_balanced():
+    words = draw_words(0, 0, np.arange(20_000), 3)
+    bits = np.unpackbits(words.view(np.uint8)).reshape(-1, 64 * 3 // 8 * 8)
+    ones = bits.mean(axis=0)  # each of the 192 bits set half the time: 20,000 draws give sd 0.0035
+    assert abs(ones - 0.5).max() < 0.02
+    # neighbouring positions and words are not correlated
+    u = (words >> np.uint64(11)).astype(np.float64) / 2.0**53
+    assert abs(np.corrcoef(u[:-1, 0], u[1:, 0])[0, 1]) < 0.03
+    assert abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.03
+
+
+def test_batch_uniform_starts_cover_the_range_uniformly_and_match_the_policy():
+    n = 6000
+    starts = uniform_starts(0, 0, np.arange(n), np.zeros((n, 1), np.int64), np.full((n, 1), 9))[:, 0]
+    counts = np.bincount(starts, minlength=10)
+    assert len(counts) == 10
+    expected = n / 10  # chi-square with 9 degrees of freedom: 27.9 is its 0.999 quantile
+    assert ((counts - expected) ** 2 / expected).sum() < 27.9
+    lo, hi = np.array([[-3, 0]] * 600), np.array([[0, 90]] * 600)
+    got = uniform_starts(1, 4, range(600), lo, hi)
+    assert set(got[:, 0].tolist()) == {-3, -2, -1, 0} and got[:, 1].min() >= 0 and got[:, 1].max() <= 90
+    assert uniform_starts(0, 0, [5], [[4]], [[4]]).tolist() == [[4]]
+    with pytest.raises(ValueError, match="must be at least its lo"):
+        uniform_starts(0, 0, [5], [[4]], [[3]])
+    with pytest.raises(ValueError, match="must both be"):
+        uniform_starts(0, 0, [5, 6], [[0]], [[3]])
 
 
 def test_start_range_and_its_errors():
