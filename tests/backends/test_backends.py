@@ -348,7 +348,7 @@ def test_choose_backend(save, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(c, "local", False)
     assert chosen(c, whole) == "pread"  # no mappings on network file systems
     monkeypatch.setattr(c, "local", True)
-    monkeypatch.setattr("npydask.reader._on_distributed_worker", lambda: True)
+    monkeypatch.setattr("npydask.reader.region._on_distributed_worker", lambda: True)
     assert chosen(c, whole) == "pread"  # workers account for and spill what they hold
     for name in ("pread", "mmap"):
         assert chosen(f, whole, name=name) == name
