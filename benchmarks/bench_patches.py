@@ -606,8 +606,8 @@ class Bench:
         facts["vs numpy"] = _patch_goals.compare(result[0], _patch_goals.numpy_oracle(path))
         self.bad += not facts["vs numpy"]["allclose"]
         with tempfile.TemporaryDirectory(prefix="npydask-bench-grid-") as out:
-            facts["peak traced"], facts["peak RSS rise"] = _patch_goals.traced_peak(
-                lambda: _patch_goals.npydask_grid(folder, gsize, out=out))
+            facts["peak traced"] = _patch_goals.traced_peak(lambda: _patch_goals.npydask_grid(folder, gsize, out=out))
+        facts["peak RSS rise"] = _patch_goals.peak_in_child("npydask", path, gsize)
         facts["bound"], facts["bound formula"] = _patch_goals.memory_bound(gsize)
         if _peers.has("monai"):
             run = _patch_goals.monai_grid(path, gsize)
@@ -617,9 +617,7 @@ class Bench:
                                  times, cpu, tiles, note="tiles/s; np.load of the volume included"))
             facts["vs MONAI"] = _patch_goals.compare(result[0], want)
             del want
-            volume = np.load(path)
-            facts["MONAI peak RSS rise"] = _patch_goals.traced_peak(lambda: run(volume))[1]
-            del volume
+            facts["MONAI peak RSS rise"] = _patch_goals.peak_in_child("monai", path, gsize)
         else:
             facts["MONAI n/a"] = "monai is not installed here"
             self.skipped("G", "MONAI sliding_window_inference(gaussian)", "monai is not installed here")
