@@ -303,7 +303,7 @@ def traced_peak(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-def monai_grid(path: str, gsize: GridSize) -> Callable[[], np.ndarray]:
+def monai_grid(path: str, gsize: GridSize) -> Callable[..., np.ndarray]:
     """MONAI: the volume loaded whole, ``sliding_window_inference(mode="gaussian", sigma_scale=0.125)``."""
     import torch
     from monai.inferers import sliding_window_inference
