@@ -53,6 +53,17 @@ loopback (reported) and over an emulated 1 Gbit/s link (``--link-mbit``;
 ``_link``'s kernel shaper where root and ``tc`` allow, else a pacing proxy):
 goal at least 0.6x the byte ratio against MONAI.
 
+Foreground group (``F``): 600 ``Foreground(p=0.33)`` draws over 3 epochs
+on labels holding one compact box of 1% of the volume: the share of
+foreground-centred draws against ``p`` plus or minus 3 binomial standard
+deviations, the label bytes the candidate scan read in each epoch (measured
+from the process's read calls), nnU-Net's per-batch rule beside them. Grid
+group (``G``): ``Loader(sampler=Grid)`` -> a two-channel predictor ->
+``Stitcher(weights="gaussian")`` against MONAI's ``sliding_window_inference``
+(equal within ``rtol=1e-5``), and the pipeline's peak memory against two
+tile batches plus one slab. :mod:`_patch_goals` holds their data, runs and
+goal lines.
+
 The npydask rows are checked against numpy: one untimed epoch with
 ``with_index=True``, every sample equal to ``np.load(mmap_mode="r")`` sliced
 by its box, locally and over ``s3://``. A peer that is not installed (or cannot run) prints why and its
@@ -62,8 +73,8 @@ disagree with numpy.
 Usage::
 
     python benchmarks/bench_patches.py [--size tiny|small|full] [--repeat N] [--json out.json] [--data DIR]
-                                       [--only local,remote] [--link-mbit MBIT] [--link-via auto|tc|proxy]
-                                       [--slow-budget S]
+                                       [--only local,remote,foreground,grid] [--link-mbit MBIT]
+                                       [--link-via auto|tc|proxy] [--slow-budget S]
 """
 
 from __future__ import annotations
@@ -86,6 +97,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _link  # noqa: E402
+import _patch_goals  # noqa: E402
 import _peers  # noqa: E402
 from _datasets import clear_npydask_caches, make_set  # noqa: E402
 from bench_gpu import drop_page_cache  # noqa: E402
@@ -555,6 +567,64 @@ class Bench:
                 self.time("S", f"MONAI whole-object GETs, link {mbit:g} Mbit/s", lambda: monai_count(monai),
                           bytes_per_patch=whole, how="whole object / patches", budget=self.args.slow_budget)
 
+    # -- foreground oversampling and grid inference (see _patch_goals) ------------------------
+
+    def foreground(self) -> None:
+        """600 Foreground draws over 3 epochs: the foreground-centred share, the label reads, nnU-Net's rule."""
+        fsize = _patch_goals.FOREGROUND_SIZES[self.args.size]
+        folder = os.path.join(os.path.dirname(os.path.dirname(self.paths[0])),
+                              f"foreground-{fsize.n_files}x{'x'.join(map(str, self.size.volume_shape))}")
+        images, labels, share = _patch_goals.make_foreground_set(folder, self.paths[: fsize.n_files])
+        fg = _patch_goals.run_foreground(images, labels, self.size.patch, fsize, BATCH)
+        self.bad += fg["bad"]
+        self.rows.append(Row("F", f"npydask Loader(sampler=Foreground(p={_patch_goals.F_P:g}, per_file="
+                                  f"{fsize.per_file}), shuffle=True), pread", fg["times"], [], fg["per_epoch"],
+                             note=f"{len(fg['times'])} epochs: the first scans the labels"))
+        self.facts["F foreground"] = {
+            "files": fsize.n_files, "per_file": fsize.per_file, "draws": fg["draws"], "centred": fg["centred"],
+            "with foreground": fg["with_foreground"], "label foreground share": round(share, 5),
+            "label payload bytes": fg["label_bytes"], "scan bytes by epoch": fg["scan_bytes"],
+            "checked against numpy and the draws": f"{fg['draws']}, {fg['bad']} differ"}
+        print(f"  F foreground-centred {fg['centred']} of {fg['draws']}; scan bytes by epoch {fg['scan_bytes']}",
+              flush=True)
+
+    def grid(self) -> None:
+        """Sliding-window inference: npydask's Loader -> predictor -> Stitcher against MONAI; values and memory."""
+        gsize = _patch_goals.GRID_SIZES[self.args.size]
+        shape = (gsize.side,) * 3
+        folder = os.path.join(os.path.dirname(os.path.dirname(self.paths[0])), f"grid-{'x'.join(map(str, shape))}")
+        (path,), made = make_set(folder, "vol", 1, shape, np.random.default_rng(20261128), DTYPE)
+        if made:
+            os.sync()
+        tiles = _patch_goals.npydask_grid(folder, gsize)[1]
+        facts: dict[str, Any] = {"tiles": tiles}
+        cpu: list[float] = []
+        times, (result, _) = _common.measure(lambda: _patch_goals.npydask_grid(folder, gsize), self.args.repeat,
+                                             cpu=cpu)
+        self.rows.append(Row("G", f"npydask Loader(Grid, B={gsize.batch}) -> predictor -> Stitcher(gaussian)",
+                             times, cpu, tiles, note="tiles/s"))
+        facts["vs numpy"] = _patch_goals.compare(result[0], _patch_goals.numpy_oracle(path))
+        self.bad += not facts["vs numpy"]["allclose"]
+        with tempfile.TemporaryDirectory(prefix="npydask-bench-grid-") as out:
+            facts["peak traced"] = _patch_goals.traced_peak(lambda: _patch_goals.npydask_grid(folder, gsize, out=out))
+        facts["peak RSS rise"] = _patch_goals.peak_in_child("npydask", path, gsize)
+        facts["bound"], facts["bound formula"] = _patch_goals.memory_bound(gsize)
+        if _peers.has("monai"):
+            run = _patch_goals.monai_grid(path, gsize)
+            cpu = []
+            times, want = _common.measure(run, self.args.repeat, cpu=cpu)
+            self.rows.append(Row("G", f"MONAI sliding_window_inference(gaussian, sw_batch_size={gsize.batch})",
+                                 times, cpu, tiles, note="tiles/s; np.load of the volume included"))
+            facts["vs MONAI"] = _patch_goals.compare(result[0], want)
+            del want
+            facts["MONAI peak RSS rise"] = _patch_goals.peak_in_child("monai", path, gsize)
+        else:
+            facts["MONAI n/a"] = "monai is not installed here"
+            self.skipped("G", "MONAI sliding_window_inference(gaussian)", "monai is not installed here")
+        self.facts["G grid"] = facts
+        print(f"  G grid: {tiles} tiles; peak traced {facts['peak traced'] / MiB:.1f} MiB, bound "
+              f"{facts['bound'] / MiB:.1f} MiB; vs MONAI {facts.get('vs MONAI', 'n/a')}", flush=True)
+
     # -- the report -----------------------------------------------------------------------------
 
     def find(self, start: str) -> Row | None:
@@ -651,14 +721,16 @@ class Bench:
         if loop is not None:
             out.append({"goal": "(info) P-patches s3 loopback: npydask samples/s / MONAI's", "measured": f"{loop:.2f}x",
                         "target": "", "verdict": "info", "value": loop, "limit": None, "pass": None})
+        out += _patch_goals.foreground_goals(self.facts.get("F foreground"), BATCH)
+        out += _patch_goals.grid_goals(self.facts.get("G grid"), _patch_goals.GRID_SIZES[self.args.size])
         return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
     ap.add_argument("--data", metavar="DIR", help="keep the .npy files here and reuse them (default: a temp folder)")
-    ap.add_argument("--only", default="local,remote", metavar="GROUPS",
-                    help="comma-separated groups: local, remote (default both)")
+    ap.add_argument("--only", default="local,remote,foreground,grid", metavar="GROUPS",
+                    help="comma-separated groups: local, remote, foreground, grid (default all)")
     ap.add_argument("--link-mbit", type=float, default=GOAL_LINK_MBIT, metavar="MBIT",
                     help=f"the emulated link's speed for the remote group, 0 to skip (default {GOAL_LINK_MBIT:g})")
     ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto",
@@ -682,6 +754,10 @@ def main(argv: list[str] | None = None) -> int:
             bench.local()
         if "remote" in only:
             bench.remote()
+        if "foreground" in only:
+            bench.foreground()
+        if "grid" in only:
+            bench.grid()
         goals = bench.report()
         _common.write_json(args.json, {
             "benchmark": "patches", "size": args.size, "repeat": args.repeat, "facts": bench.facts,

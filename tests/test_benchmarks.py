@@ -100,6 +100,37 @@ def test_patches_benchmark_runs_at_tiny_size(tmp_path):
         assert any(r["group"] == "S" and r["note"].startswith("n/a") for r in data["results"])
 
 
+@pytest.mark.timeout(240)
+def test_patches_benchmark_foreground_and_grid_groups_run_at_tiny_size(tmp_path):
+    """bench_patches.py's Foreground and Grid goals: 600 draws checked against numpy and the sampler's own draws,
+    the label scan measured per epoch, the stitched volume checked against numpy; without MONAI its goal is n/a."""
+    import importlib.util
+
+    stdout, data = _run_tiny("bench_patches.py", tmp_path, 1, 200, "--only", "foreground,grid")
+    assert "goal" in stdout and data["results_agree"] is True
+    assert {r["group"] for r in data["results"]} == {"F", "G"}
+    fg = data["facts"]["F foreground"]
+    assert fg["draws"] == 600 and fg["checked against numpy and the draws"] == "600, 0 differ"
+    assert 0 < fg["centred"] < fg["draws"] and 0.009 < fg["label foreground share"] < 0.011
+    scans = fg["scan bytes by epoch"]
+    if scans[0] is not None:  # (/proc/self/io readable) the labels scanned once, in the first epoch
+        assert scans[0] >= fg["label payload bytes"] and max(scans[1:]) < fg["label payload bytes"] / 10
+
+    def goal(start: str) -> dict:
+        return next(g for g in data["goals"] if g["goal"].startswith(start))
+
+    assert goal("P-foreground: foreground-centred draws, p=0.33, 600 over 3 epochs")["verdict"] in ("PASS", "FAIL")
+    assert goal("(info) P-foreground beside it, nnU-Net's rule, batch of 8")["measured"] == "0.375"
+    grid = data["facts"]["G grid"]
+    assert grid["tiles"] == 125 and grid["vs numpy"]["allclose"] is True and grid["peak traced"] > 0
+    assert goal("P-grid: npydask pipeline's peak traced memory")["verdict"] in ("PASS", "FAIL")
+    equal = goal("P-grid: npydask Stitcher(gaussian) equals MONAI")
+    if importlib.util.find_spec("monai") is None:
+        assert equal["verdict"] == "n/a" and grid["MONAI n/a"] == "monai is not installed here"
+    else:
+        assert grid["vs MONAI"]["allclose"] is True and equal["verdict"] == "PASS"
+
+
 def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server):
     """``_link.shaped_port`` paces one server port's responses with tc and leaves loopback as it found it."""
     sys.path.insert(0, str(BENCH))

@@ -126,7 +126,7 @@ class Stitcher:
     earlier row are still missing raises ``ValueError``. Each file in progress holds one slab: the sums
     and weights of a tile's depth of planes over the file's whole other axes.
     When the next row of tiles starts, the planes before it are final:
-    they are divided, written into the result (or ``out``) and dropped. So
+    they are divided in place, written into the result (or ``out``) and dropped. So
     with the Grid's own order (file by file, raster) at most one slab is
     held, besides the results kept in memory when ``out`` is not given.
 
@@ -277,8 +277,10 @@ class Stitcher:
         if hi > lo:
             crop = tuple(slice(-o, -o + e) for o, e in zip(slab.origin[1:], extent[1:]))
             rows = slice(lo - slab.row, hi - slab.row)
-            value = (slab.sums[(*lead, rows, *crop)] / slab.weights[(rows, *crop)]).astype(self.dtype, copy=False)
-            self._write(file, lo, value)
+            final = slab.sums[(*lead, rows, *crop)]
+            # (divided in place: these planes are dropped below, and a quotient array would be a second slab)
+            np.divide(final, slab.weights[(rows, *crop)], out=final)
+            self._write(file, lo, final.astype(self.dtype, copy=False))
         for i in range(depth - k):  # plane by plane: no temporary the size of the slab
             to: tuple[slice | int, ...] = (*lead, i)
             come: tuple[slice | int, ...] = (*lead, i + k)

@@ -145,6 +145,33 @@ def test_in_the_grids_order_one_slab_of_a_tile_depth_is_held(tmp_path):
     np.testing.assert_allclose(s.result()[0][1], x, rtol=1e-6)
 
 
+def test_writing_final_planes_allocates_no_second_slab(tmp_path):
+    """Final planes are divided in place: besides the slab, adding tiles allocates about a tile's outputs at a time."""
+    import tracemalloc
+
+    x = np.random.default_rng(5).random((64, 48, 40)).astype("f4")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    grid = Grid((16, 16, 16), overlap=0.25).bind(ds)
+    tiles = all_tiles(grid)
+    parts = [tiles[i : i + 4] for i in range(0, len(tiles), 4)]
+    batches = [np.stack([np.stack([2 * tile_of(x, t) + 1, tile_of(x, t) ** 2]) for t in p]) for p in parts]
+    s = Stitcher(grid, ds, weights="gaussian", channels=(2,), out=tmp_path / "out")
+    slab = 3 * 16 * 48 * 40 * 4  # the sums of 2 channels and the weights, a tile deep
+    quotient = 2 * 12 * 48 * 40 * 4  # a step's final planes of both channels, divided into a new array
+    tracemalloc.start()
+    try:
+        for part, batch in zip(parts, batches):
+            s.add(batch, index_of(part))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # (besides the slab: a batch's weighted tiles and the ufuncs' buffers, under a quotient of the final planes)
+    assert slab <= peak < slab + quotient, (peak, slab, quotient)
+    np.testing.assert_allclose(np.load(s.result()[0]), np.stack([2 * x + 1, x**2]), rtol=1e-5, atol=1e-6)
+
+
 def test_files_may_interleave_each_holding_its_own_slab(tmp_path):
     x = np.random.default_rng(5).random((20, 10)).astype("f4")
     ds = dataset(tmp_path, [x, x + 1])
