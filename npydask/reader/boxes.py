@@ -25,7 +25,7 @@ from npydask.reader.region import FileRef
 from npydask.storage.base import OpenedFile
 from npydask.storage.spans import each_file, inflate_spans, read_spans
 
-__all__ = ["MAX_INFLATE_GAP", "BoxesRead", "FileBoxes", "read_boxes", "read_boxes_many"]
+__all__ = ["MAX_INFLATE_GAP", "BoxesRead", "FileBoxes", "probe_offsets", "read_boxes", "read_boxes_many"]
 
 
 class BoxesRead(NamedTuple):
@@ -56,6 +56,7 @@ def read_boxes(
     fill_value: Any = 0,
     max_gap: int | None = None,
     out: Sequence[np.ndarray | None] | None = None,
+    probe_cache: bool = False,
 ) -> BoxesRead:
     """Read many boxes of one file together: the union of their bytes, each byte once, then each box cut out.
 
@@ -81,6 +82,13 @@ def read_boxes(
     file's one mapping instead: only the boxes' bytes are copied, which is
     faster from a warm page cache (no gap bytes) and costs page faults from
     a cold one. ``bytes_read`` then counts the bytes copied, ``requests`` 0.
+    With ``probe_cache=True`` they are copied from the mapping only when
+    their bytes are in the page cache (asked without reading them: the
+    first, middle and last run of each box,
+    :meth:`~npydask.storage.base.Source.in_memory`), and read as spans
+    otherwise: a page fault on a mapping reads ahead around it (the
+    device's ``read_ahead_kb``), the spans read just their bytes, several
+    at once.
 
     Parameters
     ----------
@@ -100,6 +108,9 @@ def read_boxes(
         (leading axes included) to fill, or ``None``. Its dtype is the file's
         or the file's in native byte order (the values are then converted, as
         a batch in native order wants them). The arrays returned are these.
+    probe_cache : bool
+        A file read through its mapping reads its boxes as spans when their
+        bytes are not in the page cache (see above).
 
     Returns
     -------
@@ -142,6 +153,8 @@ def read_boxes(
         )
 
     runs = plan(not maps)  # (a mapping copies each box: no spans to merge)
+    if maps and probe_cache and not ref.source.in_memory(f, probe_offsets(runs)):
+        maps, runs = False, plan(True)  # (cold: the spans read just their bytes)
     dests = check_outs(runs, out, f.path)
     if maps:
         try:
@@ -183,6 +196,29 @@ def _maps(ref: FileRef, f: OpenedFile) -> bool:
     )
 
 
+def probe_offsets(runs: PatchRuns) -> list[int]:
+    """File offsets that stand for the boxes' bytes: the first byte of the first, middle and last run of each box.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from npydask.format.header import NpyHeader
+    >>> from npydask.plan.region import Box
+    >>> h = NpyHeader((1, 0), (4, 4, 4), np.dtype("<f4"), False, 128, 256)
+    >>> probe_offsets(plan_boxes(h, [Box((0, 0, 0), (4, 2, 2))], max_gap=0, merge=False))
+    [128, 272, 336]
+    """
+    offsets = []
+    for cut in runs.cuts:
+        p = cut.plan
+        if not p.n_runs:
+            continue
+        middle = sum((n // 2) * stride for n, stride in zip(p.outer_shape, p.outer_strides))
+        last = sum((n - 1) * stride for n, stride in zip(p.outer_shape, p.outer_strides))
+        offsets += [p.offset, p.offset + middle, p.offset + last]
+    return offsets
+
+
 def _read_mapped(f: OpenedFile, runs: PatchRuns, options: ReadOptions, out: list[np.ndarray | None]) -> BoxesRead:
     """Each box's part inside the file copied from the file's one mapping (the mmap backend), then padded.
 
@@ -209,8 +245,10 @@ class FileBoxes(NamedTuple):
     """Arrays to fill, one per box (see :func:`read_boxes`), or ``None``."""
 
 
-def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap: int | None = None) -> list[BoxesRead]:
-    """:func:`read_boxes` of each file: objects several at once, local files in turn.
+def read_boxes_many(
+    files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap: int | None = None, probe_cache: bool = False
+) -> list[BoxesRead]:
+    """:func:`read_boxes` of each file: objects several at once, local files in turn (``probe_cache`` as there).
 
     The boxes of one file are read together; list a file once with all its
     boxes (a batch's patches of one volume, a zipped dataset's files
@@ -230,6 +268,6 @@ def read_boxes_many(files: Sequence[FileBoxes], *, fill_value: Any = 0, max_gap:
     concurrent = any(f.ref.source.concurrent for f in files)
 
     def one(f: FileBoxes) -> BoxesRead:
-        return read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap, out=f.out)
+        return read_boxes(f.ref, f.boxes, fill_value=fill_value, max_gap=max_gap, out=f.out, probe_cache=probe_cache)
 
     return each_file(one, files, concurrent)

@@ -12,13 +12,21 @@ With the ``direct_io`` setting each read is rounded out to 4096 bytes and
 goes through an aligned scratch buffer on a second, ``O_DIRECT`` descriptor,
 bypassing the page cache; where the file system refuses ``O_DIRECT`` (tmpfs,
 some network file systems) a warning is issued and the page cache is used.
+
+Many spans of one file (a batch's patches) are read with up to
+:data:`SPAN_READS` ``preadv`` calls in flight: a disk serves several
+reads at once, and reads that miss the page cache wait on it one at a time
+otherwise. :func:`pages_cached` tells whether bytes are in the page cache
+without reading the disk (a one-byte ``preadv`` with ``RWF_NOWAIT``).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +45,10 @@ __all__ = [
     "DirectReader",
     "FdReader",
     "ScratchSpans",
+    "SPAN_READS",
+    "SPAN_SPLIT_BYTES",
     "aligned_empty",
+    "pages_cached",
     "preadv_all",
     "read_fd",
     "read_grid",
@@ -48,6 +59,15 @@ __all__ = [
 ]
 
 DIRECT_ALIGNMENT = 4096
+
+SPAN_READS = 8
+"""``preadv`` calls in flight when one file's many spans are read (figures on the performance page)."""
+
+SPAN_SPLIT_BYTES = 4 << 20
+"""Spans of fewer bytes than this in all are read by the calling thread alone."""
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_CANNOT_TELL = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 _DIRECT_PIECE = 16 * 1024 * 1024
 
@@ -253,18 +273,94 @@ def read_grid(
 def read_local_spans(f: OpenFile, spans: Spans, dest: np.ndarray, options: ReadOptions) -> int:
     """Fill ``dest`` with ``spans`` of ``f`` (back to back at their positions): one ``preadv`` per span on its
     cached descriptor, through :class:`DirectReader` with ``direct_io``. Returns the spans read (a short read is
-    completed by more, not counted); the caller checks the file afterwards."""
-    mv = dest.data
+    completed by more, not counted); the caller checks the file afterwards.
+
+    Spans of :data:`SPAN_SPLIT_BYTES` or more in all are read by up to
+    :data:`SPAN_READS` threads at once, each a run of consecutive spans of
+    about equal bytes (the first error raised is the one reported)."""
     offsets, lengths, positions = spans.offsets.tolist(), spans.lengths.tolist(), spans.positions.tolist()
     if options.direct_io:
         direct = DirectReader(f)
         for offset, n, at in zip(offsets, lengths, positions):
             direct.read_into(dest[at : at + n], offset)
-    else:
-        fd, path, preadv = f.fd, f.path, os.preadv
-        for offset, n, at in zip(offsets, lengths, positions):
-            part = mv[at : at + n]
-            got = preadv(fd, [part], offset)
-            if got != n:
-                pread_exact(fd, part[got:], offset + got, path)
+        return len(offsets)
+    parts = min(SPAN_READS, len(offsets)) if spans.nbytes >= SPAN_SPLIT_BYTES else 1
+    if parts <= 1:
+        _read_spans(f, dest, offsets, lengths, positions)
+        return len(offsets)
+    cuts = np.searchsorted(np.cumsum(spans.lengths), np.arange(1, parts) * (spans.nbytes / parts))
+    bounds = [0, *sorted({int(c) + 1 for c in cuts if 0 <= c < len(offsets) - 1}), len(offsets)]
+    pool = _span_pool()
+    done = [
+        pool.submit(_read_spans, f, dest, offsets[a:b], lengths[a:b], positions[a:b])
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    errors = [e for e in (d.exception() for d in done) if e is not None]  # (every read ends before the return)
+    if errors:
+        raise errors[0]
     return len(offsets)
+
+
+def _read_spans(f: OpenFile, dest: np.ndarray, offsets: list[int], lengths: list[int], positions: list[int]) -> None:
+    """The ``preadv`` loop over some spans."""
+    mv = dest.data
+    fd, path, preadv = f.fd, f.path, os.preadv
+    for offset, n, at in zip(offsets, lengths, positions):
+        part = mv[at : at + n]
+        got = preadv(fd, [part], offset)
+        if got != n:
+            pread_exact(fd, part[got:], offset + got, path)
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _span_pool() -> ThreadPoolExecutor:
+    """This process's threads for span reads (made on first use; a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(SPAN_READS, thread_name_prefix="npydask-spans")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def pages_cached(f: OpenFile, offsets: Sequence[int]) -> bool:
+    """Whether the bytes at ``offsets`` of ``f`` are in the page cache, asked without reading the disk.
+
+    One one-byte ``preadv`` with ``RWF_NOWAIT`` per offset: it fails with
+    ``EAGAIN`` where the byte's page would have to be read. Where the flag
+    is unknown (not Linux) or the file system refuses it, the answer is
+    ``True`` (the caller's choice for memory).
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(p, np.zeros(10_000))
+    >>> f = acquire(p)
+    >>> pages_cached(f, [0, 8192, 80_000])  # (just written: in the page cache)
+    True
+    """
+    if _NOWAIT is None:
+        return True
+    probe = [memoryview(bytearray(1))]
+    fd = f.fd
+    for offset in offsets:
+        try:
+            os.preadv(fd, probe, offset, _NOWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno in _CANNOT_TELL:
+                return True
+            raise OSError(e.errno, f"cannot ask whether bytes are cached: {e.strerror}", f.path) from e
+    return True

@@ -233,6 +233,11 @@ class Source(abc.ABC):
         object's range requests are each conditional on its identity.
         """
 
+    def in_memory(self, f: OpenedFile, offsets: Sequence[int]) -> bool:
+        """Whether the bytes at ``offsets`` of a file this source opened are in memory already, asked without
+        reading them (a local file: in the page cache). ``False`` for a source whose files cannot be mapped."""
+        return False
+
     @abc.abstractmethod
     def read_runs(
         self,

@@ -33,7 +33,7 @@ from npydask.plan.region import ReadPlan
 from npydask.storage import _local_write
 from npydask.storage._batch import read_files, scan_files
 from npydask.storage._handles import OpenFile, acquire, check_regular, open_regular, reader, scan_file, scan_members
-from npydask.storage._local_read import read_grid, read_local, read_local_spans
+from npydask.storage._local_read import pages_cached, read_grid, read_local, read_local_spans
 from npydask.storage._rois import read_rois
 from npydask.storage.base import Identity, Item, Lister, Listing, OpenedFile, Scanned, Source, Target
 from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
@@ -125,6 +125,10 @@ class LocalSource(Source):
         """One ``preadv`` per span on ``f``'s cached descriptor (``O_DIRECT`` with ``direct_io``); a short read
         is completed by more, not counted."""
         return read_local_spans(cast(OpenFile, f), spans, dest, options)  # (a file this source opened)
+
+    def in_memory(self, f: OpenedFile, offsets: Sequence[int]) -> bool:
+        """:func:`~npydask.storage._local_read.pages_cached`: a one-byte ``RWF_NOWAIT`` read per offset."""
+        return pages_cached(cast(OpenFile, f), offsets)
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:func:`~npydask.storage._rois.read_rois`: one uncached open, the reads, one fstat, one close per file."""

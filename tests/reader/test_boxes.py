@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from _boxes import box_lists, expected_box
+from _pages import evict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -362,6 +363,31 @@ def test_boxes_copied_from_the_mapping(unique_path, backend, strategy, order):
     np.save(path, a + 1)
     with pytest.raises(FileChangedError):
         read_boxes(ref, boxes)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="asking the page cache needs Linux's RWF_NOWAIT")
+def test_probe_cache_maps_warm_boxes_and_reads_cold_ones_as_spans(tmp_path):
+    a = np.random.default_rng(0).random((40, 128, 256), dtype=np.float32)  # 5 MiB: several pages a plane
+    path = str(tmp_path / "v.npy")
+    np.save(path, a)
+    boxes = [Box((3, 10, 20), (30, 60, 90)), Box((-4, 100, 200), (8, 140, 270)), Box((20, 0, 0), (40, 128, 256))]
+    with npydask.config.set(roi_strategy="mapped"):
+        ref = FileRef.open(path)
+
+    def read(probe):
+        got = read_boxes(ref, boxes, fill_value=-1, probe_cache=probe)
+        for g, box in zip(got.arrays, boxes):
+            assert_same_array(g, expected_box(a, box, -1))
+        return got
+
+    assert read(True).requests == 0  # just written: copied from the mapping
+    if not evict(path):
+        pytest.skip("this file system keeps a file's pages in memory (tmpfs): nothing is ever cold")
+    cold = read(True)
+    assert cold.requests > 0 and cold.bytes_read >= cold.patch_bytes // 2  # the spans, not the mapping
+    assert read(True).requests == 0  # the spans read brought the pages in: mapped again
+    assert evict(path)
+    assert read(False).requests == 0  # without probing: the mapping, cold or not
 
 
 @pytest.mark.parametrize("honour_if_match", [True, False])
