@@ -1,0 +1,101 @@
+"""A sampler loader's look-ahead on prefetch threads: windows of ``prefetch`` batches read together.
+
+A sampler loader knows its epoch's order, so with ``prefetch=K`` (``K >= 2``)
+and no ``client`` it reads the next ``K`` batches as one *window*
+(:func:`~npydask.samplers.read.read_window`): per file, every box those
+batches ask of it merged into one set of spans
+(:func:`~npydask.plan.lookahead.group_window`), each box cut into its
+batch's slot. Grid tiles of the same rows in consecutive batches then
+share their per-plane spans, and overlapping rows are read once; random
+patches plan the same spans as batch by batch.
+
+The design is a window, not a claim scheme (the reader of batch ``g``
+claiming the same file's boxes of ``g+1..g+K-1`` for later readers to wait
+on): a window needs no cross-thread bookkeeping of claimed slots, its
+reads are planned and issued in one call whose concurrency for objects is
+the store's own (``remote_concurrency`` requests, 16 files at once), and a
+random-patch epoch reads exactly what it read batch by batch. Measured on
+grid tiles, a window of two batches already merges each row's tiles.
+
+Bounds, with ``K = prefetch``:
+
+* one window is read at a time, on one thread: requests in flight are those
+  of one :func:`~npydask.reader.read_boxes_many` call (for objects the
+  store's ``remote_concurrency``), never multiplied by ``K``;
+* memory: the window being delivered (at most ``K`` batches) and the next
+  one being read (``K`` batches and its files' span buffers): at most ``2K``
+  batches and one window's spans;
+* the first batch comes after one window is read; window ``w + 1`` is read
+  while window ``w``'s batches are consumed.
+
+A window's reads are counted in its first batch's stats (each merged span
+once); every batch counts its own ``patch_bytes``. The schedule counts
+only delivered batches, so a state saved mid-window resumes at the first
+batch not yet delivered. A read that fails is retried batch by batch, so
+the error is raised at the batch whose read failed, after the batches
+before it are delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from npydask.plan.lookahead import windows
+from npydask.samplers import BoundSampler, PatchBatch, read_patches
+from npydask.samplers.read import read_window
+
+__all__ = ["Failed", "WindowReader", "window_jobs"]
+
+
+class Failed(NamedTuple):
+    """A batch of a window whose read raised ``error`` (raised when that batch is due)."""
+
+    error: BaseException
+
+
+class WindowReader:
+    """Reads a window of a sampler loader: ``(epoch, [positions, ...])`` to a list of PatchBatch (or Failed)."""
+
+    def __init__(self, dataset: Any, bound: BoundSampler, seed: int | None, shuffle: bool) -> None:
+        self.dataset, self.bound, self.seed, self.shuffle = dataset, bound, seed, shuffle
+
+    def __call__(self, job: tuple[int, list[np.ndarray]], device: str) -> list[PatchBatch | Failed]:
+        epoch, window = job
+        batches = [self.bound.patches(epoch, p.tolist(), seed=self.seed, shuffle=self.shuffle) for p in window]
+        try:
+            return list(read_window(self.dataset, batches, self.bound, device=device))
+        except Exception:  # (which batch's read failed: retried one by one, the error kept for that batch)
+            done: list[PatchBatch | Failed] = []
+            for patches in batches:
+                try:
+                    done.append(read_patches(self.dataset, patches, self.bound, device=device))
+                except Exception as e:
+                    done.append(Failed(e))
+                    break
+            return done
+
+
+def window_jobs(fetch: Any, epoch: int, batches: list[np.ndarray], k: int) -> Iterator[PatchBatch]:
+    """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a one-thread LocalFetch).
+
+    Window ``w + 1`` is submitted when window ``w``'s batches start being
+    delivered. The caller cancels and closes ``fetch``.
+    """
+    jobs = [[batches[i] for i in w] for w in windows(len(batches), k)]
+    if not jobs:
+        return
+    pending = fetch.submit((epoch, jobs[0]))
+    try:
+        for w in range(len(jobs)):
+            got = fetch.result(pending)
+            pending = fetch.submit((epoch, jobs[w + 1])) if w + 1 < len(jobs) else None
+            for one in got:
+                if isinstance(one, Failed):
+                    raise one.error
+                yield one
+    finally:
+        if pending is not None:
+            fetch.cancel(pending)
