@@ -18,7 +18,7 @@ from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
 from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
-from npydask.loader.window import WindowReader, window_jobs
+from npydask.loader.window import READING, WindowReader, window_jobs
 from npydask.plan.sampling import EpochPlan, check_int
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
 from npydask.samplers.base import dataset_members
@@ -450,7 +450,7 @@ class Loader:
         """A sampler pass read ``prefetch`` batches at a time (:mod:`npydask.loader.window`), delivered one by one."""
         schedule, bound = self.schedule, self.bound
         assert schedule is not None and bound is not None
-        fetch = LocalFetch(1, self.device, WindowReader(self.dataset, bound, schedule.seed, schedule.shuffle))
+        fetch = LocalFetch(READING, self.device, WindowReader(self.dataset, bound, schedule.seed, schedule.shuffle))
         try:
             for got in window_jobs(fetch, epoch, batches, self.prefetch):
                 schedule.took()

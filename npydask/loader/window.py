@@ -12,21 +12,22 @@ patches plan the same spans as batch by batch.
 The design is a window, not a claim scheme (the reader of batch ``g``
 claiming the same file's boxes of ``g+1..g+K-1`` for later readers to wait
 on): a window needs no cross-thread bookkeeping of claimed slots, its
-reads are planned and issued in one call whose concurrency for objects is
-the store's own (``remote_concurrency`` requests, 16 files at once), and a
-random-patch epoch reads exactly what it read batch by batch. Measured on
-grid tiles, a window of two batches already merges each row's tiles.
+reads are planned and issued in one call, and a random-patch epoch reads
+exactly what it read batch by batch. Two windows are read at once, on two
+threads (:data:`READING`): local reads are copies bound by a core each, and
+one reading thread ran random patches of local files at half the speed of
+the two per-batch threads, the same bytes read.
 
 Bounds, with ``K = prefetch``:
 
-* one window is read at a time, on one thread: requests in flight are those
-  of one :func:`~npydask.reader.read_boxes_many` call (for objects the
-  store's ``remote_concurrency``), never multiplied by ``K``;
-* memory: the window being delivered (at most ``K`` batches) and the next
-  one being read (``K`` batches and its files' span buffers): at most ``2K``
-  batches and one window's spans;
-* the first batch comes after one window is read; window ``w + 1`` is read
-  while window ``w``'s batches are consumed.
+* requests in flight: those of two :func:`~npydask.reader.read_boxes_many`
+  calls; for objects their range GETs share the store's one pool of
+  ``remote_concurrency`` requests, never more whatever ``K``;
+* memory: the window being delivered (at most ``K`` batches) and the two
+  being read (``2K`` batches and their files' span buffers): at most ``3K``
+  batches and two windows' spans;
+* the first batch comes after one window is read; windows ``w + 1`` and
+  ``w + 2`` are read while window ``w``'s batches are consumed.
 
 A window's reads are counted in its first batch's stats (each merged span
 once); every batch counts its own ``patch_bytes``. The schedule counts
@@ -38,6 +39,7 @@ before it are delivered.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -47,7 +49,10 @@ from npydask.plan.lookahead import windows
 from npydask.samplers import BoundSampler, PatchBatch, read_patches
 from npydask.samplers.read import read_window
 
-__all__ = ["Failed", "WindowReader", "window_jobs"]
+__all__ = ["READING", "Failed", "WindowReader", "window_jobs"]
+
+READING = 2
+"""Windows read at once, each on its own thread (local reads are copies bound by a core each)."""
 
 
 class Failed(NamedTuple):
@@ -78,24 +83,26 @@ class WindowReader:
             return done
 
 
-def window_jobs(fetch: Any, epoch: int, batches: list[np.ndarray], k: int) -> Iterator[PatchBatch]:
-    """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a one-thread LocalFetch).
+def window_jobs(
+    fetch: Any, epoch: int, batches: list[np.ndarray], k: int, depth: int = READING
+) -> Iterator[PatchBatch]:
+    """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a LocalFetch of ``depth`` threads).
 
-    Window ``w + 1`` is submitted when window ``w``'s batches start being
-    delivered. The caller cancels and closes ``fetch``.
+    Up to ``depth`` windows are read at once: window ``w + depth`` is
+    submitted when window ``w``'s batches start being delivered. The caller
+    closes ``fetch``; windows not delivered are cancelled here.
     """
     jobs = [[batches[i] for i in w] for w in windows(len(batches), k)]
-    if not jobs:
-        return
-    pending = fetch.submit((epoch, jobs[0]))
+    pending: deque[Any] = deque(fetch.submit((epoch, job)) for job in jobs[:depth])
     try:
         for w in range(len(jobs)):
-            got = fetch.result(pending)
-            pending = fetch.submit((epoch, jobs[w + 1])) if w + 1 < len(jobs) else None
+            got = fetch.result(pending.popleft())
+            if w + depth < len(jobs):
+                pending.append(fetch.submit((epoch, jobs[w + depth])))
             for one in got:
                 if isinstance(one, Failed):
                     raise one.error
                 yield one
     finally:
-        if pending is not None:
-            fetch.cancel(pending)
+        for future in pending:
+            fetch.cancel(future)
