@@ -5,6 +5,8 @@ its patches together (:func:`npydask.reader.read_boxes_many`: their byte runs
 merged, then each box cut straight into its slot of the batch). A zipped or
 multi-key dataset reads the same box from each member. What the reads cost
 comes back as :class:`ReadStats`, which add up over an epoch.
+:func:`read_window` reads several batches the same way, each file once for
+all of them (a loader's look-ahead, :mod:`npydask.loader.window`).
 
 Local files are read by the ``patch_read`` setting (environment variable
 ``NPYDASK_PATCH_READ``): ``"auto"`` (the default) and ``"mapped"`` copy each
