@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _boxes import expected_box
+from _boxes import expected_box, save_npz_members
 
 import npydask
 from npydask.errors import FileChangedError
@@ -227,3 +227,32 @@ def test_objects_equal_numpy_and_grid_tiles_use_fewer_requests(s3):
     rand_alone, rand_ahead = runs[False, 1], runs[False, 3]
     assert rand_alone[0] == rand_ahead[0]
     assert (rand_alone[1].bytes_read, rand_alone[1].requests) == (rand_ahead[1].bytes_read, rand_ahead[1].requests)
+
+
+def test_a_dataset_roi_reads_ahead_equal_to_numpy(folder, spans):
+    ds = npydask.open_dataset(folder, roi_start=(1, 2, 3), roi_shape=(8, 12, 13))
+    cut = [a[1:9, 2:14, 3:16] for a in ARRAYS]
+    sampler = Grid((5, 5, 5), overlap=0.25, fill_value=-1)
+    alone = npydask.Loader(ds, 4, sampler=sampler, with_index=True, prefetch=1)
+    ahead = npydask.Loader(ds, 4, sampler=sampler, with_index=True, prefetch=3)
+    assert check(ahead, cut, -1) == check(alone, cut, -1)
+    assert ahead.stats().patch_bytes == alone.stats().patch_bytes
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_members_read_ahead_equal_to_numpy(tmp_path, compressed):
+    members = save_npz_members(tmp_path, compressed)
+    ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "m"])
+    sampler = Grid((4, 3), overlap=0.25, fill_value=5)
+    seen = {}
+    for prefetch in (1, 3):
+        loader = npydask.Loader(ds, 3, sampler=sampler, with_index=True, prefetch=prefetch)
+        order = []
+        for batch, index in loader:
+            for k, (f, a, b) in enumerate(boxes(index)):
+                for key in ("x", "m"):
+                    np.testing.assert_array_equal(batch[key][k], expected_box(members[f][key], Patch(f, a, b), 5))
+            order.append(boxes(index))
+        seen[prefetch] = (order, loader.stats())
+    assert seen[1][0] == seen[3][0] and seen[1][1].patch_bytes == seen[3][1].patch_bytes
+    assert seen[3][1].bytes_read <= seen[1][1].bytes_read
