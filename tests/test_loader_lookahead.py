@@ -256,3 +256,18 @@ def test_npz_members_read_ahead_equal_to_numpy(tmp_path, compressed):
         seen[prefetch] = (order, loader.stats())
     assert seen[1][0] == seen[3][0] and seen[1][1].patch_bytes == seen[3][1].patch_bytes
     assert seen[3][1].bytes_read <= seen[1][1].bytes_read
+
+
+def test_each_batch_is_stacked_where_its_own_files_agree(tmp_path, spans):
+    arrays = [np.arange(2 * 8 * 8, dtype="<i2").reshape(2, 8, 8), np.arange(3 * 8 * 8, dtype="<i2").reshape(3, 8, 8)]
+    ds = npydask.open_dataset(saved(tmp_path / "v", arrays))
+    sampler = Grid((4, 4))  # 9 tiles a file: batches of 3 hold one file each, the fifth batch of 2 both
+    for batch_size in (3, 2):
+        alone = list(npydask.Loader(ds, batch_size, sampler=sampler, with_index=True, prefetch=1))
+        ahead = list(npydask.Loader(ds, batch_size, sampler=sampler, with_index=True, prefetch=4))
+        assert [type(b) for b, _ in ahead] == [type(b) for b, _ in alone]
+        for (a, ia), (b, ib) in zip(alone, ahead):
+            assert boxes(ia) == boxes(ib)
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    assert {type(b) for b, _ in ahead} == {list, np.ndarray}

@@ -234,12 +234,12 @@ def _read_member(
     nd = len(batches[0][0].start)
     shapes = {g.file: views[g.file].shape[: views[g.file].ndim - nd] for g in groups}
     dtypes = {g.file: joined_dtype(views[g.file].dtype) for g in groups}
-    stacked = len(set(shapes.values())) == 1 and len({d.str for d in dtypes.values()}) == 1
     arrays: list[tuple[Any, int]] = []
     slots: list[list[np.ndarray]] = []
     for patches in batches:
-        if stacked:
-            f0 = groups[0].file
+        files = {p.file for p in patches}  # (each batch stacked where its own files agree, as read alone)
+        if len({shapes[f] for f in files}) == 1 and len({dtypes[f].str for f in files}) == 1:
+            f0 = patches[0].file
             batch: Any = np.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
             slots.append(list(batch))
             arrays.append((batch, batch.nbytes))
