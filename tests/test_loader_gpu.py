@@ -192,6 +192,8 @@ def test_a_sampler_window_is_read_on_the_callers_device_and_handed_over_by_event
     assert n == len(loader)
     reads = [e for e in xp.log if e[0] == "alloc"]
     assert reads and all(e[-2].startswith("npydask-loader") and e[-1] == 2 for e in reads), reads
-    waits = [k for k, e in enumerate(xp.log) if e[0] == "wait"]
-    assert len(waits) == -(-n // 3)  # one hand-off per window of three batches, before its first batch
-    assert all(xp.log[k + 1][0] == "yield" for k in waits)
+    # one hand-off per window of three batches, waited on by the consumer before the window's first batch
+    mine = [e[0] for e in xp.log if e[-2] == threading.current_thread().name]
+    assert mine == (["wait", "yield", "yield", "yield"] * n)[: len(mine)] and mine.count("yield") == n
+    waited = {e[1] for e in xp.log if e[0] == "wait"}
+    assert all(e[-2].startswith("npydask-loader") for e in xp.log if e[0] == "record" and e[1] in waited)

@@ -26,8 +26,9 @@ Bounds, with ``K = prefetch``:
 * memory: the window being delivered (at most ``K`` batches) and the two
   being read (``2K`` batches and their files' span buffers): at most ``3K``
   batches and two windows' spans;
-* the first batch comes after one window is read; windows ``w + 1`` and
-  ``w + 2`` are read while window ``w``'s batches are consumed.
+* the first batch comes after the first window is read, alone; then
+  windows ``w + 1`` and ``w + 2`` are read while window ``w``'s batches
+  are consumed.
 
 A window's reads are counted in its first batch's stats (each merged span
 once); every batch counts its own ``patch_bytes``. The schedule counts
@@ -88,17 +89,20 @@ def window_jobs(
 ) -> Iterator[PatchBatch]:
     """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a LocalFetch of ``depth`` threads).
 
-    Up to ``depth`` windows are read at once: window ``w + depth`` is
-    submitted when window ``w``'s batches start being delivered. The caller
-    closes ``fetch``; windows not delivered are cancelled here.
+    The first window is read alone (the first batch waits for one window);
+    from then on up to ``depth`` windows are read while the previous one's
+    batches are delivered. The caller closes ``fetch``; windows not
+    delivered are cancelled here.
     """
     jobs = [[batches[i] for i in w] for w in windows(len(batches), k)]
-    pending: deque[Any] = deque(fetch.submit((epoch, job)) for job in jobs[:depth])
+    pending: deque[Any] = deque(fetch.submit((epoch, job)) for job in jobs[:1])
+    submitted = len(pending)
     try:
-        for w in range(len(jobs)):
+        for _ in range(len(jobs)):
             got = fetch.result(pending.popleft())
-            if w + depth < len(jobs):
-                pending.append(fetch.submit((epoch, jobs[w + depth])))
+            while submitted < len(jobs) and len(pending) < depth:
+                pending.append(fetch.submit((epoch, jobs[submitted])))
+                submitted += 1
             for one in got:
                 if isinstance(one, Failed):
                     raise one.error
