@@ -261,7 +261,9 @@ class Loader:
         progress while iterating, the whole epoch once it is over; a resumed
         pass counts from where it resumed). ``bytes_read / patch_bytes`` is
         the read amplification; ``io_wait_s`` sums the batches' read times
-        (with prefetch threads they overlap the training step).
+        (with prefetch threads they overlap the training step). Batches read
+        together (see ``prefetch``) count their reads once, with the first
+        of them.
 
         Raises
         ------
