@@ -73,7 +73,7 @@ disagree with numpy.
 Usage::
 
     python benchmarks/bench_patches.py [--size tiny|small|full] [--repeat N] [--json out.json] [--data DIR]
-                                       [--only local,remote,foreground,grid] [--link-mbit MBIT]
+                                       [--only local,remote,foreground,grid,lookahead] [--link-mbit MBIT]
                                        [--link-via auto|tc|proxy] [--slow-budget S]
 """
 
@@ -723,14 +723,127 @@ class Bench:
                         "target": "", "verdict": "info", "value": loop, "limit": None, "pass": None})
         out += _patch_goals.foreground_goals(self.facts.get("F foreground"), BATCH)
         out += _patch_goals.grid_goals(self.facts.get("G grid"), _patch_goals.GRID_SIZES[self.args.size])
+        ahead = self.facts.get("K look-ahead rows", {})  # (the lookahead group: window of 2 over batch by batch)
+        for name, where in (("Grid", "local spans warm"), ("Grid", "s3 loopback"), ("Uniform", "local spans warm"),
+                            ("Uniform", "local mapped warm"), ("Uniform", "s3 loopback")):
+            a, b = ahead.get(f"{name} {where}, window of 2"), ahead.get(f"{name} {where}, batch by batch")
+            if a and b and b["median_s"]:
+                moved = "bytes_down" if "bytes_down" in a else "bytes_read"
+                bytes_x = a[moved] / b[moved] if b[moved] else 1.0
+                req_x = a["requests"] / b["requests"] if b["requests"] else 1.0
+                time_x = a["median_s"] / b["median_s"]
+                out.append({"goal": f"(info) look-ahead {name} {where}: window of 2 / batch by batch, bytes "
+                            f"(requests {req_x:.2f}x, epoch time {time_x:.2f}x)", "measured": f"{bytes_x:.2f}x",
+                            "target": "", "verdict": "info", "value": bytes_x, "limit": None, "pass": None})
         return out
+
+    # -- look-ahead: the Loader's next prefetch batches read together -----------------------------
+
+    def lookahead(self) -> None:
+        """Group ``K``: grid tiles and random patches of 2 volumes, read batch by batch against look-ahead windows.
+
+        ``Grid((2*patch,)*3, overlap=0.25)`` tiles of 2 volumes in raster order, and random patches (locally
+        the local group's ``Uniform(patch, per_file)`` over every volume, shuffled; over SeaweedFS
+        ``per_file=4*per_file`` of the 2 volumes, so a volume's patches span two batches), batches of 8:
+        batch by batch (the loader's per-batch path, forced, ``prefetch=2``) against a window of the next 2
+        batches (``prefetch=2``; and 4 for the grid), locally by the ``"spans"`` route (warm) and over SeaweedFS
+        through a counting proxy (bytes down, GETs). Every variant is checked against numpy once.
+        """
+        from npydask.loader import core
+        from npydask.samplers import Grid
+
+        size, paths = self.size, self.paths[:2]
+        grid = Grid((2 * size.patch,) * 3, overlap=0.25)
+        uniform = Uniform((size.patch,) * 3, per_file=size.per_file)
+        uniform_s3 = Uniform((size.patch,) * 3, per_file=4 * size.per_file)
+        real = core.reads_spans
+        found: dict[str, dict[str, Any]] = {}
+
+        @contextlib.contextmanager
+        def route(per_batch: bool) -> Any:
+            # the loader's per-batch path, or its window (forced also where patches are copied from a mapping)
+            core.reads_spans = lambda dataset: not per_batch
+            try:
+                yield
+            finally:
+                core.reads_spans = real
+
+        def epoch(loader: Any, per_batch: bool) -> Callable[[], int]:
+            def run() -> int:
+                with route(per_batch):
+                    return count_epoch(loader)
+
+            return run
+
+        def rows(where: str, cases: Any, proxy: CountingProxy | None) -> None:
+            for name, sampler, ks, files, open_ds in cases:
+                for k in ks:
+                    how = "batch by batch" if k == 1 else f"window of {k}"
+                    variant = f"{name} {where}, {how}"
+                    kw = dict(sampler=sampler, shuffle=name == "Uniform", seed=0, prefetch=max(2, k))
+                    with route(k == 1):
+                        bad = mismatches(files, list(npydask.Loader(open_ds(), BATCH, with_index=True, **kw)))
+                    self.bad += bad
+                    loader = npydask.Loader(open_ds(), BATCH, **kw)
+                    run = epoch(loader, k == 1)
+                    run()  # (threads, handles and connections made)
+                    if proxy is not None:
+                        proxy.reset()
+                    if proxy is None:
+                        _common.warm_page_cache(files)
+                    cpu: list[float] = []
+                    times, n = _common.measure(run, self.args.repeat, cpu=cpu)
+                    traffic = proxy.reset() if proxy is not None else None
+                    stats = stats_of(loader)
+                    got = {"bytes_read": stats["bytes_read"], "requests": stats["requests"],
+                           "patch_bytes": stats["patch_bytes"], "median_s": _common.median(times),
+                           "differ": bad}
+                    if traffic is not None:
+                        got.update(bytes_down=traffic.downstream // self.args.repeat,
+                                   gets=traffic.count("GET") // self.args.repeat)
+                    found[variant] = got
+                    moved = got.get("bytes_down", got["bytes_read"])
+                    note = f"{got['requests']} requests" + (f", {got['gets']} GETs" if traffic else "")
+                    row = Row("K", variant, times, cpu, n, moved / max(1, n),
+                              "proxy bytes down" if traffic else "stats() bytes_read", [], note)
+                    self.rows.append(row)
+                    print(f"  K {variant:66s} {_common.fmt_seconds(row.median):>10s}  {row.rate:10.1f} samples/s  "
+                          f"{moved / MiB:9.1f} MiB  {note}", flush=True)
+
+        def local(files: list[str]) -> Callable[[], Any]:
+            return lambda: npydask.open_dataset(files=files)
+
+        with npydask.config.set(patch_read="spans"):
+            rows("local spans warm", [("Grid", grid, (1, 2, 4), paths, local(paths)),
+                                      ("Uniform", uniform, (1, 2), self.paths, local(self.paths))], None)
+        # the default local route copies boxes from the mapping: nothing to merge, the window forced to price it
+        rows("local mapped warm", [("Grid", grid, (1, 2), paths, local(paths)),
+                                   ("Uniform", uniform, (1, 2), self.paths, local(self.paths))], None)
+        server, why = start_server()
+        if server is None:
+            self.skipped("K", "look-ahead over object storage (SeaweedFS)", why)
+        else:
+            try:
+                with CountingProxy(server.endpoint) as proxy:
+                    upload(s3_store(server.bucket, server.storage_options()), paths)
+                    options = {**server.storage_options(), "endpoint": proxy.endpoint}
+                    prefix = server.url(key_of(paths[0]).rpartition("/")[0] + "/")
+
+                    def remote() -> Any:
+                        return npydask.open_dataset(prefix, storage_options=options)
+
+                    rows("s3 loopback", [("Grid", grid, (1, 2, 4), paths, remote),
+                                         ("Uniform", uniform_s3, (1, 2), paths, remote)], proxy)
+            finally:
+                server.stop()
+        self.facts["K look-ahead rows"] = found
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
     ap.add_argument("--data", metavar="DIR", help="keep the .npy files here and reuse them (default: a temp folder)")
-    ap.add_argument("--only", default="local,remote,foreground,grid", metavar="GROUPS",
-                    help="comma-separated groups: local, remote, foreground, grid (default all)")
+    ap.add_argument("--only", default="local,remote,foreground,grid,lookahead", metavar="GROUPS",
+                    help="comma-separated groups: local, remote, foreground, grid, lookahead (default all)")
     ap.add_argument("--link-mbit", type=float, default=GOAL_LINK_MBIT, metavar="MBIT",
                     help=f"the emulated link's speed for the remote group, 0 to skip (default {GOAL_LINK_MBIT:g})")
     ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto",
@@ -758,6 +871,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.foreground()
         if "grid" in only:
             bench.grid()
+        if "lookahead" in only:
+            bench.lookahead()
         goals = bench.report()
         _common.write_json(args.json, {
             "benchmark": "patches", "size": args.size, "repeat": args.repeat, "facts": bench.facts,

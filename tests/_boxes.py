@@ -45,3 +45,13 @@ def box_lists(draw: st.DrawFn, shape: tuple[int, ...], max_boxes: int = 6) -> li
     if boxes and draw(st.booleans()):
         boxes.append(boxes[0])
     return boxes
+
+
+def save_npz_members(root: Any, compressed: bool) -> list[dict[str, np.ndarray]]:
+    """Three ``s{i}.npz`` files under ``root``, members ``"x"`` (2, 9, 8) >f4 and ``"m"`` (9, 8) u1; their arrays."""
+    rng = np.random.default_rng(0)
+    members = [{"x": rng.standard_normal((2, 9, 8)).astype(">f4"), "m": rng.integers(0, 9, (9, 8), "u1")}
+               for _ in range(3)]  # fmt: skip
+    for i, m in enumerate(members):
+        (np.savez_compressed if compressed else np.savez)(root / f"s{i}.npz", **m)
+    return members

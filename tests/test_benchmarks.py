@@ -131,6 +131,23 @@ def test_patches_benchmark_foreground_and_grid_groups_run_at_tiny_size(tmp_path)
         assert grid["vs MONAI"]["allclose"] is True and equal["verdict"] == "PASS"
 
 
+def test_patches_lookahead_group_runs_at_tiny_size(tmp_path):
+    """bench_patches.py --only lookahead: grid tiles read in windows move fewer bytes than batch by batch."""
+    stdout, data = _run_tiny("bench_patches.py", tmp_path, 1, 200, "--only", "lookahead")
+    assert data["results_agree"] is True
+    rows = data["facts"]["K look-ahead rows"]
+    assert all(r["differ"] == 0 for r in rows.values())
+    alone, ahead = rows["Grid local spans warm, batch by batch"], rows["Grid local spans warm, window of 2"]
+    assert ahead["bytes_read"] < alone["bytes_read"] and ahead["requests"] < alone["requests"]
+    assert ahead["patch_bytes"] == alone["patch_bytes"]
+    alone, ahead = rows["Uniform local spans warm, batch by batch"], rows["Uniform local spans warm, window of 2"]
+    assert (ahead["bytes_read"], ahead["requests"]) == (alone["bytes_read"], alone["requests"])
+    if "Grid s3 loopback, batch by batch" in rows:  # (SeaweedFS ran)
+        window, batch = rows["Grid s3 loopback, window of 4"], rows["Grid s3 loopback, batch by batch"]
+        assert window["bytes_down"] < batch["bytes_down"] and window["gets"] <= batch["gets"]
+    assert any(g["goal"].startswith("(info) look-ahead Grid local spans warm") for g in data["goals"])
+
+
 def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server):
     """``_link.shaped_port`` paces one server port's responses with tc and leaves loopback as it found it."""
     sys.path.insert(0, str(BENCH))

@@ -167,3 +167,33 @@ def test_a_loader_iterated_in_a_child_forked_after_cuda_was_used_is_refused(fold
     monkeypatch.setattr(gpu_process, "_CUDA_PID", None)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_iterate_in_child, (loader,)) == "read"
+
+
+def test_a_sampler_window_is_read_on_the_callers_device_and_handed_over_by_event(tmp_path, fake_cupy):
+    from npydask.samplers import Grid
+
+    xp = fake_cupy
+    arrays = [np.arange(8 * 10, dtype="<f4").reshape(8, 10) + 100 * i for i in range(3)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", a)
+    ds = npydask.open_dataset(tmp_path)
+    loader = npydask.Loader(ds, 2, sampler=Grid((4, 4), fill_value=-1), device="gpu", prefetch=3, with_index=True)
+    with npydask.config.set(patch_read="spans"), xp.Device(2):
+        n = 0
+        for batch, index in loader:
+            xp.note("yield")
+            assert isinstance(batch, _DeviceArray)
+            for slot, f, a, b in zip(batch, index["file"], index["start"], index["stop"]):
+                want = np.full((4, 4), -1, "<f4")
+                cut = arrays[f][a[0] : b[0], a[1] : b[1]]
+                want[: cut.shape[0], : cut.shape[1]] = cut
+                np.testing.assert_array_equal(slot, want)
+            n += 1
+    assert n == len(loader)
+    reads = [e for e in xp.log if e[0] == "alloc"]
+    assert reads and all(e[-2].startswith("npydask-loader") and e[-1] == 2 for e in reads), reads
+    # one hand-off per window of three batches, waited on by the consumer before the window's first batch
+    mine = [e[0] for e in xp.log if e[-2] == threading.current_thread().name]
+    assert mine == (["wait", "yield", "yield", "yield"] * n)[: len(mine)] and mine.count("yield") == n
+    waited = {e[1] for e in xp.log if e[0] == "wait"}
+    assert all(e[-2].startswith("npydask-loader") for e in xp.log if e[0] == "record" and e[1] in waited)

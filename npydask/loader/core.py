@@ -18,9 +18,11 @@ from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
 from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
+from npydask.loader.window import READING, WindowReader, window_jobs
 from npydask.plan.sampling import EpochPlan, check_int
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
 from npydask.samplers.base import dataset_members
+from npydask.samplers.read import reads_spans
 from npydask.samplers.schedule import Schedule
 
 __all__ = ["Loader"]
@@ -81,7 +83,14 @@ class Loader:
         Without padding, drop a short last batch instead of yielding it.
     prefetch : int
         Batches read ahead: threads of this process, or tasks on ``client``'s
-        workers. 0 reads each batch when it is asked for.
+        workers. 0 reads each batch when it is asked for. With a sampler,
+        no ``client`` and patches read as byte spans (objects, the
+        ``patch_read="spans"`` setting, ``backend="pread"``), ``prefetch >= 2``
+        reads the next ``prefetch`` batches together, each file once with
+        all their boxes (grid tiles of consecutive batches share their
+        spans), and delivers them one by one in order
+        (:mod:`npydask.loader.window`); boxes copied from a local file's
+        mapping (the default) and ``client=`` tasks are read batch by batch.
     client : distributed.Client, optional
         Read batches on the cluster's workers (each batch is one task that
         reads its files where it runs; the result is gathered once). With a
@@ -252,7 +261,9 @@ class Loader:
         progress while iterating, the whole epoch once it is over; a resumed
         pass counts from where it resumed). ``bytes_read / patch_bytes`` is
         the read amplification; ``io_wait_s`` sums the batches' read times
-        (with prefetch threads they overlap the training step).
+        (with prefetch threads they overlap the training step). Batches read
+        together (see ``prefetch``) count their reads once, with the first
+        of them.
 
         Raises
         ------
@@ -414,10 +425,13 @@ class Loader:
             check_process(pick(first, [0]))
             if self.device == "gpu":
                 check_cuda_fork()
+        self._stats = ReadStats()
+        if self.client is None and self.prefetch >= 2 and reads_spans(self.dataset):
+            yield from self._window_batches(epoch, batches)
+            return
         fetch = self._fetch(PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
         ahead = max(1, self.prefetch)
         pending: deque[Any] = deque()
-        self._stats = ReadStats()
         try:
             position = 0
             while position < len(batches) or pending:
@@ -432,4 +446,18 @@ class Loader:
         finally:
             for future in pending:
                 fetch.cancel(future)
+            fetch.close()
+
+    def _window_batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[Any]:
+        """A sampler pass read ``prefetch`` batches at a time (:mod:`npydask.loader.window`), delivered one by one."""
+        schedule, bound = self.schedule, self.bound
+        assert schedule is not None and bound is not None
+        fetch = LocalFetch(READING, self.device, WindowReader(self.dataset, bound, schedule.seed, schedule.shuffle))
+        try:
+            for got in window_jobs(fetch, epoch, batches, self.prefetch):
+                schedule.took()
+                self._stats += got.stats
+                yield (got.batch, got.index) if self.with_index else got.batch
+            schedule.finish()
+        finally:
             fetch.close()

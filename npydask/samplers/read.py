@@ -5,6 +5,8 @@ its patches together (:func:`npydask.reader.read_boxes_many`: their byte runs
 merged, then each box cut straight into its slot of the batch). A zipped or
 multi-key dataset reads the same box from each member. What the reads cost
 comes back as :class:`ReadStats`, which add up over an epoch.
+:func:`read_window` reads several batches the same way, each file once for
+all of them (a loader's look-ahead, :mod:`npydask.loader.window`).
 
 Local files are read by the ``patch_read`` setting (environment variable
 ``NPYDASK_PATCH_READ``): ``"auto"`` (the default) and ``"mapped"`` copy each
@@ -31,12 +33,13 @@ import numpy as np
 from npydask import _buffers, config
 from npydask.config import PATCH_READS
 from npydask.dataset.stacking import joined_dtype
+from npydask.plan.lookahead import FileWindow, group_window
 from npydask.plan.patches import Patch, patch_index
 from npydask.plan.region import Box
 from npydask.reader import FileBoxes, FileRef, read_boxes_many
 from npydask.samplers.base import BoundSampler, dataset_members
 
-__all__ = ["PATCH_READS", "PatchBatch", "ReadStats", "read_patches"]
+__all__ = ["PATCH_READS", "PatchBatch", "ReadStats", "read_patches", "read_window", "reads_spans"]
 
 
 @dataclass(frozen=True)
@@ -138,23 +141,76 @@ def read_patches(dataset: Any, patches: Sequence[Patch], bound: BoundSampler, *,
     patches = list(patches)
     if not patches:
         raise ValueError("read_patches needs at least one patch")
+    return read_window(dataset, [patches], bound, device=device)[0]
+
+
+def read_window(
+    dataset: Any, batches: Sequence[Sequence[Patch]], bound: BoundSampler, *, device: str = "cpu"
+) -> list[PatchBatch]:
+    """Read several batches of patches together: each file once with every box the batches ask of it.
+
+    The look-ahead of a sampler :class:`~npydask.loader.Loader`: the boxes
+    of all the batches are grouped per file (:func:`~npydask.plan.lookahead.group_window`)
+    and each file's boxes are read as one set of merged spans, each box cut
+    straight into its batch's slot. Tiles of a grid that share per-plane
+    spans across batches are then read once. Batch ``i`` of the result
+    equals ``read_patches(dataset, batches[i], bound)``; the reads' cost
+    (``bytes_read``, ``requests``, ``io_wait_s``) is counted once, in the
+    first batch's :class:`ReadStats`, and each batch counts its own
+    ``patch_bytes``, so the stats of the batches add up to what was read.
+
+    Raises
+    ------
+    ValueError
+        No batches, an empty batch, or a patch naming a file the dataset does not hold.
+    FileChangedError
+        A file changed since the dataset was opened.
+    """
+    lists = [list(b) for b in batches]
+    if not lists or not all(lists):
+        raise ValueError("read_window needs at least one batch, each of at least one patch")
     members = dataset_members(dataset)
     n = len(dataset)
-    for p in patches:
-        if not 0 <= p.file < n:
-            raise ValueError(f"patch {p} names file {p.file}, but the dataset holds {n} files")
+    for patches in lists:
+        for p in patches:
+            if not 0 <= p.file < n:
+                raise ValueError(f"patch {p} names file {p.file}, but the dataset holds {n} files")
     route = _route()
+    groups = group_window(lists)
     started = time.perf_counter()
-    stats = ReadStats()
-    out: dict[str, Any] = {}
+    reads = ReadStats()
+    out: list[dict[str, Any]] = [{} for _ in lists]
+    sizes = [0] * len(lists)
     for key, member in members.items():
-        out[key], got = _read_member(member, patches, bound.fill_value, route)
-        stats += got
-    stats = dataclasses.replace(stats, io_wait_s=time.perf_counter() - started)
-    batch = out[""] if list(out) == [""] else out
-    if device == "gpu":
-        batch = _to_device(batch)
-    return PatchBatch(batch, patch_index(patches), stats)
+        arrays, cost = _read_member(member, lists, groups, bound.fill_value, route)
+        reads += cost
+        for b, (batch, size) in enumerate(arrays):
+            out[b][key] = batch
+            sizes[b] += size
+    waited = time.perf_counter() - started
+    done = []
+    for b, (patches, members_out) in enumerate(zip(lists, out)):
+        batch = members_out[""] if list(members_out) == [""] else members_out
+        if device == "gpu":
+            batch = _to_device(batch)
+        cost = ReadStats(reads.bytes_read, sizes[b], reads.requests, waited) if b == 0 else ReadStats(0, sizes[b])
+        done.append(PatchBatch(batch, patch_index(patches), cost))
+    return done
+
+
+def reads_spans(dataset: Any) -> bool:
+    """Whether ``dataset``'s patches are read as merged spans (objects, ``"spans"``, ``backend="pread"``).
+
+    ``False`` where each box is copied from a local file's mapping (the
+    default for local files): there are no spans to merge across batches.
+    """
+    view = next(iter(dataset_members(dataset).values())).views[0]
+    ref = view.ref
+    if not ref.source.mappable or ref.backend == "pread" or ref.compressed:
+        return True
+    if ref.backend == "mmap":
+        return False
+    return _route() == "spans" or bool(ref.options.direct_io)
 
 
 def _route() -> str:
@@ -170,35 +226,40 @@ def _routed(ref: FileRef, route: str) -> FileRef:
     return ref._replace(options=dataclasses.replace(ref.options, roi_strategy=strategy))
 
 
-def _read_member(member: Any, patches: list[Patch], fill_value: Any, route: str) -> tuple[Any, ReadStats]:
-    """One member's patches: a stacked array (or a list), and what reading them cost."""
+def _read_member(
+    member: Any, batches: list[list[Patch]], groups: tuple[FileWindow, ...], fill_value: Any, route: str
+) -> tuple[list[tuple[Any, int]], ReadStats]:
+    """One member's patches of each batch: per batch a stacked array (or a list) and its bytes; the reads' cost."""
     views = member.views
-    nd = len(patches[0].start)
-    files = sorted({p.file for p in patches})
-    shapes = {f: views[f].shape[: views[f].ndim - nd] for f in files}
-    dtypes = {f: joined_dtype(views[f].dtype) for f in files}
-    stacked = len(set(shapes.values())) == 1 and len({d.str for d in dtypes.values()}) == 1
-    if stacked:
-        f0 = files[0]
-        batch: Any = _buffers.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
-        slots = list(batch)
-    else:
-        slots = [np.empty((*shapes[p.file], *p.shape), dtypes[p.file]) for p in patches]
-        batch = slots
+    nd = len(batches[0][0].start)
+    shapes = {g.file: views[g.file].shape[: views[g.file].ndim - nd] for g in groups}
+    dtypes = {g.file: joined_dtype(views[g.file].dtype) for g in groups}
+    arrays: list[tuple[Any, int]] = []
+    slots: list[list[np.ndarray]] = []
+    for patches in batches:
+        files = {p.file for p in patches}  # (each batch stacked where its own files agree, as read alone)
+        if len({shapes[f] for f in files}) == 1 and len({dtypes[f].str for f in files}) == 1:
+            f0 = patches[0].file
+            batch: Any = _buffers.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
+            slots.append(list(batch))
+            arrays.append((batch, batch.nbytes))
+        else:
+            mine = [np.empty((*shapes[p.file], *p.shape), dtypes[p.file]) for p in patches]
+            slots.append(mine)
+            arrays.append((mine, sum(a.nbytes for a in mine)))
     todo: list[FileBoxes] = []
     stats = ReadStats()
-    for f in files:
-        mine = [i for i, p in enumerate(patches) if p.file == f]
-        view = views[f]
+    for g in groups:
+        view = views[g.file]
+        dests = [slots[b][s] for b, s in g.slots]
         if view.roi is None:
-            boxes = [patches[i] for i in mine]
-            todo.append(FileBoxes(_routed(view.ref, route), boxes, [slots[i] for i in mine]))
+            todo.append(FileBoxes(_routed(view.ref, route), g.boxes, dests))
         else:
-            for i in mine:
-                stats += _read_in_roi(view, patches[i], fill_value, slots[i])
+            for box, dest in zip(g.boxes, dests):
+                stats += _read_in_roi(view, box, fill_value, dest)
     for got in read_boxes_many(todo, fill_value=fill_value):
         stats += ReadStats(got.bytes_read, got.patch_bytes, got.requests)
-    return batch, stats
+    return arrays, stats
 
 
 def _read_in_roi(view: Any, patch: Patch, fill_value: Any, out: np.ndarray) -> ReadStats:

@@ -269,6 +269,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
                 yield (sample, i) if self.with_index else sample
 
     def _patches(self) -> Iterator[Any]:
+        """This worker's samples, read batch by batch (no look-ahead window: the DataLoader's workers read ahead)."""
         bound = self.bound
         assert bound is not None
         epoch = self._pass.epoch

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 from _boxes import expected_box as expected
+from _boxes import save_npz_members
 
 import npydask
 from npydask.plan.patches import Patch
@@ -169,11 +170,7 @@ def test_patches_of_objects(s3, arrays):
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_npz_members_of_a_multi_key_dataset(tmp_path, compressed):
-    rng = np.random.default_rng(0)
-    members = [{"x": rng.standard_normal((2, 9, 8)).astype(">f4"), "m": rng.integers(0, 9, (9, 8), "u1")}
-               for _ in range(3)]  # fmt: skip
-    for i, m in enumerate(members):
-        (np.savez_compressed if compressed else np.savez)(tmp_path / f"s{i}.npz", **m)
+    members = save_npz_members(tmp_path, compressed)
     ds = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "m"])
     bound = Uniform((3, 4), per_file=2, policy="pad", fill_value=5).bind(ds)
     patches = bound.patches(0, range(6), seed=3) + [Patch(1, (7, -1), (10, 3))]
