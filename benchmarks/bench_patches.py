@@ -725,7 +725,7 @@ class Bench:
         out += _patch_goals.grid_goals(self.facts.get("G grid"), _patch_goals.GRID_SIZES[self.args.size])
         ahead = self.facts.get("K look-ahead rows", {})  # (the lookahead group: window of 2 over batch by batch)
         for name, where in (("Grid", "local spans warm"), ("Grid", "s3 loopback"), ("Uniform", "local spans warm"),
-                            ("Uniform", "local mapped warm"), ("Uniform", "s3 loopback")):
+                            ("Uniform", "s3 loopback")):
             a, b = ahead.get(f"{name} {where}, window of 2"), ahead.get(f"{name} {where}, batch by batch")
             if a and b and b["median_s"]:
                 moved = "bytes_down" if "bytes_down" in a else "bytes_read"
@@ -745,47 +745,32 @@ class Bench:
         ``Grid((2*patch,)*3, overlap=0.25)`` tiles of 2 volumes in raster order, and random patches (locally
         the local group's ``Uniform(patch, per_file)`` over every volume, shuffled; over SeaweedFS
         ``per_file=4*per_file`` of the 2 volumes, so a volume's patches span two batches), batches of 8:
-        batch by batch (the loader's per-batch path, forced, ``prefetch=2``) against a window of the next 2
-        batches (``prefetch=2``; and 4 for the grid), locally by the ``"spans"`` route (warm) and over SeaweedFS
-        through a counting proxy (bytes down, GETs). Every variant is checked against numpy once.
+        batch by batch (``prefetch=2``: two batches read ahead, one per thread) against windows of 2 batches
+        (``prefetch=4``; and windows of 4, ``prefetch=8``, for the grid), locally by the ``"spans"`` route (warm)
+        and over SeaweedFS through a counting proxy (bytes down, GETs). Every variant is checked against numpy
+        once. The default local route copies boxes from the mapping, batch by batch: nothing to merge.
         """
-        from npydask.loader import core
         from npydask.samplers import Grid
 
         size, paths = self.size, self.paths[:2]
         grid = Grid((2 * size.patch,) * 3, overlap=0.25)
         uniform = Uniform((size.patch,) * 3, per_file=size.per_file)
         uniform_s3 = Uniform((size.patch,) * 3, per_file=4 * size.per_file)
-        real = core.reads_spans
         found: dict[str, dict[str, Any]] = {}
-
-        @contextlib.contextmanager
-        def route(per_batch: bool) -> Any:
-            # the loader's per-batch path, or its window (forced also where patches are copied from a mapping)
-            core.reads_spans = lambda dataset: not per_batch
-            try:
-                yield
-            finally:
-                core.reads_spans = real
-
-        def epoch(loader: Any, per_batch: bool) -> Callable[[], int]:
-            def run() -> int:
-                with route(per_batch):
-                    return count_epoch(loader)
-
-            return run
 
         def rows(where: str, cases: Any, proxy: CountingProxy | None) -> None:
             for name, sampler, ks, files, open_ds in cases:
                 for k in ks:
                     how = "batch by batch" if k == 1 else f"window of {k}"
                     variant = f"{name} {where}, {how}"
-                    kw = dict(sampler=sampler, shuffle=name == "Uniform", seed=0, prefetch=max(2, k))
-                    with route(k == 1):
-                        bad = mismatches(files, list(npydask.Loader(open_ds(), BATCH, with_index=True, **kw)))
+                    kw = dict(sampler=sampler, shuffle=name == "Uniform", seed=0, prefetch=2 * k)
+                    bad = mismatches(files, list(npydask.Loader(open_ds(), BATCH, with_index=True, **kw)))
                     self.bad += bad
                     loader = npydask.Loader(open_ds(), BATCH, **kw)
-                    run = epoch(loader, k == 1)
+
+                    def run(loader: Any = loader) -> int:
+                        return count_epoch(loader)
+
                     run()  # (threads, handles and connections made)
                     if proxy is not None:
                         proxy.reset()
@@ -816,9 +801,6 @@ class Bench:
         with npydask.config.set(patch_read="spans"):
             rows("local spans warm", [("Grid", grid, (1, 2, 4), paths, local(paths)),
                                       ("Uniform", uniform, (1, 2), self.paths, local(self.paths))], None)
-        # the default local route copies boxes from the mapping: nothing to merge, the window forced to price it
-        rows("local mapped warm", [("Grid", grid, (1, 2), paths, local(paths)),
-                                   ("Uniform", uniform, (1, 2), self.paths, local(self.paths))], None)
         server, why = start_server()
         if server is None:
             self.skipped("K", "look-ahead over object storage (SeaweedFS)", why)

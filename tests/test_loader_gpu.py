@@ -177,7 +177,7 @@ def test_a_sampler_window_is_read_on_the_callers_device_and_handed_over_by_event
     for i, a in enumerate(arrays):
         np.save(tmp_path / f"{i}.npy", a)
     ds = npydask.open_dataset(tmp_path)
-    loader = npydask.Loader(ds, 2, sampler=Grid((4, 4), fill_value=-1), device="gpu", prefetch=3, with_index=True)
+    loader = npydask.Loader(ds, 2, sampler=Grid((4, 4), fill_value=-1), device="gpu", prefetch=6, with_index=True)
     with npydask.config.set(patch_read="spans"), xp.Device(2):
         n = 0
         for batch, index in loader:

@@ -18,7 +18,7 @@ from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
 from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
-from npydask.loader.window import READING, WindowReader, window_jobs
+from npydask.loader.window import READING, WindowReader, window_jobs, window_size
 from npydask.plan.sampling import EpochPlan, check_int
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
 from npydask.samplers.base import dataset_members
@@ -85,10 +85,10 @@ class Loader:
         Batches read ahead: threads of this process, or tasks on ``client``'s
         workers. 0 reads each batch when it is asked for. With a sampler,
         no ``client`` and patches read as byte spans (objects, the
-        ``patch_read="spans"`` setting, ``backend="pread"``), ``prefetch >= 2``
-        reads the next ``prefetch`` batches together, each file once with
-        all their boxes (grid tiles of consecutive batches share their
-        spans), and delivers them one by one in order
+        ``patch_read="spans"`` setting, ``backend="pread"``), ``prefetch >= 4``
+        reads batches in windows of ``prefetch // 2``, each file once with
+        all the window's boxes (grid tiles of consecutive batches share
+        their spans), two windows in flight, delivered one by one in order
         (:mod:`npydask.loader.window`); boxes copied from a local file's
         mapping (the default) and ``client=`` tasks are read batch by batch.
     client : distributed.Client, optional
@@ -426,7 +426,7 @@ class Loader:
             if self.device == "gpu":
                 check_cuda_fork()
         self._stats = ReadStats()
-        if self.client is None and self.prefetch >= 2 and reads_spans(self.dataset):
+        if self.client is None and window_size(self.prefetch) >= 2 and reads_spans(self.dataset):
             yield from self._window_batches(epoch, batches)
             return
         fetch = self._fetch(PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
@@ -449,12 +449,12 @@ class Loader:
             fetch.close()
 
     def _window_batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[Any]:
-        """A sampler pass read ``prefetch`` batches at a time (:mod:`npydask.loader.window`), delivered one by one."""
+        """A sampler pass read in windows of ``prefetch // 2`` batches (:mod:`npydask.loader.window`), one by one."""
         schedule, bound = self.schedule, self.bound
         assert schedule is not None and bound is not None
         fetch = LocalFetch(READING, self.device, WindowReader(self.dataset, bound, schedule.seed, schedule.shuffle))
         try:
-            for got in window_jobs(fetch, epoch, batches, self.prefetch):
+            for got in window_jobs(fetch, epoch, batches, window_size(self.prefetch)):
                 schedule.took()
                 self._stats += got.stats
                 yield (got.batch, got.index) if self.with_index else got.batch

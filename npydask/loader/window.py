@@ -1,41 +1,39 @@
-"""A sampler loader's look-ahead on prefetch threads: windows of ``prefetch`` batches read together.
+"""A sampler loader's look-ahead on prefetch threads: its next batches read together, in windows.
 
-A sampler loader knows its epoch's order, so with ``prefetch=K`` (``K >= 2``)
-and no ``client`` it reads the next ``K`` batches as one *window*
-(:func:`~npydask.samplers.read.read_window`): per file, every box those
-batches ask of it merged into one set of spans
+A sampler loader knows its epoch's order, so with ``prefetch=K`` (``K >= 4``)
+and no ``client`` it reads its batches in *windows* of ``K // 2``
+(:func:`window_size`) batches (:func:`~npydask.samplers.read.read_window`):
+per file, every box those batches ask of it merged into one set of spans
 (:func:`~npydask.plan.lookahead.group_window`), each box cut into its
-batch's slot. Grid tiles of the same rows in consecutive batches then
-share their per-plane spans, and overlapping rows are read once; random
-patches plan the same spans as batch by batch.
+batch's slot. Grid tiles of the same rows in consecutive batches then share
+their per-plane spans, and overlapping rows are read once; random patches
+plan the same spans as batch by batch.
 
 The design is a window, not a claim scheme (the reader of batch ``g``
 claiming the same file's boxes of ``g+1..g+K-1`` for later readers to wait
-on): a window needs no cross-thread bookkeeping of claimed slots, its
-reads are planned and issued in one call, and a random-patch epoch reads
-exactly what it read batch by batch. Two windows are read at once, on two
-threads (:data:`READING`): local reads are copies bound by a core each, and
-one reading thread ran random patches of local files at half the speed of
-the two per-batch threads, the same bytes read.
+on): a window needs no cross-thread bookkeeping of claimed slots, its reads
+are planned and issued in one call, and a random-patch epoch reads exactly
+what it read batch by batch. Two windows are in flight (:data:`READING`),
+each on its own thread, as two prefetch threads read two batches: local
+reads are copies bound by a core each.
 
 Bounds, with ``K = prefetch``:
 
+* batches read ahead: at most ``K``, as without windows: the window being
+  delivered and the one being read, ``K // 2`` batches each; the window
+  after them is asked for once the first is delivered;
 * requests in flight: those of two :func:`~npydask.reader.read_boxes_many`
   calls; for objects their range GETs share the store's one pool of
-  ``remote_concurrency`` requests, never more whatever ``K``;
-* memory: the window being delivered (at most ``K`` batches) and the two
-  being read (``2K`` batches and their files' span buffers): at most ``3K``
-  batches and two windows' spans;
-* the first batch comes after the first window is read, alone; then
-  windows ``w + 1`` and ``w + 2`` are read while window ``w``'s batches
-  are consumed.
+  ``remote_concurrency`` requests, whatever ``K``;
+* memory: those ``K`` batches and two windows' span buffers;
+* the first batch comes after the first window is read.
 
 A window's reads are counted in its first batch's stats (each merged span
-once); every batch counts its own ``patch_bytes``. The schedule counts
-only delivered batches, so a state saved mid-window resumes at the first
-batch not yet delivered. A read that fails is retried batch by batch, so
-the error is raised at the batch whose read failed, after the batches
-before it are delivered.
+once); every batch counts its own ``patch_bytes``. The schedule counts only
+delivered batches, so a state saved mid-window resumes at the first batch
+not yet delivered. A read that fails is retried batch by batch, so the
+error is raised at the batch whose read failed, after the batches before
+it are delivered.
 """
 
 from __future__ import annotations
@@ -50,10 +48,21 @@ from npydask.plan.lookahead import windows
 from npydask.samplers import BoundSampler, PatchBatch, read_patches
 from npydask.samplers.read import read_window
 
-__all__ = ["READING", "Failed", "WindowReader", "window_jobs"]
+__all__ = ["READING", "Failed", "WindowReader", "window_jobs", "window_size"]
 
 READING = 2
-"""Windows read at once, each on its own thread (local reads are copies bound by a core each)."""
+"""Windows in flight, each read on its own thread (local reads are copies bound by a core each)."""
+
+
+def window_size(prefetch: int) -> int:
+    """Batches per window for a loader's ``prefetch``: ``prefetch // READING`` (below 2: no windows).
+
+    Examples
+    --------
+    >>> [window_size(k) for k in (0, 2, 3, 4, 5, 8)]
+    [0, 1, 1, 2, 2, 4]
+    """
+    return prefetch // READING
 
 
 class Failed(NamedTuple):
@@ -89,24 +98,24 @@ def window_jobs(
 ) -> Iterator[PatchBatch]:
     """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a LocalFetch of ``depth`` threads).
 
-    The first window is read alone (the first batch waits for one window);
-    from then on up to ``depth`` windows are read while the previous one's
-    batches are delivered. The caller closes ``fetch``; windows not
-    delivered are cancelled here.
+    Up to ``depth`` windows are asked for at once, the window being
+    delivered among them: the next is asked for once a window's batches are
+    all delivered, so at most ``depth * k`` batches are read ahead. The
+    caller closes ``fetch``; windows not delivered are cancelled here.
     """
     jobs = [[batches[i] for i in w] for w in windows(len(batches), k)]
-    pending: deque[Any] = deque(fetch.submit((epoch, job)) for job in jobs[:1])
-    submitted = len(pending)
+    pending: deque[Any] = deque()
+    submitted = 0
     try:
         for _ in range(len(jobs)):
-            got = fetch.result(pending.popleft())
             while submitted < len(jobs) and len(pending) < depth:
                 pending.append(fetch.submit((epoch, jobs[submitted])))
                 submitted += 1
-            for one in got:
+            for one in fetch.result(pending[0]):
                 if isinstance(one, Failed):
                     raise one.error
                 yield one
+            pending.popleft()
     finally:
         for future in pending:
             fetch.cancel(future)
