@@ -9,10 +9,11 @@ setting                environment variable           default    meaning
 ``roi_strategy``       ``NPYDASK_ROI_STRATEGY``       ``auto``   strided regions of local files: ``auto`` (the
                                                                  cost model), ``spans``, ``runs`` or ``mapped``
                                                                  (see :mod:`npydask.plan.read_strategy`)
-``patch_read``         ``NPYDASK_PATCH_READ``         ``auto``   a sampler's patches of local files: ``auto``
-                                                                 and ``mapped`` copy them from the file's
-                                                                 mapping, ``spans`` reads merged spans
-                                                                 (see :mod:`npydask.samplers.read`)
+``patch_read``         ``NPYDASK_PATCH_READ``         ``auto``   a sampler's patches of local files: ``mapped``
+                                                                 copies them from the file's mapping,
+                                                                 ``spans`` reads merged spans, ``auto`` maps
+                                                                 what the page cache holds and reads spans
+                                                                 otherwise (see :mod:`npydask.samplers.read`)
 ``handle_cache_size``  ``NPYDASK_HANDLE_CACHE_SIZE``  128        open files kept per process
 ``gpu_gap_bytes``      ``NPYDASK_GPU_GAP_BYTES``      64 KiB     GPU reads: runs closer than this are one read
 ``gpu_task_bytes``     ``NPYDASK_GPU_TASK_BYTES``     0          GPU reads: largest single kvikio ``pread``

@@ -9,13 +9,17 @@ comes back as :class:`ReadStats`, which add up over an epoch.
 all of them (a loader's look-ahead, :mod:`npydask.loader.window`).
 
 Local files are read by the ``patch_read`` setting (environment variable
-``NPYDASK_PATCH_READ``): ``"auto"`` (the default) and ``"mapped"`` copy each
-box from the file's mapping, ``"spans"`` reads the merged byte spans with
-``preadv``. A 64^3 float32 patch of a 256x512x512 volume lies on 64 planes:
-the mapping copies its 1 MiB, while the spans of whole rows per plane are
-8 MiB, so mapped reads are several times faster from the page cache and no
-slower from a cold one. ``"spans"`` keeps every read an explicit request
-(``O_DIRECT`` with ``direct_io``, which always reads spans). A file opened
+``NPYDASK_PATCH_READ``): ``"mapped"`` copies each box from the file's
+mapping, ``"spans"`` reads the merged byte spans with ``preadv`` (several
+at once), and ``"auto"`` (the default) maps a file's boxes where the page
+cache holds them and reads spans otherwise (asked without reading,
+:meth:`~npydask.storage.base.Source.in_memory`). A 64^3 float32 patch of a
+256x512x512 volume lies on 64 planes: the mapping copies its 1 MiB, while
+the spans of whole rows per plane are 8 MiB, so mapped reads are several
+times faster from the page cache; from the disk, a page fault reads ahead
+around it (the device's ``read_ahead_kb``), several times the spans' bytes.
+``"spans"`` keeps every read an explicit request (``O_DIRECT`` with
+``direct_io``, which always reads spans). A file opened
 with ``backend="pread"`` reads spans and one opened with ``backend="mmap"``
 maps, whatever the setting. Objects are always read as merged range requests.
 """
@@ -214,15 +218,19 @@ def reads_spans(dataset: Any) -> bool:
 
 
 def _route() -> str:
-    value = str(config.get("patch_read"))
-    return "mapped" if value == "auto" else value
+    """The ``patch_read`` setting: ``"auto"``, ``"mapped"`` or ``"spans"``."""
+    return str(config.get("patch_read"))
 
 
 def _routed(ref: FileRef, route: str) -> FileRef:
-    """``ref`` set to read patches by ``route`` where its backend leaves the choice (``"auto"``)."""
-    if ref.backend != "auto" or ref.options.roi_strategy == route:
+    """``ref`` set to read patches by ``route`` where its backend leaves the choice (``"auto"``).
+
+    ``"auto"`` sets the mapping, which :func:`~npydask.reader.read_boxes_many`
+    (``probe_cache=True``) takes only where the page cache holds the boxes.
+    """
+    strategy = "spans" if route == "spans" else "mapped"
+    if ref.backend != "auto" or ref.options.roi_strategy == strategy:
         return ref
-    strategy = "mapped" if route == "mapped" else "spans"
     return ref._replace(options=dataclasses.replace(ref.options, roi_strategy=strategy))
 
 
@@ -257,7 +265,7 @@ def _read_member(
         else:
             for box, dest in zip(g.boxes, dests):
                 stats += _read_in_roi(view, box, fill_value, dest)
-    for got in read_boxes_many(todo, fill_value=fill_value):
+    for got in read_boxes_many(todo, fill_value=fill_value, probe_cache=route == "auto"):
         stats += ReadStats(got.bytes_read, got.patch_bytes, got.requests)
     return arrays, stats
 

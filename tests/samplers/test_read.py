@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from _boxes import expected_box as expected
 from _boxes import save_npz_members
+from _pages import evict
 
 import npydask
 from npydask.plan.patches import Patch
@@ -49,6 +50,31 @@ def test_patches_equal_numpy_with_padding(tmp_path, arrays, route):
     assert got.index["stop"].dtype == np.int64 and got.index["stop"].shape == (11, 3)
     assert got.stats.patch_bytes == got.batch.nbytes and got.stats.bytes_read > 0 and got.stats.io_wait_s > 0
     assert (got.stats.requests == 0) == (route != "spans")
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="asking the page cache needs Linux's RWF_NOWAIT")
+def test_auto_maps_what_the_page_cache_holds_and_reads_spans_otherwise(tmp_path):
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((48, 96, 128)).astype("<f4") for _ in range(3)]  # 2.25 MiB each
+    ds = save(tmp_path / "v", arrays)
+    bound = Uniform((16, 20, 24), per_file=3).bind(ds)
+    patches = bound.patches(0, range(9), seed=1)
+
+    def read():
+        got = read_patches(ds, patches, bound)
+        for slot, p in zip(got.batch, patches):
+            np.testing.assert_array_equal(slot, expected(arrays[p.file], p, 0))
+        return got.stats
+
+    assert read().requests == 0  # (just written: copied from the mappings)
+    if not all(evict(f) for f in ds.files):
+        pytest.skip("this file system keeps a file's pages in memory (tmpfs): nothing is ever cold")
+    cold = read()
+    assert cold.requests > 0 and cold.bytes_read > cold.patch_bytes  # the spans, several per box
+    assert read().requests == 0  # the spans brought the pages in
+    assert all(evict(f) for f in ds.files)
+    with npydask.config.set(patch_read="mapped"):
+        assert read().requests == 0  # (mapped, cold or not)
 
 
 def test_each_file_is_read_once_per_batch(tmp_path, arrays, monkeypatch):
