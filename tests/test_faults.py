@@ -1,7 +1,7 @@
 """Fault drills: files that vanish, shrink, grow, change or turn out special while lazy arrays wait.
 
 Only drills not already covered elsewhere are here (the report lists those):
-``test_header.py`` and ``reader/test_region.py`` cover missing, special and unreadable
+``test_header.py`` and ``reader/test_reader_region.py`` cover missing, special and unreadable
 paths for ``read_header``/``read_region``/``FileRef.open`` and the huge header
 length for ``read_header``; ``test_backends.py`` covers deleted files for
 ``FileRef.read``, O_DIRECT fallbacks for ``read_region`` and 8 threads over
