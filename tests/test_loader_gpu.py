@@ -10,6 +10,7 @@ and the device on one GPU; the device of prefetch threads needs two.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -37,6 +38,7 @@ class FakeCupy:
 
     def __init__(self):
         self.log = []
+        self.events = itertools.count()
         self.local = threading.local()
         self.cuda = types.SimpleNamespace(
             runtime=types.SimpleNamespace(getDevice=self.current),
@@ -75,19 +77,22 @@ class FakeCupy:
 
     def Event(self, disable_timing=False):  # noqa: N802
         fake = self
+        number = next(self.events)  # (not id(): a freed event's id is given to the next one)
 
         class _Event:
+            serial = number
+
             def record(self, stream=None):
-                fake.note("record", id(self))
+                fake.note("record", self.serial)
 
             def synchronize(self):  # (the pinned ring waits on its buffers' events before reuse)
-                fake.note("event synchronize", id(self))
+                fake.note("event synchronize", self.serial)
 
         return _Event()
 
     def stream(self):
         fake = self
-        return types.SimpleNamespace(synchronize=lambda: None, wait_event=lambda ev: fake.note("wait", id(ev)))
+        return types.SimpleNamespace(synchronize=lambda: None, wait_event=lambda ev: fake.note("wait", ev.serial))
 
 
 @pytest.fixture
