@@ -7,7 +7,7 @@ file together (:func:`read_boxes`: a sampler's patches) and the files of a
 batch (:func:`read_boxes_many`).
 """
 
-from npydask.reader.boxes import BoxesRead, FileBoxes, read_boxes, read_boxes_many
+from npydask.reader.boxes import BoxesRead, FileBoxes, maps_boxes, read_boxes, read_boxes_many
 from npydask.reader.region import (
     BACKENDS,
     FileRef,
@@ -25,6 +25,7 @@ __all__ = [
     "FileRef",
     "check_key",
     "choose_backend",
+    "maps_boxes",
     "read_boxes",
     "read_boxes_many",
     "read_header",

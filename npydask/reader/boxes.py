@@ -25,7 +25,7 @@ from npydask.reader.region import FileRef
 from npydask.storage.base import OpenedFile
 from npydask.storage.spans import each_file, inflate_spans, read_spans
 
-__all__ = ["MAX_INFLATE_GAP", "BoxesRead", "FileBoxes", "probe_offsets", "read_boxes", "read_boxes_many"]
+__all__ = ["MAX_INFLATE_GAP", "BoxesRead", "FileBoxes", "maps_boxes", "probe_offsets", "read_boxes", "read_boxes_many"]
 
 
 class BoxesRead(NamedTuple):
@@ -187,13 +187,24 @@ def _check_whole_members(f: OpenedFile, runs: PatchRuns, arrays: list[np.ndarray
             check_stored(f.read_at, member, f.path, a, f.header.fortran_order)
 
 
-def _maps(ref: FileRef, f: OpenedFile) -> bool:
-    """Whether boxes are copied from the file's mapping (``"mmap"``, or ``"auto"`` with ``roi_strategy="mapped"``)."""
-    if f.deflated or not (ref.source.mappable and f.local):
+def maps_boxes(ref: FileRef) -> bool:
+    """Whether :func:`read_boxes` copies ``ref``'s boxes from the file's mapping rather than reading spans.
+
+    ``"mmap"``, or ``"auto"`` with the ``roi_strategy`` setting ``"mapped"``
+    (and no ``direct_io``), for a file of a source that can map and not a
+    deflated ``.npz`` member. With ``probe_cache=True`` such boxes are
+    still read as spans where the page cache does not hold them.
+    """
+    if ref.compressed or not ref.source.mappable:
         return False
     return ref.backend == "mmap" or (
         ref.backend == "auto" and ref.options.roi_strategy == "mapped" and not ref.options.direct_io
     )
+
+
+def _maps(ref: FileRef, f: OpenedFile) -> bool:
+    """:func:`maps_boxes` for the file as opened (a local file, not a deflated member)."""
+    return maps_boxes(ref) and f.local and not f.deflated
 
 
 def probe_offsets(runs: PatchRuns) -> list[int]:
@@ -214,8 +225,7 @@ def probe_offsets(runs: PatchRuns) -> list[int]:
         if not p.n_runs:
             continue
         middle = sum((n // 2) * stride for n, stride in zip(p.outer_shape, p.outer_strides))
-        last = sum((n - 1) * stride for n, stride in zip(p.outer_shape, p.outer_strides))
-        offsets += [p.offset, p.offset + middle, p.offset + last]
+        offsets += [p.offset, p.offset + middle, p.end - p.run_nbytes]
     return offsets
 
 

@@ -40,7 +40,7 @@ from npydask.dataset.stacking import joined_dtype
 from npydask.plan.lookahead import FileWindow, group_window
 from npydask.plan.patches import Patch, patch_index
 from npydask.plan.region import Box
-from npydask.reader import FileBoxes, FileRef, read_boxes_many
+from npydask.reader import FileBoxes, FileRef, maps_boxes, read_boxes_many
 from npydask.samplers.base import BoundSampler, dataset_members
 
 __all__ = ["PATCH_READS", "PatchBatch", "ReadStats", "read_patches", "read_window", "reads_spans"]
@@ -209,12 +209,7 @@ def reads_spans(dataset: Any) -> bool:
     default for local files): there are no spans to merge across batches.
     """
     view = next(iter(dataset_members(dataset).values())).views[0]
-    ref = view.ref
-    if not ref.source.mappable or ref.backend == "pread" or ref.compressed:
-        return True
-    if ref.backend == "mmap":
-        return False
-    return _route() == "spans" or bool(ref.options.direct_io)
+    return not maps_boxes(_routed(view.ref, _route()))
 
 
 def _route() -> str:
