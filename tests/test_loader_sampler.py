@@ -43,27 +43,38 @@ def epoch_boxes(bound, epoch, seed=None, shuffle=False):
     )
 
 
+def tail(bound, epoch, start, world, batch, seed=5, shuffle=True):
+    """The boxes a pass from ``start`` at ``world`` ranks of ``batch`` wraps in to complete its last round."""
+    n = len(bound)
+    if world == 1:
+        return Counter()
+    end = start + -(-(n - start) // (batch * world)) * batch * world
+    wrapped = [q % n for q in range(n, end)]
+    return Counter((p.file, p.start, p.stop) for p in bound.patches(epoch, wrapped, seed=seed, shuffle=shuffle))
+
+
 def test_every_sample_is_read_once_across_shards_and_equals_numpy(ds):
     sampler = Uniform((5, 6, 4), per_file=2, policy="pad", fill_value=-1)
     bound = sampler.bind(ds)
     seen = Counter()
     for k in range(3):
         loader = npydask.Loader(ds, 3, sampler=sampler, shard_id=k, num_shards=3, seed=4, shuffle=True, with_index=True)
-        assert len(loader) == len(range(k, 5, 3))  # 14 positions: 5 global batches, the last short
+        assert len(loader) == 2  # 14 positions: 2 rounds of 3 global batches, positions 14-17 wrapped to 0-3
         for batch, index in loader:
             assert batch.dtype == np.float32 and batch.shape[1:] == (2, 5, 6, 4)
             for slot, (f, a, b) in zip(batch, boxes(index)):
                 np.testing.assert_array_equal(slot, expected(ARRAYS[f], Patch(f, a, b), -1))
             seen.update(boxes(index))
         assert loader.epoch == 1
-    assert seen == epoch_boxes(bound, 0, seed=4, shuffle=True)
+    assert seen == epoch_boxes(bound, 0, seed=4, shuffle=True) + tail(bound, 0, 0, 3, 3, seed=4)
+    assert sum(tail(bound, 0, 0, 3, 3, seed=4).values()) == 4
 
 
 def test_shards_take_global_batches_in_turn(ds):
     sampler = Uniform((4, 4, 4))  # one patch per file, in file order
     got = [[idx["file"].tolist() for _, idx in npydask.Loader(ds, 2, sampler=sampler, shard_id=k, num_shards=2,
                                                                  with_index=True)] for k in range(2)]  # fmt: skip
-    assert got == [[[0, 1], [4, 5]], [[2, 3], [6]]]
+    assert got == [[[0, 1], [4, 5]], [[2, 3], [6, 0]]]  # equal counts: the last round wraps to file 0
     dropped = npydask.Loader(ds, 2, sampler=sampler, shard_id=1, num_shards=2, drop_last=True, with_index=True)
     assert [i["file"].tolist() for _, i in dropped] == [[2, 3]]
 
@@ -121,15 +132,17 @@ def test_resume_at_another_world_size_delivers_each_remaining_sample_once(ds, th
         assert (states[0]["epoch"], states[0]["position"]) == at
         after, end = run(ds, sampler, *then, state=states[0])
         assert end[0]["epoch"] == at[0] + 1 and end[0]["position"] == 0
-        if at[0] == 1:  # every rank consumed the epoch: the resumed run is the next epoch, whole
-            assert before == whole and after == epoch_boxes(sampler.bind(ds), 1, seed=5, shuffle=True)
+        bound = sampler.bind(ds)
+        if at[0] == 1:  # every rank consumed the epoch (24 positions, 3 wrapped): the resumed run is the next, whole
+            assert before == whole + tail(bound, 0, 0, 4, 2)
+            assert after == epoch_boxes(bound, 1, seed=5, shuffle=True) + tail(bound, 1, 0, *then)
             continue
-        assert before + after == whole, step
+        assert before + after == whole + tail(bound, 0, at[1], *then), step
         # resumed twice: part of the rest at `then`, the remainder on one rank of batch 1
         mid, again = run(ds, sampler, *then, steps=1, state=states[0])
         done = again[0]["epoch"] == 1  # (the epoch is over: resuming it would go on with the next)
         rest = Counter() if done else run(ds, sampler, 1, 1, state=again[0])[0]
-        assert before + mid + rest == whole, step
+        assert before + mid + rest == whole + (tail(bound, 0, at[1], *then) if done else Counter()), step
 
 
 # Loader(ds, 3, sampler=Uniform((3, 3, 3), per_file=2), seed=4, shuffle=True).state_dict() after two batches,

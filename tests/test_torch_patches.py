@@ -48,6 +48,13 @@ def _keys(bound, epoch, positions, seed=None, shuffle=False):
     return [(p.file, p.start + p.stop) for p in bound.patches(epoch, list(positions), seed=seed, shuffle=shuffle)]
 
 
+def _tail(bound, epoch, start, world, batch, seed=1, shuffle=True):
+    """The keys a pass from ``start`` at ``world`` ranks of ``batch`` wraps in to complete its last round."""
+    n = len(bound)
+    end = start + -(-(n - start) // (batch * world)) * batch * world if world > 1 else n
+    return collections.Counter(_keys(bound, epoch, [q % n for q in range(n, end)], seed=seed, shuffle=shuffle))
+
+
 def _batches(it, workers, *, take=None, **kwargs):
     """The ``(file, location)`` of each sample of each batch a DataLoader over ``it`` returns, checked against numpy."""
     loader = torch.utils.data.DataLoader(
@@ -81,16 +88,18 @@ def test_values_equal_numpy_and_batches_arrive_in_dealt_order(volumes, workers):
 def test_each_position_once_across_ranks_and_workers(volumes, world, workers):
     sampler = Uniform((5, 5), per_file=4)
     seen = []
+    rounds = -(-20 // (3 * world))  # 20 positions: whole rounds of `world` global batches, the last one wrapped
+    everything = _keys(sampler.bind(volumes), 0, [p % 20 for p in range(rounds * world * 3)])
     for rank in range(world):
         it = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, rank=rank, world_size=world, with_index=True)
         batches = _batches(it, workers)
-        assert all(len(b) == 3 for b in batches[:-1])
-        assert sum(map(len, batches)) == len(it)
+        assert [len(b) for b in batches] == [3] * rounds  # every rank the same number of full batches
+        assert sum(map(len, batches)) == len(it) and len(torch.utils.data.DataLoader(it, batch_size=3)) == rounds
         # rank k receives global batches k, k+S, ... in order whatever the number of workers
-        everything = _keys(sampler.bind(volumes), 0, range(20))
-        assert batches == [everything[g * 3 : g * 3 + 3] for g in range(rank, 7, world)]
+        assert batches == [everything[g * 3 : g * 3 + 3] for g in range(rank, rounds * world, world)]
         seen += [k for b in batches for k in b]
-    assert collections.Counter(seen) == collections.Counter(_keys(sampler.bind(volumes), 0, range(20)))
+    assert collections.Counter(seen) == collections.Counter(everything)
+    assert set(everything) == set(_keys(sampler.bind(volumes), 0, range(20)))
 
 
 @pytest.mark.timeout(120)
@@ -143,7 +152,8 @@ def test_resume_at_another_world_worker_count_and_batch_size_delivers_the_rest_o
         before, after, state = _resume_run(volumes, sampler, start_shape, b, resume_shape)
         assert state["epoch"] == 1
         assert state["position"] == min(25, b * start_shape[0] * start_shape[2])
-        assert collections.Counter(before + after) == everything, f"after {b} batches"
+        wrapped = _tail(sampler.bind(volumes), 1, state["position"], resume_shape[0], resume_shape[2])
+        assert collections.Counter(before + after) == everything + wrapped, f"after {b} batches"
 
 
 @pytest.mark.timeout(120)
@@ -429,24 +439,28 @@ def test_saved_at_every_step_at_4x2_resumes_at_2x1_and_3x2_and_then_again_at_1x1
         it.set_epoch(1 if state is None else state["epoch"])
         return it
 
-    full = [_batches(adapter(rank, 4, 2), 2) for rank in range(4)]  # 13 global batches: 4, 3, 3, 3 per rank
-    assert [len(f) for f in full] == [4, 3, 3, 3]
+    bound = sampler.bind(volumes)
+    full = [_batches(adapter(rank, 4, 2), 2) for rank in range(4)]  # 13 global batches, 3 more wrapped: 4 per rank
+    assert [len(f) for f in full] == [4, 4, 4, 4]
     for b in range(5):
         state = adapter(0, 4, 2).state_dict(b)
         before = [k for f in full for part in f[:b] for k in part]
         if b == 4:  # the epoch is over: the state is the next epoch's start
-            assert (state["epoch"], state["position"]) == (2, 0) and collections.Counter(before) == everything
+            assert (state["epoch"], state["position"]) == (2, 0)
+            assert collections.Counter(before) == everything + _tail(bound, 1, 0, 4, 2)
             continue
         for world, workers, batch in [(2, 1, 3), (3, 2, 1)]:
             runs = [_batches(adapter(rank, world, batch, state), workers) for rank in range(world)]
             after = [k for run in runs for part in run for k in part]
-            assert collections.Counter(before + after) == everything, (b, world, workers, batch)
+            wrapped = _tail(bound, 1, state["position"], world, batch)
+            assert collections.Counter(before + after) == everything + wrapped, (b, world, workers, batch)
         # the (3x2) pass saved again after one batch on each rank, resumed at (1x1)
         again = adapter(0, 3, 1, state).state_dict(1)
         taken = [k for run in runs for part in run[:1] for k in part]
         rest = [k for part in _batches(adapter(0, 1, 4, again), 0) for k in part] if again["epoch"] == 1 else []
-        assert again["epoch"] == 1 or b == 3  # (b=3: one batch remained, which the (3x2) pass consumed)
-        assert collections.Counter(before + taken + rest) == everything, b
+        assert again["epoch"] == 1 or b == 3  # (b=3: one position remained, which the (3x2) pass's round took)
+        wrapped = collections.Counter() if again["epoch"] == 1 else _tail(bound, 1, state["position"], 3, 1)
+        assert collections.Counter(before + taken + rest) == everything + wrapped, b
 
 
 @pytest.mark.timeout(180)
@@ -518,7 +532,7 @@ def test_a_spawned_worker_reads_the_share_of_its_parents_torch_distributed_rank(
         it, batch_size=2, num_workers=1, multiprocessing_context=torch.multiprocessing.get_context("spawn")
     )
     got = [k for _, ix in loader for k in zip(ix["file"].tolist(), map(tuple, ix["location"].tolist()))]
-    everything = _keys(sampler.bind(volumes), 0, range(10))
-    assert got == [k for g in (1, 3) for k in everything[2 * g : 2 * g + 2]]  # global batches 1 and 3
+    everything = _keys(sampler.bind(volumes), 0, [p % 10 for p in range(12)])  # 3 rounds, the last wrapped
+    assert got == [k for g in (1, 3, 5) for k in everything[2 * g : 2 * g + 2]]  # global batches 1, 3 and 5
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     assert clone.indices().tolist() == [2, 3, 4]  # without a sampler: rank 1 of 2's files

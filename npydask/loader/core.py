@@ -58,6 +58,10 @@ class Loader:
         batch with all its patches (:func:`~npydask.samplers.read_patches`).
         ``state_dict()`` records one position ``P`` and resumes at another
         ``num_shards`` or ``batch_size``; :meth:`stats` sums the reads.
+        With ``num_shards > 1`` every shard gets the same number of full
+        batches: the epoch's last round is completed with samples from the
+        epoch's start (delivered twice in that epoch, as PyTorch's
+        ``DistributedSampler`` pads), or dropped with ``drop_last=True``.
     shuffle : bool
         Permute the whole list each epoch with a generator seeded only by
         ``(seed, epoch)``, the same on every shard, before sharding. With a
@@ -81,6 +85,8 @@ class Loader:
         samples, then up to a full batch (DALI).
     drop_last : bool
         Without padding, drop a short last batch instead of yielding it.
+        With a sampler and ``num_shards > 1``, drop the epoch's incomplete
+        last round of batches (the short batch with it) instead of wrapping it.
     prefetch : int
         Batches read ahead: threads of this process, or tasks on ``client``'s
         workers. 0 reads each batch when it is asked for. With a sampler,
@@ -107,6 +113,14 @@ class Loader:
         B), ``"start"`` and ``"stop"`` (int64, B x patch ndim), the boxes in
         the dataset's coordinates (what :class:`~npydask.samplers.Stitcher`
         takes).
+    interleave : int
+        With a sampler of ``per_file`` patches (``Uniform``, ``Foreground``):
+        read each block of ``interleave`` consecutive files' patches one
+        patch of each file in turn, so a batch mixes up to ``interleave``
+        files instead of ``batch_size / per_file``. Reads stay grouped per
+        file within a batch and a look-ahead window; the order depends only
+        on the position, so resume stays exact (the state records it).
+        ``1`` (the default) keeps each file's patches adjacent.
 
     Examples
     --------
@@ -145,6 +159,7 @@ class Loader:
         device: str = "cpu",
         with_index: bool = False,
         stick_to_shard: bool = True,
+        interleave: int = 1,
     ) -> None:
         from npydask.dataset.npy_dataset import NpyDataset
 
@@ -182,8 +197,14 @@ class Loader:
                 drop_last=bool(drop_last),
                 pad_last_batch=bool(pad_last_batch),
                 stick_to_shard=bool(stick_to_shard),
+                interleave=interleave,
             )
         else:
+            if check_int("interleave", interleave, 1) > 1:
+                raise ValueError(
+                    f"interleave={interleave} mixes the patches of several files and applies only with sampler= "
+                    "(Uniform or Foreground with per_file > 1); leave interleave=1 for whole-file batches"
+                )
             self.plan = EpochPlan(
                 len(dataset),
                 batch_size,
@@ -219,7 +240,10 @@ class Loader:
             self.schedule.epoch = value
 
     def __len__(self) -> int:
-        """Batches per epoch (of the current epoch: see ``stick_to_shard``; with a sampler, of a whole epoch)."""
+        """Batches per epoch (of the current epoch: see ``stick_to_shard``; with a sampler, of a whole epoch).
+
+        With a sampler and several shards, every shard has the same number.
+        """
         if self.schedule is not None:
             return len(self.schedule)
         assert self.plan is not None
@@ -241,7 +265,14 @@ class Loader:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration yield epoch ``epoch`` from its start."""
+        """Make the next iteration yield epoch ``epoch`` from its start.
+
+        With a sampler, after :meth:`load_state_dict` the first call keeps the
+        state's position when it names the state's epoch, so
+        ``for e in range(state["epoch"], epochs): loader.set_epoch(e)``
+        resumes where the state was taken (as ``NpyIterableDataset`` does);
+        any other epoch starts at its beginning.
+        """
         if self.schedule is not None:
             self.schedule.set_epoch(epoch)
             return
@@ -280,8 +311,9 @@ class Loader:
         With a sampler: ``epoch``, the position ``position`` (``P``: the
         samples ``[0, P)`` of the epoch are consumed), the epoch's
         ``samples``, ``seed``, ``shuffle``, the ``sampler``'s fingerprint and
-        the ``dataset_fingerprint``; the same on every rank after the same
-        number of batches.
+        the ``dataset_fingerprint`` (and ``interleave`` when above 1); the
+        same on every rank after the same number of batches, whether a
+        rank's loop stopped after its last batch or its iterator ran out.
         """
         if self.schedule is not None:
             assert self.sampler is not None
@@ -305,8 +337,10 @@ class Loader:
         With a sampler, the state may come from a loader with another
         ``num_shards``, ``shard_id``, ``batch_size`` or ``drop_last``: the next
         pass deals the epoch's remaining positions ``[P, N)`` by this
-        loader's settings, each exactly once across the shards (a state at
-        the end of an epoch goes on with the next epoch).
+        loader's settings, each exactly once across the shards (plus the
+        wrapped last round several shards need), and a state at the end of
+        an epoch goes on with the next epoch. A following
+        :meth:`set_epoch` of the state's epoch keeps the position.
 
         Raises
         ------
@@ -433,22 +467,22 @@ class Loader:
         ahead = max(1, self.prefetch)
         pending: deque[Any] = deque()
         try:
-            position = 0
-            while position < len(batches) or pending:
-                while position < len(batches) and len(pending) < ahead:
-                    pending.append(fetch.submit((epoch, batches[position])))
-                    position += 1
+            while True:
+                while len(pending) < ahead and (positions := next(batches, None)) is not None:
+                    pending.append(fetch.submit((epoch, positions)))
+                if not pending:
+                    break
                 got: PatchBatch = fetch.result(pending.popleft())
                 schedule.took()
                 self._stats += got.stats
                 yield (got.batch, got.index) if self.with_index else got.batch
-            schedule.finish()
+            schedule.ran_out()
         finally:
             for future in pending:
                 fetch.cancel(future)
             fetch.close()
 
-    def _window_batches(self, epoch: int, batches: list[np.ndarray]) -> Iterator[Any]:
+    def _window_batches(self, epoch: int, batches: Iterator[np.ndarray]) -> Iterator[Any]:
         """A sampler pass read in windows of ``prefetch // 2`` batches (:mod:`npydask.loader.window`), one by one."""
         schedule, bound = self.schedule, self.bound
         assert schedule is not None and bound is not None
@@ -458,6 +492,6 @@ class Loader:
                 schedule.took()
                 self._stats += got.stats
                 yield (got.batch, got.index) if self.with_index else got.batch
-            schedule.finish()
+            schedule.ran_out()
         finally:
             fetch.close()

@@ -39,12 +39,12 @@ it are delivered.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from npydask.plan.lookahead import windows
 from npydask.samplers import BoundSampler, PatchBatch, read_patches
 from npydask.samplers.read import read_window
 
@@ -94,23 +94,27 @@ class WindowReader:
 
 
 def window_jobs(
-    fetch: Any, epoch: int, batches: list[np.ndarray], k: int, depth: int = READING
+    fetch: Any, epoch: int, batches: Iterable[np.ndarray], k: int, depth: int = READING
 ) -> Iterator[PatchBatch]:
     """The batches of ``batches`` in order, read ``k`` at a time by ``fetch`` (a LocalFetch of ``depth`` threads).
 
     Up to ``depth`` windows are asked for at once, the window being
     delivered among them: the next is asked for once a window's batches are
-    all delivered, so at most ``depth * k`` batches are read ahead. The
-    caller closes ``fetch``; windows not delivered are cancelled here.
+    all delivered, so at most ``depth * k`` batches are read ahead. Windows
+    are cut from ``batches`` as they are asked for (an iterator is taken a
+    window at a time). The caller closes ``fetch``; windows not delivered
+    are cancelled here.
     """
-    jobs = [[batches[i] for i in w] for w in windows(len(batches), k)]
+    if k < 1:
+        raise ValueError(f"window_jobs needs k >= 1 batches a window, found k={k}")
+    source = iter(batches)
     pending: deque[Any] = deque()
-    submitted = 0
     try:
-        for _ in range(len(jobs)):
-            while submitted < len(jobs) and len(pending) < depth:
-                pending.append(fetch.submit((epoch, jobs[submitted])))
-                submitted += 1
+        while True:
+            while len(pending) < depth and (job := list(islice(source, k))):
+                pending.append(fetch.submit((epoch, job)))
+            if not pending:
+                return
             for one in fetch.result(pending[0]):
                 if isinstance(one, Failed):
                     raise one.error

@@ -60,6 +60,9 @@ class ResumeState:
         The dataset's fingerprint (``npydask.loader.dataset_fingerprint``).
         Keys ending in ``_shown`` describe another key for messages and
         are not compared.
+    interleave : int
+        The units read in turn (:func:`~npydask.plan.deal.interleaved`);
+        recorded only when above 1, so a state without it means 1.
 
     Examples
     --------
@@ -75,6 +78,7 @@ class ResumeState:
     shuffle: bool
     sampler: str
     dataset: Mapping[str, str] = field(default_factory=dict)
+    interleave: int = 1
 
     def __post_init__(self) -> None:
         epoch = check_int("epoch", self.epoch, 0)
@@ -90,8 +94,10 @@ class ResumeState:
         dataset = self.dataset
         if not isinstance(dataset, Mapping) or not all(isinstance(k, str) for k in dataset):
             raise TypeError(f"dataset must be the dataset's fingerprint (a dict of str), found {dataset!r}")
+        interleave = check_int("interleave", self.interleave, 1)
         for name, value in (("epoch", epoch), ("samples", samples), ("position", position), ("seed", seed)):
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "interleave", interleave)
         object.__setattr__(self, "shuffle", bool(self.shuffle))
         object.__setattr__(self, "dataset", dict(dataset))
 
@@ -183,8 +189,11 @@ class ResumeState:
         return state.rolled_over()
 
     def to_dict(self) -> dict[str, Any]:
-        """The state as plain values (for ``torch.save``, JSON or pickle): :data:`STATE_KEYS` as keys."""
-        return {
+        """The state as plain values (for ``torch.save``, JSON or pickle): :data:`STATE_KEYS` as keys.
+
+        ``"interleave"`` follows them when it is above 1.
+        """
+        state = {
             "epoch": self.epoch,
             "position": self.position,
             "samples": self.samples,
@@ -193,6 +202,9 @@ class ResumeState:
             "sampler": self.sampler,
             "dataset_fingerprint": dict(self.dataset),
         }
+        if self.interleave > 1:
+            state["interleave"] = self.interleave
+        return state
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
@@ -221,6 +233,7 @@ class ResumeState:
                 state["shuffle"],
                 state["sampler"],
                 state["dataset_fingerprint"],
+                state.get("interleave", 1),
             )
         except TypeError as e:
             raise ValueError(f"not a valid loader state: {e}") from e
@@ -233,8 +246,8 @@ STATE_KEYS = ("epoch", "position", "samples", "seed", "shuffle", "sampler", "dat
 def check_resumable(saved: ResumeState, current: ResumeState) -> None:
     """Raise unless a pass described by ``current`` may resume from ``saved``.
 
-    The dataset (its fingerprint), the sampler, the seed and the shuffle
-    must agree, and with them the epoch's samples; the epoch and position
+    The dataset (its fingerprint), the sampler, the seed, the shuffle and
+    the interleave must agree, and with them the epoch's samples; the epoch and position
     of ``current`` are not compared (``saved``'s are the ones to resume
     at), and neither is anything about shards, workers or batch size, which
     a resumed pass may change.
@@ -277,13 +290,15 @@ def check_resumable(saved: ResumeState, current: ResumeState) -> None:
         differ.append(f"another seed (the state's {saved.seed}, this loader's {current.seed})")
     if saved.shuffle != current.shuffle:
         differ.append(f"another shuffle (the state's {saved.shuffle}, this loader's {current.shuffle})")
+    if saved.interleave != current.interleave:
+        differ.append(f"another interleave (the state's {saved.interleave}, this loader's {current.interleave})")
     if not differ and saved.samples != current.samples:
         differ.append(
             f"another number of samples per epoch (the state's {saved.samples}, this loader's {current.samples})"
         )
     if differ:
         raise ValueError(
-            f"the state cannot resume this loader: {'; '.join(differ)}. Resume with the dataset, sampler, seed "
-            "and shuffle the state was saved with (num_shards, the number of workers and batch_size may differ), "
-            "or start without load_state_dict"
+            f"the state cannot resume this loader: {'; '.join(differ)}. Resume with the dataset, sampler, seed, "
+            "shuffle and interleave the state was saved with (num_shards, the number of workers and batch_size may "
+            "differ), or start without load_state_dict"
         )

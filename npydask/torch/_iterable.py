@@ -15,6 +15,7 @@ from npydask.plan.deal import Deal
 from npydask.plan.resume import ResumeState
 from npydask.plan.sampling import check_int, epoch_order
 from npydask.samplers import Sampler, read_patches
+from npydask.samplers.schedule import unit_size
 from npydask.torch._common import SharedPass, check_dataset, file_samples, first_views, patch_samples
 
 __all__ = ["NpyIterableDataset", "split_for"]
@@ -82,6 +83,9 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     read_size : int
         Samples read together by one call (one tight loop over their files);
         with a ``sampler`` each batch is read together instead.
+    interleave : int
+        With a ``sampler`` of ``per_file`` patches: mix each block of
+        ``interleave`` files' patches, one of each file in turn (see Notes).
 
     Raises
     ------
@@ -104,8 +108,18 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     loop receives its batches ``0, 1, 2, ...`` whatever ``W``. A worker reads
     each batch's patches together and yields its samples one by one, so the
     DataLoader's collation rebuilds that batch; ``len()`` is this rank's
-    samples per epoch. Only the epoch's last batch is short (dropped with
-    ``drop_last``), and ranks may hold one batch fewer than others.
+    samples per epoch, so ``len(DataLoader(ds, batch_size=B))`` is the
+    rank's batches per epoch. With one rank only the epoch's last batch is
+    short (dropped with ``drop_last``). With ``world_size > 1`` every rank
+    gets the same number of full batches, so a DDP loop never waits for a
+    rank that ran out: the last round of global batches is completed with
+    positions from the epoch's start (those samples are delivered twice in
+    that epoch, as ``DistributedSampler`` pads), or dropped with
+    ``drop_last=True``.
+
+    ``interleave=m`` (with ``Uniform`` or ``Foreground`` of ``per_file``
+    patches) reads each block of ``m`` files' patches one patch of each file
+    in turn, so a batch mixes up to ``m`` files; as the Loader's keyword.
 
     A :class:`~npydask.samplers.Foreground` sampler finds each label file's
     candidates once per process; DataLoader workers are processes, started
@@ -157,6 +171,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         device: str = "cpu",
         with_index: bool = False,
         read_size: int = 16,
+        interleave: int = 1,
     ) -> None:
         bound = check_dataset(dataset, "NpyIterableDataset", device, sampler)
         batch_size = check_int("batch_size", batch_size, 1)
@@ -174,6 +189,12 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"rank must be in [0, world_size), found rank={rank} world_size={world_size}")
         if seed is not None:
             seed = check_int("seed", seed, 0)
+        if bound is None and check_int("interleave", interleave, 1) > 1:
+            raise ValueError(
+                f"NpyIterableDataset takes interleave={interleave} only with a sampler (it mixes the patches of "
+                "several files); leave interleave=1 without one"
+            )
+        self.per_file, self.interleave = (1, 1) if bound is None else unit_size(bound, interleave)
         self.dataset = dataset
         self.sampler = sampler
         self.bound = bound
@@ -245,10 +266,20 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     def _deal(self, start: int) -> Deal:
         rank, world = self._share()
         assert self.bound is not None
-        return Deal(len(self.bound), self.batch_size, rank, world, start=start, drop_last=self.drop_last)
+        return Deal(
+            len(self.bound), self.batch_size, rank, world, start, self.drop_last, self.per_file, self.interleave
+        )
 
     def __len__(self) -> int:
-        """Samples this rank reads per epoch (all its DataLoader workers together; a whole epoch with a sampler)."""
+        """Samples this rank yields per epoch, all its DataLoader workers together (a whole epoch with a sampler).
+
+        What PyTorch's DataLoader asks of an iterable dataset: it reports
+        ``len(dataset) / batch_size`` batches (rounded by its ``drop_last``),
+        whatever its ``num_workers``. With a sampler and the same
+        ``batch_size``, ``len(DataLoader)`` is then the batches this rank's
+        loop receives per epoch, the same on every rank when ``world_size >
+        1`` (each rank's batches are full, the last round wrapped).
+        """
         if self.bound is not None:
             return self._deal(0).samples
         rank, world = self._share()
@@ -273,7 +304,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         bound = self.bound
         assert bound is not None
         epoch = self._pass.epoch
-        for positions in self._deal(self._pass.start).worker_batches(*self._worker()):
+        for positions in self._deal(self._pass.start).each(*self._worker()):
             patches = bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=self.shuffle)
             got = read_patches(self.dataset, patches, bound, device=self.device)
             yield from patch_samples(got, self.with_index)
@@ -294,6 +325,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             self.shuffle and not bound.shuffle_ignored,
             bound.sampler.fingerprint(),
             self._dataset_fingerprint(),
+            self.interleave,
         )
 
     def _dataset_fingerprint(self) -> dict[str, str]:
