@@ -268,3 +268,20 @@ def test_interleave_through_the_adapter_and_its_refusals(ds):
         npydask.Loader(ds, 2, interleave=2)
     with pytest.raises(ValueError, match="interleave must be at least 1"):
         npydask.Loader(ds, 2, sampler=sampler, interleave=0)
+
+
+def test_interleaved_files_are_read_once_per_window(ds):
+    # per_file=4, batches of 8, interleave=8: a block of 8 files is 4 batches; a look-ahead window of 4 batches
+    # (prefetch=8) reads each of its files once, as many reads as without interleave, where batch by batch each
+    # file is read in each of the 4 batches
+    sampler = Uniform((4, 4), per_file=4)
+
+    def requests(interleave, prefetch):
+        loader = npydask.Loader(ds[:8], 8, sampler=sampler, interleave=interleave, prefetch=prefetch)
+        with npydask.config.set(patch_read="spans"):
+            batches = list(loader)
+        assert len(batches) == 4
+        return loader.stats().requests
+
+    windowed = requests(8, 8)
+    assert windowed == requests(1, 8) and requests(8, 2) > windowed
