@@ -4,11 +4,14 @@
 from scratch, fetching nothing. Each python block is one test (its id is the page and the line of
 its fence). It runs as written, in a fresh namespace, with one temporary working directory shared
 by every block, which holds the files the examples name (:func:`workdir`: ``scans/`` of 16 volumes
-``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
-``stack/``, ``vol.npy``, ``volume.npy``, ``pair.npz``). A block may use, without defining them, the
+``patient_XX/ct.npy`` of 64x112x112 uint8, ``images/`` and ``labels/`` (``case_0.npy`` to
+``case_2.npy``: 40x48x48 float32 images and uint8 labels with a box of ones, as the README writes
+them), ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``, ``stack/``, ``vol.npy``,
+``volume.npy``, ``pair.npz``). A block may use, without defining them, the
 names a reader brings from the prose around it (a block indented in a list item is dedented first)
 (:data:`GIVEN`): ``np`` and ``npydask`` (imported),
-``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``a`` and ``b``
+``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``images``
+(``open_dataset("images/")``) and ``pairs`` (``zip_datasets`` of ``images`` and ``labels/``), ``a`` and ``b``
 (small arrays), ``train_step`` (takes anything), ``labels`` (one per file of ``scans/``), ``rank`` 0
 and ``world`` 1.
 
@@ -109,6 +112,12 @@ def workdir(tmp_path_factory):
         _save(root / "slabs" / f"slab_{i}.npy", np.full((i % 3 + 1, 4), i, "f4"))
     for i in range(1, 13):  # (a time series named without zero padding, and runs in subfolders)
         _save(root / "days" / f"day_{i}.npy", np.full((4, 4), i, "f4"))
+    cases = np.random.default_rng(1)
+    for case in ("case_0", "case_1", "case_2"):  # (image and label pairs, as the README's patch example writes)
+        label = np.zeros((40, 48, 48), "u1")
+        label[10:18, 20:30, 5:15] = 1
+        _save(root / "images" / f"{case}.npy", cases.normal(size=label.shape).astype("f4") + label)
+        _save(root / "labels" / f"{case}.npy", label)
     for run in ("run_a", "run_b"):
         _save(root / "runs" / run / "0.npy", np.zeros((4, 4), "f4"))
     _save(root / "vol" / "0.npy", rng.random((20, 8), dtype="f4"))
@@ -137,6 +146,8 @@ def _namespace() -> dict:
         "npydask": npydask,
         "x": npydask.from_npy("volume.npy"),
         "ds": npydask.open_dataset("scans/"),
+        "images": (images := npydask.open_dataset("images/")),
+        "pairs": npydask.zip_datasets({"image": images, "label": npydask.open_dataset("labels/")}),
         "a": np.zeros((4, 4), "f4"),
         "b": np.ones((2, 3), "i2"),
         **GIVEN,
