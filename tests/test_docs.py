@@ -13,7 +13,8 @@ names a reader brings from the prose around it (a block indented in a list item 
 ``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``images``
 (``open_dataset("images/")``) and ``pairs`` (``zip_datasets`` of ``images`` and ``labels/``), ``a`` and ``b``
 (small arrays), ``train_step`` (takes anything), ``labels`` (one per file of ``scans/``), ``rank`` 0
-and ``world`` 1.
+and ``world`` 1. A block with an ``if __name__ == "__main__":`` guard runs as the script it shows
+(``__name__`` is ``"__main__"``); every other block's ``__name__`` is ``"readme"``.
 
 A block that names ``s3://`` runs with one SeaweedFS server for the module (tests/conftest.py's
 ``s3_server``, on 127.0.0.1): its credentials and endpoint in the environment, a bucket named
@@ -52,6 +53,8 @@ MARKERS = {"skip-gpu", "skip-cluster"}
 ENDPOINT = "http://127.0.0.1:8333"
 """The endpoint README examples show; replaced by the test server's in the blocks that run."""
 _MARKER = re.compile(r"^<!--\s*test:\s*(\S+)\s*-->$")
+_SCRIPT = 'if __name__ == "__main__":'
+"""A block written as a script (a cluster's workers spawn and import the main module) runs as ``__main__``."""
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,11 @@ GIVEN = {
 }
 
 
-def _namespace() -> dict:
+def _namespace(code: str = "") -> dict:
     import npydask
 
     return {
-        "__name__": "readme",
+        "__name__": "__main__" if _SCRIPT in code else "readme",
         "np": np,
         "npydask": npydask,
         "x": npydask.from_npy("volume.npy"),
@@ -212,7 +215,7 @@ def test_docs_block_runs(block, workdir, request, monkeypatch):
     if "npydask.ray" in code or "to_ray(" in code:
         request.getfixturevalue("ray_instance")
     monkeypatch.chdir(workdir)
-    exec(compile(code, block.where, "exec"), _namespace())  # noqa: S102 - the documentation's own code
+    exec(compile(code, block.where, "exec"), _namespace(code))  # noqa: S102 - the documentation's own code
 
 
 def test_skips_are_exactly_the_marked_blocks():
