@@ -4,13 +4,17 @@
 from scratch, fetching nothing. Each python block is one test (its id is the page and the line of
 its fence). It runs as written, in a fresh namespace, with one temporary working directory shared
 by every block, which holds the files the examples name (:func:`workdir`: ``scans/`` of 16 volumes
-``patient_XX/ct.npy`` of 64x112x112 uint8, ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``,
-``stack/``, ``vol.npy``, ``volume.npy``, ``pair.npz``). A block may use, without defining them, the
+``patient_XX/ct.npy`` of 64x112x112 uint8, ``images/`` and ``labels/`` (``case_0.npy`` to
+``case_2.npy``: 40x48x48 float32 images and uint8 labels with a box of ones, as the README writes
+them), ``slices/``, ``slabs/``, ``days/``, ``runs/``, ``vol/``, ``stack/``, ``vol.npy``,
+``volume.npy``, ``pair.npz``). A block may use, without defining them, the
 names a reader brings from the prose around it (a block indented in a list item is dedented first)
 (:data:`GIVEN`): ``np`` and ``npydask`` (imported),
-``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``a`` and ``b``
+``x`` (a lazy array over ``volume.npy``), ``ds`` (``open_dataset("scans/")``), ``images``
+(``open_dataset("images/")``) and ``pairs`` (``zip_datasets`` of ``images`` and ``labels/``), ``a`` and ``b``
 (small arrays), ``train_step`` (takes anything), ``labels`` (one per file of ``scans/``), ``rank`` 0
-and ``world`` 1.
+and ``world`` 1. A block with an ``if __name__ == "__main__":`` guard runs as the script it shows
+(``__name__`` is ``"__main__"``); every other block's ``__name__`` is ``"readme"``.
 
 A block that names ``s3://`` runs with one SeaweedFS server for the module (tests/conftest.py's
 ``s3_server``, on 127.0.0.1): its credentials and endpoint in the environment, a bucket named
@@ -49,6 +53,8 @@ MARKERS = {"skip-gpu", "skip-cluster"}
 ENDPOINT = "http://127.0.0.1:8333"
 """The endpoint README examples show; replaced by the test server's in the blocks that run."""
 _MARKER = re.compile(r"^<!--\s*test:\s*(\S+)\s*-->$")
+_SCRIPT = 'if __name__ == "__main__":'
+"""A block written as a script (a cluster's workers spawn and import the main module) runs as ``__main__``."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,12 @@ def workdir(tmp_path_factory):
         _save(root / "slabs" / f"slab_{i}.npy", np.full((i % 3 + 1, 4), i, "f4"))
     for i in range(1, 13):  # (a time series named without zero padding, and runs in subfolders)
         _save(root / "days" / f"day_{i}.npy", np.full((4, 4), i, "f4"))
+    cases = np.random.default_rng(1)
+    for case in ("case_0", "case_1", "case_2"):  # (image and label pairs, as the README's patch example writes)
+        label = np.zeros((40, 48, 48), "u1")
+        label[10:18, 20:30, 5:15] = 1
+        _save(root / "images" / f"{case}.npy", cases.normal(size=label.shape).astype("f4") + label)
+        _save(root / "labels" / f"{case}.npy", label)
     for run in ("run_a", "run_b"):
         _save(root / "runs" / run / "0.npy", np.zeros((4, 4), "f4"))
     _save(root / "vol" / "0.npy", rng.random((20, 8), dtype="f4"))
@@ -128,15 +140,17 @@ GIVEN = {
 }
 
 
-def _namespace() -> dict:
+def _namespace(code: str = "") -> dict:
     import npydask
 
     return {
-        "__name__": "readme",
+        "__name__": "__main__" if _SCRIPT in code else "readme",
         "np": np,
         "npydask": npydask,
         "x": npydask.from_npy("volume.npy"),
         "ds": npydask.open_dataset("scans/"),
+        "images": (images := npydask.open_dataset("images/")),
+        "pairs": npydask.zip_datasets({"image": images, "label": npydask.open_dataset("labels/")}),
         "a": np.zeros((4, 4), "f4"),
         "b": np.ones((2, 3), "i2"),
         **GIVEN,
@@ -201,7 +215,7 @@ def test_docs_block_runs(block, workdir, request, monkeypatch):
     if "npydask.ray" in code or "to_ray(" in code:
         request.getfixturevalue("ray_instance")
     monkeypatch.chdir(workdir)
-    exec(compile(code, block.where, "exec"), _namespace())  # noqa: S102 - the documentation's own code
+    exec(compile(code, block.where, "exec"), _namespace(code))  # noqa: S102 - the documentation's own code
 
 
 def test_skips_are_exactly_the_marked_blocks():

@@ -55,3 +55,17 @@ def test_gpu_client_submit():
     if "device='cpu'" in done.stdout:  # (no GPU workers here: the same function on CPU workers)
         assert "this client imported CuPy: False" in done.stdout
     assert done.stdout.count("volume ") == 4
+
+
+@pytest.mark.timeout(300)
+def test_patch_train(tmp_path):
+    """Image and label patches train a model, a checkpoint resumes the epoch, and tiles stitch back into volumes."""
+    pytest.importorskip("torch", reason="the patch training example trains a PyTorch model")
+    done = run("patch_train.py", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "3 left, the same batches as an uninterrupted run: True" in done.stdout
+    assert "every patch equal to numpy: True" in done.stdout
+    assert "stitched 6 volumes of (32, 48, 48): True; blended input equals the files: True" in done.stdout
+    first, last = (float(v) for v in done.stdout.split("loss ")[1].split(" (")[0].split(" -> "))
+    assert last < first  # it learns
+    assert len(list((tmp_path / "images").glob("*.npy"))) == len(list((tmp_path / "labels").glob("*.npy"))) == 6
