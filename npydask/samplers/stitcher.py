@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -61,16 +62,78 @@ class _Slab:
 
     Coordinates are the file's, shifted by ``origin`` (where padding before
     the file starts, 0 or negative per axis). ``row`` is the first plane the
-    slab holds; planes before it are final and written.
+    slab holds; planes before it are final and written. Tiles are counted
+    row by row of the Grid's tiles along the first axis: ``rows`` is the
+    current one (an index into ``starts[0]``) and ``got`` marks which of its
+    tiles came, so the bookkeeping is one row's flags, not a record per tile.
     """
 
-    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], origin: tuple[int, ...],
-                 size: tuple[int, ...], dtype: np.dtype, expected: set[tuple[int, ...]]) -> None:
-        self.origin, self.size, self.expected = origin, size, expected
-        self.row = origin[0]
-        depth = min(patch[0], size[0])
-        self.sums = np.zeros((*channels, depth, *size[1:]), dtype)
-        self.weights = np.zeros((depth, *size[1:]), dtype)
+    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], starts: tuple[tuple[int, ...], ...],
+                 extent: tuple[int, ...], dtype: np.dtype) -> None:
+        self.starts = starts
+        self.origin = tuple(min(0, a[0]) for a in starts)
+        self.size = tuple(max(e, a[-1] + p) - o for e, a, p, o in zip(extent, starts, patch, self.origin))
+        self.row = self.origin[0]
+        self.rows = 0
+        self.got = np.zeros([len(a) for a in starts[1:]], bool)
+        self.left = self.got.size
+        depth = min(patch[0], self.size[0])
+        self.sums = np.zeros((*channels, depth, *self.size[1:]), dtype)
+        self.weights = np.zeros((depth, *self.size[1:]), dtype)
+
+    def remaining(self) -> int:
+        """The tiles still to come."""
+        return self.left + (len(self.starts[0]) - 1 - self.rows) * self.got.size
+
+
+class _Progress:
+    """A file's row and flags as a batch would leave them: :meth:`Stitcher.add` checks the whole batch on these."""
+
+    def __init__(self, starts: tuple[tuple[int, ...], ...], slab: _Slab | None) -> None:
+        self.starts = starts
+        self.where = [{a: i for i, a in enumerate(axis)} for axis in starts]
+        self.row_size = math.prod(len(a) for a in starts[1:])
+        self.rows = 0 if slab is None else slab.rows
+        self.left = self.row_size if slab is None else slab.left
+        self.got = None if slab is None else slab.got  # (the slab's flags while in its row; None: a new row)
+        self.seen: set[tuple[int, ...]] = set()
+        self.complete = False
+
+    def take(self, file: int, start: tuple[int, ...]) -> tuple[int, ...]:
+        """Count the tile at ``start``; its index along each axis. Raises ``ValueError`` as :meth:`Stitcher.add`."""
+        try:
+            at = tuple(w[a] for w, a in zip(self.where, start))
+        except KeyError:
+            raise ValueError(f"the tile at {start} of file {file} is not one of its grid's tiles") from None
+        if self.complete:
+            raise ValueError(f"a tile of file {file} at {start}: the file is already complete (a tile given twice)")
+        row, rest = at[0], at[1:]
+        if row > self.rows and (self.left or row > self.rows + 1):
+            skipped = [s for s in self._missing() if s[0] < start[0]]
+            raise ValueError(
+                f"the tile at {start} of file {file} came before its tiles at {skipped[:3]}"
+                f"{' ...' if len(skipped) > 3 else ''}: tiles must arrive in the Grid's order along the first "
+                "patch axis (rows of tiles by increasing start, any order within a row)"
+            )
+        if row > self.rows:
+            self.rows, self.left, self.got, self.seen = row, self.row_size, None, set()
+        if row < self.rows or rest in self.seen or (self.got is not None and self.got[rest]):
+            raise ValueError(f"the tile at {start} of file {file} was given twice")
+        self.seen.add(rest)
+        self.left -= 1
+        self.complete = not self.left and self.rows == len(self.starts[0]) - 1
+        return at
+
+    def _missing(self) -> list[tuple[int, ...]]:
+        """The first few tiles missing from the current row and the rows after it (for messages)."""
+        out: list[tuple[int, ...]] = []
+        for row in range(self.rows, len(self.starts[0])):
+            for rest in itertools.product(*(range(len(a)) for a in self.starts[1:])):
+                if row > self.rows or not (rest in self.seen or (self.got is not None and self.got[rest])):
+                    out.append((self.starts[0][row], *(a[i] for a, i in zip(self.starts[1:], rest))))
+                    if len(out) > 3:
+                        return out
+        return out
 
 
 class Stitcher:
@@ -175,6 +238,7 @@ class Stitcher:
         self._slabs: dict[int, _Slab] = {}
         self._done: dict[int, Any] = {}
         self._outputs: dict[int, Output] = {}
+        self._closed = False
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
         self._group: Any = None
@@ -210,62 +274,78 @@ class Stitcher:
             one given twice, or one that starts a new row of tiles of its
             file while tiles of an earlier row are missing.
         """
+        if self._closed:
+            raise ValueError("this Stitcher is closed: make a new one to stitch again")
         values = np.asarray(batch)
         nd = len(self.patch)
         files, starts, stops = _tiles(index, nd)
         want = (len(files), *self.channels, *self.patch)
         if values.shape != want:
             raise ValueError(f"expected a batch of shape {want} (B, *channels, *patch), found {values.shape}")
-        for b, (file, start, stop) in enumerate(zip(files, starts, stops)):
+        if not np.can_cast(values.dtype, self._sum_dtype, "same_kind"):
+            raise TypeError(f"expected a batch of numbers that average into {self.dtype}, found dtype {values.dtype}")
+        plan = self._check(files, starts, stops)
+        for b, (file, at) in enumerate(plan):
+            self._add(file, at, values[b])
+
+    def _check(self, files: list[int], starts: list[tuple[int, ...]],
+               stops: list[tuple[int, ...]]) -> list[tuple[int, tuple[int, ...]]]:
+        """Every tile of a batch checked against the grid and against the tiles before it, before any is applied."""
+        progress: dict[int, _Progress] = {}
+        plan = []
+        for file, start, stop in zip(files, starts, stops):
             if stop != tuple(a + p for a, p in zip(start, self.patch)):
                 raise ValueError(f"tile {start}..{stop} of file {file} is not of the patch's shape {self.patch}")
-            self._add(file, start, values[b])
+            p = progress.get(file)
+            if p is None:
+                if file in self._done or not 0 <= file < self.grid.n_files:
+                    n = self.grid.n_files
+                    why = "already complete" if file in self._done else f"not one of the grid's {n} files"
+                    raise ValueError(f"a tile of file {file} at {start}: the file is {why}")
+                p = progress[file] = _Progress(self.grid.axis_starts(file), self._slabs.get(file))
+            plan.append((file, p.take(file, start)))
+        return plan
 
-    def _add(self, file: int, start: tuple[int, ...], tile: np.ndarray) -> None:
+    def _add(self, file: int, at: tuple[int, ...], tile: np.ndarray) -> None:
+        """Apply a checked tile (its index along each axis) to its file's slab."""
         slab = self._slabs.get(file)
         if slab is None:
-            if file in self._done or not 0 <= file < self.grid.n_files:
-                why = "already complete" if file in self._done else f"not one of the grid's {self.grid.n_files} files"
-                raise ValueError(f"a tile of file {file} at {start}: the file is {why}")
             slab = self._slabs[file] = self._open(file)
-        if start not in slab.expected:
-            raise ValueError(f"the tile at {start} of file {file} is not one of its grid's tiles, or was given twice")
-        if start[0] > slab.row:
-            skipped = sorted(t for t in slab.expected if t[0] < start[0])
-            if skipped:
-                raise ValueError(
-                    f"the tile at {start} of file {file} came before its tiles at {skipped[:3]}"
-                    f"{' ...' if len(skipped) > 3 else ''}: tiles must arrive in the Grid's order along the first "
-                    "patch axis (rows of tiles by increasing start, any order within a row)"
-                )
-            self._flush(file, slab, start[0])
-        slab.expected.discard(start)
+        start = tuple(a[i] for a, i in zip(slab.starts, at))
         where = tuple(slice(a - o, a - o + p) for a, o, p in zip(start[1:], slab.origin[1:], self.patch[1:]))
-        rows = slice(0, self.patch[0])
+        rows = slice(start[0] - slab.row, start[0] - slab.row + self.patch[0])
         lead: tuple[slice, ...] = (slice(None),) * len(self.channels)
         slab.sums[(*lead, rows, *where)] += tile * self.map
         slab.weights[(rows, *where)] += self.map
-        if not slab.expected:
-            self._flush(file, slab, slab.row + slab.weights.shape[0])
-            del self._slabs[file]
-            self._finish(file)
+        slab.got[at[1:]] = True
+        slab.left -= 1
+        if slab.left:
+            return
+        if slab.rows + 1 < len(slab.starts[0]):  # a row is complete: the planes before the next one are final
+            slab.rows += 1
+            slab.got[...] = False
+            slab.left = slab.got.size
+            self._flush(file, slab, slab.starts[0][slab.rows])
+            return
+        self._flush(file, slab, slab.row + slab.weights.shape[0])
+        del self._slabs[file]
+        self._finish(file)
 
     def _open(self, file: int) -> _Slab:
-        tiles = self.grid.tiles(file)
         extent = self.grid.extents[file]
-        origin = tuple(min(0, *(t.start[i] for t in tiles)) for i in range(len(extent)))
-        size = tuple(max(e, *(t.stop[i] for t in tiles)) - o for i, (e, o) in enumerate(zip(extent, origin)))
         shape, nc = (*self.channels, *extent), len(self.channels)
+        self._outputs[file] = self._output(file, shape, nc)
+        return _Slab(self.channels, self.patch, self.grid.axis_starts(file), extent, self._sum_dtype)
+
+    def _output(self, file: int, shape: tuple[int, ...], nc: int) -> Output:
         if self.out is None:
-            self._outputs[file] = ArrayOutput(shape, nc, self.dtype)
-        elif self._group is not None:
+            return ArrayOutput(shape, nc, self.dtype)
+        if self._group is not None:
             step = self.grid.sampler.step[0]
-            self._outputs[file] = ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
-        else:
-            where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
-                     else os.path.join(os.path.abspath(self.out), self._names[file]))
-            self._outputs[file] = NpyOutput(shape, nc, self.dtype, where, self._source)
-        return _Slab(self.channels, self.patch, origin, size, self._sum_dtype, {t.start for t in tiles})
+            return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
+        where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
+                 else os.path.join(os.path.abspath(self.out), self._names[file]))
+        return NpyOutput(shape, nc, self.dtype, where, self._source)
 
     def _flush(self, file: int, slab: _Slab, row: int) -> None:
         """Divide and write the planes before ``row``; move the rest to the slab's front."""
@@ -307,7 +387,7 @@ class Stitcher:
         ValueError
             If a file's tiles are missing, naming the files and how many.
         """
-        missing = {f: len(s.expected) for f, s in self._slabs.items()}
+        missing = {f: s.remaining() for f, s in self._slabs.items()}
         missing.update({f: self.grid.tile_count(f) for f in range(self.grid.n_files)
                         if f not in self._done and f not in self._slabs})
         if missing:

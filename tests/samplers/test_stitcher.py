@@ -324,3 +324,68 @@ def test_out_zarr_in_the_datasets_bucket(s3):
     space, x, _ = stitch_in_bucket(s3, "out.zarr")
     store = npydask.zarr_store(f"s3://{space}/out.zarr", s3.options, read_only=True)
     np.testing.assert_allclose(zarr.open_array(store, path="scan", mode="r")[:], x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["stop", "foreign", "twice_in_batch", "already_added", "skips_a_row", "dtype"])
+def test_a_batch_is_checked_whole_before_any_tile_is_applied(tmp_path, bad):
+    """A batch refused at its middle tile leaves nothing applied: the corrected batch is then accepted."""
+    rng = np.random.default_rng(8)
+    x = rng.random((14, 10)).astype("f4")
+    ds = dataset(tmp_path, [x])
+    grid = Grid((6, 6), overlap=0.5).bind(ds)
+    tiles = grid.tiles(0)
+    outputs = {t: rng.random((6, 6)).astype("f4") for t in tiles}
+    s = Stitcher(grid, ds, weights="gaussian")
+    feed(s, tiles[:2], outputs, 2)
+    part = tiles[2:9]  # ends a row and starts the next: applying its first tiles would flush planes
+    batch, index = np.stack([outputs[t] for t in part]), index_of(part)
+    wrong = {k: v.copy() for k, v in index.items()}
+    if bad == "stop":
+        wrong["stop"][3] += 1
+    elif bad == "foreign":
+        wrong["start"][3] += 1
+        wrong["stop"][3] += 1
+    elif bad == "twice_in_batch":
+        wrong["start"][5], wrong["stop"][5] = wrong["start"][1], wrong["stop"][1]
+    elif bad == "already_added":
+        wrong["start"][3], wrong["stop"][3] = tiles[0].start, tiles[0].stop
+    elif bad == "skips_a_row":
+        wrong["start"][3], wrong["stop"][3] = tiles[-1].start, tiles[-1].stop
+    held = {f: s.sums.copy() for f, s in s._slabs.items()}
+    with pytest.raises((ValueError, TypeError)):
+        s.add(batch.astype(np.complex64) if bad == "dtype" else batch, wrong)
+    assert {f: s.sums for f, s in s._slabs.items()}.keys() == held.keys()
+    for f, sums in held.items():
+        np.testing.assert_array_equal(s._slabs[f].sums, sums)  # nothing of the refused batch was applied
+    feed(s, part, outputs, len(part))
+    feed(s, tiles[9:], outputs, 4)
+    np.testing.assert_allclose(s.result()[0], oracle(x.shape, tiles, outputs, importance_map((6, 6), "gaussian")),
+                               rtol=1e-5)
+
+
+def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
+    """Bookkeeping counts tiles by rows: the first add costs about a slab, not a record of each of the 4096 tiles."""
+    import tracemalloc
+
+    x = np.random.default_rng(9).random((48, 48, 48)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    grid = Grid((4, 4, 4), overlap=0.25).bind(ds)
+    tiles = grid.tiles(0)
+    assert len(tiles) == 16**3
+    rng = np.random.default_rng(10)
+    outputs = {t: rng.random((4, 4, 4)).astype("f4") for t in tiles}
+    s = Stitcher(grid, ds, out=tmp_path / "out")
+    first = np.stack([outputs[t] for t in tiles[:16]])
+    index = index_of(tiles[:16])
+    slab = 2 * 4 * 48 * 48 * 4  # the sums and the weights of a tile's depth of planes
+    tracemalloc.start()
+    try:
+        s.add(first, index)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * slab, (peak, slab)
+    feed(s, tiles[16:], outputs, 64)
+    np.testing.assert_allclose(np.load(s.result()[0]), oracle(x.shape, tiles, outputs, np.ones((4, 4, 4))),
+                               rtol=1e-5)
