@@ -11,7 +11,19 @@ from typing import Any
 import numpy as np
 
 from npydask.plan.sampling import check_int
-from npydask.samplers._outputs import ArrayOutput, NpyOutput, Output, ZarrOutput, is_zarr, output_names, zarr_group
+from npydask.samplers._outputs import (
+    ArrayOutput,
+    NpyOutput,
+    Output,
+    ZarrOutput,
+    ZarrStaging,
+    check_not_inputs,
+    is_zarr,
+    new_stitch_run,
+    output_names,
+    remove_stale,
+    zarr_group,
+)
 from npydask.samplers.base import dataset_members
 from npydask.samplers.grid import Grid, GridBound
 from npydask.storage.urls import is_url
@@ -168,17 +180,29 @@ class Stitcher:
 
         * a folder (local path, or URL prefix in object storage): one
           ``<file's base name>.npy`` per file, a local one written into a
-          temporary file and renamed into place when complete, an object sent
-          in one PUT when complete (held whole until then);
+          hidden temporary file beside it and renamed into place when
+          complete, an object sent in one PUT when complete (held whole
+          until then);
         * a path or URL ending in ``.zarr``: a zarr v3 group (made if
           missing) holding one array per file, named after its base name
-          without ``.npy`` (replaced if there), chunks a tile step of planes
-          deep (as :func:`npydask.to_zarr` writes, through the store
-          :func:`npydask.zarr_store` opens).
+          without ``.npy``, chunks a tile step of planes deep (as
+          :func:`npydask.to_zarr` writes, through the store
+          :func:`npydask.zarr_store` opens). A local group's array is written
+          into a hidden temporary group beside ``out`` and its folder renamed
+          into ``out`` when complete (an array there is renamed aside first,
+          then deleted); in object storage, which has no rename, the array is
+          replaced when the file's first tile is added.
 
-        An object URL in the dataset's own bucket is reached with the
-        dataset's ``storage_options``; another with the environment's
-        credentials. Files must have distinct base names.
+        Each file's result replaces an earlier one at its place only when
+        its last tile is added, so a run that is stopped, fails or is killed
+        leaves the earlier results (see :meth:`close`). An object URL in the
+        dataset's own bucket is reached with the dataset's
+        ``storage_options``; another with the environment's credentials.
+        Files must have distinct base names.
+    overwrite : bool, default False
+        Allow an ``out`` that is the dataset's own folder, or whose results
+        would replace the dataset's files. Without it such an ``out`` raises
+        ``ValueError``.
 
     Notes
     -----
@@ -192,6 +216,15 @@ class Stitcher:
     they are divided in place, written into the result (or ``out``) and dropped. So
     with the Grid's own order (file by file, raster) at most one slab is
     held, besides the results kept in memory when ``out`` is not given.
+
+    **Stopping and crashes.** :meth:`close` drops the files in progress and
+    their temporaries; ``with Stitcher(...) as s:`` closes at the end of the
+    block, as a file does, whether it ends normally or by an exception. What
+    is published is each file completed by :meth:`add` (call :meth:`result`
+    inside the block to check that all are). A killed process leaves its
+    temporaries; the next Stitcher with the same local ``out`` removes those
+    whose process is gone (each is held under a lock while its run lives)
+    and puts back an array a run was replacing at the moment it died.
 
     Examples
     --------
@@ -218,6 +251,7 @@ class Stitcher:
         channels: Sequence[int] = (),
         dtype: Any = "float32",
         out: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
     ) -> None:
         bound = grid.bind(dataset) if isinstance(grid, Grid) else grid
         if not isinstance(bound, GridBound):
@@ -242,12 +276,21 @@ class Stitcher:
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
         self._group: Any = None
+        self._staging: ZarrStaging | None = None
+        self._run = new_stitch_run()
         if self.out is not None:
-            member = next(iter(dataset_members(dataset).values()))
-            self._source = member.views.context.source
-            self._names = output_names(member.files, is_zarr(self.out))
-            if is_zarr(self.out):
+            members = list(dataset_members(dataset).values())
+            self._source = members[0].views.context.source
+            zarr = is_zarr(self.out)
+            self._names = output_names(members[0].files, zarr)
+            if not overwrite:
+                check_not_inputs(self.out, self._names, [f for m in members for f in m.files], zarr)
+            if not is_url(self.out):
+                remove_stale(self.out, self._names, zarr)
+            if zarr:
                 self._group = zarr_group(self.out, self._source)
+                if not is_url(self.out):
+                    self._staging = ZarrStaging(self.out, self._run, self._source)
 
     @property
     def in_progress(self) -> dict[int, tuple[int, ...]]:
@@ -267,12 +310,18 @@ class Stitcher:
             ``"file"`` (B,), ``"start"`` and ``"stop"`` (B x patch ndim); or
             the adapters' ``"location"`` (B x 2 ndim: start, then stop).
 
+        The whole batch is checked before any tile of it is applied, so a
+        refused batch changes nothing and may be given again corrected.
+
         Raises
         ------
         ValueError
             A batch of the wrong shape, a tile that is not one of the grid's,
-            one given twice, or one that starts a new row of tiles of its
-            file while tiles of an earlier row are missing.
+            one given twice, one that starts a new row of tiles of its file
+            while tiles of an earlier row are missing, or a closed Stitcher.
+        TypeError
+            A batch whose dtype does not cast to the result's (strings,
+            objects, complex into a real ``dtype``).
         """
         if self._closed:
             raise ValueError("this Stitcher is closed: make a new one to stitch again")
@@ -342,10 +391,10 @@ class Stitcher:
             return ArrayOutput(shape, nc, self.dtype)
         if self._group is not None:
             step = self.grid.sampler.step[0]
-            return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
+            return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step, self._staging)
         where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
                  else os.path.join(os.path.abspath(self.out), self._names[file]))
-        return NpyOutput(shape, nc, self.dtype, where, self._source)
+        return NpyOutput(shape, nc, self.dtype, where, self._source, self._run)
 
     def _flush(self, file: int, slab: _Slab, row: int) -> None:
         """Divide and write the planes before ``row``; move the rest to the slab's front."""
@@ -375,6 +424,32 @@ class Stitcher:
 
     def _finish(self, file: int) -> None:
         self._done[file] = self._outputs.pop(file).finish()
+        if len(self._done) == self.grid.n_files and self._staging is not None:
+            self._staging.remove()
+
+    def close(self) -> None:
+        """Stop: drop the files in progress and their temporaries; published results stay.
+
+        A file's result replaces an earlier one at ``out`` when its last tile
+        is added, so files completed before :meth:`close` are kept; those in
+        progress are dropped (their temporary files or arrays removed) and an
+        earlier result at their place stays as it was. Adding tiles after
+        this raises ``ValueError``; calling it again does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for file in list(self._outputs):
+            self._outputs.pop(file).abort()
+        self._slabs.clear()
+        if self._staging is not None:
+            self._staging.remove()
+
+    def __enter__(self) -> Stitcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def result(self) -> list[Any]:
         """Each file's stitched array, in dataset order.

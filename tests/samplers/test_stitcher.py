@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import time
 
 import numpy as np
 import pytest
@@ -389,3 +391,160 @@ def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
     feed(s, tiles[16:], outputs, 64)
     np.testing.assert_allclose(np.load(s.result()[0]), oracle(x.shape, tiles, outputs, np.ones((4, 4, 4))),
                                rtol=1e-5)
+
+
+SERVER = """
+import os, sys, time
+import numpy as np, npydask
+from npydask.samplers import Grid, Stitcher
+if sys.argv[2].endswith(".zarr"):
+    import zarr  # (imported once here, before the forks)
+
+def run():
+    ds = npydask.open_dataset(sys.argv[1])
+    grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
+    s = Stitcher(grid, ds, out=sys.argv[2])
+    for f in range(grid.n_files):
+        x = np.load(ds.files[f])
+        for t in grid.tiles(f):
+            s.add(x[None, t.start[0] : t.stop[0]] + 1, {"file": [f], "start": [t.start], "stop": [t.stop]})
+            print("go", flush=True)
+            time.sleep(0.01)
+    s.result()
+
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        run()
+        os._exit(0)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("gone", flush=True)
+"""
+"""Imports once, then forks a process per run: each run writes the dataset's values + 1 into out."""
+
+
+def temporaries(out):
+    """Everything a Stitcher run leaves besides its results: temporary files, groups, arrays set aside."""
+    import glob
+
+    return sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(out)), ".*npydask-tmp"))
+                  + glob.glob(os.path.join(glob.escape(out), ".*npydask-tmp")))
+
+
+def results_at(out, names):
+    if out.endswith(".zarr"):
+        import zarr
+
+        group = zarr.open_group(npydask.zarr_store(out), mode="r")
+        return [group[n.removesuffix(".npy")][:] for n in names]
+    return [np.load(os.path.join(out, n)) for n in names]
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporaries(tmp_path, kind):
+    """SIGKILL at random points while a run writes: each file at out is the old result or the new one, whole."""
+    import signal
+    import subprocess
+    import sys
+
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    rng = np.random.default_rng(11)
+    arrays = [rng.random((24, 8, 8)).astype("f4") for _ in range(2)]
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", arrays)
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    names = ["00.npy", "01.npy"]
+    grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
+    tiles = all_tiles(grid)
+    feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path / "in"), out], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    left = []
+    try:
+        for delay in [0.0, *rng.uniform(0.0, 0.3, 5)]:
+            server.stdin.write("run\n")
+            server.stdin.flush()
+            pid = int(server.stdout.readline())
+            assert server.stdout.readline() == "go\n"  # the run's first tile is added
+            time.sleep(delay)
+            os.kill(pid, signal.SIGKILL)
+            while server.stdout.readline() not in ("gone\n", ""):
+                pass
+            left.append(temporaries(out))
+            for got, old in zip(results_at(out, names), arrays):
+                assert got.shape == old.shape
+                assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)  # never a mix
+            Stitcher(grid, ds, out=out).close()  # the next run on out
+            assert temporaries(out) == []
+    finally:
+        server.stdin.close()
+        server.wait(10)
+    assert left[0]  # killed while writing: a temporary was there to remove
+    for got, old in zip(results_at(out, names), arrays):
+        assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_close_and_a_failing_with_block_drop_the_run_and_keep_the_old_result(tmp_path, kind):
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    x = np.random.default_rng(12).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x, x + 1])
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    grid = Grid((4, 8)).bind(ds)
+    tiles = all_tiles(grid)
+    old = {t: tile_of([x, x + 1][t.file], t) for t in tiles}
+    with Stitcher(grid, ds, out=out) as s:
+        feed(s, tiles, old, 3)
+        s.result()
+    assert temporaries(out) == []
+    new = {t: 2 * v for t, v in old.items()}
+    s = Stitcher(grid, ds, out=out)
+    feed(s, tiles[:2], new, 2)
+    assert temporaries(out)
+    s.close()
+    s.close()
+    assert temporaries(out) == []
+    with pytest.raises(ValueError, match="closed"):
+        feed(s, tiles[2:3], new, 1)
+
+    def fails_midway():
+        with Stitcher(grid, ds, out=out) as s:
+            feed(s, tiles[: len(tiles) // 2 + 1], new, 1)  # file 0 complete and published, file 1 begun
+            raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        fails_midway()
+    assert temporaries(out) == []
+    got = results_at(out, ["00.npy", "01.npy"])
+    np.testing.assert_allclose(got[0], 2 * x, rtol=1e-6)
+    np.testing.assert_array_equal(got[1], x + 1)
+
+
+def test_out_over_the_datasets_own_files_is_refused_unless_overwrite(tmp_path):
+    x = np.arange(64, dtype="f4").reshape(8, 8)
+    ds = dataset(tmp_path, [x])
+    grid = Grid((4, 4), overlap=0).bind(ds)
+    for out in [tmp_path, str(tmp_path) + "/", tmp_path / "00.npy" / ".."]:
+        with pytest.raises(ValueError, match=r"dataset's own folder.*another out=, or overwrite=True"):
+            Stitcher(grid, ds, out=out)
+    for sub in "ab":
+        (tmp_path / sub).mkdir()
+        np.save(tmp_path / sub / f"{sub}.npy", x)
+    two = npydask.open_dataset(files=[str(tmp_path / "a" / "a.npy"), str(tmp_path / "b" / "b.npy")])
+    with pytest.raises(ValueError, match=r"overwrite the dataset's file .*a/a.npy"):
+        Stitcher(Grid((4, 4)), two, out=tmp_path / "a")
+    with pytest.raises(ValueError, match=r"overwrite the dataset's file .*a/a.npy"):
+        Stitcher(Grid((4, 4)), two, out=tmp_path / "out.zarr" / ".." / "a")
+    tiles = grid.tiles(0)
+    s = Stitcher(grid, ds, out=tmp_path, overwrite=True)
+    feed(s, tiles, {t: 2 * tile_of(x, t) for t in tiles}, 4)
+    np.testing.assert_array_equal(np.load(s.result()[0]), 2 * x)
+    np.testing.assert_array_equal(np.load(tmp_path / "a" / "a.npy"), x)
+    Stitcher(grid, ds, out=tmp_path / "pred")  # a folder beside or under the inputs is fine
