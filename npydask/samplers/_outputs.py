@@ -123,10 +123,7 @@ def remove_stale(out: str, names: list[str], zarr: bool) -> None:
             continue  # a live run's
         try:
             if zarr:
-                aside = os.path.join(path, ZarrStaging.ASIDE)
-                for name in sorted(os.listdir(aside)) if os.path.isdir(aside) else []:
-                    if not os.path.lexists(os.path.join(out, name)):
-                        os.rename(os.path.join(aside, name), os.path.join(out, name))
+                _put_back(path, out)
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 os.unlink(path)
@@ -302,18 +299,33 @@ class ZarrStaging:
         if replaced:
             os.makedirs(os.path.dirname(aside), exist_ok=True)
             os.rename(dst, aside)
-        os.rename(src, dst)
+        try:
+            os.rename(src, dst)
+        except BaseException:
+            if replaced:
+                os.rename(aside, dst)
+            raise
         fsync_folder(self.out)
         if replaced:
             shutil.rmtree(aside, ignore_errors=True)
 
     def remove(self) -> None:
-        """Delete the temporary group and its lock (arrays not published are dropped)."""
+        """Delete the temporary group and its lock (arrays not published are dropped, any set aside put back)."""
         if self._group is not None:
+            with contextlib.suppress(OSError):
+                _put_back(self.path, self.out)
             shutil.rmtree(self.path, ignore_errors=True)
             self._group = None
         release(self.lock)
         self.lock = None
+
+
+def _put_back(staging: str, out: str) -> None:
+    """Move the arrays the temporary group ``staging`` set aside back into ``out`` where none replaced them."""
+    aside = os.path.join(staging, ZarrStaging.ASIDE)
+    for name in sorted(os.listdir(aside)) if os.path.isdir(aside) else []:
+        if not os.path.lexists(os.path.join(out, name)):
+            os.rename(os.path.join(aside, name), os.path.join(out, name))
 
 
 def check_not_inputs(out: str, names: list[str], files: list[str], zarr: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -444,6 +445,12 @@ class Stitcher:
         self._slabs.clear()
         if self._staging is not None:
             self._staging.remove()
+
+    def __del__(self) -> None:
+        # (a Stitcher dropped unfinished: its temporaries go, its locks with them)
+        with contextlib.suppress(Exception):
+            if not getattr(self, "_closed", True):
+                self.close()
 
     def __enter__(self) -> Stitcher:
         return self

@@ -397,31 +397,55 @@ SERVER = """
 import os, sys, time
 import numpy as np, npydask
 from npydask.samplers import Grid, Stitcher
-if sys.argv[2].endswith(".zarr"):
+try:
     import zarr  # (imported once here, before the forks)
+except ImportError:
+    pass
 
-def run():
-    ds = npydask.open_dataset(sys.argv[1])
+def run(src, out):
+    ds = npydask.open_dataset(src)
     grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
-    s = Stitcher(grid, ds, out=sys.argv[2])
+    s = Stitcher(grid, ds, out=out)
     for f in range(grid.n_files):
         x = np.load(ds.files[f])
         for t in grid.tiles(f):
             s.add(x[None, t.start[0] : t.stop[0]] + 1, {"file": [f], "start": [t.start], "stop": [t.stop]})
             print("go", flush=True)
-            time.sleep(0.01)
+            time.sleep(0.005)
     s.result()
 
 for line in sys.stdin:
+    if line == "reap\\n":
+        os.waitpid(pid, 0)
+        print("gone", flush=True)
+        continue
     pid = os.fork()
     if pid == 0:
-        run()
-        os._exit(0)
+        try:
+            run(*line.rstrip("\\n").split("\\t"))
+        finally:
+            os._exit(0)
     print(pid, flush=True)
-    os.waitpid(pid, 0)
-    print("gone", flush=True)
 """
-"""Imports once, then forks a process per run: each run writes the dataset's values + 1 into out."""
+"""Imports once, then per line ``<dataset folder>\\t<out>`` forks a run writing the dataset's values + 1 into out.
+
+The run is reaped on the line ``reap``, so its pid is not reused before the test has killed it.
+"""
+
+
+@pytest.fixture(scope="module")
+def stitch_server():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    server = subprocess.Popen([sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    yield server
+    assert server.stdin is not None
+    server.stdin.close()
+    server.wait(10)
 
 
 def temporaries(out):
@@ -442,11 +466,9 @@ def results_at(out, names):
 
 
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
-def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporaries(tmp_path, kind):
+def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporaries(tmp_path, kind, stitch_server):
     """SIGKILL at random points while a run writes: each file at out is the old result or the new one, whole."""
     import signal
-    import subprocess
-    import sys
 
     if kind == "zarr":
         pytest.importorskip("zarr")
@@ -459,31 +481,30 @@ def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporar
     grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
     tiles = all_tiles(grid)
     feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path / "in"), out], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = stitch_server
     assert server.stdin is not None and server.stdout is not None
     left = []
-    try:
-        for delay in [0.0, *rng.uniform(0.0, 0.3, 5)]:
-            server.stdin.write("run\n")
-            server.stdin.flush()
-            pid = int(server.stdout.readline())
-            assert server.stdout.readline() == "go\n"  # the run's first tile is added
-            time.sleep(delay)
-            os.kill(pid, signal.SIGKILL)
-            while server.stdout.readline() not in ("gone\n", ""):
-                pass
-            left.append(temporaries(out))
-            for got, old in zip(results_at(out, names), arrays):
-                assert got.shape == old.shape
-                assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)  # never a mix
-            Stitcher(grid, ds, out=out).close()  # the next run on out
-            assert temporaries(out) == []
-    finally:
-        server.stdin.close()
-        server.wait(10)
+    for delay in [0.0, *rng.uniform(0.0, 0.2, 3)]:
+        server.stdin.write(f"{tmp_path / 'in'}\t{out}\n")
+        server.stdin.flush()
+        pid, going = None, False
+        while pid is None or not going:  # its pid, and "go": its first tile is added
+            line = server.stdout.readline()
+            assert line, "the stitching server ended"
+            going = going or line == "go\n"
+            pid = int(line) if line.strip().isdigit() else pid
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)  # (a run that ended is not yet reaped: the signal finds no one)
+        server.stdin.write("reap\n")
+        server.stdin.flush()
+        while server.stdout.readline() not in ("gone\n", ""):
+            pass
+        left.append(temporaries(out))
+        for got, old in zip(results_at(out, names), arrays):
+            assert got.shape == old.shape
+            assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)  # never a mix
+        Stitcher(grid, ds, out=out).close()  # the next run on out
+        assert temporaries(out) == []
     assert left[0]  # killed while writing: a temporary was there to remove
     for got, old in zip(results_at(out, names), arrays):
         assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)
@@ -548,3 +569,52 @@ def test_out_over_the_datasets_own_files_is_refused_unless_overwrite(tmp_path):
     np.testing.assert_array_equal(np.load(s.result()[0]), 2 * x)
     np.testing.assert_array_equal(np.load(tmp_path / "a" / "a.npy"), x)
     Stitcher(grid, ds, out=tmp_path / "pred")  # a folder beside or under the inputs is fine
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_live_runs_temporaries_are_not_removed_by_another(tmp_path, kind):
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    x = np.random.default_rng(13).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    outputs = {t: tile_of(x, t) for t in tiles}
+    live = Stitcher(grid, ds, out=out)
+    feed(live, tiles[:1], outputs, 1)
+    held = temporaries(out)
+    assert held
+    Stitcher(grid, ds, out=out).close()
+    assert temporaries(out) == held
+    feed(live, tiles[1:], outputs, 2)
+    np.testing.assert_allclose(results_at(out, ["00.npy"])[0], x, rtol=1e-6)
+    assert temporaries(out) == []
+
+
+def test_a_zarr_array_whose_replacement_fails_stays(tmp_path, monkeypatch):
+    """Renaming the new array into the group fails after the old one was set aside: the old one is put back."""
+    pytest.importorskip("zarr")
+    from npydask.samplers import _outputs
+
+    x = np.random.default_rng(14).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    out = str(tmp_path / "out.zarr")
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(x, t) for t in tiles}, 8)
+    rename = os.rename
+
+    def failing(src, dst):
+        if not os.path.basename(os.path.dirname(src)).endswith(".npydask-tmp"):
+            return rename(src, dst)  # (setting the old array aside, or putting it back)
+        raise OSError(5, "Input/output error", src)
+
+    monkeypatch.setattr(_outputs.os, "rename", failing)
+    with Stitcher(grid, ds, out=out) as s, pytest.raises(OSError, match="Input/output"):
+        feed(s, tiles, {t: 2 * tile_of(x, t) for t in tiles}, 8)
+    monkeypatch.undo()
+    np.testing.assert_allclose(results_at(out, ["00.npy"])[0], x, rtol=1e-6)
+    assert temporaries(out) == []
