@@ -194,9 +194,9 @@ class Stitcher:
           then deleted); in object storage, which has no rename, the array is
           replaced when the file's first tile is added.
 
-        Each file's result replaces an earlier one at its place only when
-        its last tile is added, so a run that is stopped, fails or is killed
-        leaves the earlier results (see :meth:`close`). An object URL in the
+        Otherwise each file's result replaces an earlier one at its place
+        only when its last tile is added, so a run that is stopped, fails or
+        is killed leaves the earlier results (see :meth:`close`). An object URL in the
         dataset's own bucket is reached with the dataset's
         ``storage_options``; another with the environment's credentials.
         Files must have distinct base names.
