@@ -128,6 +128,25 @@ class GridBound(BoundSampler):
         """
         return self._offsets[file + 1] - self._offsets[file]
 
+    def axis_starts(self, file: int) -> tuple[tuple[int, ...], ...]:
+        """File ``file``'s tile starts along each patch axis (increasing): its tiles are their product.
+
+        Raises
+        ------
+        IndexError
+            ``file`` is not a file of the dataset.
+
+        Examples
+        --------
+        >>> import numpy as np, npydask, tempfile, os
+        >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((10, 3)))
+        >>> Grid((4, 4), overlap=0).bind(npydask.open_dataset(root)).axis_starts(0)
+        ((0, 4, 6), (0,))
+        """
+        if not 0 <= file < self.n_files:
+            raise IndexError(f"file {file} is out of range for a Grid over {self.n_files} files")
+        return tuple(tuple(a) for a in self._starts[file])
+
     def first_position(self, file: int) -> int:
         """The global position of file ``file``'s first tile."""
         return self._offsets[file]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -10,7 +12,19 @@ from typing import Any
 import numpy as np
 
 from npydask.plan.sampling import check_int
-from npydask.samplers._outputs import ArrayOutput, NpyOutput, Output, ZarrOutput, is_zarr, output_names, zarr_group
+from npydask.samplers._outputs import (
+    ArrayOutput,
+    NpyOutput,
+    Output,
+    ZarrOutput,
+    ZarrStaging,
+    check_not_inputs,
+    is_zarr,
+    new_stitch_run,
+    output_names,
+    remove_stale,
+    zarr_group,
+)
 from npydask.samplers.base import dataset_members
 from npydask.samplers.grid import Grid, GridBound
 from npydask.storage.urls import is_url
@@ -61,16 +75,78 @@ class _Slab:
 
     Coordinates are the file's, shifted by ``origin`` (where padding before
     the file starts, 0 or negative per axis). ``row`` is the first plane the
-    slab holds; planes before it are final and written.
+    slab holds; planes before it are final and written. Tiles are counted
+    row by row of the Grid's tiles along the first axis: ``rows`` is the
+    current one (an index into ``starts[0]``) and ``got`` marks which of its
+    tiles came, so the bookkeeping is one row's flags, not a record per tile.
     """
 
-    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], origin: tuple[int, ...],
-                 size: tuple[int, ...], dtype: np.dtype, expected: set[tuple[int, ...]]) -> None:
-        self.origin, self.size, self.expected = origin, size, expected
-        self.row = origin[0]
-        depth = min(patch[0], size[0])
-        self.sums = np.zeros((*channels, depth, *size[1:]), dtype)
-        self.weights = np.zeros((depth, *size[1:]), dtype)
+    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], starts: tuple[tuple[int, ...], ...],
+                 extent: tuple[int, ...], dtype: np.dtype) -> None:
+        self.starts = starts
+        self.origin = tuple(min(0, a[0]) for a in starts)
+        self.size = tuple(max(e, a[-1] + p) - o for e, a, p, o in zip(extent, starts, patch, self.origin))
+        self.row = self.origin[0]
+        self.rows = 0
+        self.got = np.zeros([len(a) for a in starts[1:]], bool)
+        self.left = self.got.size
+        depth = min(patch[0], self.size[0])
+        self.sums = np.zeros((*channels, depth, *self.size[1:]), dtype)
+        self.weights = np.zeros((depth, *self.size[1:]), dtype)
+
+    def remaining(self) -> int:
+        """The tiles still to come."""
+        return self.left + (len(self.starts[0]) - 1 - self.rows) * self.got.size
+
+
+class _Progress:
+    """A file's row and flags as a batch would leave them: :meth:`Stitcher.add` checks the whole batch on these."""
+
+    def __init__(self, starts: tuple[tuple[int, ...], ...], slab: _Slab | None) -> None:
+        self.starts = starts
+        self.where = [{a: i for i, a in enumerate(axis)} for axis in starts]
+        self.row_size = math.prod(len(a) for a in starts[1:])
+        self.rows = 0 if slab is None else slab.rows
+        self.left = self.row_size if slab is None else slab.left
+        self.got = None if slab is None else slab.got  # (the slab's flags while in its row; None: a new row)
+        self.seen: set[tuple[int, ...]] = set()
+        self.complete = False
+
+    def take(self, file: int, start: tuple[int, ...]) -> tuple[int, ...]:
+        """Count the tile at ``start``; its index along each axis. Raises ``ValueError`` as :meth:`Stitcher.add`."""
+        try:
+            at = tuple(w[a] for w, a in zip(self.where, start))
+        except KeyError:
+            raise ValueError(f"the tile at {start} of file {file} is not one of its grid's tiles") from None
+        if self.complete:
+            raise ValueError(f"a tile of file {file} at {start}: the file is already complete (a tile given twice)")
+        row, rest = at[0], at[1:]
+        if row > self.rows and (self.left or row > self.rows + 1):
+            skipped = [s for s in self._missing() if s[0] < start[0]]
+            raise ValueError(
+                f"the tile at {start} of file {file} came before its tiles at {skipped[:3]}"
+                f"{' ...' if len(skipped) > 3 else ''}: tiles must arrive in the Grid's order along the first "
+                "patch axis (rows of tiles by increasing start, any order within a row)"
+            )
+        if row > self.rows:
+            self.rows, self.left, self.got, self.seen = row, self.row_size, None, set()
+        if row < self.rows or rest in self.seen or (self.got is not None and self.got[rest]):
+            raise ValueError(f"the tile at {start} of file {file} was given twice")
+        self.seen.add(rest)
+        self.left -= 1
+        self.complete = not self.left and self.rows == len(self.starts[0]) - 1
+        return at
+
+    def _missing(self) -> list[tuple[int, ...]]:
+        """The first few tiles missing from the current row and the rows after it (for messages)."""
+        out: list[tuple[int, ...]] = []
+        for row in range(self.rows, len(self.starts[0])):
+            for rest in itertools.product(*(range(len(a)) for a in self.starts[1:])):
+                if row > self.rows or not (rest in self.seen or (self.got is not None and self.got[rest])):
+                    out.append((self.starts[0][row], *(a[i] for a, i in zip(self.starts[1:], rest))))
+                    if len(out) > 3:
+                        return out
+        return out
 
 
 class Stitcher:
@@ -105,17 +181,29 @@ class Stitcher:
 
         * a folder (local path, or URL prefix in object storage): one
           ``<file's base name>.npy`` per file, a local one written into a
-          temporary file and renamed into place when complete, an object sent
-          in one PUT when complete (held whole until then);
+          hidden temporary file beside it and renamed into place when
+          complete, an object sent in one PUT when complete (held whole
+          until then);
         * a path or URL ending in ``.zarr``: a zarr v3 group (made if
           missing) holding one array per file, named after its base name
-          without ``.npy`` (replaced if there), chunks a tile step of planes
-          deep (as :func:`npydask.to_zarr` writes, through the store
-          :func:`npydask.zarr_store` opens).
+          without ``.npy``, chunks a tile step of planes deep (as
+          :func:`npydask.to_zarr` writes, through the store
+          :func:`npydask.zarr_store` opens). A local group's array is written
+          into a hidden temporary group beside ``out`` and its folder renamed
+          into ``out`` when complete (an array there is renamed aside first,
+          then deleted); in object storage, which has no rename, the array is
+          replaced when the file's first tile is added.
 
-        An object URL in the dataset's own bucket is reached with the
-        dataset's ``storage_options``; another with the environment's
-        credentials. Files must have distinct base names.
+        Otherwise each file's result replaces an earlier one at its place
+        only when its last tile is added, so a run that is stopped, fails or
+        is killed leaves the earlier results (see :meth:`close`). An object URL in the
+        dataset's own bucket is reached with the dataset's
+        ``storage_options``; another with the environment's credentials.
+        Files must have distinct base names.
+    overwrite : bool, default False
+        Allow an ``out`` that is the dataset's own folder, or whose results
+        would replace the dataset's files. Without it such an ``out`` raises
+        ``ValueError``.
 
     Notes
     -----
@@ -129,6 +217,15 @@ class Stitcher:
     they are divided in place, written into the result (or ``out``) and dropped. So
     with the Grid's own order (file by file, raster) at most one slab is
     held, besides the results kept in memory when ``out`` is not given.
+
+    **Stopping and crashes.** :meth:`close` drops the files in progress and
+    their temporaries; ``with Stitcher(...) as s:`` closes at the end of the
+    block, as a file does, whether it ends normally or by an exception. What
+    is published is each file completed by :meth:`add` (call :meth:`result`
+    inside the block to check that all are). A killed process leaves its
+    temporaries; the next Stitcher with the same local ``out`` removes those
+    whose process is gone (each is held under a lock while its run lives)
+    and puts back an array a run was replacing at the moment it died.
 
     Examples
     --------
@@ -155,6 +252,7 @@ class Stitcher:
         channels: Sequence[int] = (),
         dtype: Any = "float32",
         out: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
     ) -> None:
         bound = grid.bind(dataset) if isinstance(grid, Grid) else grid
         if not isinstance(bound, GridBound):
@@ -175,15 +273,25 @@ class Stitcher:
         self._slabs: dict[int, _Slab] = {}
         self._done: dict[int, Any] = {}
         self._outputs: dict[int, Output] = {}
+        self._closed = False
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
         self._group: Any = None
+        self._staging: ZarrStaging | None = None
+        self._run = new_stitch_run()
         if self.out is not None:
-            member = next(iter(dataset_members(dataset).values()))
-            self._source = member.views.context.source
-            self._names = output_names(member.files, is_zarr(self.out))
-            if is_zarr(self.out):
+            members = list(dataset_members(dataset).values())
+            self._source = members[0].views.context.source
+            zarr = is_zarr(self.out)
+            self._names = output_names(members[0].files, zarr)
+            if not overwrite:
+                check_not_inputs(self.out, self._names, [f for m in members for f in m.files], zarr)
+            if not is_url(self.out):
+                remove_stale(self.out, self._names, zarr)
+            if zarr:
                 self._group = zarr_group(self.out, self._source)
+                if not is_url(self.out):
+                    self._staging = ZarrStaging(self.out, self._run, self._source)
 
     @property
     def in_progress(self) -> dict[int, tuple[int, ...]]:
@@ -203,69 +311,91 @@ class Stitcher:
             ``"file"`` (B,), ``"start"`` and ``"stop"`` (B x patch ndim); or
             the adapters' ``"location"`` (B x 2 ndim: start, then stop).
 
+        The whole batch is checked before any tile of it is applied, so a
+        refused batch changes nothing and may be given again corrected.
+
         Raises
         ------
         ValueError
             A batch of the wrong shape, a tile that is not one of the grid's,
-            one given twice, or one that starts a new row of tiles of its
-            file while tiles of an earlier row are missing.
+            one given twice, one that starts a new row of tiles of its file
+            while tiles of an earlier row are missing, or a closed Stitcher.
+        TypeError
+            A batch whose dtype does not cast to the result's (strings,
+            objects, complex into a real ``dtype``).
         """
+        if self._closed:
+            raise ValueError("this Stitcher is closed: make a new one to stitch again")
         values = np.asarray(batch)
         nd = len(self.patch)
         files, starts, stops = _tiles(index, nd)
         want = (len(files), *self.channels, *self.patch)
         if values.shape != want:
             raise ValueError(f"expected a batch of shape {want} (B, *channels, *patch), found {values.shape}")
-        for b, (file, start, stop) in enumerate(zip(files, starts, stops)):
+        if not np.can_cast(values.dtype, self._sum_dtype, "same_kind"):
+            raise TypeError(f"expected a batch of numbers that average into {self.dtype}, found dtype {values.dtype}")
+        plan = self._check(files, starts, stops)
+        for b, (file, at) in enumerate(plan):
+            self._add(file, at, values[b])
+
+    def _check(self, files: list[int], starts: list[tuple[int, ...]],
+               stops: list[tuple[int, ...]]) -> list[tuple[int, tuple[int, ...]]]:
+        """Every tile of a batch checked against the grid and against the tiles before it, before any is applied."""
+        progress: dict[int, _Progress] = {}
+        plan = []
+        for file, start, stop in zip(files, starts, stops):
             if stop != tuple(a + p for a, p in zip(start, self.patch)):
                 raise ValueError(f"tile {start}..{stop} of file {file} is not of the patch's shape {self.patch}")
-            self._add(file, start, values[b])
+            p = progress.get(file)
+            if p is None:
+                if file in self._done or not 0 <= file < self.grid.n_files:
+                    n = self.grid.n_files
+                    why = "already complete" if file in self._done else f"not one of the grid's {n} files"
+                    raise ValueError(f"a tile of file {file} at {start}: the file is {why}")
+                p = progress[file] = _Progress(self.grid.axis_starts(file), self._slabs.get(file))
+            plan.append((file, p.take(file, start)))
+        return plan
 
-    def _add(self, file: int, start: tuple[int, ...], tile: np.ndarray) -> None:
+    def _add(self, file: int, at: tuple[int, ...], tile: np.ndarray) -> None:
+        """Apply a checked tile (its index along each axis) to its file's slab."""
         slab = self._slabs.get(file)
         if slab is None:
-            if file in self._done or not 0 <= file < self.grid.n_files:
-                why = "already complete" if file in self._done else f"not one of the grid's {self.grid.n_files} files"
-                raise ValueError(f"a tile of file {file} at {start}: the file is {why}")
             slab = self._slabs[file] = self._open(file)
-        if start not in slab.expected:
-            raise ValueError(f"the tile at {start} of file {file} is not one of its grid's tiles, or was given twice")
-        if start[0] > slab.row:
-            skipped = sorted(t for t in slab.expected if t[0] < start[0])
-            if skipped:
-                raise ValueError(
-                    f"the tile at {start} of file {file} came before its tiles at {skipped[:3]}"
-                    f"{' ...' if len(skipped) > 3 else ''}: tiles must arrive in the Grid's order along the first "
-                    "patch axis (rows of tiles by increasing start, any order within a row)"
-                )
-            self._flush(file, slab, start[0])
-        slab.expected.discard(start)
+        start = tuple(a[i] for a, i in zip(slab.starts, at))
         where = tuple(slice(a - o, a - o + p) for a, o, p in zip(start[1:], slab.origin[1:], self.patch[1:]))
-        rows = slice(0, self.patch[0])
+        rows = slice(start[0] - slab.row, start[0] - slab.row + self.patch[0])
         lead: tuple[slice, ...] = (slice(None),) * len(self.channels)
         slab.sums[(*lead, rows, *where)] += tile * self.map
         slab.weights[(rows, *where)] += self.map
-        if not slab.expected:
-            self._flush(file, slab, slab.row + slab.weights.shape[0])
-            del self._slabs[file]
-            self._finish(file)
+        slab.got[at[1:]] = True
+        slab.left -= 1
+        if slab.left:
+            return
+        if slab.rows + 1 < len(slab.starts[0]):  # a row is complete: the planes before the next one are final
+            slab.rows += 1
+            slab.got[...] = False
+            slab.left = slab.got.size
+            self._flush(file, slab, slab.starts[0][slab.rows])
+            return
+        self._flush(file, slab, slab.row + slab.weights.shape[0])
+        del self._slabs[file]
+        self._finish(file)
 
     def _open(self, file: int) -> _Slab:
-        tiles = self.grid.tiles(file)
         extent = self.grid.extents[file]
-        origin = tuple(min(0, *(t.start[i] for t in tiles)) for i in range(len(extent)))
-        size = tuple(max(e, *(t.stop[i] for t in tiles)) - o for i, (e, o) in enumerate(zip(extent, origin)))
         shape, nc = (*self.channels, *extent), len(self.channels)
+        self._outputs[file] = self._output(file, shape, nc)
+        return _Slab(self.channels, self.patch, self.grid.axis_starts(file), extent, self._sum_dtype)
+
+    def _output(self, file: int, shape: tuple[int, ...], nc: int) -> Output:
         if self.out is None:
-            self._outputs[file] = ArrayOutput(shape, nc, self.dtype)
-        elif self._group is not None:
+            return ArrayOutput(shape, nc, self.dtype)
+        if self._group is not None:
             step = self.grid.sampler.step[0]
-            self._outputs[file] = ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step)
-        else:
-            where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
-                     else os.path.join(os.path.abspath(self.out), self._names[file]))
-            self._outputs[file] = NpyOutput(shape, nc, self.dtype, where, self._source)
-        return _Slab(self.channels, self.patch, origin, size, self._sum_dtype, {t.start for t in tiles})
+            return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step, self._staging)
+        where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
+                 else os.path.join(os.path.abspath(self.out), self._names[file]))
+        return NpyOutput(shape, nc, self.dtype, where, self._source, self._run)
 
     def _flush(self, file: int, slab: _Slab, row: int) -> None:
         """Divide and write the planes before ``row``; move the rest to the slab's front."""
@@ -295,6 +425,38 @@ class Stitcher:
 
     def _finish(self, file: int) -> None:
         self._done[file] = self._outputs.pop(file).finish()
+        if len(self._done) == self.grid.n_files and self._staging is not None:
+            self._staging.remove()
+
+    def close(self) -> None:
+        """Stop: drop the files in progress and their temporaries; published results stay.
+
+        A file's result replaces an earlier one at ``out`` when its last tile
+        is added, so files completed before :meth:`close` are kept; those in
+        progress are dropped (their temporary files or arrays removed) and an
+        earlier result at their place stays as it was. Adding tiles after
+        this raises ``ValueError``; calling it again does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for file in list(self._outputs):
+            self._outputs.pop(file).abort()
+        self._slabs.clear()
+        if self._staging is not None:
+            self._staging.remove()
+
+    def __del__(self) -> None:
+        # (a Stitcher dropped unfinished: its temporaries go, its locks with them)
+        with contextlib.suppress(Exception):
+            if not getattr(self, "_closed", True):
+                self.close()
+
+    def __enter__(self) -> Stitcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def result(self) -> list[Any]:
         """Each file's stitched array, in dataset order.
@@ -307,7 +469,7 @@ class Stitcher:
         ValueError
             If a file's tiles are missing, naming the files and how many.
         """
-        missing = {f: len(s.expected) for f, s in self._slabs.items()}
+        missing = {f: s.remaining() for f, s in self._slabs.items()}
         missing.update({f: self.grid.tile_count(f) for f in range(self.grid.n_files)
                         if f not in self._done and f not in self._slabs})
         if missing:

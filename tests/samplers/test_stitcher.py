@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import time
 
 import numpy as np
 import pytest
@@ -324,3 +326,295 @@ def test_out_zarr_in_the_datasets_bucket(s3):
     space, x, _ = stitch_in_bucket(s3, "out.zarr")
     store = npydask.zarr_store(f"s3://{space}/out.zarr", s3.options, read_only=True)
     np.testing.assert_allclose(zarr.open_array(store, path="scan", mode="r")[:], x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["stop", "foreign", "twice_in_batch", "already_added", "skips_a_row", "dtype"])
+def test_a_batch_is_checked_whole_before_any_tile_is_applied(tmp_path, bad):
+    """A batch refused at its middle tile leaves nothing applied: the corrected batch is then accepted."""
+    rng = np.random.default_rng(8)
+    x = rng.random((14, 10)).astype("f4")
+    ds = dataset(tmp_path, [x])
+    grid = Grid((6, 6), overlap=0.5).bind(ds)
+    tiles = grid.tiles(0)
+    outputs = {t: rng.random((6, 6)).astype("f4") for t in tiles}
+    s = Stitcher(grid, ds, weights="gaussian")
+    feed(s, tiles[:2], outputs, 2)
+    part = tiles[2:9]  # ends a row and starts the next: applying its first tiles would flush planes
+    batch, index = np.stack([outputs[t] for t in part]), index_of(part)
+    wrong = {k: v.copy() for k, v in index.items()}
+    if bad == "stop":
+        wrong["stop"][3] += 1
+    elif bad == "foreign":
+        wrong["start"][3] += 1
+        wrong["stop"][3] += 1
+    elif bad == "twice_in_batch":
+        wrong["start"][5], wrong["stop"][5] = wrong["start"][1], wrong["stop"][1]
+    elif bad == "already_added":
+        wrong["start"][3], wrong["stop"][3] = tiles[0].start, tiles[0].stop
+    elif bad == "skips_a_row":
+        wrong["start"][3], wrong["stop"][3] = tiles[-1].start, tiles[-1].stop
+    held = {f: s.sums.copy() for f, s in s._slabs.items()}
+    with pytest.raises((ValueError, TypeError)):
+        s.add(batch.astype(np.complex64) if bad == "dtype" else batch, wrong)
+    assert {f: s.sums for f, s in s._slabs.items()}.keys() == held.keys()
+    for f, sums in held.items():
+        np.testing.assert_array_equal(s._slabs[f].sums, sums)  # nothing of the refused batch was applied
+    feed(s, part, outputs, len(part))
+    feed(s, tiles[9:], outputs, 4)
+    np.testing.assert_allclose(s.result()[0], oracle(x.shape, tiles, outputs, importance_map((6, 6), "gaussian")),
+                               rtol=1e-5)
+
+
+def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
+    """Bookkeeping counts tiles by rows: the first add costs about a slab, not a record of each of the 4096 tiles."""
+    import tracemalloc
+
+    x = np.random.default_rng(9).random((48, 48, 48)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    grid = Grid((4, 4, 4), overlap=0.25).bind(ds)
+    tiles = grid.tiles(0)
+    assert len(tiles) == 16**3
+    rng = np.random.default_rng(10)
+    outputs = {t: rng.random((4, 4, 4)).astype("f4") for t in tiles}
+    s = Stitcher(grid, ds, out=tmp_path / "out")
+    first = np.stack([outputs[t] for t in tiles[:16]])
+    index = index_of(tiles[:16])
+    slab = 2 * 4 * 48 * 48 * 4  # the sums and the weights of a tile's depth of planes
+    tracemalloc.start()
+    try:
+        s.add(first, index)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * slab, (peak, slab)
+    feed(s, tiles[16:], outputs, 64)
+    np.testing.assert_allclose(np.load(s.result()[0]), oracle(x.shape, tiles, outputs, np.ones((4, 4, 4))),
+                               rtol=1e-5)
+
+
+SERVER = """
+import os, sys, time
+import numpy as np, npydask
+from npydask.samplers import Grid, Stitcher
+try:
+    import zarr  # (imported once here, before the forks)
+except ImportError:
+    pass
+
+def run(src, out):
+    ds = npydask.open_dataset(src)
+    grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
+    s = Stitcher(grid, ds, out=out)
+    for f in range(grid.n_files):
+        x = np.load(ds.files[f])
+        for t in grid.tiles(f):
+            s.add(x[None, t.start[0] : t.stop[0]] + 1, {"file": [f], "start": [t.start], "stop": [t.stop]})
+            print("go", flush=True)
+            time.sleep(0.005)
+    s.result()
+
+for line in sys.stdin:
+    if line == "reap\\n":
+        os.waitpid(pid, 0)
+        print("gone", flush=True)
+        continue
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run(*line.rstrip("\\n").split("\\t"))
+        finally:
+            os._exit(0)
+    print(pid, flush=True)
+"""
+"""Imports once, then per line ``<dataset folder>\\t<out>`` forks a run writing the dataset's values + 1 into out.
+
+The run is reaped on the line ``reap``, so its pid is not reused before the test has killed it.
+"""
+
+
+@pytest.fixture(scope="module")
+def stitch_server():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    server = subprocess.Popen([sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    yield server
+    assert server.stdin is not None
+    server.stdin.close()
+    server.wait(10)
+
+
+def temporaries(out):
+    """Everything a Stitcher run leaves besides its results: temporary files, groups, arrays set aside."""
+    import glob
+
+    return sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(out)), ".*npydask-tmp"))
+                  + glob.glob(os.path.join(glob.escape(out), ".*npydask-tmp")))
+
+
+def results_at(out, names):
+    if out.endswith(".zarr"):
+        import zarr
+
+        group = zarr.open_group(npydask.zarr_store(out), mode="r")
+        return [group[n.removesuffix(".npy")][:] for n in names]
+    return [np.load(os.path.join(out, n)) for n in names]
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporaries(tmp_path, kind, stitch_server):
+    """SIGKILL at random points while a run writes: each file at out is the old result or the new one, whole."""
+    import signal
+
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    rng = np.random.default_rng(11)
+    arrays = [rng.random((24, 8, 8)).astype("f4") for _ in range(2)]
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", arrays)
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    names = ["00.npy", "01.npy"]
+    grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
+    tiles = all_tiles(grid)
+    feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
+    server = stitch_server
+    assert server.stdin is not None and server.stdout is not None
+    left = []
+    for delay in [0.0, *rng.uniform(0.0, 0.2, 3)]:
+        server.stdin.write(f"{tmp_path / 'in'}\t{out}\n")
+        server.stdin.flush()
+        pid, going = None, False
+        while pid is None or not going:  # its pid, and "go": its first tile is added
+            line = server.stdout.readline()
+            assert line, "the stitching server ended"
+            going = going or line == "go\n"
+            pid = int(line) if line.strip().isdigit() else pid
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)  # (a run that ended is not yet reaped: the signal finds no one)
+        server.stdin.write("reap\n")
+        server.stdin.flush()
+        while server.stdout.readline() not in ("gone\n", ""):
+            pass
+        left.append(temporaries(out))
+        for got, old in zip(results_at(out, names), arrays):
+            assert got.shape == old.shape
+            assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)  # never a mix
+        Stitcher(grid, ds, out=out).close()  # the next run on out
+        assert temporaries(out) == []
+    assert left[0]  # killed while writing: a temporary was there to remove
+    for got, old in zip(results_at(out, names), arrays):
+        assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_close_and_a_failing_with_block_drop_the_run_and_keep_the_old_result(tmp_path, kind):
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    x = np.random.default_rng(12).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x, x + 1])
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    grid = Grid((4, 8)).bind(ds)
+    tiles = all_tiles(grid)
+    old = {t: tile_of([x, x + 1][t.file], t) for t in tiles}
+    with Stitcher(grid, ds, out=out) as s:
+        feed(s, tiles, old, 3)
+        s.result()
+    assert temporaries(out) == []
+    new = {t: 2 * v for t, v in old.items()}
+    s = Stitcher(grid, ds, out=out)
+    feed(s, tiles[:2], new, 2)
+    assert temporaries(out)
+    s.close()
+    s.close()
+    assert temporaries(out) == []
+    with pytest.raises(ValueError, match="closed"):
+        feed(s, tiles[2:3], new, 1)
+
+    def fails_midway():
+        with Stitcher(grid, ds, out=out) as s:
+            feed(s, tiles[: len(tiles) // 2 + 1], new, 1)  # file 0 complete and published, file 1 begun
+            raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        fails_midway()
+    assert temporaries(out) == []
+    got = results_at(out, ["00.npy", "01.npy"])
+    np.testing.assert_allclose(got[0], 2 * x, rtol=1e-6)
+    np.testing.assert_array_equal(got[1], x + 1)
+
+
+def test_out_over_the_datasets_own_files_is_refused_unless_overwrite(tmp_path):
+    x = np.arange(64, dtype="f4").reshape(8, 8)
+    ds = dataset(tmp_path, [x])
+    grid = Grid((4, 4), overlap=0).bind(ds)
+    for out in [tmp_path, str(tmp_path) + "/", tmp_path / "00.npy" / ".."]:
+        with pytest.raises(ValueError, match=r"dataset's own folder.*another out=, or overwrite=True"):
+            Stitcher(grid, ds, out=out)
+    for sub in "ab":
+        (tmp_path / sub).mkdir()
+        np.save(tmp_path / sub / f"{sub}.npy", x)
+    two = npydask.open_dataset(files=[str(tmp_path / "a" / "a.npy"), str(tmp_path / "b" / "b.npy")])
+    with pytest.raises(ValueError, match=r"overwrite the dataset's file .*a/a.npy"):
+        Stitcher(Grid((4, 4)), two, out=tmp_path / "a")
+    with pytest.raises(ValueError, match=r"overwrite the dataset's file .*a/a.npy"):
+        Stitcher(Grid((4, 4)), two, out=tmp_path / "out.zarr" / ".." / "a")
+    tiles = grid.tiles(0)
+    s = Stitcher(grid, ds, out=tmp_path, overwrite=True)
+    feed(s, tiles, {t: 2 * tile_of(x, t) for t in tiles}, 4)
+    np.testing.assert_array_equal(np.load(s.result()[0]), 2 * x)
+    np.testing.assert_array_equal(np.load(tmp_path / "a" / "a.npy"), x)
+    Stitcher(grid, ds, out=tmp_path / "pred")  # a folder beside or under the inputs is fine
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_live_runs_temporaries_are_not_removed_by_another(tmp_path, kind):
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+    x = np.random.default_rng(13).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    out = str(tmp_path / ("out.zarr" if kind == "zarr" else "out"))
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    outputs = {t: tile_of(x, t) for t in tiles}
+    live = Stitcher(grid, ds, out=out)
+    feed(live, tiles[:1], outputs, 1)
+    held = temporaries(out)
+    assert held
+    Stitcher(grid, ds, out=out).close()
+    assert temporaries(out) == held
+    feed(live, tiles[1:], outputs, 2)
+    np.testing.assert_allclose(results_at(out, ["00.npy"])[0], x, rtol=1e-6)
+    assert temporaries(out) == []
+
+
+def test_a_zarr_array_whose_replacement_fails_stays(tmp_path, monkeypatch):
+    """Renaming the new array into the group fails after the old one was set aside: the old one is put back."""
+    pytest.importorskip("zarr")
+    from npydask.samplers import _outputs
+
+    x = np.random.default_rng(14).random((12, 8)).astype("f4")
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", [x])
+    out = str(tmp_path / "out.zarr")
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(x, t) for t in tiles}, 8)
+    rename = os.rename
+
+    def failing(src, dst):
+        if not os.path.basename(os.path.dirname(src)).endswith(".npydask-tmp"):
+            return rename(src, dst)  # (setting the old array aside, or putting it back)
+        raise OSError(5, "Input/output error", src)
+
+    monkeypatch.setattr(_outputs.os, "rename", failing)
+    with Stitcher(grid, ds, out=out) as s, pytest.raises(OSError, match="Input/output"):
+        feed(s, tiles, {t: 2 * tile_of(x, t) for t in tiles}, 8)
+    monkeypatch.undo()
+    np.testing.assert_allclose(results_at(out, ["00.npy"])[0], x, rtol=1e-6)
+    assert temporaries(out) == []
