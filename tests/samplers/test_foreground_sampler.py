@@ -74,9 +74,9 @@ def test_every_foreground_draw_holds_a_voxel_of_its_class_and_the_share_is_p(tmp
             patch = bound.patch(epoch, i, seed=11, shuffle=True)
             assert (patch.file, patch.start) == (file, d.start)
             assert all(0 <= a and b <= e for a, b, e in zip(patch.start, patch.stop, SHAPE))
-            if d.label is not None:
+            if d.class_index is not None:
                 hits += 1
-                value = (1, 2)[d.label]
+                value = (1, 2)[d.class_index]
                 assert labels[file][d.center] == value
                 assert np.any(labels[file][box_of(patch)] == value)
     n, p = 600, 0.33
@@ -86,7 +86,7 @@ def test_every_foreground_draw_holds_a_voxel_of_its_class_and_the_share_is_p(tmp
 def test_ratios_choose_classes_in_proportion(tmp_path):
     bound = Foreground((6, 6, 6), p=1.0, classes=[1, 2], ratios=[3, 1], per_file=500).bind(
         make(tmp_path, labels_with_blobs(2, seed=1)))
-    labels = [bound.draw(0, i, seed=0)[1].label for i in range(len(bound))]
+    labels = [bound.draw(0, i, seed=0)[1].class_index for i in range(len(bound))]
     share = labels.count(0) / len(labels)
     assert abs(share - 0.75) <= 3 * math.sqrt(0.75 * 0.25 / len(labels))
 
@@ -97,8 +97,8 @@ def test_a_class_a_file_lacks_drops_out_and_a_file_without_foreground_draws_unif
     bound = Foreground((4, 4, 4), p=1.0, classes=[1, 2], ratios=[0.9, 0.1], per_file=50).bind(
         make(tmp_path, [one, np.zeros(SHAPE, np.uint8)]))
     draws = [bound.draw(0, i, seed=0) for i in range(len(bound))]
-    assert {d.label for f, d in draws if f == 0} == {1}
-    assert {d.label for f, d in draws if f == 1} == {None}
+    assert {d.class_index for f, d in draws if f == 0} == {1}
+    assert {d.class_index for f, d in draws if f == 1} == {None}
 
 
 def test_labels_are_read_once_per_file_over_epochs(tmp_path, reads):
