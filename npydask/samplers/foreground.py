@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from npydask._keywords import suggest_keywords
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
 from npydask.plan.foreground import Candidates, ForegroundDraw, draw, normalized_ratios
@@ -110,6 +111,7 @@ class Foreground(Sampler):
     True
     """
 
+    @suggest_keywords
     def __init__(
         self,
         patch_shape: Sequence[int],

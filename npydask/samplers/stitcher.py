@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.plan.sampling import check_int
 from npydask.samplers._outputs import ArrayOutput, NpyOutput, Output, ZarrOutput, is_zarr, output_names, zarr_group
 from npydask.samplers.base import dataset_members
@@ -145,6 +146,7 @@ class Stitcher:
     True
     """
 
+    @suggest_keywords
     def __init__(
         self,
         grid: Grid | GridBound,

@@ -185,3 +185,22 @@ def test_binding_and_planning_read_no_file(tmp_path):
     bound = Uniform((8, 8), per_file=2).bind(ds)
     assert len(bound.patches(0, range(4), shuffle=True)) == 4
     assert len(Grid((8, 8)).bind(npydask.zip_datasets({"a": ds, "b": ds}))) == 2 * 2 + 3 * 2
+
+
+def test_a_misspelled_keyword_gets_a_close_match(volumes):
+    from npydask.samplers import Foreground, Stitcher
+
+    cases = [
+        (lambda: Uniform((4, 4), per_fle=2), "Uniform() got an unexpected keyword argument 'per_fle'. Did you mean 'per_file'?"),
+        (lambda: Grid((4, 4), overlapp=0.5), "Grid() got an unexpected keyword argument 'overlapp'. Did you mean 'overlap'?"),
+        (lambda: Foreground((4, 4), label_keys="seg"), "Did you mean 'label_key'?"),
+        (lambda: Foreground((4, 4), candidate=5), "Did you mean 'candidates'?"),
+        (lambda: Stitcher(Grid((4, 4)), volumes, weight="gaussian"), "Stitcher() got an unexpected keyword argument 'weight'. Did you mean 'weights'?"),
+        (lambda: npydask.Loader(volumes, 2, sampeler=Uniform((4, 4))), "Did you mean 'sampler'?"),
+    ]
+    for make, message in cases:
+        with pytest.raises(TypeError) as e:
+            make()
+        assert message in str(e.value)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'colour'$"):
+        Uniform((4, 4), colour=1)
