@@ -3,7 +3,8 @@
 A :class:`ZippedDataset` holds one :class:`~npydask.dataset.npy_dataset.NpyDataset`
 per key, all of one length; sample ``i`` is file ``i`` of every member, as a
 dict (the files' names checked, :mod:`npydask.dataset.pairing`). The members
-are separate sets of files (images in one folder, labels in another), each with its own dtype, ndim and ROI; a sampler of
+are separate sets of files (images in one folder, labels in another), each
+with its own dtype, ndim and ROI; a sampler of
 :mod:`npydask.samplers` reads the same box from each, so their shapes must
 agree over the patch's trailing axes (checked when the sampler is bound,
 since only the sampler knows how many axes its patch has).

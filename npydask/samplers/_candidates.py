@@ -110,7 +110,7 @@ def _parse(path: str, data: bytes, params: dict[str, Any]) -> dict[str, IndexEnt
 
 
 def _member(archive: zipfile.ZipFile, name: str, dtype: Any, limit: int) -> np.ndarray:
-    """Member ``name`` of the archive: a 1-d array of ``dtype`` of at most ``limit`` elements, checked before it is read.
+    """Member ``name``: a 1-d array of ``dtype`` of at most ``limit`` elements, checked before it is read.
 
     The index is written uncompressed, so a member must be stored (a
     deflated one could inflate far beyond the file's size), its ``.npy``

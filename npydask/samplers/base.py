@@ -237,12 +237,12 @@ def warn_if_leading_axes_look_spatial(dataset: Any, patch_shape: Sequence[int]) 
             seen.add(shape)
             lead = shape[: len(shape) - len(patch)]
             if lead and lead[-1] > CHANNELS_AT_MOST and lead[-1] >= min(patch):
-                box = (*lead, *patch)
+                box, cube, slices = (*lead, *patch), (min(patch), *patch), (1, *patch)
                 warn(
-                    f"patch_shape={patch} covers the last {len(patch)} axes of {_name(dataset_members(dataset), key, i)}"
-                    f", shape {shape}; its leading axes {lead} are kept whole, as channels are, so each patch is "
-                    f"{box}. For a {len(patch) + 1}-D patch give that axis too (e.g. patch_shape={(min(patch), *patch)}), or "
-                    f"{(1, *patch)} for slices of it; leading axes of at most "
+                    f"patch_shape={patch} covers the last {len(patch)} axes of "
+                    f"{_name(dataset_members(dataset), key, i)}, shape {shape}; its leading axes {lead} are kept "
+                    f"whole, as channels are, so each patch is {box}. For a {len(patch) + 1}-D patch give that axis "
+                    f"too (e.g. patch_shape={cube}), or {slices} for slices of it; leading axes of at most "
                     f"{CHANNELS_AT_MOST} (channels) are kept whole without this warning"
                 )
                 return

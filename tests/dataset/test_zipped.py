@@ -126,7 +126,7 @@ def test_folders_that_sort_apart_are_refused_naming_the_first_pair_and_the_fix(c
     im, lab = opened(images), opened(labels)
     wrong = [i for i in range(12) if np.load(im.files[i]).flat[0] != np.load(lab.files[i]).flat[0]]
     assert len(wrong) == 4  # (what pairing by position alone would have done)
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="pairs files by position and their names differ") as e:
         npydask.zip_datasets({"image": im, "label": lab})
     text = str(e.value)
     assert "sample 0 pairs 'image' file" in text and "ct_1.npy' (name '1')" in text

