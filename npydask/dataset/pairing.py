@@ -54,7 +54,7 @@ PAIRINGS = ("checked", "name", "position")
 """The values of ``pair_by``: by position with the names checked, joined on the names, or by position unchecked."""
 
 _SEPARATORS = "/" + os.sep + (os.altsep or "")
-_EXTENSIONS = (".npy", ".npz")
+_EXTENSIONS = (".npy", ".npz")  # (both 4 characters long)
 
 
 def relative_names(paths: Sequence[str]) -> list[str]:
@@ -71,15 +71,7 @@ def relative_names(paths: Sequence[str]) -> list[str]:
         return []
     common = os.path.commonprefix(list(paths)) if len(paths) > 1 else paths[0]
     cut = max(common.rfind(s) for s in _SEPARATORS) + 1
-    out = []
-    for p in paths:
-        name = p[cut:]
-        for ext in _EXTENSIONS:
-            if name.endswith(ext):
-                name = name[: -len(ext)]
-                break
-        out.append(name)
-    return out
+    return [p[cut:-4] if p.endswith(_EXTENSIONS) else p[cut:] for p in paths]
 
 
 def _between_digits(text: str, at: int) -> bool:
@@ -101,12 +93,12 @@ def affixes(names: Sequence[str]) -> tuple[str, str]:
         return names[0], ""
     lo, hi = min(names), max(names)  # (the common prefix of a list is the common prefix of its extremes)
     n = len(os.path.commonprefix([lo, hi]))
-    while any(_between_digits(name, n) for name in names):
-        n -= 1
+    while n and lo[n - 1].isdigit() and any(_between_digits(name, n) for name in names):
+        n -= 1  # (only where the prefix ends in a digit can a name go on with one)
     shortest = min(len(name) for name in names) - n
     rest = [name[n:][::-1] for name in names]
     m = min(len(os.path.commonprefix([min(rest), max(rest)])), shortest)
-    while m and any(_between_digits(name, len(name) - m) for name in names):
+    while m and rest[0][m - 1].isdigit() and any(_between_digits(name, len(name) - m) for name in names):
         m -= 1
     return names[0][:n], (names[0][len(names[0]) - m :] if m else "")
 
@@ -143,8 +135,10 @@ def first_mismatch(names: Mapping[str, Sequence[str]]) -> Mismatch | None:
     >>> first_mismatch({"image": ["1", "2"], "label": ["1", "2"]}) is None
     True
     """
-    columns = list(names.values())
+    columns = [list(col) for col in names.values()]
     first = columns[0]
+    if all(col == first for col in columns[1:]):  # (compared in C: the common case costs little)
+        return None
     differ = [i for i in range(len(first)) if any(col[i] != first[i] for col in columns[1:])]
     if not differ:
         return None
