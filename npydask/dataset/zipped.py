@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.dataset._keyed import KeyedDatasets
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
@@ -32,6 +33,7 @@ from npydask.dataset.pairing import PAIRINGS, Mismatch, first_mismatch, join_ord
 __all__ = ["ZippedDataset", "zip_datasets"]
 
 
+@suggest_keywords
 def zip_datasets(
     datasets: Mapping[str, NpyDataset], *, pair_by: str = "checked", key: Callable[[str], str] | None = None
 ) -> ZippedDataset:

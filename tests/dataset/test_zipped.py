@@ -198,6 +198,8 @@ def test_single_files_and_bad_pair_by(tmp_path):
         npydask.zip_datasets({"image": one, "label": other}, pair_by="names")
     with pytest.raises(TypeError, match="key must be a callable"):
         npydask.zip_datasets({"image": one, "label": other}, key="x")
+    with pytest.raises(TypeError, match="Did you mean 'pair_by'"):
+        npydask.zip_datasets({"image": one, "label": other}, pairby="name")
 
 
 def test_repr_shows_a_members_varying_shapes(tmp_path):
