@@ -192,7 +192,7 @@ def run_foreground(images: str, labels: str, patch: int, fsize: ForegroundSize, 
                     want = maps[key][int(f)][box]
                     same = same and b[key][j].dtype == want.dtype and np.array_equal(b[key][j], want)
                 out["bad"] += not same
-                out["centred"] += d.label is not None
+                out["centred"] += d.class_index is not None
                 out["with_foreground"] += bool(b["label"][j].any())
                 position += 1
         out["draws"] += position

@@ -499,3 +499,17 @@ def test_index_column_holds_global_ids_across_shards(ray_session, tmp_path):
     import pickle
 
     assert pickle.loads(pickle.dumps(ds.shard(1, 3))).start_index == 2
+
+
+def test_read_npy_takes_a_single_file_local_or_remote(ray_session, tmp_path, http_server):
+    import npydask.ray
+
+    arrays = [np.arange(12, dtype="<i4").reshape(3, 4) + 100 * i for i in range(3)]
+    _save_all(tmp_path, arrays)
+    for one in (tmp_path / "f01.npy", http_server(tmp_path).url("f02.npy")):
+        ids, got, rows = _rows(npydask.ray.read_npy(one, path_column="path"))
+        want = np.load(tmp_path / os.path.basename(str(one)))
+        assert ids == [0] and len(got) == 1 and rows[0]["path"].endswith(os.path.basename(str(one)))
+        np.testing.assert_array_equal(got[0], want)
+    with pytest.raises(ValueError, match="is a file, so it is the only one read"):
+        npydask.ray.read_npy(tmp_path / "f01.npy", files=["f00.npy"])

@@ -192,14 +192,18 @@ class NpyDataset:
     def __repr__(self) -> str:
         if not len(self):
             return "NpyDataset(0 files)"
-        shapes = self._table.layout().shapes
-        shown = str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes, e.g. {shapes[0]}..{shapes[-1]}"
+        shown = self._shapes_shown()
         first = self._shown(0)
         more = f" .. {self._shown(-1)}" if len(self) > 1 else ""
         return (
             f"NpyDataset({len(self)} files, dtype={dtype_name(self.dtype)}, ndim={self.ndim}, "
             f"shape {shown}, {human_bytes(self.nbytes)}, device={self._device!r}: {first}{more})"
         )
+
+    def _shapes_shown(self) -> str:
+        """The output shapes as ``repr`` shows them: the one shape, or how many and two of them."""
+        shapes = self._table.layout().shapes
+        return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes, e.g. {shapes[0]}..{shapes[-1]}"
 
     def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
         return NpyDataset(table, self._context, device=self._device, sharding=sharding, start=start,

@@ -287,7 +287,9 @@ def warn_if_natural_differs(
         f"file_root {redact(root)!r}: its {len(names)} files are read in DALI's byte-wise order, which puts "
         f"{swap[0]!r} before {swap[1]!r}; natural order (numbers by value) would swap them. Pass "
         "sort='natural' to read them by number, or sort='bytes' to keep the byte-wise order; either silences "
-        "this warning"
+        "this warning. In byte-wise order, folders paired file by file (images and labels, zip_datasets) can pair "
+        "the wrong files where their names differ around the numbers ('ct_1.npy' before 'ct_10.npy' but "
+        "'ct_10_seg.npy' before 'ct_1_seg.npy'); sort='natural' keeps them aligned"
     )
 
 

@@ -1,9 +1,10 @@
-"""Datasets paired by position: :func:`zip_datasets`, for images with their labels.
+"""Datasets paired file by file: :func:`zip_datasets`, for images with their labels.
 
 A :class:`ZippedDataset` holds one :class:`~npydask.dataset.npy_dataset.NpyDataset`
 per key, all of one length; sample ``i`` is file ``i`` of every member, as a
-dict. The members are separate sets of files (images in one folder, labels
-in another), each with its own dtype, ndim and ROI; a sampler of
+dict (the files' names checked, :mod:`npydask.dataset.pairing`). The members
+are separate sets of files (images in one folder, labels in another), each
+with its own dtype, ndim and ROI; a sampler of
 :mod:`npydask.samplers` reads the same box from each, so their shapes must
 agree over the patch's trailing axes (checked when the sampler is bound,
 since only the sampler knows how many axes its patch has).
@@ -17,20 +18,26 @@ take); to pair such members with other files, spread them into the dict:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.dataset._keyed import KeyedDatasets
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
+from npydask.dataset.order import natural_key
+from npydask.dataset.pairing import PAIRINGS, Mismatch, first_mismatch, join_order, pairing_names, relative_names
 
 __all__ = ["ZippedDataset", "zip_datasets"]
 
 
-def zip_datasets(datasets: Mapping[str, NpyDataset]) -> ZippedDataset:
-    """Pair datasets by position: sample ``i`` is ``{key: file i of datasets[key]}``.
+@suggest_keywords
+def zip_datasets(
+    datasets: Mapping[str, NpyDataset], *, pair_by: str = "checked", key: Callable[[str], str] | None = None
+) -> ZippedDataset:
+    """Pair datasets file by file: sample ``i`` is ``{key: file i of datasets[key]}``, the files' names checked.
 
     Parameters
     ----------
@@ -40,6 +47,16 @@ def zip_datasets(datasets: Mapping[str, NpyDataset]) -> ZippedDataset:
         Members may differ in dtype, ndim and leading axes (an image with a
         channel axis beside a label without one); a sampler checks, when
         bound, that they agree over its patch's trailing axes.
+    pair_by : {"checked", "name", "position"}, default "checked"
+        How files are paired. ``"checked"`` pairs them by position and
+        refuses a position whose files' names differ (see Notes);
+        ``"name"`` joins the files on those names, putting every member in
+        the first member's order; ``"position"`` pairs by position unchecked.
+    key : callable, optional
+        From a file's relative name (its path relative to the folder all of
+        its member's files share, without ``.npy``: ``"ct_1_seg"``,
+        ``"sub/case_001_0000"``) to the name it pairs on, used instead of
+        removing the common affixes (with ``"checked"`` or ``"name"``).
 
     Returns
     -------
@@ -48,12 +65,30 @@ def zip_datasets(datasets: Mapping[str, NpyDataset]) -> ZippedDataset:
     Raises
     ------
     TypeError
-        ``datasets`` is not a mapping, a key is not a str, or a value is not
+        ``datasets`` is not a mapping, a key is not a str, a value is not
         an ``NpyDataset`` (a ``MultiKeyDataset``'s members are spread in:
-        ``{**multi.members, ...}``).
+        ``{**multi.members, ...}``), ``key`` is not callable or returns
+        something else than a str.
     ValueError
-        No dataset is given, or their lengths differ (the message lists each
-        key's length).
+        No dataset is given, their lengths differ (the message lists each
+        key's length), an unknown ``pair_by``; with ``"checked"``, files
+        paired at one position whose names differ (the message names the
+        first such pair, how many differ, and the fix); with ``"name"``,
+        a name missing from a member or held twice by one.
+
+    Notes
+    -----
+    A file's pairing name is its relative name (as ``key`` takes it) without
+    what all of its member's names share at their start and at their end:
+    ``ct_1`` and ``ct_1_seg`` both pair on ``1``, nnU-Net's
+    ``case_001_0000`` and ``case_001`` on ``001``. The shared parts are cut
+    only where a digit does not meet a digit, so images ``ct_10`` ..
+    ``ct_19`` pair on ``10`` .. ``19``, not on ``0`` .. ``9``; a member of
+    one file pairs on ``""`` (whatever single file the others hold). Two
+    folders whose names sort differently byte-wise (``ct_10.npy`` before
+    ``ct_1_seg.npy``, since ``0`` < ``_``) would pair the wrong files by
+    position: ``"checked"`` refuses them and names the fix, usually
+    ``sort="natural"`` in both ``open_dataset`` calls.
 
     Examples
     --------
@@ -74,19 +109,75 @@ def zip_datasets(datasets: Mapping[str, NpyDataset]) -> ZippedDataset:
         raise TypeError(
             f"zip_datasets takes a dict of datasets ({{'image': ds, 'label': labels}}), found {type(datasets).__name__}"
         )
+    if not isinstance(pair_by, str) or pair_by not in PAIRINGS:
+        raise ValueError(
+            f"pair_by must be one of {PAIRINGS}: 'checked' (by position, names checked), 'name' (joined on the "
+            f"names) or 'position' (unchecked), found {pair_by!r}"
+        )
+    if key is not None and not callable(key):
+        raise TypeError(f"key must be a callable from a file's relative name to its pairing name, found {key!r}")
     members: dict[str, NpyDataset] = {}
-    for key, ds in datasets.items():
-        if not isinstance(key, str):
-            raise TypeError(f"zip_datasets: keys must be str, found {key!r}")
+    for name, ds in datasets.items():
+        if not isinstance(name, str):
+            raise TypeError(f"zip_datasets: keys must be str, found {name!r}")
         if isinstance(ds, MultiKeyDataset):
             raise TypeError(
-                f"zip_datasets: {key!r} is a MultiKeyDataset (members {list(ds.keys)}); spread its members into "
+                f"zip_datasets: {name!r} is a MultiKeyDataset (members {list(ds.keys)}); spread its members into "
                 f"the dict instead: zip_datasets({{**ds.members, ...}})"
             )
         if not isinstance(ds, NpyDataset):
-            raise TypeError(f"zip_datasets: {key!r} must be an NpyDataset (open_dataset), found {type(ds).__name__}")
-        members[key] = ds
-    return ZippedDataset(members)
+            raise TypeError(f"zip_datasets: {name!r} must be an NpyDataset (open_dataset), found {type(ds).__name__}")
+        members[name] = ds
+    zipped = ZippedDataset(members)  # (checks the count and the lengths)
+    if pair_by == "position" or len(members) == 1:
+        return zipped
+    files = {k: d.files for k, d in members.items()}
+    names = {k: _pairing_names(k, f, key) for k, f in files.items()}
+    if pair_by == "name":
+        order = join_order(names, lambda k, i: repr(files[k][i]))
+        return ZippedDataset({k: d if order[k] == list(range(len(d))) else d[order[k]] for k, d in members.items()})
+    mismatch = first_mismatch(names)
+    if mismatch is not None:
+        raise ValueError(_mismatch_message(mismatch, files, names, key))
+    return zipped
+
+
+def _pairing_names(member: str, files: list[str], key: Callable[[str], str] | None) -> list[str]:
+    """The names member ``member``'s files pair on: ``key`` of their relative names, or those without affixes."""
+    relative = relative_names(files)
+    if key is None:
+        return pairing_names(relative)
+    out = []
+    for name in relative:
+        got = key(name)
+        if not isinstance(got, str):
+            raise TypeError(f"zip_datasets: key({name!r}) must return a str (the name it pairs on), found {got!r}")
+        out.append(got)
+    return out
+
+
+def _mismatch_message(
+    m: Mismatch, files: dict[str, list[str]], names: dict[str, list[str]], key: Callable[[str], str] | None
+) -> str:
+    """The ``pair_by="checked"`` refusal: the first pair that differs, how many do, and what to do."""
+    shown = " with ".join(f"{k!r} file {files[k][m.position]!r} (name {n!r})" for k, n in m.names.items())
+    how = "as key= gives them" if key is not None else "once the affixes common to each member's files are removed"
+    natural = []
+    for k, col in names.items():  # (each member's pairing names in the natural order of its files' names)
+        relative = relative_names(files[k])
+        natural.append([col[i] for i in sorted(range(len(col)), key=lambda i: natural_key(relative[i]))])
+    if all(col == natural[0] for col in natural[1:]):
+        why = (" The members' files sort differently byte-wise, and natural order (numbers by value) would pair "
+               "them right: pass sort='natural' to each open_dataset call.")
+    else:
+        why = ""
+    return (
+        f"zip_datasets pairs files by position and their names differ: sample {m.position} pairs {shown}, "
+        f"names compared {how}: {m.differ} of {len(next(iter(files.values())))} samples would pair files of "
+        f"different cases.{why} Pass pair_by='name' to join the files on these names, key= "
+        "(a function from a file's relative name to the name it pairs on) where the names need more than "
+        "removing common affixes, or pair_by='position' to pair by position unchecked"
+    )
 
 
 class ZippedDataset(KeyedDatasets):
@@ -129,7 +220,7 @@ class ZippedDataset(KeyedDatasets):
 
     # -- facts ---------------------------------------------------------------
     def __repr__(self) -> str:
-        parts = ", ".join(f"{k}: {d.dtype.str} {d.shapes[0]}" if len(d) else f"{k}: empty"
+        parts = ", ".join(f"{k}: {d.dtype.str} {d._shapes_shown()}" if len(d) else f"{k}: empty"
                           for k, d in self._members.items())
         return f"ZippedDataset({len(self)} samples, members {{{parts}}})"
 

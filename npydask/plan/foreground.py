@@ -43,6 +43,7 @@ Examples
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -105,14 +106,39 @@ class Candidates:
 class ForegroundDraw:
     """One planned box: its ``start`` over the patch axes and what it is centred on.
 
-    ``label`` is the number (in :attr:`Candidates.classes`) of the class
-    whose voxel ``center`` the box contains; both are ``None`` for a uniform
-    draw.
+    Attributes
+    ----------
+    start : tuple of int
+        The box's first voxel over the patch axes.
+    class_index : int or None
+        The number of the class whose voxel the box contains, counted in
+        :attr:`Candidates.classes` (the ``classes=`` given, or the non-zero
+        values found, ascending); ``None`` for a uniform draw.
+    center : tuple of int or None
+        That voxel (inside the box, not always at its centre).
+    class_value : bool, int, float or None
+        The label value of that class (``Candidates.classes[class_index]``),
+        the value a MONAI user calls the label; ``None`` for a uniform draw.
+
+    ``label`` is a deprecated name of ``class_index`` (a class's number,
+    not its label value).
     """
 
     start: tuple[int, ...]
-    label: int | None = None
+    class_index: int | None = None
     center: tuple[int, ...] | None = None
+    class_value: Scalar | None = None
+
+    @property
+    def label(self) -> int | None:
+        """Deprecated: ``class_index`` (the class's number); ``class_value`` is its label value."""
+        warnings.warn(
+            "ForegroundDraw.label is deprecated: it is the class's number (now class_index), not its label value "
+            "(class_value)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.class_index
 
 
 def slab_planes(shape: Sequence[int], patch_ndim: int, voxels: int = SLAB_VOXELS) -> int:
@@ -336,15 +362,15 @@ def draw(
     >>> label = np.zeros((10, 10), np.uint8); label[7, 8] = 1
     >>> b = CandidateBuilder(label.shape, 2); b.add(label, 0)
     >>> d = draw(np.random.default_rng(0), b.result(), (4, 4), p=1.0)
-    >>> d.label, d.center, d.start
-    (0, (7, 8), (5, 6))
+    >>> d.class_index, d.class_value, d.center, d.start
+    (0, 1, (7, 8), (5, 6))
     """
     extent, patch = candidates.extent, tuple(patch)
     if rng.random() < p:
-        label = choose_class(rng, candidates.present, ratios)
-        if label is not None:
-            positions = candidates.positions[label]
+        chosen = choose_class(rng, candidates.present, ratios)
+        if chosen is not None:
+            positions = candidates.positions[chosen]
             flat = int(positions[int(rng.integers(len(positions)))])
             center = tuple(int(i) for i in np.unravel_index(flat, extent))
-            return ForegroundDraw(shift_inside(center, extent, patch), label, center)
+            return ForegroundDraw(shift_inside(center, extent, patch), chosen, center, candidates.classes[chosen])
     return ForegroundDraw(uniform_start(rng, extent, patch, "inside"))

@@ -51,7 +51,7 @@ from npydask.errors import install_hint
 from npydask.plan.grouping import RowRange, plan_row_ranges
 from npydask.plan.region import Box
 from npydask.ray._columns import check_arrow_dtype, column_type, ragged_column, tensor_column
-from npydask.storage.urls import redact
+from npydask.storage.urls import is_url, redact
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -89,7 +89,9 @@ def read_npy(
     ----------
     file_root
         As :func:`npydask.open_dataset` (a folder, an object-store prefix, or
-        ``None`` with ``files=``/``file_list=``).
+        ``None`` with ``files=``/``file_list=``), or one file (a local
+        ``.npy``/``.npz`` file, or a URL ending in ``.npy`` or ``.npz``), read
+        alone, as ``ray.data.read_numpy`` takes a file.
     column : str
         Name of the tensor column.
     index_column : str or None
@@ -141,11 +143,40 @@ def read_npy(
     if open_dataset_kwargs.get("device", "cpu") != "cpu":
         raise ValueError(_gpu_refusal(open_dataset_kwargs["device"]))
     _require_ray()
+    file_root, open_dataset_kwargs = _one_file(file_root, open_dataset_kwargs)
     return dataset_to_ray(
         open_dataset(file_root, **open_dataset_kwargs), column=column, index_column=index_column,
         path_column=path_column, concatenate=concatenate, axis=axis, block_size=block_size,
         override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args,
     )
+
+
+def _one_file(file_root: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A ``file_root`` naming one file, as its folder and ``files=[name]``; anything else unchanged.
+
+    A file is a local path to a regular file, or a URL (without a query
+    string) whose last segment ends in ``.npy`` or ``.npz``.
+    """
+    if file_root is None:
+        return file_root, kwargs
+    path = os.fspath(file_root)
+    if not isinstance(path, str):
+        return file_root, kwargs
+    if is_url(path):
+        single = "?" not in path and path.rsplit("/", 1)[-1].endswith((".npy", ".npz"))
+        folder, _, name = path.rpartition("/")
+        folder += "/"
+    else:
+        single = os.path.isfile(path)
+        folder, name = os.path.split(os.path.abspath(path))
+    if not single:
+        return file_root, kwargs
+    if kwargs.get("files") is not None or kwargs.get("file_list") is not None:
+        raise ValueError(
+            f"read_npy: file_root {redact(path)!r} is a file, so it is the only one read; pass its folder as "
+            "file_root to read files= or file_list= from it"
+        )
+    return folder, {**kwargs, "files": [name]}
 
 
 def dataset_to_ray(

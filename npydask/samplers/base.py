@@ -22,7 +22,7 @@ import numpy as np
 from npydask.dataset.multikey import MultiKeyDataset
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
-from npydask.errors import RoiError
+from npydask.errors import RoiError, warn
 from npydask.plan.patches import POLICIES, Patch, draw_rng, position_file, unit_order
 from npydask.plan.sampling import DEFAULT_SEED, check_int
 
@@ -36,6 +36,7 @@ __all__ = [
     "check_policy",
     "dataset_members",
     "patch_extents",
+    "warn_if_leading_axes_look_spatial",
 ]
 
 
@@ -202,6 +203,51 @@ def patch_extents(dataset: Any, patch_shape: Sequence[int], policy: str) -> tupl
     return tuple(extents)
 
 
+CHANNELS_AT_MOST = 16
+"""A leading axis longer than this, and at least as long as the patch's shortest axis, looks spatial."""
+
+
+def warn_if_leading_axes_look_spatial(dataset: Any, patch_shape: Sequence[int]) -> None:
+    """Warn when a patch leaves whole a leading axis that looks spatial rather than like channels.
+
+    A patch covers the files' trailing axes; the leading ones are read whole,
+    as channels are. A leading axis *looks spatial* when it is longer than
+    :data:`CHANNELS_AT_MOST` (16) and at least as long as the patch's
+    shortest axis: ``patch_shape=(64, 64)`` on ``(128, 128, 128)`` volumes
+    reads ``(128, 64, 64)`` boxes, most likely meant as ``(64, 64, 64)`` or
+    as slices ``(1, 64, 64)``. One :class:`~npydask.errors.NpyDaskWarning`
+    names the first such file; channels (``(4, 128, 128, 128)``) pass silently.
+
+    Examples
+    --------
+    >>> import numpy as np, npydask, tempfile, os, warnings
+    >>> root = tempfile.mkdtemp(); np.save(os.path.join(root, "a.npy"), np.zeros((40, 32, 32), "u1"))
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_if_leading_axes_look_spatial(npydask.open_dataset(root), (16, 16))
+    >>> "each patch is (40, 16, 16)" in str(caught[0].message), "patch_shape=(16, 16, 16)" in str(caught[0].message)
+    (True, True)
+    """
+    patch = tuple(patch_shape)
+    for key, member in dataset_members(dataset).items():
+        seen = set()
+        for i, shape in enumerate(member.shapes):
+            if shape in seen:
+                continue
+            seen.add(shape)
+            lead = shape[: len(shape) - len(patch)]
+            if lead and lead[-1] > CHANNELS_AT_MOST and lead[-1] >= min(patch):
+                box, cube, slices = (*lead, *patch), (min(patch), *patch), (1, *patch)
+                warn(
+                    f"patch_shape={patch} covers the last {len(patch)} axes of "
+                    f"{_name(dataset_members(dataset), key, i)}, shape {shape}; its leading axes {lead} are kept "
+                    f"whole, as channels are, so each patch is {box}. For a {len(patch) + 1}-D patch give that axis "
+                    f"too (e.g. patch_shape={cube}), or {slices} for slices of it; leading axes of at most "
+                    f"{CHANNELS_AT_MOST} (channels) are kept whole without this warning"
+                )
+                return
+
+
 def _name(members: dict[str, NpyDataset], key: str, i: int) -> str:
     """File ``i`` of member ``key`` as a message names it."""
     path = members[key].files[i]
@@ -303,7 +349,9 @@ class Sampler(abc.ABC):
         RoiError
             A file the patch does not fit (see :func:`patch_extents`).
         """
-        return self._bind(patch_extents(dataset, self.patch_shape, self.policy), dataset)
+        extents = patch_extents(dataset, self.patch_shape, self.policy)
+        warn_if_leading_axes_look_spatial(dataset, self.patch_shape)
+        return self._bind(extents, dataset)
 
     @abc.abstractmethod
     def _bind(self, extents: tuple[tuple[int, ...], ...], dataset: Any) -> BoundSampler:

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from npydask._keywords import suggest_keywords
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.zipped import ZippedDataset
 from npydask.plan.foreground import Candidates, ForegroundDraw, draw, normalized_ratios
@@ -110,6 +111,7 @@ class Foreground(Sampler):
     True
     """
 
+    @suggest_keywords
     def __init__(
         self,
         patch_shape: Sequence[int],
@@ -265,7 +267,8 @@ class ForegroundBound(UnitBound):
         table = self.labels.table
         names = [source.display(p) for p in table.paths()]
         idents = [identity_text(i) for i in table.identities()]
-        entries = load_entries(index, self._params, source)
+        loaded = load_entries(index, self._params, source)
+        entries = loaded.entries
         new = {}
         for file, (name, ident) in enumerate(zip(names, idents)):
             entry = entries.get(name)
@@ -275,7 +278,7 @@ class ForegroundBound(UnitBound):
                 found = self._cache[file] = self._scan(file)
                 new[name] = (ident, found)
         if new:
-            write_entries(index, self._params, new, source)
+            write_entries(index, self._params, new, source, loaded)
 
     def draw(
         self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False

@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from npydask._keywords import suggest_keywords
 from npydask.plan.patches import Patch, axis_starts, grid_step
 from npydask.samplers.base import BoundSampler, Sampler, check_fill_value, check_patch_shape
 
@@ -60,6 +61,7 @@ class Grid(Sampler):
     step: tuple[int, ...]
     """The step between tiles per axis (from ``overlap`` or ``overlap_voxels``)."""
 
+    @suggest_keywords
     def __init__(
         self,
         patch_shape: Sequence[int],

@@ -236,12 +236,12 @@ def _read_member(
     views = member.views
     nd = len(batches[0][0].start)
     shapes = {g.file: views[g.file].shape[: views[g.file].ndim - nd] for g in groups}
-    dtypes = {g.file: joined_dtype(views[g.file].dtype) for g in groups}
+    dtypes = {g.file: _read_dtype(views[g.file].dtype) for g in groups}
     arrays: list[tuple[Any, int]] = []
     slots: list[list[np.ndarray]] = []
     for patches in batches:
         files = {p.file for p in patches}  # (each batch stacked where its own files agree, as read alone)
-        if len({shapes[f] for f in files}) == 1 and len({dtypes[f].str for f in files}) == 1:
+        if len({shapes[f] for f in files}) == 1 and len({dtypes[f] for f in files}) == 1:
             f0 = patches[0].file
             batch: Any = _buffers.empty((len(patches), *shapes[f0], *patches[0].shape), dtypes[f0])
             slots.append(list(batch))
@@ -262,7 +262,29 @@ def _read_member(
                 stats += _read_in_roi(view, box, fill_value, dest)
     for got in read_boxes_many(todo, fill_value=fill_value, probe_cache=route == "auto"):
         stats += ReadStats(got.bytes_read, got.patch_bytes, got.requests)
-    return arrays, stats
+    return [_joined(batch, size) for batch, size in arrays], stats
+
+
+def _read_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a file's boxes are read into: the file's own layout, in native byte order.
+
+    The same as :func:`~npydask.dataset.stacking.joined_dtype` except for a
+    structured dtype with padding (``align=True`` or explicit offsets):
+    ``numpy.stack`` packs its fields, but the bytes are read in the file's layout.
+    """
+    return dtype.newbyteorder("=")
+
+
+def _joined(batch: Any, size: int) -> tuple[Any, int]:
+    """A batch read in :func:`_read_dtype` as ``numpy.stack`` gives it (padded structured dtypes packed)."""
+    if isinstance(batch, list):
+        packed = [_joined(a, a.nbytes)[0] for a in batch]
+        return packed, sum(a.nbytes for a in packed)
+    dtype = joined_dtype(batch.dtype)
+    if dtype == batch.dtype and dtype.itemsize == batch.dtype.itemsize:
+        return batch, size
+    packed = batch.astype(dtype)
+    return packed, packed.nbytes
 
 
 def _read_in_roi(view: Any, patch: Patch, fill_value: Any, out: np.ndarray) -> ReadStats:

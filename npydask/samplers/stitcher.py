@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.plan.sampling import check_int
 from npydask.samplers._outputs import (
     ArrayOutput,
@@ -242,6 +243,7 @@ class Stitcher:
     True
     """
 
+    @suggest_keywords
     def __init__(
         self,
         grid: Grid | GridBound,

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask._keywords import suggest_keywords
 from npydask.plan.patches import Patch, start_range, uniform_starts
 from npydask.plan.sampling import DEFAULT_SEED, check_int
 from npydask.samplers.base import Sampler, UnitBound, check_fill_value, check_patch_shape, check_policy
@@ -67,6 +68,7 @@ class Uniform(Sampler):
     True
     """
 
+    @suggest_keywords
     def __init__(
         self, patch_shape: Sequence[int], *, per_file: int = 1, policy: str = "inside", fill_value: Any = 0
     ) -> None:

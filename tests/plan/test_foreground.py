@@ -173,12 +173,30 @@ def test_a_foreground_draw_contains_a_voxel_of_its_class_inside_the_volume():
     patch = (8, 10, 6)
     for i in range(200):
         d = draw(np.random.default_rng(i), c, patch, p=1.0)
-        assert d.label is not None
+        assert d.class_index is not None
         box = tuple(slice(s, s + n) for s, n in zip(d.start, patch))
         assert all(0 <= s and s + n <= e for s, n, e in zip(d.start, patch, label.shape))
-        assert np.any(label[box] == c.classes[d.label])
-        assert label[d.center] == c.classes[d.label]
+        assert np.any(label[box] == c.classes[d.class_index])
+        assert label[d.center] == c.classes[d.class_index]
         assert all(s <= x < s + n for s, x, n in zip(d.start, d.center, patch))
+
+
+def test_a_draw_gives_its_class_value_beside_the_class_index_and_label_is_a_deprecated_alias():
+    label = np.zeros((12, 12), np.int16)
+    label[2, 3] = 7
+    label[9, 9] = -4
+    c = candidates_of(label)
+    assert c.classes == (-4, 7)
+    seen = set()
+    for i in range(40):
+        d = draw(np.random.default_rng(i), c, (4, 4), p=1.0)
+        assert d.class_value == c.classes[d.class_index] == label[d.center]  # (the value, as MONAI names labels)
+        seen.add(d.class_value)
+        with pytest.warns(DeprecationWarning, match="class_index"):
+            assert d.label == d.class_index
+    assert seen == {-4, 7}
+    uniform = draw(np.random.default_rng(0), c, (4, 4), p=0.0)
+    assert uniform.class_index is None and uniform.class_value is None and uniform.center is None
 
 
 def test_draws_are_a_function_of_the_generator_seed():
@@ -188,7 +206,7 @@ def test_draws_are_a_function_of_the_generator_seed():
     a = [draw(np.random.default_rng(k), c, (8, 8), p=0.5) for k in range(50)]
     b = [draw(np.random.default_rng(k), c, (8, 8), p=0.5) for k in range(50)]
     assert a == b
-    assert {d.label for d in a} == {0, None}
+    assert {d.class_index for d in a} == {0, None}
 
 
 def test_the_foreground_share_is_p_within_binomial_bounds():
@@ -196,7 +214,7 @@ def test_the_foreground_share_is_p_within_binomial_bounds():
     label[5:9, 5:9, 5:9] = 1
     c = candidates_of(label)
     n, p = 2000, 0.33
-    hits = sum(draw(np.random.default_rng(k), c, (16, 16, 16), p=p).label is not None for k in range(n))
+    hits = sum(draw(np.random.default_rng(k), c, (16, 16, 16), p=p).class_index is not None for k in range(n))
     assert abs(hits - n * p) <= 4 * math.sqrt(n * p * (1 - p))
 
 
@@ -206,7 +224,7 @@ def test_ratios_pick_classes_in_proportion():
     label[15, 15] = 2
     c = candidates_of(label)
     n = 2000
-    labels = [draw(np.random.default_rng(k), c, (4, 4), p=1.0, ratios=(0.8, 0.2)).label for k in range(n)]
+    labels = [draw(np.random.default_rng(k), c, (4, 4), p=1.0, ratios=(0.8, 0.2)).class_index for k in range(n)]
     share = labels.count(0) / n
     assert abs(share - 0.8) <= 4 * math.sqrt(0.8 * 0.2 / n)
 
@@ -214,7 +232,7 @@ def test_ratios_pick_classes_in_proportion():
 def test_a_file_without_foreground_falls_back_to_uniform_draws():
     c = candidates_of(np.zeros((10, 10), np.uint8))
     d = draw(np.random.default_rng(0), c, (4, 4), p=1.0)
-    assert d.label is None and d.center is None
+    assert d.class_index is None and d.center is None
     assert all(0 <= s <= 6 for s in d.start)
 
 
@@ -237,6 +255,6 @@ def test_any_label_any_patch(shape, data):
         assert set(pos.tolist()) <= set(want.tolist())
     d = draw(np.random.default_rng(seed), c, patch, p=1.0)
     assert all(0 <= s and s + n <= e for s, n, e in zip(d.start, patch, shape))
-    if d.label is not None:
+    if d.class_index is not None:
         box = tuple(slice(s, s + n) for s, n in zip(d.start, patch))
-        assert np.any(label[box] == c.classes[d.label])
+        assert np.any(label[box] == c.classes[d.class_index])

@@ -74,9 +74,9 @@ def test_every_foreground_draw_holds_a_voxel_of_its_class_and_the_share_is_p(tmp
             patch = bound.patch(epoch, i, seed=11, shuffle=True)
             assert (patch.file, patch.start) == (file, d.start)
             assert all(0 <= a and b <= e for a, b, e in zip(patch.start, patch.stop, SHAPE))
-            if d.label is not None:
+            if d.class_index is not None:
                 hits += 1
-                value = (1, 2)[d.label]
+                value = (1, 2)[d.class_index]
                 assert labels[file][d.center] == value
                 assert np.any(labels[file][box_of(patch)] == value)
     n, p = 600, 0.33
@@ -86,7 +86,7 @@ def test_every_foreground_draw_holds_a_voxel_of_its_class_and_the_share_is_p(tmp
 def test_ratios_choose_classes_in_proportion(tmp_path):
     bound = Foreground((6, 6, 6), p=1.0, classes=[1, 2], ratios=[3, 1], per_file=500).bind(
         make(tmp_path, labels_with_blobs(2, seed=1)))
-    labels = [bound.draw(0, i, seed=0)[1].label for i in range(len(bound))]
+    labels = [bound.draw(0, i, seed=0)[1].class_index for i in range(len(bound))]
     share = labels.count(0) / len(labels)
     assert abs(share - 0.75) <= 3 * math.sqrt(0.75 * 0.25 / len(labels))
 
@@ -97,8 +97,8 @@ def test_a_class_a_file_lacks_drops_out_and_a_file_without_foreground_draws_unif
     bound = Foreground((4, 4, 4), p=1.0, classes=[1, 2], ratios=[0.9, 0.1], per_file=50).bind(
         make(tmp_path, [one, np.zeros(SHAPE, np.uint8)]))
     draws = [bound.draw(0, i, seed=0) for i in range(len(bound))]
-    assert {d.label for f, d in draws if f == 0} == {1}
-    assert {d.label for f, d in draws if f == 1} == {None}
+    assert {d.class_index for f, d in draws if f == 0} == {1}
+    assert {d.class_index for f, d in draws if f == 1} == {None}
 
 
 def test_labels_are_read_once_per_file_over_epochs(tmp_path, reads):
@@ -298,3 +298,52 @@ def test_threads_planning_together_read_each_label_once(tmp_path, reads):
         boxes = list(pool.map(lambda i: bound.patch(0, i, seed=4), range(len(bound))))
     assert boxes == bound.patches(0, range(len(bound)), seed=4)
     assert sorted(reads) == ["00.npy", "01.npy", "02.npy"]
+
+
+def _npy_header(n):
+    """The bytes of a .npy header claiming a 1-d int64 array of ``n`` elements."""
+    import io
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<i8", "fortran_order": False, "shape": (n,)})
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("tamper", ["stored-claims-2**33", "deflated-zeros"])
+def test_a_tampered_index_member_costs_no_memory_and_is_rebuilt(tmp_path, reads, tamper):
+    import tracemalloc
+    import zipfile
+
+    labels = labels_with_blobs(2)
+    make(tmp_path, labels)
+    index = tmp_path / "fg.npz"
+    Foreground((8, 8, 8), p=1.0, index=str(index)).bind(opened(tmp_path)).patch(0, 0)
+    with zipfile.ZipFile(index) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(index, "w") as archive:
+        for name, data in members.items():
+            if name != "f0_0.npy":
+                archive.writestr(name, data)
+            elif tamper == "deflated-zeros":  # (32 MiB of zeros in about 32 KiB)
+                archive.writestr(name, _npy_header(1 << 22) + bytes(8 << 22), compress_type=zipfile.ZIP_DEFLATED)
+            else:  # (a header claiming 64 GiB over a few bytes)
+                archive.writestr(name, _npy_header(1 << 33) + data[-64:])
+    assert index.stat().st_size < 1 << 20
+    reads.clear()
+    bound = Foreground((8, 8, 8), p=1.0, index=str(index)).bind(opened(tmp_path))
+    tracemalloc.start()
+    try:
+        with pytest.warns(NpyDaskWarning, match="not a usable foreground index") as caught:
+            patches = bound.patches(0, range(2))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # (far below what the member claims; the scans' slabs are small)
+    assert len(caught) == 1  # (the index is parsed once, though read again before it is rewritten)
+    assert sorted(reads) == ["00.npy", "01.npy"]  # (rebuilt: each label scanned once)
+    for p in patches:
+        box = tuple(slice(a, b) for a, b in zip(p.start, p.stop))
+        assert labels[p.file][box].any()  # (centred on the label, as p=1 asks)
+    reads.clear()
+    Foreground((8, 8, 8), p=1.0, index=str(index)).bind(opened(tmp_path)).patch(0, 1)
+    assert reads == []  # (the rebuilt index serves the next process)

@@ -205,3 +205,38 @@ def test_npz_members_of_a_multi_key_dataset(tmp_path, compressed):
     for i, p in enumerate(patches):
         for key in ("x", "m"):
             np.testing.assert_array_equal(got.batch[key][i], expected(members[p.file][key], p, 5))
+
+
+PADDED = [
+    np.dtype([("a", "u1"), ("b", "<f8")], align=True),
+    np.dtype({"names": ["x", "y"], "formats": [">i2", ">f4"], "offsets": [4, 12], "itemsize": 20}),
+]
+
+
+@pytest.mark.parametrize("dtype", PADDED, ids=["aligned", "offsets-big-endian"])
+@pytest.mark.parametrize("route", ["mapped", "spans"])
+def test_every_sampler_reads_padded_structured_dtypes_as_numpy_stacks_them(tmp_path, dtype, route):
+    from npydask.samplers import Foreground
+
+    rng = np.random.default_rng(8)
+    images = []
+    for shape in ((12, 10), (9, 11)):
+        a = np.zeros(shape, dtype)
+        for name in dtype.names:
+            a[name] = rng.integers(0, 100, shape)
+        images.append(a)
+    ds = save(tmp_path / "v", images)
+    labels = save(tmp_path / "l", [(rng.random(a.shape) > 0.7).astype("u1") for a in images], name="f")
+    images = [np.load(f) for f in ds.files]  # (the oracle: numpy reading the files)
+    np.testing.assert_array_equal(ds.array(1).compute(), images[1])
+    zipped = npydask.zip_datasets({"image": ds, "label": labels})
+    samplers = [(ds, Uniform((4, 5), per_file=2)), (ds, Grid((6, 6))), (zipped, Foreground((4, 5), p=1.0, per_file=2))]
+    for dataset, sampler in samplers:
+        bound = sampler.bind(dataset)
+        patches = bound.patches(0, range(len(bound)), seed=1)
+        with npydask.config.set(patch_read=route):
+            got = read_patches(dataset, patches, bound).batch
+        batch = got["image"] if isinstance(got, dict) else got
+        want = np.stack([images[p.file][tuple(slice(a, b) for a, b in zip(p.start, p.stop))] for p in patches])
+        assert batch.dtype == want.dtype and batch.shape == want.shape, sampler
+        np.testing.assert_array_equal(batch, want)

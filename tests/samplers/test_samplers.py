@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -170,7 +171,8 @@ def test_zipped_and_multikey_members_share_one_box(tmp_path):
     with pytest.raises(RoiError, match=r"file 1 of 'label' \(.*f01.npy\) has shape \(13, 12\) but file 1 of 'image'"):
         Uniform((10, 10)).bind(npydask.zip_datasets({"image": images, "label": wrong}))
     # one trailing axis agrees even where the other does not: a 1-D patch binds
-    assert Uniform((5,)).bind(npydask.zip_datasets({"image": images, "label": wrong})).extents == ((30,), (12,))
+    with pytest.warns(npydask.NpyDaskWarning, match=r"leading axes \(2, 20\) are kept whole"):  # (20 looks spatial)
+        assert Uniform((5,)).bind(npydask.zip_datasets({"image": images, "label": wrong})).extents == ((30,), (12,))
     for i in range(2):
         np.savez(tmp_path / f"m{i}.npz", x=np.zeros((3, 9, 9), "f4"), y=np.zeros((9, 9), "u1"))
     multi = npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "y"])
@@ -185,3 +187,45 @@ def test_binding_and_planning_read_no_file(tmp_path):
     bound = Uniform((8, 8), per_file=2).bind(ds)
     assert len(bound.patches(0, range(4), shuffle=True)) == 4
     assert len(Grid((8, 8)).bind(npydask.zip_datasets({"a": ds, "b": ds}))) == 2 * 2 + 3 * 2
+
+
+def test_a_misspelled_keyword_gets_a_close_match(volumes):
+    from npydask.samplers import Foreground, Stitcher
+
+    unexpected = "() got an unexpected keyword argument "
+    cases = [
+        (lambda: Uniform((4, 4), per_fle=2), "Uniform" + unexpected + "'per_fle'. Did you mean 'per_file'?"),
+        (lambda: Grid((4, 4), overlapp=0.5), "Grid" + unexpected + "'overlapp'. Did you mean 'overlap'?"),
+        (lambda: Foreground((4, 4), label_keys="seg"), "Did you mean 'label_key'?"),
+        (lambda: Foreground((4, 4), candidate=5), "Did you mean 'candidates'?"),
+        (lambda: Stitcher(Grid((4, 4)), volumes, weight="mean"), "Stitcher" + unexpected + "'weight'. Did you mean"),
+        (lambda: npydask.Loader(volumes, 2, sampeler=Uniform((4, 4))), "Did you mean 'sampler'?"),
+    ]
+    for make, message in cases:
+        with pytest.raises(TypeError) as e:
+            make()
+        assert message in str(e.value)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'colour'$"):
+        Uniform((4, 4), colour=1)
+
+
+def test_a_patch_leaving_a_spatial_looking_leading_axis_whole_warns(tmp_path):
+    volumes = write(tmp_path / "v", [(128, 128, 128), (100, 96, 96)], dtype="u1")
+    with pytest.warns(npydask.NpyDaskWarning) as caught:
+        bound = Uniform((64, 64)).bind(volumes)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "f00.npy" in text and "each patch is (128, 64, 64)" in text
+    assert "patch_shape=(64, 64, 64)" in text and "(1, 64, 64)" in text
+    assert bound.patch(0, 0).shape == (64, 64)  # (the warning changes nothing: the leading axis is read whole)
+    channels = write(tmp_path / "c", [(4, 128, 128, 128), (16, 40, 40, 40)])
+    img = write(tmp_path / "i", [(2, 40, 40)] * 2)
+    small = write(tmp_path / "s", [(20, 200, 200)] * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Uniform((32, 32, 32)).bind(channels)  # (channels: 16 at most)
+        Uniform((32, 32)).bind(img)
+        Uniform((32, 32)).bind(small)  # (20 long, but shorter than the patch's 32: a stack of a few planes)
+        Uniform((64, 64, 64)).bind(volumes)
+    with pytest.warns(npydask.NpyDaskWarning, match=r"'image'.*each patch is \(128, 64, 64\)"):
+        Grid((64, 64)).bind(npydask.zip_datasets({"image": volumes, "label": volumes}))
