@@ -42,9 +42,19 @@ numpydoc_xref_param_type = False
 html_theme = "pydata_sphinx_theme"
 html_title = f"npydask {release}"
 html_theme_options = {
+    # The top bar names the four sections (short titles: one row); the left sidebar lists the pages
+    # of the section the reader is in, then this page's headings ("On this page"). A third column
+    # would leave the examples too narrow to show their lines whole (docs/_static/npydask.css).
     "navigation_depth": 2,
     "show_toc_level": 2,
+    "header_links_before_dropdown": 4,
+    "secondary_sidebar_items": [],
+    # A page without a section (the home page, Getting started) shows no empty sidebar.
+    "sidebar_includehidden": False,
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+html_sidebars = {"**": ["sidebar-nav-bs", "page-toc"]}
+html_static_path = ["_static"]
+html_css_files = ["npydask.css"]
 html_show_sourcelink = False
