@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from sphinx.util import logging
+
 sys.path.insert(0, os.path.abspath(".."))
 
 import npydask  # noqa: E402
@@ -58,3 +60,23 @@ html_sidebars = {"**": ["sidebar-nav-bs", "page-toc"]}
 html_static_path = ["_static"]
 html_css_files = ["npydask.css"]
 html_show_sourcelink = False
+
+
+_logger = logging.getLogger("npydask.docs")
+
+
+def _page_links_resolve(app, env, node, contnode):
+    """A role in a page (``{func}`npydask.from_npy```) that names nothing in the API reference is a warning.
+
+    Sphinx says nothing of an unresolved Python reference unless ``nitpicky`` is on, and nitpicky would
+    also report every docstring's mention of an internal name. Pages' roles are the links from the guide
+    to the API reference: with ``-W`` (as ``tests/test_docs.py`` builds) a broken one fails the build.
+    """
+    source = node.source or ""
+    if node.get("refdomain") == "py" and source.endswith(".md"):
+        _logger.warning("%s: no API reference entry for %r (list it in docs/api.md)", node.get("reftype"),
+                        node.get("reftarget"), location=node)
+
+
+def setup(app):
+    app.connect("missing-reference", _page_links_resolve)
