@@ -1,8 +1,8 @@
 """The suite's hang guard, and doctests: where they write, and which are collected.
 
 **Hang guard.** pytest-timeout limits each test, but not collection (a module that blocks on
-import) nor the end of the run: session fixtures' teardown and the interpreter's exit, which
-waits for every non-daemon thread (one left running, or a distributed cluster never closed). A
+import) nor what follows the last test: the plugins' session finish and the interpreter's exit,
+which waits for every non-daemon thread (one left running, or a distributed cluster never closed). A
 hang there would eat CI's whole time and print nothing. So ``faulthandler.dump_traceback_later``
 is armed while collection runs (``COLLECTION_SECONDS``) and again from the session's finish
 to the process's exit (``EXIT_SECONDS``): past it, every thread's traceback goes to the
@@ -34,7 +34,7 @@ collect_ignore = [] if importlib.util.find_spec("torch") is not None else ["npyd
 COLLECTION_SECONDS = 300.0
 """Collection of the whole suite takes well under a minute; an import that blocks fails after this."""
 EXIT_SECONDS = 120.0
-"""From the session's finish (session fixtures' teardown included) to the process's exit."""
+"""From the session's finish to the process's exit."""
 
 _guard_fd: int | None = None
 
