@@ -1,7 +1,7 @@
 """The header literal parser decodes string escapes itself: as Python does, and without ``ast``.
 
 Python 3.11's ``ast`` can fail under threads ("SystemError: AST constructor recursion depth
-mismatch", CPython gh-106905), and headers are parsed on dask's threads, so the parser must not
+mismatch", a CPython bug), and headers are parsed on dask's threads, so the parser must not
 call it. The oracle is ``ast.literal_eval`` on one token, in this (main) thread, warnings as errors.
 """
 
