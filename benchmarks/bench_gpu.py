@@ -25,8 +25,8 @@ swap
 Method: data written once to a folder on disk (``--data``, default ``/var/tmp``: not tmpfs, where
 ``O_DIRECT`` and GPUDirect Storage need a real file system) and left in the page cache, which is
 warm for every timed run unless a row says "cold" (those drop the file's pages with
-``posix_fadvise(DONTNEED)`` before each run; the script reports whether that took effect by comparing
-a cold raw read with a warm one). Each variant runs once untimed ("first": CUDA context, NVRTC
+``npydask.testing.drop_page_cache`` before each run; the script reports whether that took effect by
+comparing a cold raw read with a warm one). Each variant runs once untimed ("first": CUDA context, NVRTC
 compiles, kvikio's pool and pinned buffers) and then ``--repeat`` times (fewer, at least 3, when
 its first call shows that would take over 4 s); wall-clock time around work
 that ends with ``cupy.cuda.Device().synchronize()``; medians. ``KVIKIO_NTHREADS`` is set to the
@@ -121,16 +121,6 @@ def payload_offset(path: str) -> int:
         else:
             np.lib.format.read_array_header_2_0(f)
         return f.tell()
-
-
-def drop_page_cache(path: str) -> None:
-    """Ask the kernel to drop ``path``'s clean pages (a no-op where it does not)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- data
@@ -300,6 +290,7 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
     import dask.array as da
 
     import npydask
+    from npydask.testing import drop_page_cache
 
     xp, dev = b.dev.xp, b.dev
     p, expected = data["big"], data["big_sum"]

@@ -12,7 +12,7 @@ full   16 of 256x512x512 (256 MiB each, 4 GiB) 64^3     4
 =====  ======================================  =======  ========
 
 Local group (``L``), page cache re-warmed before every timed run (``warm``)
-or every file's pages dropped with ``posix_fadvise(DONTNEED)`` before it
+or every file's pages dropped (``npydask.testing.drop_page_cache``) before it
 (``cold``):
 
 * raw floor: a numpy loop, ``np.load(mmap_mode="r")[box]`` copied per
@@ -100,11 +100,11 @@ import _link  # noqa: E402
 import _patch_goals  # noqa: E402
 import _peers  # noqa: E402
 from _datasets import clear_npydask_caches, make_set  # noqa: E402
-from bench_gpu import drop_page_cache  # noqa: E402
 from bench_remote import key_of, plane_spans, start_server, upload  # noqa: E402
 
 import npydask  # noqa: E402
 from npydask.samplers import Uniform  # noqa: E402
+from npydask.testing import drop_page_cache  # noqa: E402
 from npydask.testing.counting_proxy import CountingProxy  # noqa: E402
 
 MiB = 1 << 20
@@ -168,12 +168,6 @@ def make_volumes(folder: str, size: Size) -> list[str]:
     if made:
         os.sync()
     return files
-
-
-def drop_pages(paths: Sequence[str]) -> None:
-    """Ask the kernel to drop every file's cached pages (``posix_fadvise(DONTNEED)``, after an ``fsync``)."""
-    for p in paths:
-        drop_page_cache(p)
 
 
 def pgpgin_bytes() -> int:
@@ -409,7 +403,8 @@ class Bench:
                 clear_npydask_caches()
                 getattr(epoch, "fresh", lambda: None)()
                 gc.collect()
-                drop_pages(self.paths)
+                for p in self.paths:
+                    drop_page_cache(p)
             elif group == "L":
                 _common.warm_page_cache(self.paths)
             d0 = pgpgin_bytes()

@@ -62,6 +62,7 @@ from npydask.storage import (  # noqa: E402
     acquire,
     clear_cache,
 )
+from npydask.testing import drop_page_cache  # noqa: E402
 
 SHAPE = (64, 256, 256)
 DTYPE = np.dtype("<f4")
@@ -106,11 +107,7 @@ def make_files(folder: str, n: int) -> list[str]:
 def read_back(paths: list[str]) -> None:
     """Drop these files from the page cache and read them back (as a dataset written earlier is read)."""
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_page_cache(p)
     _common.warm_page_cache(paths)
 
 

@@ -2,9 +2,11 @@
 
 Each probe writes its files under the work folder, reads them with ``device="gpu"``
 and compares the result with ``numpy.load`` (the oracle), exactly. Each prints one
-line, ``PASS|FAIL|XFAIL name: detail``, and a failure never stops the others. XFAIL
+line, ``PASS|FAIL|XFAIL|SKIP name: detail``, and a failure never stops the others. XFAIL
 marks a failure the GPU review predicts and whose fix has not landed (it names the
-finding); once fixed, the probe passes.
+finding); once fixed, the probe passes. SKIP is a probe whose optional package is
+not installed (the torch probes without torch, as in the GPU kit): "skipped: torch
+is not installed", neither a pass nor a failure.
 
 ``--dry-run`` runs every probe at tiny size with numpy standing in for CuPy (the
 same stand-in as the CPU tests in ``tests/gpu/test_gpu.py``: ``npydask.gpu.device`` reads into
@@ -15,13 +17,14 @@ Usage::
 
     python ci/gpu_probes.py --work DIR [--dry-run] [--only NAME[,NAME]] [--scale N]
 
-Exit status: 0 when every probe passed or XFAILed, 1 otherwise.
+Exit status: 0 when every probe passed, XFAILed or was skipped, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -75,6 +78,16 @@ class Context:
             raise AssertionError(f"meta is {type(x._meta).__module__}.{type(x._meta).__name__}")
         first = x.blocks[(0,) * x.ndim].compute() if x.ndim and x.size else x.compute()
         self.host(first)
+
+
+class Skipped(Exception):
+    """A probe that cannot run here because an optional package is missing: a SKIP line, not a FAIL."""
+
+
+def need(package: str) -> None:
+    """Raise :class:`Skipped` where ``package`` is not installed (an installed one that fails to import FAILs)."""
+    if importlib.util.find_spec(package) is None:
+        raise Skipped(f"{package} is not installed")
 
 
 def same(got: np.ndarray, expected: np.ndarray, what: str) -> str:
@@ -252,6 +265,7 @@ def probe_loader_torch_gpu(c: Context) -> str:
     a DataLoader with ``num_workers=0``; a worker forked after this process used CUDA must raise
     npydask's ``GpuUnavailableError`` naming ``num_workers=0``, not CUDA's "initialization error".
     """
+    need("torch")
     import torch
 
     import npydask
@@ -314,6 +328,7 @@ def probe_torch_patches_gpu(c: Context) -> str:
     ``NpyMapDataset`` under a shuffling DataLoader, ``num_workers=0``; every box of image and label
     equals ``numpy.load`` sliced and padded with the sampler's fill value.
     """
+    need("torch")
     import torch
 
     import npydask
@@ -381,6 +396,7 @@ def probe_torch_fork_before_cuda(c: Context) -> str:
     The workers create their own CUDA contexts and hand their collated batches to the parent
     through CUDA IPC; values must equal ``numpy.load``.
     """
+    need("torch")  # (the fresh process imports it)
     import subprocess
 
     folder, _ = _loader_files(c)
@@ -910,9 +926,9 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeoutError(f"probe still running after {PROBE_SECONDS} s")
 
 
-def run(names: list[str], ctx: Context) -> int:
-    """Run the probes; print one line each; return how many FAILed."""
-    failed = 0
+def run(names: list[str], ctx: Context) -> tuple[int, int]:
+    """Run the probes; print one line each; return how many FAILed and how many were skipped."""
+    failed = skipped = 0
     tag = " (dry: numpy stands in for CuPy)" if ctx.dry else ""
     signal.signal(signal.SIGALRM, _alarm)
     for name in names:
@@ -921,6 +937,8 @@ def run(names: list[str], ctx: Context) -> int:
         try:
             detail = PROBES[name](ctx)
             status = "PASS"
+        except Skipped as e:
+            detail, status = f"skipped: {e}", "SKIP"
         except Exception as e:  # a probe's failure is reported, never stops the others
             detail = f"{type(e).__name__}: {str(e).strip()[:400]}"
             known = KNOWN.get(name)
@@ -931,8 +949,9 @@ def run(names: list[str], ctx: Context) -> int:
         finally:
             signal.alarm(0)
         failed += status == "FAIL"
+        skipped += status == "SKIP"
         print(f"{status} {name}{tag}: {detail} ({time.perf_counter() - t0:.2f} s)", flush=True)
-    return failed
+    return failed, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -950,8 +969,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.makedirs(args.work, exist_ok=True)
     ctx = Context(args.work, args.dry_run, args.scale or (1 if args.dry_run else 64))
-    failed = run(names, ctx)
-    print(f"{'FAIL' if failed else 'PASS'} probes: {len(names) - failed} of {len(names)} passed or XFAIL", flush=True)
+    failed, skipped = run(names, ctx)
+    ran = len(names) - skipped
+    print(f"{'FAIL' if failed else 'PASS'} probes: {ran - failed} of {ran} passed or XFAIL"
+          + (f", {skipped} skipped (an optional package is not installed)" if skipped else ""), flush=True)
     return 1 if failed else 0
 
 

@@ -34,6 +34,12 @@ echo "built $(basename "${wheels[0]}")"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 print('packages:', ' '.join(sorted({n.rpartition('/')[0] for n in names if n.startswith('npydask/')})))
+wheel = zipfile.ZipFile(sys.argv[1])
+info = next(n.rpartition('/')[0] for n in names if n.endswith('.dist-info/METADATA'))
+metadata = wheel.read(info + '/METADATA').decode().splitlines()
+assert 'License-Expression: BSD-3-Clause' in metadata, [m for m in metadata if m.startswith('License')]
+assert info + '/licenses/LICENSE' in names, [n for n in names if 'dist-info' in n]
+print('license: BSD-3-Clause,', info + '/licenses/LICENSE')
 " "${wheels[0]}"
 
 echo "== wheel: install in a fresh virtual environment"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from sphinx.util import logging
+
 sys.path.insert(0, os.path.abspath(".."))
 
 import npydask  # noqa: E402
@@ -42,9 +44,39 @@ numpydoc_xref_param_type = False
 html_theme = "pydata_sphinx_theme"
 html_title = f"npydask {release}"
 html_theme_options = {
+    # The top bar names the four sections (short titles: one row); the left sidebar lists the pages
+    # of the section the reader is in, then this page's headings ("On this page"). A third column
+    # would leave the examples too narrow to show their lines whole (docs/_static/npydask.css).
     "navigation_depth": 2,
     "show_toc_level": 2,
+    "header_links_before_dropdown": 4,
+    "secondary_sidebar_items": [],
+    # A page without a section (the home page, Getting started) shows no empty sidebar.
+    "sidebar_includehidden": False,
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+html_sidebars = {"**": ["sidebar-nav-bs", "page-toc"]}
+html_static_path = ["_static"]
+html_css_files = ["npydask.css"]
 html_show_sourcelink = False
+
+
+_logger = logging.getLogger("npydask.docs")
+
+
+def _page_links_resolve(app, env, node, contnode):
+    """A role in a page (``{func}`npydask.from_npy```) that names nothing in the API reference is a warning.
+
+    Sphinx says nothing of an unresolved Python reference unless ``nitpicky`` is on, and nitpicky would
+    also report every docstring's mention of an internal name. Pages' roles are the links from the guide
+    to the API reference: with ``-W`` (as ``tests/test_docs.py`` builds) a broken one fails the build.
+    """
+    source = node.source or ""
+    if node.get("refdomain") == "py" and source.endswith(".md"):
+        _logger.warning("%s: no API reference entry for %r (list it in docs/api.md)", node.get("reftype"),
+                        node.get("reftarget"), location=node)
+
+
+def setup(app):
+    app.connect("missing-reference", _page_links_resolve)

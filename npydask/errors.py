@@ -3,7 +3,8 @@
 Each subclasses the builtin a user would catch anyway, so ``except ValueError``
 keeps working. Operating-system failures (a missing file, a permission denied,
 a directory given as a file) are *not* wrapped: they surface as the builtin
-``OSError`` subclass with the path in the message (SPEC section 7).
+``OSError`` subclass with the path in the message (``FileNotFoundError``,
+``PermissionError``, ``IsADirectoryError``), as ``open`` raises them.
 
 A feature whose optional dependency is missing raises the builtin
 ``ImportError`` with the command that installs it, from one table

@@ -91,12 +91,12 @@ def test_a_failing_probe_is_reported_and_the_others_still_run(tmp_path, capsys):
     probes.PROBES["broken"] = broken
     ctx = probes.Context(str(tmp_path), dry=True, scale=1)
     try:
-        failed = probes.run(["broken", "zero_d_and_empty"], ctx)
+        failed, skipped = probes.run(["broken", "zero_d_and_empty"], ctx)
     finally:
         from npydask.gpu import device as gpu
         importlib.reload(gpu)  # the dry context patched npydask.gpu.device for numpy
     lines = capsys.readouterr().out.splitlines()
-    assert failed == 1
+    assert (failed, skipped) == (1, 0)
     assert lines[0].startswith("FAIL broken (dry: numpy stands in for CuPy): ValueError: wrong data")
     assert lines[1].startswith("PASS zero_d_and_empty (dry: numpy stands in for CuPy): zero_d float64() equal")
 
@@ -197,3 +197,28 @@ def test_wheel_requires_waives_a_named_package_with_its_reason(kit):
         "WAIVED demo-1.0-py3-none-any.whl: needs bokeh<3.10: missing from the image and the kit"
         " (waived: dashboard only)"
     ) in r.stdout
+
+
+TORCH_PROBES = "loader_torch_gpu,torch_fork_before_cuda,torch_patches_gpu"
+
+
+def _without_torch(tmp_path):
+    """An environment whose Pythons cannot see torch (as the GPU kit's: it installs none)."""
+    site = tmp_path / "hide_torch"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # as if not installed\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "PYTHONPATH")}
+    return {**env, "PYTHONPATH": str(site), "PYTHON": sys.executable, "NPYD_PROBES": TORCH_PROBES}
+
+
+def test_torch_probes_skip_where_torch_is_not_installed(tmp_path):
+    """Without torch the torch probes print SKIP "skipped: torch is not installed" and the stage passes."""
+    r = subprocess.run(["bash", CHECK, str(tmp_path / "out"), "--dry-run", "--only", "probes"],
+                       env=_without_torch(tmp_path), capture_output=True, text=True, timeout=170, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS probes: 0 of 0 passed or XFAIL, 3 skipped (an optional package is not installed)" in r.stdout
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    for name in TORCH_PROBES.split(","):
+        assert f"  probe SKIP {name} (dry: numpy stands in for CuPy): skipped: torch is not installed" in summary, (
+            name, summary)
+    assert not [line for line in summary.splitlines() if line.split()[:2] in (["probe", "FAIL"], ["probes", "FAIL"])]

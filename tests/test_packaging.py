@@ -121,3 +121,30 @@ def test_gpu_extras_bring_cupy_with_its_toolkit_for_cuda_12_and_13():
     # setuptools (what pip wheel . uses) keeps the alias and the extras as written
     declared = _configuration()["project"]["optional-dependencies"]
     assert declared["gpu"] == ["npydask[gpu-cu12]"] and declared["gpu-cu13"] == extras["gpu-cu13"]
+
+
+def test_license_is_an_spdx_expression_with_its_file_in_the_wheel():
+    """``license = "BSD-3-Clause"`` and ``license-files``: the TOML-table form is deprecated by setuptools.
+
+    setuptools 77 reads the SPDX form (the build requirement says so); the table form warns on every
+    build and stops building after setuptools' deadline. The wheel's metadata then carries
+    ``License-Expression`` and ships ``LICENSE`` (``ci/wheel_smoke.sh`` checks a real wheel).
+    """
+    import tomllib
+    import warnings
+
+    from packaging.requirements import Requirement
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with open(PYPROJECT, "rb") as f:
+        pyproject = tomllib.load(f)
+    build = {r.name: r for r in map(Requirement, pyproject["build-system"]["requires"])}
+    assert "76.0.0" not in build["setuptools"].specifier and "77.0.0" in build["setuptools"].specifier
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SetuptoolsDeprecationWarning fails here, as it would fail a build one day
+        dist = apply_configuration(Distribution(), str(PYPROJECT))
+    assert dist.metadata.license_expression == "BSD-3-Clause"
+    assert [os.path.basename(p) for p in dist.metadata.license_files] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("BSD 3-Clause License") and "Copyright (c) the npydask developers" in text

@@ -23,9 +23,8 @@ Examples
 
 from __future__ import annotations
 
-import ast
 import re
-import warnings
+import unicodedata
 from typing import Any
 
 __all__ = ["BAD_ESCAPE", "MAX_DEPTH", "NOT_LITERAL", "SYNTAX", "LiteralError", "parse_dict"]
@@ -201,8 +200,66 @@ class _Parser:
         return tuple(values), False
 
 
+_ESCAPE = re.compile(
+    r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{0,2})|N(\{[^}\n]*\}?)?|u([0-9a-fA-F]{0,4})|U([0-9a-fA-F]{0,8})|(.))", re.S
+)
+"""One escape: octal, ``\\x``, ``\\N{name}``, ``\\u``, ``\\U`` (each as far as it goes), or any other character."""
+_SIMPLE = {"\n": "", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+           "v": "\v"}
+
+
+def _unescape(body: str, is_bytes: bool) -> str:
+    """The escape sequences of a (non-raw) string body decoded as Python decodes them, without ``ast``.
+
+    Python's ``\\N``, ``\\u`` and ``\\U`` are escapes in ``str`` only; elsewhere a backslash before a
+    character with no escape meaning, or an octal escape above ``\\377``, is what Python only warns
+    about: refused (``BAD_ESCAPE``). A truncated ``\\x``, ``\\u``, ``\\U`` or an unknown ``\\N{name}``
+    is a syntax error in Python too.
+    """
+
+    def one(m: re.Match[str]) -> str:
+        octal, hx, name, u4, u8, other = m.groups()
+        if octal is not None:
+            if int(octal, 8) > 0o377:
+                raise LiteralError(BAD_ESCAPE, f"the octal escape {m[0]!r} above \\377")
+            return chr(int(octal, 8))
+        if hx is not None:
+            if len(hx) != 2:
+                raise LiteralError(SYNTAX, f"the truncated escape {m[0]!r}")
+            return chr(int(hx, 16))
+        if other is not None:
+            if other in _SIMPLE:
+                return _SIMPLE[other]
+            raise LiteralError(BAD_ESCAPE, f"the invalid escape sequence {m[0]!r}")
+        if is_bytes:  # \N, \u and \U mean nothing in bytes
+            raise LiteralError(BAD_ESCAPE, f"the invalid escape sequence {m[0][:2]!r} in bytes")
+        if u4 is not None or u8 is not None:
+            digits = u4 if u4 is not None else u8
+            if len(digits) != (4 if u4 is not None else 8):
+                raise LiteralError(SYNTAX, f"the truncated escape {m[0]!r}")
+            if int(digits, 16) > 0x10FFFF:
+                raise LiteralError(SYNTAX, f"the escape {m[0]!r} beyond Unicode")
+            return chr(int(digits, 16))
+        if name is None or not name.endswith("}") or len(name) < 3:
+            raise LiteralError(SYNTAX, f"the malformed escape {m[0]!r}")
+        try:
+            char = unicodedata.lookup(name[1:-1])
+        except KeyError:
+            char = ""
+        if len(char) != 1:  # (lookup also knows named sequences, which \N does not take)
+            raise LiteralError(SYNTAX, f"the unknown character name in {m[0]!r}")
+        return char
+
+    return _ESCAPE.sub(one, body)
+
+
 def _string(token: str) -> str | bytes:
-    """The value of one string literal token (prefix included)."""
+    """The value of one string literal token (prefix included), decoded here: no ``ast``, no ``eval``.
+
+    The token is a whole string literal by construction (the tokenizer matched
+    it); what is left is the prefix, the escapes, and newlines (a line break in
+    the text is ``\\n`` in the value, as Python reads source).
+    """
     first = token[0]
     if (first == "'" or first == '"') and "\\" not in token:  # the common case: nothing to decode
         cut = 3 if token.startswith(first * 3) else 1
@@ -213,15 +270,13 @@ def _string(token: str) -> str | bytes:
         raise LiteralError(SYNTAX, f"the string prefix {token[:quote]!r}")
     if "f" in prefix:
         raise LiteralError(NOT_LITERAL, "an f-string")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # an invalid escape sequence: a refusal, not a warning
-            value = ast.literal_eval(token)  # one string token alone: a literal by construction
-    except (SyntaxError, ValueError, DeprecationWarning) as e:
-        if isinstance(e, DeprecationWarning) or "invalid escape" in str(e):
-            raise LiteralError(BAD_ESCAPE, f"{token[:60]!r} ({e})") from e
-        raise LiteralError(SYNTAX, f"the string {token[:60]!r} ({e})") from e
-    return value  # type: ignore[no-any-return]
+    cut = 3 if token.startswith(token[quote] * 3, quote) else 1
+    body = token[quote + cut : len(token) - cut].replace("\r\n", "\n").replace("\r", "\n")
+    is_bytes = "b" in prefix
+    if is_bytes and not body.isascii():
+        raise LiteralError(SYNTAX, f"bytes {token[:60]!r} with a character that is not ASCII")
+    value = body if "r" in prefix else _unescape(body, is_bytes)
+    return value.encode("latin-1") if is_bytes else value
 
 
 def parse_dict(text: str) -> tuple[tuple[tuple[Any, Any], ...], int]:

@@ -17,7 +17,7 @@ Everything is checked where the lazy array is built, not in the tasks:
   (:mod:`npydask.gpu.process`), so a fork after the check stays safe. A client
   without a GPU therefore cannot build a ``device="gpu"`` graph for GPU
   workers, even though only the workers would read: dask needs a
-  ``cupy.ndarray`` meta on the client, and SPEC wants the failure at call
+  ``cupy.ndarray`` meta on the client, and a missing GPU fails at call
   time rather than inside a task. Build the graph where a GPU is (a GPU client,
   or a function submitted to a GPU worker: :data:`WORKER_HINT`).
 - The dtype must be one CuPy holds (:func:`check_gpu_dtype`).

@@ -20,5 +20,14 @@ Conformance suites to subclass in tests:
 :class:`~npydask.testing.conformance.BackendConformance` (a host backend) and
 :class:`~npydask.testing.source_conformance.SourceConformance` (a storage
 source, local or object store).
-Importing this package needs ``hypothesis`` (the ``test`` extra).
+:func:`drop_page_cache` drops one file's pages from the kernel's page cache,
+for tests and benchmarks of cold reads (:mod:`npydask.testing.page_cache`).
+
+Importing this package needs nothing beyond npydask; its
+:mod:`~npydask.testing.strategies` need ``hypothesis`` (the ``test`` extra).
+``import npydask`` does not import it.
 """
+
+from npydask.testing.page_cache import drop_page_cache
+
+__all__ = ["drop_page_cache"]

@@ -12,7 +12,6 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from _boxes import box_lists, expected_box
-from _pages import evict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from npydask.plan.region import Box
 from npydask.reader import FileBoxes, FileRef, read_boxes, read_boxes_many
 from npydask.storage import HeaderCheck
 from npydask.storage.where import resolve
+from npydask.testing import drop_page_cache
 from npydask.testing.conformance import assert_same_array, sample_array
 
 DTYPES = ["?", "u1", "<i2", ">i4", "<f2", ">f4", "<f8", ">c16", "<M8[ms]", "S3", "<U2", "V5",
@@ -381,12 +381,12 @@ def test_probe_cache_maps_warm_boxes_and_reads_cold_ones_as_spans(tmp_path):
         return got
 
     assert read(True).requests == 0  # just written: copied from the mapping
-    if not evict(path):
+    if not drop_page_cache(path):
         pytest.skip("this file system keeps a file's pages in memory (tmpfs): nothing is ever cold")
     cold = read(True)
     assert cold.requests > 0 and cold.bytes_read >= cold.patch_bytes // 2  # the spans, not the mapping
     assert read(True).requests == 0  # the spans read brought the pages in: mapped again
-    assert evict(path)
+    assert drop_page_cache(path)
     assert read(False).requests == 0  # without probing: the mapping, cold or not
 
 

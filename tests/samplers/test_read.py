@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from _boxes import expected_box as expected
 from _boxes import save_npz_members
-from _pages import evict
 
 import npydask
 from npydask.plan.patches import Patch
 from npydask.samplers import Grid, PatchBatch, ReadStats, Uniform, read_patches
+from npydask.testing import drop_page_cache
 
 
 def save(root, arrays, name="f"):
@@ -67,12 +67,12 @@ def test_auto_maps_what_the_page_cache_holds_and_reads_spans_otherwise(tmp_path)
         return got.stats
 
     assert read().requests == 0  # (just written: copied from the mappings)
-    if not all(evict(f) for f in ds.files):
+    if not all(drop_page_cache(f) for f in ds.files):
         pytest.skip("this file system keeps a file's pages in memory (tmpfs): nothing is ever cold")
     cold = read()
     assert cold.requests > 0 and cold.bytes_read > cold.patch_bytes  # the spans, several per box
     assert read().requests == 0  # the spans brought the pages in
-    assert all(evict(f) for f in ds.files)
+    assert all(drop_page_cache(f) for f in ds.files)
     with npydask.config.set(patch_read="mapped"):
         assert read().requests == 0  # (mapped, cold or not)
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pages import evict
 
 from npydask.config import read_options
 from npydask.errors import FileChangedError
 from npydask.plan.patch_runs import Spans
 from npydask.storage import _local_read, acquire, pages_cached
 from npydask.storage._local_read import SPAN_SPLIT_BYTES, read_local_spans
+from npydask.testing import drop_page_cache
 
 
 def _file(tmp_path: Path, nbytes: int, seed: int = 0) -> tuple[str, np.ndarray]:
@@ -108,7 +108,7 @@ def test_pages_cached_asks_without_reading(tmp_path: Path) -> None:
     path, data = _file(tmp_path, 8 << 20, seed=4)
     f = acquire(path)
     assert pages_cached(f, [0, 4 << 20, len(data) - 1])  # (just written)
-    if not evict(path):
+    if not drop_page_cache(path):
         pytest.skip("this file system keeps a file's pages in memory (tmpfs): nothing to evict")
     f = acquire(path)
     offsets = [0, 4 << 20, len(data) - 1]
