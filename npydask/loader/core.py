@@ -74,7 +74,7 @@ class Loader:
         dataset that ``open_dataset`` already sharded warns
         (:class:`~npydask.errors.NpyDaskWarning`): the shards compound.
     stick_to_shard : bool
-        ``True`` (the default, as SPEC section 5): every epoch reads this
+        ``True`` (the default): every epoch reads this
         shard's own range. ``False`` (DALI's default): every epoch moves on
         to the next shard's range, ``(shard_id + epoch) % num_shards``, so
         over ``num_shards`` epochs each loader sees the whole list (shards
