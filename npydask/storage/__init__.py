@@ -68,6 +68,7 @@ from npydask.storage.identity import (
     differs,
     file_changed,
     header_mismatch,
+    listing_began_ns,
 )
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "fs_type",
     "fsync_folder",
     "header_mismatch",
+    "listing_began_ns",
     "import_obstore",
     "is_local",
     "new_run",
