@@ -32,6 +32,7 @@ from npydask.storage._handles import (
     reader,
     scan_file,
 )
+from npydask.storage._lease import truncation_blocked
 from npydask.storage._local_read import (
     DIRECT_ALIGNMENT,
     FdReader,
@@ -120,4 +121,5 @@ __all__ = [
     "scan_file",
     "scratch_spans",
     "temporary_name",
+    "truncation_blocked",
 ]

@@ -376,3 +376,32 @@ def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     np.testing.assert_array_equal(group[0:4], np.stack(arrays[0:4]))
     # the group's source is its first file's (LOCAL): the others each open through their own
     assert source.calls == {"scan": 1, "read_many": 1, "open": 3, "read_opened": 3}
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETLEASE"), reason="read leases are Linux's")
+def test_a_read_lease_holds_off_truncation_until_the_copies_end(tmp_path: Path) -> None:
+    import fcntl
+    import subprocess
+    import sys
+
+    from npydask.storage import truncation_blocked
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(4096))
+    f = _handles.acquire(str(path))
+    with truncation_blocked(f) as held, truncation_blocked(f) as again:  # (two copies share one lease)
+        assert held and again
+        cut = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({str(path)!r}, 100)"])
+        deadline = time.monotonic() + 30
+        while fcntl.fcntl(f.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK and time.monotonic() < deadline:
+            time.sleep(0.01)  # (until the truncation asks for the lease back)
+        time.sleep(0.05)
+        assert cut.poll() is None and os.fstat(f.fd).st_size > 100  # the truncation waits for the lease
+        with truncation_blocked(f) as late:
+            assert not late  # (a writer waits: no new copy joins the lease)
+    assert cut.wait(timeout=30) == 0 and os.fstat(f.fd).st_size == 100  # ...and goes ahead once it is given back
+    with open(path, "r+b"):  # open for writing: no lease (the copy is made another way)
+        with truncation_blocked(f) as held:
+            assert not held
+    with truncation_blocked(f) as held:
+        assert held
