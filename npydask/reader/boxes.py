@@ -82,11 +82,12 @@ def read_boxes(
     ``roi_strategy`` setting ``"mapped"``) has each box copied from the
     file's one mapping instead: only the boxes' bytes are copied, which is
     faster from a warm page cache (no gap bytes) and costs page faults from
-    a cold one. The copies are made under a read lease, so no process can
-    truncate the file meanwhile (a truncation would end this one with
-    ``SIGBUS``); where no lease can be had (the file is open for writing
-    elsewhere, another user's, on a file system without leases), ``"auto"``
-    reads the spans and ``"mmap"`` reads each box with ``pread``. ``bytes_read`` then counts the bytes copied, ``requests`` 0.
+    a cold one. ``bytes_read`` then counts the bytes copied, ``requests`` 0.
+    The copies are made under a read lease, so no process can truncate the
+    file meanwhile (a truncation would end this one with ``SIGBUS``); where
+    no lease can be had (the file is open for writing elsewhere, another
+    user's, on a file system without leases), ``"auto"`` reads the spans
+    and ``"mmap"`` reads each box with ``pread``.
     With ``probe_cache=True`` they are copied from the mapping only when
     their bytes are in the page cache (asked without reading them: the
     first, middle and last run of each box,

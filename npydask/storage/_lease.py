@@ -11,18 +11,25 @@ open for writing elsewhere, another user's file without ``CAP_LEASE``, a
 network file system, leases turned off), the caller reads with ``pread``
 instead, which a truncation turns into a short read, not a signal.
 
-Threads copying from the same open file share one lease (counted on the
-:class:`~npydask.storage._handles.OpenFile`); once a writer waits for it,
-no new copy joins it, so the writer is held for at most the copies already
-under way. The lease breaker's notice is sent as ``SIGURG``, which a
-process ignores unless it installed a handler for it (``SIGIO``, the
-default, would end the process).
+Threads copying from the same open file share one lease, counted here per
+process; once a writer waits for it, no new copy joins it, so the writer is
+held for at most the copies already under way. A lease belongs to an open
+file description, which a forked child shares with its parent (one giving
+the lease back would give back the other's): a child leases through a
+descriptor of its own, opened on the same file (``/proc/self/fd``). The
+lease breaker's notice is sent as ``SIGURG``, which a process ignores
+unless it installed a handler for it (``SIGIO``, the default, would end the
+process).
 """
 
 from __future__ import annotations
 
 import fcntl
+import io
+import os
 import signal
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,6 +42,32 @@ _GETLEASE = getattr(fcntl, "F_GETLEASE", None)
 _SETSIG = getattr(fcntl, "F_SETSIG", None)
 _NOTICE = int(signal.SIGURG)
 """The signal a lease break is announced with: ignored unless the process handles it."""
+
+
+class _Lease:
+    """This process's lease on one open file: the descriptor it is taken on, and the copies under it."""
+
+    __slots__ = ("fd", "copies", "own")
+
+    def __init__(self, fd: int, own: io.FileIO | None) -> None:
+        self.fd = fd
+        self.copies = 0
+        self.own = own
+        """A descriptor opened for the lease (in a forked child), closed with this record."""
+
+
+_guard = threading.Lock()
+_leases: weakref.WeakKeyDictionary[OpenFile, _Lease] = weakref.WeakKeyDictionary()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's leases are not this process's (and a lock held at the fork stays held)."""
+    global _guard, _leases
+    _guard, _leases = threading.Lock(), weakref.WeakKeyDictionary()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @contextmanager
@@ -54,39 +87,42 @@ def truncation_blocked(f: OpenFile) -> Iterator[bool]:
     ...     isinstance(held, bool)
     True
     """
-    held = _join(f)
+    lease = _join(f)
     try:
-        yield held
+        yield lease is not None
     finally:
-        if held:
-            _leave(f)
+        if lease is not None:
+            _leave(lease)
 
 
-def _join(f: OpenFile) -> bool:
+def _join(f: OpenFile) -> _Lease | None:
     """Take the lease, or count one more copy under the lease already held (not one a writer waits for)."""
     if _SETLEASE is None or _GETLEASE is None or _SETSIG is None or not f.local:
-        return False
-    fd = f.fd
-    with f.lock:
+        return None
+    with _guard:
+        lease = _leases.get(f)
         try:
-            if f.leases:
-                if fcntl.fcntl(fd, _GETLEASE) != fcntl.F_RDLCK:  # (being broken: a writer waits for it)
-                    return False
+            if lease is None:
+                own = None if f.pid == os.getpid() else io.FileIO(f"/proc/self/fd/{f.fd}", "r")
+                lease = _leases[f] = _Lease(f.fd if own is None else own.fileno(), own)
+            if lease.copies:
+                if fcntl.fcntl(lease.fd, _GETLEASE) != fcntl.F_RDLCK:  # (being broken: a writer waits for it)
+                    return None
             else:
-                fcntl.fcntl(fd, _SETSIG, _NOTICE)  # (before the lease: giving a lease back resets it)
-                fcntl.fcntl(fd, _SETLEASE, fcntl.F_RDLCK)
+                fcntl.fcntl(lease.fd, _SETSIG, _NOTICE)  # (before the lease: giving a lease back resets it)
+                fcntl.fcntl(lease.fd, _SETLEASE, fcntl.F_RDLCK)
         except OSError:  # EAGAIN (open for writing), EACCES (not the owner), EINVAL (no leases here)...
-            return False
-        f.leases += 1
-    return True
+            return None
+        lease.copies += 1
+    return lease
 
 
-def _leave(f: OpenFile) -> None:
+def _leave(lease: _Lease) -> None:
     """One copy fewer under the lease; the last one gives it back."""
-    with f.lock:
-        f.leases -= 1
-        if not f.leases:
+    with _guard:
+        lease.copies -= 1
+        if not lease.copies:
             try:
-                fcntl.fcntl(f.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+                fcntl.fcntl(lease.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
             except OSError:  # (broken by the kernel after lease-break-time: nothing is held)
                 pass

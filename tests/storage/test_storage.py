@@ -405,3 +405,27 @@ def test_a_read_lease_holds_off_truncation_until_the_copies_end(tmp_path: Path) 
             assert not held
     with truncation_blocked(f) as held:
         assert held
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETLEASE"), reason="read leases are Linux's")
+def test_a_forked_child_leases_apart_from_its_parent(tmp_path: Path) -> None:
+    # (they share the cached descriptor's open file description, which a lease belongs to)
+    import fcntl
+
+    from npydask.storage import truncation_blocked
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(4096))
+    f = _handles.acquire(str(path))
+    with truncation_blocked(f) as held:
+        assert held
+        pid = os.fork()
+        if pid == 0:  # the child takes and gives back a lease of its own while the parent's is held
+            try:
+                with truncation_blocked(f) as child_held:
+                    ok = child_held
+                os._exit(0 if ok else 3)
+            except BaseException:
+                os._exit(4)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert fcntl.fcntl(f.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK  # the parent's lease is still there
