@@ -58,7 +58,8 @@ the value, where it is read or set.
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
 ``max_span_bytes``, ``roi_strategy``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
-configuration. ``handle_cache_size`` and ``pool_bytes`` are per process and
+configuration; ``patch_read`` travels with a sampler loader's reads, captured
+when it starts an epoch. ``handle_cache_size`` and ``pool_bytes`` are per process and
 read where they run (see :mod:`npydask._buffers`).
 
 Examples
