@@ -147,7 +147,7 @@ _SIZE, _COUNT = _parse_size, _parse_count
 _SETTINGS: dict[str, _Setting] = {
     "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
     "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _SIZE),
-    "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * _MiB, _SIZE, low=1),
+    "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * _MiB, _SIZE),  # (0: each run alone)
     "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _one_of(ROI_STRATEGIES)),
     "patch_read": _Setting("NPYDASK_PATCH_READ", "auto", _one_of(PATCH_READS)),
     "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _COUNT, high=1 << 20, unit="files"),

@@ -50,7 +50,7 @@ def test_bad_settings_are_refused():
 # Every number setting: (name, smallest value that works, largest, whether it takes units such as "KiB").
 NUMBERS = [
     ("gap_bytes", 0, 1 << 62, True),
-    ("max_span_bytes", 1, 1 << 62, True),
+    ("max_span_bytes", 0, 1 << 62, True),
     ("handle_cache_size", 0, 1 << 20, False),
     ("gpu_gap_bytes", 0, 1 << 62, True),
     ("gpu_task_bytes", 0, 1 << 62, True),
