@@ -50,10 +50,16 @@ stopped server fails a read within a few seconds (connections are refused at
 once) and a server that stops answering within about a minute
 (``remote_timeout`` plus retries, bounded by ``remote_retry_timeout``).
 
+An empty environment variable is unset (the default applies). A value that
+cannot work (a size of 0 where one must be positive, a negative, non-finite
+or too large one) raises ``ValueError`` naming the variable or setting and
+the value, where it is read or set.
+
 Settings that change how bytes are read (``direct_io``, ``gap_bytes``,
 ``max_span_bytes``, ``roi_strategy``) are captured as :class:`ReadOptions` when a lazy array is
 built and travel inside its tasks, because workers do not see the client's
-configuration. ``handle_cache_size`` and ``pool_bytes`` are per process and
+configuration; ``patch_read`` travels with a sampler loader's reads, captured
+when it starts an epoch. ``handle_cache_size`` and ``pool_bytes`` are per process and
 read where they run (see :mod:`npydask._buffers`).
 
 Examples
@@ -79,7 +85,7 @@ def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
-    if lowered in ("0", "false", "no", "off", ""):
+    if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected a boolean (1/0, true/false, yes/no, on/off), found {text!r}")
 
@@ -87,10 +93,20 @@ def _parse_bool(text: str) -> bool:
 def _parse_size(text: str) -> int:
     from dask.utils import parse_bytes
 
-    value = parse_bytes(text.strip())
-    if value < 0:
-        raise ValueError(f"expected a non-negative size, found {text!r}")
-    return int(value)
+    text = text.strip()
+    try:
+        return int(text) if text.lstrip("+-").isdigit() else int(parse_bytes(text))  # (a float loses digits)
+    except OverflowError:  # ("1e400": a float that is infinite)
+        raise ValueError(f"expected a finite size, found {text!r}") from None
+    except (ValueError, TypeError):
+        raise ValueError(f"expected a size in bytes such as 4096, '64KiB' or '1.5MiB', found {text!r}") from None
+
+
+def _parse_count(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number, found {text!r}") from None
 
 
 ROI_STRATEGIES = ("auto", "spans", "runs", "mapped")
@@ -118,69 +134,107 @@ class _Setting:
     env: str
     default: Any
     parse: Any
+    low: int = 0
+    """Numbers: the smallest value that works."""
+    high: int = 1 << 62
+    """Numbers: the largest value that works (sizes: any byte offset of a file)."""
+    unit: str = "bytes"
 
+
+_KiB, _MiB, _GiB = 1 << 10, 1 << 20, 1 << 30
+_SIZE, _COUNT = _parse_size, _parse_count
 
 _SETTINGS: dict[str, _Setting] = {
     "direct_io": _Setting("NPYDASK_DIRECT_IO", False, _parse_bool),
-    "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _parse_size),
-    "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * 1024 * 1024, _parse_size),
+    "gap_bytes": _Setting("NPYDASK_GAP_BYTES", 4096, _SIZE),
+    "max_span_bytes": _Setting("NPYDASK_MAX_SPAN_BYTES", 64 * _MiB, _SIZE),  # (0: each run alone)
     "roi_strategy": _Setting("NPYDASK_ROI_STRATEGY", "auto", _one_of(ROI_STRATEGIES)),
     "patch_read": _Setting("NPYDASK_PATCH_READ", "auto", _one_of(PATCH_READS)),
-    "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _parse_size),
-    "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * 1024, _parse_size),
-    "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 0, _parse_size),
-    "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _parse_size),
-    "gpu_host_bytes": _Setting("NPYDASK_GPU_HOST_BYTES", 1024 * 1024, _parse_size),
-    "gpu_chunk_bytes": _Setting("NPYDASK_GPU_CHUNK_BYTES", 1024 * 1024 * 1024, _parse_size),
-    "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * 1024 * 1024, _parse_size),
-    "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * 1024, _parse_size),
-    "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * 1024 * 1024, _parse_size),
-    "remote_header_bytes": _Setting("NPYDASK_REMOTE_HEADER_BYTES", 4096, _parse_size),
-    "remote_concurrency": _Setting("NPYDASK_REMOTE_CONCURRENCY", 64, _parse_size),
-    "remote_connect_timeout": _Setting("NPYDASK_REMOTE_CONNECT_TIMEOUT", 5, _parse_size),
-    "remote_timeout": _Setting("NPYDASK_REMOTE_TIMEOUT", 30, _parse_size),
-    "remote_retries": _Setting("NPYDASK_REMOTE_RETRIES", 3, _parse_size),
-    "remote_retry_timeout": _Setting("NPYDASK_REMOTE_RETRY_TIMEOUT", 45, _parse_size),
+    "handle_cache_size": _Setting("NPYDASK_HANDLE_CACHE_SIZE", 128, _COUNT, high=1 << 20, unit="files"),
+    "gpu_gap_bytes": _Setting("NPYDASK_GPU_GAP_BYTES", 64 * _KiB, _SIZE),
+    "gpu_task_bytes": _Setting("NPYDASK_GPU_TASK_BYTES", 0, _SIZE),
+    "gpu_alignment": _Setting("NPYDASK_GPU_ALIGNMENT", 4096, _SIZE, low=1, high=_GiB),
+    "gpu_host_bytes": _Setting("NPYDASK_GPU_HOST_BYTES", _MiB, _SIZE),
+    "gpu_chunk_bytes": _Setting("NPYDASK_GPU_CHUNK_BYTES", _GiB, _SIZE, low=1),
+    "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * _MiB, _SIZE),
+    "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * _KiB, _SIZE),
+    "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * _MiB, _SIZE, low=4 * _KiB),
+    "remote_header_bytes": _Setting("NPYDASK_REMOTE_HEADER_BYTES", 4096, _SIZE, low=64, high=_GiB),
+    "remote_concurrency": _Setting("NPYDASK_REMOTE_CONCURRENCY", 64, _COUNT, low=1, high=4096, unit="requests"),
+    "remote_connect_timeout": _Setting("NPYDASK_REMOTE_CONNECT_TIMEOUT", 5, _COUNT, low=1, high=86400, unit="s"),
+    "remote_timeout": _Setting("NPYDASK_REMOTE_TIMEOUT", 30, _COUNT, low=1, high=86400, unit="s"),
+    "remote_retries": _Setting("NPYDASK_REMOTE_RETRIES", 3, _COUNT, high=100, unit="retries"),
+    "remote_retry_timeout": _Setting("NPYDASK_REMOTE_RETRY_TIMEOUT", 45, _COUNT, high=86400, unit="s"),
 }
+
+
+def _in_range(setting: _Setting, value: Any) -> Any:
+    """``value`` of a number setting, refused where it cannot work (too small, too large)."""
+    if type(setting.default) is not int or setting.low <= value <= setting.high:
+        return value
+    unit = f" {setting.unit}" if setting.unit != "s" else " s"
+    raise ValueError(
+        f"expected from {setting.low:,} to {setting.high:,}{unit}, found {value:,}"
+        + (" (0 cannot work here)" if value == 0 else "")
+    )
+
 
 _overrides: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
 def get(name: str) -> Any:
-    """Current value of a setting: an active :func:`set`, else its env var, else the default."""
+    """Current value of a setting: an active :func:`set`, else its env var (an empty one is unset), else the default.
+
+    Raises
+    ------
+    KeyError
+        For an unknown setting.
+    ValueError
+        For an environment variable that does not parse or whose value cannot work (a size of 0 where
+        one must be positive, a negative or non-finite one, one too large), naming the variable.
+    """
     setting = _SETTINGS.get(name)
     if setting is None:
         raise KeyError(f"unknown npydask setting {name!r}; known: {sorted(_SETTINGS)}")
     if name in _overrides:
         return _overrides[name]
     raw = os.environ.get(setting.env)
-    if raw is None:
+    if raw is None or not raw.strip():
         return setting.default
     try:
-        return setting.parse(raw)
+        return _in_range(setting, setting.parse(raw))
     except ValueError as e:
-        raise ValueError(f"environment variable {setting.env}={raw!r}: {e}") from e
+        raise ValueError(
+            f"environment variable {setting.env}={raw!r}: {e}; set another value or unset it "
+            f"(the default is {setting.default!r})"
+        ) from e
 
 
 def _check(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` as :func:`set` keeps it (:data:`_MISSING` for ``""``: unset)."""
     setting = _SETTINGS.get(name)
     if setting is None:
         raise KeyError(f"unknown npydask setting {name!r}; known: {sorted(_SETTINGS)}")
     if isinstance(value, str):
+        if not value.strip():
+            return _MISSING  # (an empty value is unset, as an empty environment variable is)
         try:
-            return setting.parse(value)
+            return _in_range(setting, setting.parse(value))
         except ValueError as e:
-            raise ValueError(f"setting {name!r}: {e}") from e
+            raise ValueError(f"setting {name!r} = {value!r}: {e}") from e
     if type(setting.default) is str:
         raise TypeError(f"setting {name!r} takes a string, found {value!r}")
     if type(setting.default) is bool:
         if not isinstance(value, bool):
             raise TypeError(f"setting {name!r} takes a bool, found {value!r}")
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError(f"setting {name!r} takes a non-negative int, found {value!r}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"setting {name!r} takes an int, found {value!r}")
+    try:
+        return _in_range(setting, value)
+    except ValueError as e:
+        raise ValueError(f"setting {name!r} = {value!r}: {e}") from e
 
 
 class set(contextlib.AbstractContextManager):  # noqa: A001 - mirrors dask.config.set
@@ -189,14 +243,31 @@ class set(contextlib.AbstractContextManager):  # noqa: A001 - mirrors dask.confi
     Parameters
     ----------
     **values
-        ``setting=value`` pairs; strings are parsed as the env var would be.
+        ``setting=value`` pairs; strings are parsed as the env var would be
+        (an empty string unsets the setting for the block: its environment
+        variable or default applies).
+
+    Raises
+    ------
+    KeyError
+        For an unknown setting.
+    TypeError
+        For a value of the wrong type (an int for a string setting...).
+    ValueError
+        For a value that does not parse or cannot work (a size of 0 where
+        one must be positive, a negative, non-finite or too large one),
+        naming the setting and the value.
     """
 
     def __init__(self, **values: Any) -> None:
         checked = {k: _check(k, v) for k, v in values.items()}
         with _lock:
             self._previous = {k: _overrides.get(k, _MISSING) for k in checked}
-            _overrides.update(checked)
+            for k, v in checked.items():
+                if v is _MISSING:
+                    _overrides.pop(k, None)
+                else:
+                    _overrides[k] = v
 
     def __exit__(self, *exc: object) -> None:
         with _lock:
@@ -223,6 +294,6 @@ class ReadOptions:
 def read_options(**overrides: Any) -> ReadOptions:
     """Snapshot the current read settings (with ``overrides`` applied)."""
     values = {name: get(name) for name in ("direct_io", "gap_bytes", "max_span_bytes", "roi_strategy")}
-    values.update({k: _check(k, v) for k, v in overrides.items() if v is not None})
+    values.update({k: c for k, v in overrides.items() if v is not None and (c := _check(k, v)) is not _MISSING})
     return ReadOptions(**values)
 

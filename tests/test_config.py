@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -39,8 +41,84 @@ def test_bad_settings_are_refused():
         config.set(speed=1)
     with pytest.raises(TypeError):
         config.set(direct_io=1)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="'gap_bytes' = -1"):
         config.set(gap_bytes=-1)
+    with pytest.raises(TypeError, match="gap_bytes"):
+        config.set(gap_bytes=4096.0)
+
+
+# Every number setting: (name, smallest value that works, largest, whether it takes units such as "KiB").
+NUMBERS = [
+    ("gap_bytes", 0, 1 << 62, True),
+    ("max_span_bytes", 0, 1 << 62, True),
+    ("handle_cache_size", 0, 1 << 20, False),
+    ("gpu_gap_bytes", 0, 1 << 62, True),
+    ("gpu_task_bytes", 0, 1 << 62, True),
+    ("gpu_alignment", 1, 1 << 30, True),
+    ("gpu_host_bytes", 0, 1 << 62, True),
+    ("gpu_chunk_bytes", 1, 1 << 62, True),
+    ("pool_bytes", 0, 1 << 62, True),
+    ("remote_gap_bytes", 0, 1 << 62, True),
+    ("remote_part_bytes", 4096, 1 << 62, True),
+    ("remote_header_bytes", 64, 1 << 30, True),
+    ("remote_concurrency", 1, 4096, False),
+    ("remote_connect_timeout", 1, 86400, False),
+    ("remote_timeout", 1, 86400, False),
+    ("remote_retries", 0, 100, False),
+    ("remote_retry_timeout", 0, 86400, False),
+]
+
+
+def test_the_table_covers_every_number_setting():
+    numbers = {name for name, s in config._SETTINGS.items() if type(s.default) is int}
+    assert numbers == {row[0] for row in NUMBERS}
+
+
+def _env(name):
+    return "NPYDASK_" + name.upper()
+
+
+@pytest.mark.parametrize(("name", "low", "high", "units"), NUMBERS)
+def test_number_settings_take_what_works_and_refuse_the_rest_naming_the_variable(monkeypatch, name, low, high, units):
+    default = config.get(name)
+    env = _env(name)
+    for blank in ("", "  "):  # an empty variable is unset
+        monkeypatch.setenv(env, blank)
+        assert config.get(name) == default
+    for good in {low, high, min(max(low, 4096), high)}:
+        monkeypatch.setenv(env, str(good))
+        assert config.get(name) == good
+        with config.set(**{name: good}):
+            assert config.get(name) == good
+        with config.set(**{name: str(good)}):
+            assert config.get(name) == good
+    if units:
+        monkeypatch.setenv(env, "64KiB")
+        assert config.get(name) == 64 << 10
+    bad = ["-1", "1e400", str(high + 1), "nan", "lots"] + ([str(low - 1)] if low > 0 else [])
+    for text in bad:
+        monkeypatch.setenv(env, text)
+        with pytest.raises(ValueError, match=re.escape(f"{env}={text!r}: expected")):
+            config.get(name)
+        with pytest.raises(ValueError, match=re.escape(f"{name!r} = {text!r}: expected")):
+            config.set(**{name: text})
+    for value in [-1, high + 1] + ([low - 1] if low > 0 else []):
+        with pytest.raises(ValueError, match=re.escape(f"{name!r} = {value!r}: expected")):
+            config.set(**{name: value})
+    monkeypatch.delenv(env)
+    assert config.get(name) == default  # (nothing refused was kept)
+
+
+@pytest.mark.parametrize("name", [n for n, s in config._SETTINGS.items() if type(s.default) is not int])
+def test_an_empty_variable_or_value_is_unset_for_every_setting(monkeypatch, name):
+    default = config.get(name)
+    monkeypatch.setenv(_env(name), "")
+    assert config.get(name) == default
+    other = "spans" if name in ("roi_strategy", "patch_read") else True
+    with config.set(**{name: other}):
+        with config.set(**{name: ""}):  # (unset for the block: the environment's or the default)
+            assert config.get(name) == default
+        assert config.get(name) == other
 
 
 def test_read_options_are_baked_into_tasks(save):

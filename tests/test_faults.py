@@ -938,3 +938,64 @@ def test_a_process_out_of_descriptors_gets_a_clear_error_soon(tmp_path):
     assert out["errno"] == errno.EMFILE, out
     assert "RLIMIT_NOFILE" in out["message"] and "soft 64" in out["message"] and str(path) in out["message"], out
     assert 0.4 <= out["took"] < 5, out
+_TRUNCATING_READER = """
+    import sys, time, numpy as np, npydask
+    from npydask.samplers import Uniform
+    path, seconds = sys.argv[1], float(sys.argv[2])
+    want = np.load(path)
+    ds = npydask.open_dataset(files=[path])
+    loader = npydask.Loader(ds, 4, sampler=Uniform((8, 32, 32), per_file=64), shuffle=True, with_index=True)
+    read = failed = mapped = 0
+    print("ready", flush=True)
+    deadline = time.monotonic() + seconds
+    epoch = 0
+    while time.monotonic() < deadline:
+        loader.set_epoch(epoch); epoch += 1
+        try:
+            for batch, index in loader:
+                for got, start, stop in zip(batch, index["start"], index["stop"]):  # checked after the read
+                    np.testing.assert_array_equal(got, want[tuple(slice(a, b) for a, b in zip(start, stop))])
+                    read += 1
+        except npydask.FileChangedError:
+            failed += 1
+        else:
+            stats = loader.stats()
+            mapped += stats.requests == 0 and stats.bytes_read > 0  # (an epoch copied from the mapping)
+    print(read, failed, mapped, flush=True)
+"""
+
+_TRUNCATER = """
+    import os, sys, time
+    path, stop = sys.argv[1], sys.argv[2]
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        tail = f.read()[4096:]
+    deadline = time.monotonic() + 10
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        os.truncate(path, 4096)                 # the payload gone under the reader's mapping...
+        fd = os.open(path, os.O_WRONLY)
+        os.pwrite(fd, tail, 4096)               # ...and back, with its mtime: the same identity again
+        os.close(fd)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        time.sleep(0.001)                       # (not open for writing meanwhile: the reader may map)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_patches_copied_from_a_mapping_survive_truncation_by_another_process(tmp_path):
+    path = tmp_path / "vol.npy"
+    np.save(path, values((32, 128, 128), "<f4"))  # 2 MiB, in the page cache: the default route maps it
+    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TRUNCATING_READER), str(path), "1.0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
+    stop = tmp_path / "stop"
+    truncater = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TRUNCATER), str(path), str(stop)], cwd=ROOT)
+    try:
+        out, err = reader.communicate(timeout=30)
+    finally:
+        stop.touch()
+        truncater.wait(timeout=30)
+    assert reader.returncode != -signal.SIGBUS, f"killed by SIGBUS: {err[-2000:]}"
+    assert reader.returncode == 0, err[-3000:]
+    read, failed, mapped = map(int, out.split())
+    assert read > 0 and failed > 0 and mapped > 0, out  # (both outcomes seen, and reads from the mapping)

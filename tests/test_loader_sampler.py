@@ -305,6 +305,23 @@ def test_batches_read_on_the_cluster_equal_local_ones(ds, client):
     assert remote.stats().patch_bytes == local.stats().patch_bytes
 
 
+@pytest.mark.timeout(180)
+def test_the_patch_read_setting_travels_to_the_workers(ds, client):
+    # The worker processes keep the default ("auto": these page-cached files are copied from their mapping,
+    # no read requests); the setting in force where the loader iterates is the one its tasks read by.
+    assert set(client.run(lambda: npydask.config.get("patch_read")).values()) == {"auto"}
+    remote = npydask.Loader(ds, 3, sampler=Uniform((4, 4, 4), per_file=2), seed=2, with_index=True, client=client)
+    for route in ("spans", None):  # (None: the default again, mapped)
+        with npydask.config.set(patch_read=route or ""):
+            for batch, index in remote:
+                for slot, (f, a, b) in zip(batch, boxes(index)):  # checked after the read
+                    np.testing.assert_array_equal(slot, expected(ARRAYS[f], Patch(f, a, b), 0))
+        if route == "spans":
+            assert remote.stats().requests > 0  # the spans were read with preadv on the workers
+        else:
+            assert remote.stats().requests == 0 and remote.stats().bytes_read > 0
+
+
 def test_gpu_batches(ds, monkeypatch):
     from test_loader_gpu import FakeCupy
 

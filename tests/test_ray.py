@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import warnings
 
 import dask
@@ -135,7 +134,6 @@ def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
 
     arrays = [np.full((3, 5), i, "<f4") for i in range(6)]
     _save_all(tmp_path, arrays)
-    time.sleep(0.03)  # (a file written within 20 ms before a headers="first" listing is refused)
     with pytest.raises(ValueError, match="'all'.*'first'"):
         npydask.ray.read_npy(tmp_path, headers="bad")
     ids, got, _ = _rows(npydask.ray.read_npy(tmp_path, headers="first", block_size=2 * arrays[0].nbytes))
@@ -146,7 +144,6 @@ def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
     with pytest.raises(Exception, match="f04.npy") as e:
         ds.take_all()  # (the file changed since the listing began: its ctime tells first)
     assert FileChangedError.__name__ in str(e.value) or isinstance(e.value, FileChangedError)
-    time.sleep(0.03)
     ds = npydask.ray.read_npy(tmp_path, headers="first")
     with pytest.raises(Exception, match="f04.npy") as e:
         ds.take_all()

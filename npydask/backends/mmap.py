@@ -14,14 +14,20 @@ the process with ``SIGBUS``. Every task first checks the file's identity
 (size, mtime, inode; a truncated file fails with ``FileChangedError``), and
 this backend checks the size with ``fstat`` again right before touching the
 mapping; after a copy the reader checks the identity once more (a rewrite
-in place during the copy raises ``FileChangedError``). The remaining window
-is a truncation between that check and the copy (for a copy) or during the
-life of a zero-copy view, which also shows later writes. Use the ``pread``
-backend for files other processes may truncate while they are read.
+in place during the copy raises ``FileChangedError``). A copy is made only
+under a read lease (:func:`~npydask.storage.truncation_blocked`), which
+keeps every process from truncating the file until the copy is done; where
+no lease can be had (the file is open for writing elsewhere, belongs to
+another user and the process lacks ``CAP_LEASE``, or sits on a file system
+without leases) the same bytes are read with ``pread`` instead. The
+remaining window is the life of a zero-copy view, which also shows later
+writes: use the ``pread`` backend for files other processes may truncate
+while results are alive.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import mmap
 import os
@@ -31,11 +37,12 @@ import numpy as np
 
 from npydask._buffers import exact_empty
 from npydask.backends.base import Backend, copy_runs
+from npydask.backends.pread import PreadBackend
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError
 from npydask.plan.read_strategy import choose
 from npydask.plan.region import ReadPlan, same_layout
-from npydask.storage import OpenFile, clear_cache
+from npydask.storage import OpenFile, clear_cache, truncation_blocked
 from npydask.storage.base import OpenedFile, Source
 from npydask.storage.local import LOCAL
 
@@ -66,13 +73,18 @@ class MmapBackend(Backend):
         if plan.n_runs > 1 and options.roi_strategy not in ("auto", "mapped"):  # (raises for a forced spans or runs)
             choose(plan, options.gap_bytes, options.max_span_bytes, _MAPPED, options.roi_strategy)
         # (a local file from the handle cache: the reader refuses "mmap" for sources that cannot map)
-        base = _mapped(cast(OpenFile, f), plan.end)[plan.offset : plan.end]
+        opened = cast(OpenFile, f)
         if out is None and plan.is_contiguous and same_layout(plan):
-            return base.view(dtype).reshape(plan.shape)
-        return copy_runs(base, plan, dtype, out)
+            return _mapped(opened, plan.end)[plan.offset : plan.end].view(dtype).reshape(plan.shape)
+        with truncation_blocked(opened) as held:
+            if held:  # (no process can truncate the file until the copy is made)
+                return copy_runs(_mapped(opened, plan.end)[plan.offset : plan.end], plan, dtype, out)
+        # (a truncation would kill the copy with SIGBUS: read the same bytes with pread instead)
+        return _PREAD.read(f, plan, dataclasses.replace(options, roi_strategy="auto"), out, source=source)
 
 
 _MAPPED = ("mapped",)
+_PREAD = PreadBackend()
 
 
 def _map(fd: int, length: int) -> mmap.mmap:

@@ -155,19 +155,20 @@ def open_dataset(
         and the one found when they differ (their bytes where both parse
         alike); a file too short for the payload raises ``NpyFormatError``.
         A listed local file whose status changed (``st_ctime``, from the
-        ``fstat`` the task makes anyway) at or after the listing began, less
-        20 ms for the file system's coarse clock, raises
-        ``FileChangedError``: created, renamed into place (even with its
-        old inode number back), written, truncated, or touched by
+        ``fstat`` the task makes anyway) after ``open_dataset`` was called
+        raises ``FileChangedError``: created, renamed into place (even with
+        its old inode number back), written, truncated, or touched by
         ``chmod``/``touch``/a new hard link after opening; so does a file
         with another inode, an object with another ETag, and a file named
-        by ``files``/``file_list`` whose size, mtime or inode changed. This
-        relies on the clock that stamps the ctime (the file server's, on a
-        network file system) agreeing with this machine's to within the
-        margin, and on timestamps finer than it (a file system with 1 or 2
-        s timestamps may stamp a change just after opening as before it);
-        a file changed less than 20 ms before opening is refused too (open
-        again a moment later). A file whose output would hold no element
+        by ``files``/``file_list`` whose size, mtime or inode changed. A
+        file completely written before the call is never refused, however
+        close the call came (the open waits for the kernel's coarse clock,
+        which stamps ctimes, to pass the time of the call: about one tick,
+        4 ms at ``HZ=250``). This relies on the clock that stamps the ctime
+        (the file server's, on a network file system) agreeing with this
+        machine's, and on fine timestamps (a file system with 1 or 2 s
+        timestamps may stamp a change just after opening as before it). A
+        file whose output would hold no element
         (an empty first file, a ROI that leaves nothing of it) cannot stand
         for the others: those files' headers are read at open. Not with
         ``index`` (which keeps per-file headers) nor ``key`` (``.npz``

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from npydask import config
 from npydask.array import NpyFileArray
 from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.plan.region import Box
@@ -78,16 +79,19 @@ class PatchReader:
     """Reads a batch of a sampler loader: ``(epoch, positions)`` to a :class:`~npydask.samplers.PatchBatch`.
 
     Carries the dataset and the bound sampler (pure numbers): a prefetch
-    thread or a cluster worker plans the boxes and reads them.
+    thread or a cluster worker plans the boxes and reads them. The
+    ``patch_read`` setting in force where it is made travels with it (a
+    worker does not see the client's settings).
     """
 
     def __init__(self, dataset: Any, bound: BoundSampler, seed: int | None, shuffle: bool) -> None:
         self.dataset, self.bound, self.seed, self.shuffle = dataset, bound, seed, shuffle
+        self.route = str(config.get("patch_read"))
 
     def __call__(self, job: tuple[int, np.ndarray], device: str) -> PatchBatch:
         epoch, positions = job
         patches = self.bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=self.shuffle)
-        return read_patches(self.dataset, patches, self.bound, device=device)
+        return read_patches(self.dataset, patches, self.bound, device=device, route=self.route)
 
 
 def call_read(read: Any, payload: Any, device: str) -> Any:

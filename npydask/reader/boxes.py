@@ -10,7 +10,7 @@ each box copied from the file's one mapping instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from npydask.format.npz import check_stored
 from npydask.plan.patch_runs import BoxLike, PatchRuns, check_outs, cut_boxes, pad_box, plan_boxes
 from npydask.plan.region import Box
 from npydask.reader.region import FileRef
+from npydask.storage import OpenFile, truncation_blocked
 from npydask.storage.base import OpenedFile
 from npydask.storage.spans import each_file, inflate_spans, read_spans
 
@@ -82,6 +83,11 @@ def read_boxes(
     file's one mapping instead: only the boxes' bytes are copied, which is
     faster from a warm page cache (no gap bytes) and costs page faults from
     a cold one. ``bytes_read`` then counts the bytes copied, ``requests`` 0.
+    The copies are made under a read lease, so no process can truncate the
+    file meanwhile (a truncation would end this one with ``SIGBUS``); where
+    no lease can be had (the file is open for writing elsewhere, another
+    user's, on a file system without leases), ``"auto"`` reads the spans
+    and ``"mmap"`` reads each box with ``pread``.
     With ``probe_cache=True`` they are copied from the mapping only when
     their bytes are in the page cache (asked without reading them: the
     first, middle and last run of each box,
@@ -157,12 +163,15 @@ def read_boxes(
         maps, runs = False, plan(True)  # (cold: the spans read just their bytes)
     dests = check_outs(runs, out, f.path)
     if maps:
-        try:
-            return _read_mapped(f, runs, ref.options, dests)
-        except MapError:
-            if ref.backend != "auto":
-                raise
-            runs = plan(True)  # (the mapping was refused: read the spans)
+        # (no process can truncate the file while the boxes are copied: a copy never meets SIGBUS)
+        with truncation_blocked(cast(OpenFile, f)) as held:
+            if held or ref.backend != "auto":  # (backend="mmap" without the lease: each box by pread)
+                try:
+                    return _read_mapped(f, runs, ref.options, dests)
+                except MapError:
+                    if ref.backend != "auto":
+                        raise
+        runs = plan(True)  # (the mapping or the lease was refused: read the spans)
     buffer = empty((runs.bytes_read,), np.uint8)
     whole = Box.whole(f.header.shape)
     if f.deflated:

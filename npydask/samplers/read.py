@@ -99,7 +99,9 @@ class PatchBatch:
     """What reading the batch cost."""
 
 
-def read_patches(dataset: Any, patches: Sequence[Patch], bound: BoundSampler, *, device: str = "cpu") -> PatchBatch:
+def read_patches(
+    dataset: Any, patches: Sequence[Patch], bound: BoundSampler, *, device: str = "cpu", route: str | None = None
+) -> PatchBatch:
     """Read a batch of patches of ``dataset``, each file once with all its patches.
 
     Parameters
@@ -115,6 +117,10 @@ def read_patches(dataset: Any, patches: Sequence[Patch], bound: BoundSampler, *,
     device : {"cpu", "gpu"}
         NumPy arrays, or CuPy arrays: read into host memory, then copied to
         the current device once per array.
+    route : {"auto", "mapped", "spans"}, optional
+        How local files are read; the ``patch_read`` setting by default (a
+        loader passes the value in force where it iterates, so tasks on a
+        cluster's workers read as the client says).
 
     Returns
     -------
@@ -145,11 +151,16 @@ def read_patches(dataset: Any, patches: Sequence[Patch], bound: BoundSampler, *,
     patches = list(patches)
     if not patches:
         raise ValueError("read_patches needs at least one patch")
-    return read_window(dataset, [patches], bound, device=device)[0]
+    return read_window(dataset, [patches], bound, device=device, route=route)[0]
 
 
 def read_window(
-    dataset: Any, batches: Sequence[Sequence[Patch]], bound: BoundSampler, *, device: str = "cpu"
+    dataset: Any,
+    batches: Sequence[Sequence[Patch]],
+    bound: BoundSampler,
+    *,
+    device: str = "cpu",
+    route: str | None = None,
 ) -> list[PatchBatch]:
     """Read several batches of patches together: each file once with every box the batches ask of it.
 
@@ -162,11 +173,12 @@ def read_window(
     (``bytes_read``, ``requests``, ``io_wait_s``) is counted once, in the
     first batch's :class:`ReadStats`, and each batch counts its own
     ``patch_bytes``, so the stats of the batches add up to what was read.
+    ``route`` is as in :func:`read_patches`.
 
     Raises
     ------
     ValueError
-        No batches, an empty batch, or a patch naming a file the dataset does not hold.
+        No batches, an empty batch, a patch naming a file the dataset does not hold, or an unknown ``route``.
     FileChangedError
         A file changed since the dataset was opened.
     """
@@ -179,7 +191,7 @@ def read_window(
         for p in patches:
             if not 0 <= p.file < n:
                 raise ValueError(f"patch {p} names file {p.file}, but the dataset holds {n} files")
-    route = _route()
+    route = _route() if route is None else _check_route(route)
     groups = group_window(lists)
     started = time.perf_counter()
     reads = ReadStats()
@@ -215,6 +227,12 @@ def reads_spans(dataset: Any) -> bool:
 def _route() -> str:
     """The ``patch_read`` setting: ``"auto"``, ``"mapped"`` or ``"spans"``."""
     return str(config.get("patch_read"))
+
+
+def _check_route(route: str) -> str:
+    if route not in PATCH_READS:
+        raise ValueError(f"route must be one of {list(PATCH_READS)} (the patch_read setting's values), found {route!r}")
+    return route
 
 
 def _routed(ref: FileRef, route: str) -> FileRef:

@@ -32,6 +32,7 @@ from npydask.storage._handles import (
     reader,
     scan_file,
 )
+from npydask.storage._lease import truncation_blocked
 from npydask.storage._local_read import (
     DIRECT_ALIGNMENT,
     FdReader,
@@ -68,6 +69,7 @@ from npydask.storage.identity import (
     differs,
     file_changed,
     header_mismatch,
+    listing_began_ns,
 )
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "fs_type",
     "fsync_folder",
     "header_mismatch",
+    "listing_began_ns",
     "import_obstore",
     "is_local",
     "new_run",
@@ -118,4 +121,5 @@ __all__ = [
     "scan_file",
     "scratch_spans",
     "temporary_name",
+    "truncation_blocked",
 ]

@@ -297,6 +297,8 @@ class OpenFile:
     _direct_refused: bool = field(default=False, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Guards the lazily made O_DIRECT handle and mapping."""
+    pid: int = field(default_factory=os.getpid, repr=False)
+    """The process that opened it (a forked child shares its descriptors' leases: :mod:`npydask.storage._lease`)."""
     mapping: Any = field(default=None, repr=False)
     """The mmap backend's one read-only mapping of this open file (made on first use)."""
     archive: Any = field(default=None, repr=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 from typing import Any, NamedTuple, TypeAlias, final
 
@@ -33,6 +34,7 @@ __all__ = [
     "differs",
     "file_changed",
     "header_mismatch",
+    "listing_began_ns",
 ]
 
 
@@ -57,14 +59,42 @@ class FileIdentity(NamedTuple):
         return f"{self.size}|{self.mtime_ns}|{self.ino}"
 
 
-CTIME_MARGIN_NS = 20_000_000
-"""How long before a listing starts a file's status change still counts as after it (20 ms, in ns).
+_CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5 if sys.platform.startswith("linux") else None)
+"""The clock Linux file systems stamp ``st_ctime`` from (``CLOCK_REALTIME_COARSE``; Python 3.13 names it)."""
 
-File systems stamp ``st_ctime`` from the kernel's coarse clock, which lags
-the wall clock by up to one tick (4 ms at ``HZ=250``, 10 ms at ``HZ=100``):
-a change made just after the listing began may carry a time just before
-it. The margin covers two such ticks; a file written less than this before
-the listing is refused with it (see :class:`InodeIdentity`)."""
+CTIME_MARGIN_NS = 20_000_000
+"""Without the kernel's coarse clock (not Linux): how long before a listing a status change still counts as after it."""
+
+
+def listing_began_ns() -> int:
+    """The time a listing that starts now records: a ``st_ctime`` at or after it means changed after the call.
+
+    File systems stamp a status change either from the kernel's coarse
+    clock, which lags the wall clock by a tick or so (4 ms at ``HZ=250``), or
+    (Linux 6.13 and later, once a file's times were read) from the fine
+    wall clock. This waits until the coarse clock passes the wall-clock time
+    of the call, and returns the coarse time it reads then. So a change
+    made before the call carries a ctime before the returned time (the
+    wall clock then was earlier still), and a change made after this
+    returns carries one at or after it (both clocks have passed it). The
+    wait lasts about a tick of the coarse clock. Without that clock, the
+    wall-clock time less :data:`CTIME_MARGIN_NS` (a file changed within the
+    margin before the listing is then refused too).
+
+    Examples
+    --------
+    >>> import os, tempfile, time
+    >>> fd, p = tempfile.mkstemp(); os.close(fd)
+    >>> began = listing_began_ns()
+    >>> os.stat(p).st_ctime_ns < began <= time.time_ns()
+    True
+    """
+    now = time.time_ns()
+    if _CLOCK_REALTIME_COARSE is None:
+        return now - CTIME_MARGIN_NS
+    while (coarse := time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)) <= now:
+        time.sleep(0.0002)
+    return coarse
 
 
 @final  # (compared by exact type: ``type(identity) is InodeIdentity``)
@@ -74,17 +104,18 @@ class InodeIdentity(NamedTuple):
     The listing (``os.scandir``) gives the inode without a ``stat``; size
     and mtime stay unknown. A task, which ``fstat``s the file anyway,
     checks the inode (a file replaced by a rename usually has another) and
-    that the file's status last changed (``st_ctime``) before ``listed_ns``:
-    the wall-clock time at which the listing began, less
-    :data:`CTIME_MARGIN_NS`. Creating, renaming into place, writing or
+    that the file's status last changed (``st_ctime``) before ``listed_ns``,
+    when the listing began (:func:`listing_began_ns`: after every change
+    made before the listing was asked for, and at or before every change
+    made after it began). Creating, renaming into place, writing or
     truncating a file sets its ctime, so a file replaced after opening
     fails even where the file system gave the replacement the old inode
-    number back (ext4 does, for a file replaced twice by write-and-rename).
-    This relies on the clock of whoever stamps the ctime (the file server,
-    for a network file system) agreeing with this machine's, and on
-    timestamps finer than the margin (a file system with one- or two-second
-    timestamps may stamp a change just after the listing as before it). A
-    file changed less than the margin before the listing is refused too.
+    number back (ext4 does, for a file replaced twice by write-and-rename),
+    and a file written just before opening never does. This relies on the
+    clock of whoever stamps the ctime (the file server, for a network file
+    system) agreeing with this machine's, and on fine timestamps (a file
+    system with one- or two-second timestamps may stamp a change just
+    after the listing as before it).
     Header bytes are checked against the dataset's :class:`HeaderCheck`,
     and the payload's presence, where the file is read. ``listed_ns`` of
     -1 means unknown: the inode alone is compared. Compared with
@@ -167,7 +198,7 @@ def differs(expected: FileIdentity | InodeIdentity, st: os.stat_result) -> bool:
     >>> fd, p = tempfile.mkstemp(); os.close(fd); st = os.stat(p)
     >>> differs(InodeIdentity(st.st_ino), st), differs(FileIdentity(st.st_size, st.st_mtime_ns - 1, st.st_ino), st)
     (False, True)
-    >>> differs(InodeIdentity(st.st_ino, time.time_ns() - CTIME_MARGIN_NS), st)  # (changed moments ago)
+    >>> differs(InodeIdentity(st.st_ino, st.st_ctime_ns), st)  # (changed when the listing began)
     True
     """
     if type(expected) is InodeIdentity:
@@ -289,16 +320,12 @@ def file_changed(
 
 def changed_since_listing(path: str, expected: InodeIdentity, ctime_ns: int) -> FileChangedError:
     """The error for a listed file (``headers="first"``) whose status changed at or after the listing began."""
-    margin_ms = CTIME_MARGIN_NS // 1_000_000
-    began = _utc(expected.listed_ns + CTIME_MARGIN_NS)
     return FileChangedError(
         errno.ESTALE,
         f"file created, renamed into place or modified at {_utc(ctime_ns)} (its ctime), at or after the "
-        f"dataset's listing began at {began} less {margin_ms} ms for the file system's coarse clock: it may hold "
-        "other data than the file listed (the same inode number can come back for a replacement), and "
-        "npydask refuses to return other data. Open the dataset again; a file written within "
-        f"{margin_ms} ms before opening is refused too (wait a moment after writing before opening), and "
-        "the check relies on the file server's clock agreeing with this machine's",
+        f"dataset's listing began at {_utc(expected.listed_ns)}: it may hold other data than the file listed "
+        "(the same inode number can come back for a replacement), and npydask refuses to return other data. "
+        "Open the dataset again (the check relies on the file server's clock agreeing with this machine's)",
         path,
     )
 

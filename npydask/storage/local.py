@@ -17,7 +17,6 @@ import os
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any, cast
@@ -36,7 +35,7 @@ from npydask.storage._handles import OpenFile, acquire, check_regular, open_regu
 from npydask.storage._local_read import pages_cached, read_grid, read_local, read_local_spans
 from npydask.storage._rois import read_rois
 from npydask.storage.base import Identity, Item, Lister, Listing, OpenedFile, Scanned, Source, Target
-from npydask.storage.identity import CTIME_MARGIN_NS, FileIdentity, HeaderCheck, InodeIdentity
+from npydask.storage.identity import FileIdentity, HeaderCheck, InodeIdentity, listing_began_ns
 
 __all__ = ["LOCAL", "LocalLister", "LocalSource", "LocalTarget", "verify_npz"]
 
@@ -189,9 +188,11 @@ class LocalLister(Lister):
     the identities are each file's
     :class:`~npydask.storage.identity.InodeIdentity`, which the directory
     gives too (``DirEntry.inode()``; a symlink's target costs a ``stat``),
-    with the wall-clock time the listing began (less
-    :data:`~npydask.storage.identity.CTIME_MARGIN_NS`): a file whose status
-    changes after that is refused where a task reads it.
+    with when the listing began
+    (:func:`~npydask.storage.identity.listing_began_ns`, which waits about a
+    tick of the kernel's coarse clock): a file whose status changes after
+    that is refused where a task reads it, one changed before the call
+    never is.
 
     Examples
     --------
@@ -210,7 +211,7 @@ class LocalLister(Lister):
     def list(self, recursive: bool = False, match: Callable[[str], object] | None = None) -> Listing:
         """See :meth:`Lister.list` (paths joined with ``os.sep``)."""
         match = match or _any
-        listed = time.time_ns() - CTIME_MARGIN_NS  # (files whose status changes from here on are refused)
+        listed = listing_began_ns()  # (files whose status changes from here on are refused)
         inos: list[int] | None = [] if self.inodes else None
         folders: list[tuple[str, int]] | None = None
         if recursive:

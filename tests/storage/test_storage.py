@@ -21,7 +21,7 @@ import pytest
 
 import npydask
 from npydask.config import read_options
-from npydask.storage import CTIME_MARGIN_NS, HeaderCheck, InodeIdentity, _handles
+from npydask.storage import HeaderCheck, InodeIdentity, _handles
 from npydask.storage.base import Source, Target
 from npydask.storage.local import LOCAL, LocalLister, LocalSource, LocalTarget
 from npydask.testing.source_conformance import SourceConformance
@@ -154,7 +154,7 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     assert sorted(deep) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("sub", "deep", "d.npy"),
                                    j("other", "e.npy"), j("sub", "out", "o.npy")])
     # headers="first": each file's inode from the directory (a symlink's: its target's), sizes still unknown
-    # and when the listing began, less the margin for the coarse clock that stamps ctimes
+    # and when the listing began: after the call, on the coarse clock that stamps ctimes
     for recursive in (False, True):
         before = time.time_ns()
         listed = LocalLister(str(tmp_path), inodes=True).list(recursive, match=npy)
@@ -163,7 +163,7 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
         assert [i.ino for i in listed.identities] == [os.stat(tmp_path / p).st_ino for p in listed.paths]
         assert all(type(i) is InodeIdentity for i in listed.identities)
         assert len({i.listed_ns for i in listed.identities}) == 1
-        assert before - CTIME_MARGIN_NS <= listed.identities[0].listed_ns <= after - CTIME_MARGIN_NS
+        assert before < listed.identities[0].listed_ns <= after
 
 
 def test_local_lister_refuses_a_file_and_a_missing_folder(tmp_path: Path) -> None:
@@ -376,3 +376,56 @@ def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     np.testing.assert_array_equal(group[0:4], np.stack(arrays[0:4]))
     # the group's source is its first file's (LOCAL): the others each open through their own
     assert source.calls == {"scan": 1, "read_many": 1, "open": 3, "read_opened": 3}
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETLEASE"), reason="read leases are Linux's")
+def test_a_read_lease_holds_off_truncation_until_the_copies_end(tmp_path: Path) -> None:
+    import fcntl
+    import subprocess
+    import sys
+
+    from npydask.storage import truncation_blocked
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(4096))
+    f = _handles.acquire(str(path))
+    with truncation_blocked(f) as held, truncation_blocked(f) as again:  # (two copies share one lease)
+        assert held and again
+        cut = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({str(path)!r}, 100)"])
+        deadline = time.monotonic() + 30
+        while fcntl.fcntl(f.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK and time.monotonic() < deadline:
+            time.sleep(0.01)  # (until the truncation asks for the lease back)
+        time.sleep(0.05)
+        assert cut.poll() is None and os.fstat(f.fd).st_size > 100  # the truncation waits for the lease
+        with truncation_blocked(f) as late:
+            assert not late  # (a writer waits: no new copy joins the lease)
+    assert cut.wait(timeout=30) == 0 and os.fstat(f.fd).st_size == 100  # ...and goes ahead once it is given back
+    with open(path, "r+b"):  # open for writing: no lease (the copy is made another way)
+        with truncation_blocked(f) as held:
+            assert not held
+    with truncation_blocked(f) as held:
+        assert held
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETLEASE"), reason="read leases are Linux's")
+def test_a_forked_child_leases_apart_from_its_parent(tmp_path: Path) -> None:
+    # (they share the cached descriptor's open file description, which a lease belongs to)
+    import fcntl
+
+    from npydask.storage import truncation_blocked
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(4096))
+    f = _handles.acquire(str(path))
+    with truncation_blocked(f) as held:
+        assert held
+        pid = os.fork()
+        if pid == 0:  # the child takes and gives back a lease of its own while the parent's is held
+            try:
+                with truncation_blocked(f) as child_held:
+                    ok = child_held
+                os._exit(0 if ok else 3)
+            except BaseException:
+                os._exit(4)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert fcntl.fcntl(f.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK  # the parent's lease is still there
