@@ -12,7 +12,9 @@ network file system, leases turned off), the caller reads with ``pread``
 instead, which a truncation turns into a short read, not a signal.
 
 Threads copying from the same open file share one lease, counted here per
-process; once a writer waits for it, no new copy joins it, so the writer is
+process and per open file description (the members of one ``.npz``
+archive are read through their archive's descriptor, so one member's copy
+giving the lease back must not end another's); once a writer waits for it, no new copy joins it, so the writer is
 held for at most the copies already under way. A lease belongs to an open
 file description, which a forked child shares with its parent (one giving
 the lease back would give back the other's): a child leases through a
@@ -57,7 +59,8 @@ class _Lease:
 
 
 _guard = threading.Lock()
-_leases: weakref.WeakKeyDictionary[OpenFile, _Lease] = weakref.WeakKeyDictionary()
+_leases: weakref.WeakKeyDictionary[io.FileIO, _Lease] = weakref.WeakKeyDictionary()
+"""Keyed by the open file, not by its :class:`OpenFile`: the members of one ``.npz`` archive share its descriptor."""
 
 
 def _forget_after_fork() -> None:
@@ -100,11 +103,11 @@ def _join(f: OpenFile) -> _Lease | None:
     if _SETLEASE is None or _GETLEASE is None or _SETSIG is None or not f.local:
         return None
     with _guard:
-        lease = _leases.get(f)
+        lease = _leases.get(f.file)
         try:
             if lease is None:
                 own = None if f.pid == os.getpid() else io.FileIO(f"/proc/self/fd/{f.fd}", "r")
-                lease = _leases[f] = _Lease(f.fd if own is None else own.fileno(), own)
+                lease = _leases[f.file] = _Lease(f.fd if own is None else own.fileno(), own)
             if lease.copies:
                 if fcntl.fcntl(lease.fd, _GETLEASE) != fcntl.F_RDLCK:  # (being broken: a writer waits for it)
                     return None

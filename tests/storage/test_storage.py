@@ -429,3 +429,25 @@ def test_a_forked_child_leases_apart_from_its_parent(tmp_path: Path) -> None:
                 os._exit(4)
         assert os.waitpid(pid, 0)[1] == 0
         assert fcntl.fcntl(f.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK  # the parent's lease is still there
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETLEASE"), reason="read leases are Linux's")
+def test_members_of_one_archive_share_its_lease(tmp_path: Path) -> None:
+    # (a member is read through its archive's descriptor: one member's copy ending must not give back
+    # the lease another member's copy is made under, which sent that copy to the slower pread route)
+    import fcntl
+
+    from npydask.storage import truncation_blocked
+
+    path = tmp_path / "a.npz"
+    np.savez(path, x=np.zeros(4096), m=np.ones(4096))
+    x, m = _handles.acquire(str(path), key="x"), _handles.acquire(str(path), key="m")
+    assert x.fd == m.fd  # (one open file description)
+    with truncation_blocked(x) as held:
+        assert held
+        with truncation_blocked(m) as also:
+            assert also
+        assert fcntl.fcntl(x.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK  # x's copy is still under the lease
+        with truncation_blocked(x) as again:
+            assert again
+    assert fcntl.fcntl(x.fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK  # the last copy gave it back
