@@ -26,6 +26,7 @@ from npydask.samplers._outputs import (
     remove_stale,
     zarr_group,
 )
+from npydask.samplers._remote_zarr import RemoteStaging
 from npydask.samplers.base import dataset_members
 from npydask.samplers.grid import Grid, GridBound
 from npydask.storage.urls import is_url
@@ -279,7 +280,7 @@ class Stitcher:
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
         self._group: Any = None
-        self._staging: ZarrStaging | None = None
+        self._staging: ZarrStaging | RemoteStaging | None = None
         self._run = new_stitch_run()
         if self.out is not None:
             members = list(dataset_members(dataset).values())
@@ -294,6 +295,9 @@ class Stitcher:
                 self._group = zarr_group(self.out, self._source)
                 if not is_url(self.out):
                     self._staging = ZarrStaging(self.out, self._run, self._source)
+                else:
+                    self._staging = RemoteStaging(self._group, self._run, self.out)
+                    self._staging.sweep()
 
     @property
     def in_progress(self) -> dict[int, tuple[int, ...]]:
@@ -392,7 +396,7 @@ class Stitcher:
     def _output(self, file: int, shape: tuple[int, ...], nc: int) -> Output:
         if self.out is None:
             return ArrayOutput(shape, nc, self.dtype)
-        if self._group is not None:
+        if self._group is not None and self._staging is not None:
             step = self.grid.sampler.step[0]
             return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step, self._staging)
         where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
@@ -428,7 +432,7 @@ class Stitcher:
     def _finish(self, file: int) -> None:
         self._done[file] = self._outputs.pop(file).finish()
         if len(self._done) == self.grid.n_files and self._staging is not None:
-            self._staging.remove()
+            self._release()
 
     def close(self) -> None:
         """Stop: drop the files in progress and their temporaries; published results stay.
@@ -442,11 +446,20 @@ class Stitcher:
         if self._closed:
             return
         self._closed = True
-        for file in list(self._outputs):
-            self._outputs.pop(file).abort()
         self._slabs.clear()
-        if self._staging is not None:
+        try:
+            for file in list(self._outputs):
+                self._outputs.pop(file).abort()
+        finally:
+            if self._staging is not None:
+                self._release()
+
+    def _release(self) -> None:
+        """Drop the run's temporary group (local) or lease (object storage)."""
+        if isinstance(self._staging, ZarrStaging):
             self._staging.remove()
+        elif self._staging is not None:
+            self._staging.stop()
 
     def __del__(self) -> None:
         # (a Stitcher dropped unfinished: its temporaries go, its locks with them)
