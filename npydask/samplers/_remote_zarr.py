@@ -35,8 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from npydask.storage import TMP_SUFFIX, temporary_name
-from npydask.storage._remote_errors import translate
+from npydask.storage import TMP_SUFFIX, temporary_name, translate
 from npydask.storage.urls import redact
 
 __all__ = ["BEAT_S", "LEASE_S", "MARK", "RemoteStaging"]

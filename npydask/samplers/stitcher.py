@@ -193,8 +193,14 @@ class Stitcher:
           :func:`npydask.zarr_store` opens). A local group's array is written
           into a hidden temporary group beside ``out`` and its folder renamed
           into ``out`` when complete (an array there is renamed aside first,
-          then deleted); in object storage, which has no rename, the array is
-          replaced when the file's first tile is added.
+          then deleted). In object storage, which has no rename, it is
+          written as the hidden array ``.<name>.stitch<id>.npydask-tmp`` of
+          the group (every chunk stored, empty or not; listed among the
+          group's members while the run writes it) and, when complete,
+          copied server side over the array: its ``zarr.json`` is deleted
+          first, the chunks copied, chunks of the old array the new one lacks
+          deleted, and the new ``zarr.json`` written last. So a reader sees
+          the old array, then briefly none, then the new one, never a mix.
 
         Otherwise each file's result replaces an earlier one at its place
         only when its last tile is added, so a run that is stopped, fails or
@@ -228,6 +234,15 @@ class Stitcher:
     temporaries; the next Stitcher with the same local ``out`` removes those
     whose process is gone (each is held under a lock while its run lives)
     and puts back an array a run was replacing at the moment it died.
+    Object storage has no locks: there a run with temporary arrays holds a
+    lease, the object ``.stitch<id>.npydask-tmp`` of the group, which it
+    writes again every 10 s. The next Stitcher on that ``out`` takes a run
+    whose lease is over two minutes older than its own (by the server's
+    clock) for dead: it finishes publishing that run's arrays that were
+    complete (so an array killed while being copied appears, whole) and
+    deletes the rest of what it left. A run paused for longer than that may
+    find its temporaries removed so: it then raises ``FileNotFoundError``
+    instead of publishing.
 
     Examples
     --------
