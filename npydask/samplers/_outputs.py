@@ -262,8 +262,13 @@ class ZarrOutput(Output):
         if isinstance(self.staging, ZarrStaging):
             self.staging.publish(self.name)
         else:
-            self.staging.complete(self.tmp, self.name)
-            self.staging.publish(self.tmp)
+            try:
+                self.staging.complete(self.tmp, self.name)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.staging.remove(self.tmp)
+                raise
+            self.staging.publish(self.tmp)  # (should it fail, the complete temporary is the next run's to publish)
         return self.group[self.name]
 
     def abort(self) -> None:

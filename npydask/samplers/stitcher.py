@@ -239,8 +239,8 @@ class Stitcher:
     writes again every 10 s. The next Stitcher on that ``out`` takes a run
     whose lease is over two minutes older than its own (by the server's
     clock) for dead: it finishes publishing that run's arrays that were
-    complete (so an array killed while being copied appears, whole) and
-    deletes the rest of what it left. A run paused for longer than that may
+    complete (so an array killed, or whose copies failed, while being
+    copied appears, whole) and deletes the rest of what it left. A run paused for longer than that may
     find its temporaries removed so: it then raises ``FileNotFoundError``
     instead of publishing.
 

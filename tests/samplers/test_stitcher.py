@@ -751,3 +751,61 @@ def test_close_drops_a_remote_runs_temporaries_and_a_live_runs_are_kept(s3):
     group = zarr.open_group(npydask.zarr_store(out, s3.options, read_only=True), mode="r")
     np.testing.assert_allclose(group["scan"][:], 2 * x, rtol=1e-6)
     assert {k.split("/")[2] for k in objects_under(s3, f"{space}/out.zarr")} == {"zarr.json", "scan"}
+
+
+def test_a_remote_zarr_array_of_another_shape_is_replaced_whole_and_failed_runs_are_finished_or_dropped(
+        s3, monkeypatch):
+    """Old chunks beyond the new shape go; a run whose temporaries went raises; a failed publication is finished.
+
+    A run taken for dead by another (paused past its lease) finds its
+    temporary array removed: it raises and the old array stays. A run whose
+    copies fail leaves the array missing and its complete temporary, which
+    the next run on out publishes.
+    """
+    zarr = pytest.importorskip("zarr")
+    from npydask.samplers import _remote_zarr
+
+    space = s3.space()
+    x = np.random.default_rng(17).random((12, 8)).astype("f4")
+    s3.put_npy(f"{space}/in/scan.npy", x)
+    ds = npydask.open_dataset(f"s3://{space}/in", storage_options=s3.options)
+    out = f"s3://{space}/out.zarr"
+    store = npydask.zarr_store(out, s3.options)
+    zarr.open_group(store, mode="a").create_array("scan", shape=(40, 20), chunks=(4, 8), dtype="f8")[:] = 7.0
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    old = {t: tile_of(x, t) for t in tiles}
+    feed(Stitcher(grid, ds, out=out), tiles, old, 8)
+    group = zarr.open_group(npydask.zarr_store(out, s3.options, read_only=True), mode="r")
+    np.testing.assert_allclose(group["scan"][:], x, rtol=1e-6)
+    chunks = [k.split("/scan/", 1)[1] for k in objects_under(s3, f"{space}/out.zarr") if "/scan/" in k]
+    depth = group["scan"].chunks[0]  # (a tile step)
+    assert depth < 4 and sorted(chunks) == sorted(["zarr.json", *(f"c/{i}/0" for i in range(math.ceil(12 / depth)))])
+
+    live = Stitcher(grid, ds, out=out)
+    feed(live, tiles[:2], {t: 2 * v for t, v in old.items()}, 1)
+    with monkeypatch.context() as m:
+        m.setattr(_remote_zarr, "LEASE_S", -1.0)  # (as if the live run had been paused past its lease)
+        Stitcher(grid, ds, out=out).close()
+    with pytest.raises(FileNotFoundError, match="removed by another Stitcher"):
+        feed(live, tiles[2:], {t: 2 * v for t, v in old.items()}, 2)
+    live.close()
+    np.testing.assert_allclose(group["scan"][:], x, rtol=1e-6)
+    assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
+
+    copy, copies = _remote_zarr._copy, []
+
+    def fails_at_the_second(*args):
+        copies.append(1)
+        if len(copies) == 2:
+            raise OSError(5, "Input/output error")
+        copy(*args)
+
+    monkeypatch.setattr(_remote_zarr, "_copy", fails_at_the_second)
+    with Stitcher(grid, ds, out=out) as s, pytest.raises(OSError, match="Input/output"):
+        feed(s, tiles, {t: 3 * v for t, v in old.items()}, 8)
+    monkeypatch.undo()
+    assert "scan" not in group  # (its old zarr.json was deleted: never old metadata over new chunks)
+    Stitcher(grid, ds, out=out).close()  # the next run publishes the complete temporary
+    np.testing.assert_allclose(group["scan"][:], 3 * x, rtol=1e-6)
+    assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
