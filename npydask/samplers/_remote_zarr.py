@@ -16,12 +16,16 @@ chunks can be counted) and, when complete:
 
 While it has temporaries a run holds a lease, the object
 ``.stitch<10 hex>.npydask-tmp`` of the group, written again every
-:data:`BEAT_S` seconds by a background thread. The next Stitcher on
-``out`` (:meth:`RemoteStaging.sweep`) takes a run whose lease is more than
-:data:`LEASE_S` seconds older than its own (both the server's clock) or
-missing for dead: it finishes the publication of that run's complete
-temporaries (rolls forward: steps 2 to 6 again, which give the same result
-however often they run) and deletes the others, then the lease.
+:data:`BEAT_S` seconds by a background thread; it holds the process's id,
+pid namespace and machine boot id. The next Stitcher on ``out``
+(:meth:`RemoteStaging.sweep`) takes a run for dead when its lease is
+missing, more than :data:`LEASE_S` seconds older than its own (both the
+server's clock), or its process ran in the same pid namespace of the same
+boot and no process has its id any more (:func:`_gone`: a crashed run
+rerun on the same machine is cleaned at once). It finishes the
+publication of a dead run's complete temporaries (rolls forward: steps 2
+to 6 again, which give the same result however often they run) and
+deletes the others, then the lease.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -109,9 +114,9 @@ class RemoteStaging:
     def temporary(self, name: str) -> str:
         """The temporary array's name for the array ``name``; the run's lease is taken on first use."""
         if self._beat is None:
-            self._put(self.lease, b"")
+            self._put(self.lease, _identity())
             self._stop.clear()
-            self._beat = threading.Thread(target=_renew, args=(self.store, self.lease, self._stop),
+            self._beat = threading.Thread(target=_renew, args=(self.store, self.lease, _identity(), self._stop),
                                           name="npydask-stitch-lease", daemon=True)
             self._beat.start()
         return temporary_name(name, self.run)
@@ -190,6 +195,13 @@ class RemoteStaging:
         self._delete([f"{tmp}/zarr.json"])
         self._delete([o["path"] for o in self._list(tmp + "/")])
 
+    def _gone(self, run: str) -> bool:
+        """Whether the process of the run ``run`` is known to be gone (its lease read; see :func:`_gone`)."""
+        try:
+            return _gone(self._get(f".{run}{TMP_SUFFIX}"))
+        except FileNotFoundError:
+            return True
+
     def _meta(self, array: str) -> dict[str, Any] | None:
         try:
             meta = json.loads(self._get(f"{array}/zarr.json"))
@@ -203,7 +215,7 @@ class RemoteStaging:
         """Finish what dead runs published and delete the rest of what they left (see the module docs)."""
         import obstore
 
-        self._put(self.lease, b"")
+        self._put(self.lease, _identity())
         try:
             now = self._call("asking for its time", self.lease, obstore.head, self.lease)["last_modified"]
             found = self._call("listing", "", obstore.list_with_delimiter)
@@ -222,7 +234,7 @@ class RemoteStaging:
             if m and m.group(1) != self.run:
                 temps.setdefault(m.group(1), []).append(p.rstrip("/"))
         dead = [r for r in sorted(set(leases) | set(temps))
-                if r not in leases or (now - leases[r]).total_seconds() > LEASE_S]
+                if r not in leases or (now - leases[r]).total_seconds() > LEASE_S or self._gone(r)]
         complete: dict[str, list[tuple[datetime, str]]] = {}
         for run in dead:
             for tmp in temps.get(run, []):
@@ -246,13 +258,46 @@ class RemoteStaging:
                 self._delete([f".{run}{TMP_SUFFIX}"])
 
 
-def _renew(store: Any, lease: str, stop: threading.Event) -> None:
+def _renew(store: Any, lease: str, body: bytes, stop: threading.Event) -> None:
     """Write the lease again every :data:`BEAT_S` seconds until ``stop`` (a failed write is tried at the next beat)."""
     import obstore
 
     while not stop.wait(BEAT_S):
         with contextlib.suppress(Exception):
-            obstore.put(store, lease, b"")
+            obstore.put(store, lease, body)
+
+
+def _identity() -> bytes:
+    """A lease's body: this process's id, pid namespace and machine boot (empty where they cannot be read)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return b"{}"
+    return json.dumps({"boot": boot, "pidns": namespace, "pid": os.getpid()}).encode()
+
+
+def _gone(body: bytes) -> bool:
+    """Whether a lease's process is known to be gone: same boot and pid namespace as this one, and no such pid.
+
+    A pid that exists (even reused by another process) counts as alive: that
+    run is then taken for dead only when its lease is stale.
+    """
+    try:
+        them, me = json.loads(body), json.loads(_identity())
+    except ValueError:
+        return False
+    pid = them.get("pid") if isinstance(them, dict) else None
+    if not me or not isinstance(pid, int) or pid <= 0 or any(them.get(k) != me[k] for k in ("boot", "pidns")):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # (it exists, owned by another user)
+    return False
 
 
 def _chunk_count(meta: dict[str, Any]) -> int:

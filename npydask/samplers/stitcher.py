@@ -237,12 +237,13 @@ class Stitcher:
     Object storage has no locks: there a run with temporary arrays holds a
     lease, the object ``.stitch<id>.npydask-tmp`` of the group, which it
     writes again every 10 s. The next Stitcher on that ``out`` takes a run
-    whose lease is over two minutes older than its own (by the server's
-    clock) for dead: it finishes publishing that run's arrays that were
+    for dead when its lease is over two minutes older than its own (by the
+    server's clock), or at once when the run's process was on the same
+    machine and is gone: it finishes publishing that run's arrays that were
     complete (so an array killed, or whose copies failed, while being
-    copied appears, whole) and deletes the rest of what it left. A run paused for longer than that may
-    find its temporaries removed so: it then raises ``FileNotFoundError``
-    instead of publishing.
+    copied appears, whole) and deletes the rest of what it left. A run
+    paused for over two minutes may find its temporaries removed so: it
+    then raises ``FileNotFoundError`` instead of publishing.
 
     Examples
     --------

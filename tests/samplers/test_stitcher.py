@@ -675,11 +675,10 @@ def test_a_killed_run_leaves_a_zarr_array_in_object_storage_old_or_new_and_the_n
 
     An array killed while being published is missing until the next run on
     out, which publishes it (its temporary was complete); then no temporary
-    object is left under the group.
+    object is left under the group. (The killed run's lease is fresh: the
+    next run, on the same machine, finds its process gone.)
     """
     pytest.importorskip("zarr")
-    from npydask.samplers import _remote_zarr
-
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     rng = np.random.default_rng(15)
@@ -691,7 +690,6 @@ def test_a_killed_run_leaves_a_zarr_array_in_object_storage_old_or_new_and_the_n
     grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
     tiles = all_tiles(grid)
     feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
-    monkeypatch.setattr(_remote_zarr, "LEASE_S", -1.0)  # (the next runs come long after: every lease is stale)
     seen = set()
     for delay, die in [(0.0, ""), (None, "\t1"), (None, "\t7"), *((d, "") for d in rng.uniform(0.05, 0.4, 2))]:
         kill_a_run(remote_stitch_server, f"{tmp_path / 'in'}\t{out}{die}", delay)
@@ -809,3 +807,22 @@ def test_a_remote_zarr_array_of_another_shape_is_replaced_whole_and_failed_runs_
     Stitcher(grid, ds, out=out).close()  # the next run publishes the complete temporary
     np.testing.assert_allclose(group["scan"][:], 3 * x, rtol=1e-6)
     assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
+
+
+def test_a_lease_is_taken_for_gone_only_for_a_missing_process_of_this_machine_and_pid_namespace():
+    import json
+    import subprocess
+
+    from npydask.samplers._remote_zarr import _gone, _identity
+
+    me = json.loads(_identity())
+    if not me:  # (no /proc: only a stale lease counts)
+        assert not _gone(b'{"pid": 999999999}')
+        return
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    assert _gone(json.dumps({**me, "pid": ended.pid}).encode())
+    assert not _gone(_identity())  # this process
+    for other in [{"boot": "another machine"}, {"pidns": "pid:[1]"}, {"pid": "1"}]:
+        assert not _gone(json.dumps({**me, "pid": ended.pid, **other}).encode()), other
+    assert not _gone(b"not json") and not _gone(b"[]")
