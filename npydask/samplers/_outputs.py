@@ -7,7 +7,9 @@
   store :func:`npydask.zarr_store` opens (written chunk by chunk as planes
   become final; chunks span a tile step of planes, so few are written twice).
   A local group's array is written into a temporary group beside it
-  (:class:`ZarrStaging`) and its folder renamed into the group when complete.
+  (:class:`ZarrStaging`) and its folder renamed into the group when complete;
+  a group in object storage gets a hidden temporary array, copied server side
+  over the array when complete (:class:`~npydask.samplers._remote_zarr.RemoteStaging`).
 
 Local temporaries are named ``.<name>.stitch<10 hex>.npydask-tmp`` and held
 under an ``flock`` while their Stitcher runs: the lock goes with the process,
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from npydask.samplers._paths import source_for
+from npydask.samplers._remote_zarr import RemoteStaging
 from npydask.storage import TMP_SUFFIX, fsync_folder, temporary_name
 from npydask.storage.base import Source, Target
 from npydask.storage.local import LocalTarget
@@ -232,35 +235,47 @@ class NpyOutput(Output):
 class ZarrOutput(Output):
     """The array ``name`` of a zarr group, chunks a tile step of planes deep.
 
-    With ``staging`` the array is made in its temporary group and moved into
-    ``group`` (replacing one there) when complete; without (a group in
-    object storage, which has no rename) it is made in ``group`` at once,
-    replacing one there.
+    A local group's array is made in its temporary group (``ZarrStaging``)
+    and moved into ``group`` (replacing one there) when complete; a group in
+    object storage, which has no rename, gets a hidden temporary array that
+    is copied over the array when complete (:class:`RemoteStaging`).
     """
 
     def __init__(self, shape: tuple[int, ...], nc: int, dtype: np.dtype, group: Any, name: str, step: int,
-                 staging: ZarrStaging | None = None) -> None:
+                 staging: ZarrStaging | RemoteStaging) -> None:
         super().__init__(shape, nc)
         plane = [min(n, 256) for n in shape[nc + 1 :]]
         chunks = (*(1,) * nc, min(step, shape[nc]), *plane)
         self.group, self.name, self.staging = group, name, staging
-        into = group if staging is None else staging.group()
-        self.array = into.create_array(name, shape=shape, dtype=check_zarr_dtype(dtype), chunks=chunks,
-                                       overwrite=True)
+        if isinstance(staging, ZarrStaging):
+            self.tmp, into, config = name, staging.group(), None
+        else:  # (every chunk written, empty or not: a complete temporary array is one with all its chunks)
+            self.tmp, into, config = staging.temporary(name), group, {"write_empty_chunks": True}
+        self.array = into.create_array(self.tmp, shape=shape, dtype=check_zarr_dtype(dtype), chunks=chunks,
+                                       overwrite=True, config=config)
         self.shown = name
 
     def write(self, first: int, value: np.ndarray) -> None:
         self.array[(*(slice(None),) * self.nc, slice(first, first + value.shape[self.nc]))] = value
 
     def finish(self) -> Any:
-        if self.staging is None:
-            return self.array
-        self.staging.publish(self.name)
+        if isinstance(self.staging, ZarrStaging):
+            self.staging.publish(self.name)
+        else:
+            try:
+                self.staging.complete(self.tmp, self.name)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.staging.remove(self.tmp)
+                raise
+            self.staging.publish(self.tmp)  # (should it fail, the complete temporary is the next run's to publish)
         return self.group[self.name]
 
     def abort(self) -> None:
-        if self.staging is not None:
+        if isinstance(self.staging, ZarrStaging):
             shutil.rmtree(os.path.join(self.staging.path, self.name), ignore_errors=True)
+        else:
+            self.staging.remove(self.tmp)
 
 
 class ZarrStaging:

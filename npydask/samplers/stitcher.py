@@ -26,6 +26,7 @@ from npydask.samplers._outputs import (
     remove_stale,
     zarr_group,
 )
+from npydask.samplers._remote_zarr import RemoteStaging
 from npydask.samplers.base import dataset_members
 from npydask.samplers.grid import Grid, GridBound
 from npydask.storage.urls import is_url
@@ -192,8 +193,14 @@ class Stitcher:
           :func:`npydask.zarr_store` opens). A local group's array is written
           into a hidden temporary group beside ``out`` and its folder renamed
           into ``out`` when complete (an array there is renamed aside first,
-          then deleted); in object storage, which has no rename, the array is
-          replaced when the file's first tile is added.
+          then deleted). In object storage, which has no rename, it is
+          written as the hidden array ``.<name>.stitch<id>.npydask-tmp`` of
+          the group (every chunk stored, empty or not; listed among the
+          group's members while the run writes it) and, when complete,
+          copied server side over the array: its ``zarr.json`` is deleted
+          first, the chunks copied, chunks of the old array the new one lacks
+          deleted, and the new ``zarr.json`` written last. So a reader sees
+          the old array, then briefly none, then the new one, never a mix.
 
         Otherwise each file's result replaces an earlier one at its place
         only when its last tile is added, so a run that is stopped, fails or
@@ -227,6 +234,16 @@ class Stitcher:
     temporaries; the next Stitcher with the same local ``out`` removes those
     whose process is gone (each is held under a lock while its run lives)
     and puts back an array a run was replacing at the moment it died.
+    Object storage has no locks: there a run with temporary arrays holds a
+    lease, the object ``.stitch<id>.npydask-tmp`` of the group, which it
+    writes again every 10 s. The next Stitcher on that ``out`` takes a run
+    for dead when its lease is over two minutes older than its own (by the
+    server's clock), or at once when the run's process was on the same
+    machine and is gone: it finishes publishing that run's arrays that were
+    complete (so an array killed, or whose copies failed, while being
+    copied appears, whole) and deletes the rest of what it left. A run
+    paused for over two minutes may find its temporaries removed so: it
+    then raises ``FileNotFoundError`` instead of publishing.
 
     Examples
     --------
@@ -279,7 +296,7 @@ class Stitcher:
         self.out = None if out is None else os.fspath(out)
         self._names: list[str] = []
         self._group: Any = None
-        self._staging: ZarrStaging | None = None
+        self._staging: ZarrStaging | RemoteStaging | None = None
         self._run = new_stitch_run()
         if self.out is not None:
             members = list(dataset_members(dataset).values())
@@ -294,6 +311,9 @@ class Stitcher:
                 self._group = zarr_group(self.out, self._source)
                 if not is_url(self.out):
                     self._staging = ZarrStaging(self.out, self._run, self._source)
+                else:
+                    self._staging = RemoteStaging(self._group, self._run, self.out)
+                    self._staging.sweep()
 
     @property
     def in_progress(self) -> dict[int, tuple[int, ...]]:
@@ -392,7 +412,7 @@ class Stitcher:
     def _output(self, file: int, shape: tuple[int, ...], nc: int) -> Output:
         if self.out is None:
             return ArrayOutput(shape, nc, self.dtype)
-        if self._group is not None:
+        if self._group is not None and self._staging is not None:
             step = self.grid.sampler.step[0]
             return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step, self._staging)
         where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
@@ -428,7 +448,7 @@ class Stitcher:
     def _finish(self, file: int) -> None:
         self._done[file] = self._outputs.pop(file).finish()
         if len(self._done) == self.grid.n_files and self._staging is not None:
-            self._staging.remove()
+            self._release()
 
     def close(self) -> None:
         """Stop: drop the files in progress and their temporaries; published results stay.
@@ -442,11 +462,20 @@ class Stitcher:
         if self._closed:
             return
         self._closed = True
-        for file in list(self._outputs):
-            self._outputs.pop(file).abort()
         self._slabs.clear()
-        if self._staging is not None:
+        try:
+            for file in list(self._outputs):
+                self._outputs.pop(file).abort()
+        finally:
+            if self._staging is not None:
+                self._release()
+
+    def _release(self) -> None:
+        """Drop the run's temporary group (local) or lease (object storage)."""
+        if isinstance(self._staging, ZarrStaging):
             self._staging.remove()
+        elif self._staging is not None:
+            self._staging.stop()
 
     def __del__(self) -> None:
         # (a Stitcher dropped unfinished: its temporaries go, its locks with them)

@@ -57,6 +57,7 @@ from npydask.storage._local_write import (
     temporary_name,
 )
 from npydask.storage._mounts import fs_type, is_local
+from npydask.storage._remote_errors import translate
 from npydask.storage._runs import RangeReader, pread_strategy, read_plan
 from npydask.storage._stores import StoreSpec, import_obstore, run_each
 from npydask.storage.identity import (
@@ -121,5 +122,6 @@ __all__ = [
     "scan_file",
     "scratch_spans",
     "temporary_name",
+    "translate",
     "truncation_blocked",
 ]

@@ -394,15 +394,29 @@ def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
 
 
 SERVER = """
-import os, sys, time
+import os, signal, sys, time
 import numpy as np, npydask
 from npydask.samplers import Grid, Stitcher
 try:
     import zarr  # (imported once here, before the forks)
+    import npydask.samplers._remote_zarr as remote
 except ImportError:
-    pass
+    remote = None
 
-def run(src, out):
+def die_at_copy(n):
+    copy, done = remote._copy, []
+
+    def copy_or_die(*args):
+        done.append(1)
+        if len(done) == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        copy(*args)
+
+    remote._copy = copy_or_die
+
+def run(src, out, die=None):
+    if die is not None and remote is not None:
+        die_at_copy(int(die))  # (killed at that server-side copy: while publishing an array in object storage)
     ds = npydask.open_dataset(src)
     grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
     s = Stitcher(grid, ds, out=out)
@@ -429,23 +443,60 @@ for line in sys.stdin:
 """
 """Imports once, then per line ``<dataset folder>\\t<out>`` forks a run writing the dataset's values + 1 into out.
 
+A third field ``\\t<n>`` has the run kill itself at its ``n``-th server-side copy.
+
 The run is reaped on the line ``reap``, so its pid is not reused before the test has killed it.
 """
 
 
-@pytest.fixture(scope="module")
-def stitch_server():
+def serve(env):
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **env, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     server = subprocess.Popen([sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     yield server
     assert server.stdin is not None
     server.stdin.close()
     server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def stitch_server():
+    yield from serve({})
+
+
+@pytest.fixture(scope="module")
+def remote_stitch_server(s3_server):
+    """The stitching server with the S3 server's credentials in its environment (for an ``s3://`` out)."""
+    yield from serve(s3_server.env())
+
+
+def kill_a_run(server, line, delay):
+    """Start a run of the server (``line``), wait for its first tile, SIGKILL it after ``delay`` s and reap it.
+
+    With ``delay=None`` the run is left to end (or kill itself) before it is reaped.
+    """
+    import signal
+
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(line + "\n")
+    server.stdin.flush()
+    pid, going = None, False
+    while pid is None or not going:  # its pid, and "go": its first tile is added
+        got = server.stdout.readline()
+        assert got, "the stitching server ended"
+        going = going or got == "go\n"
+        pid = int(got) if got.strip().isdigit() else pid
+    if delay is not None:
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)  # (a run that ended is not yet reaped: the signal finds no one)
+    server.stdin.write("reap\n")
+    server.stdin.flush()
+    while server.stdout.readline() not in ("gone\n", ""):
+        pass
 
 
 def temporaries(out):
@@ -468,8 +519,6 @@ def results_at(out, names):
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
 def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporaries(tmp_path, kind, stitch_server):
     """SIGKILL at random points while a run writes: each file at out is the old result or the new one, whole."""
-    import signal
-
     if kind == "zarr":
         pytest.importorskip("zarr")
     rng = np.random.default_rng(11)
@@ -481,24 +530,9 @@ def test_a_killed_run_keeps_the_old_result_and_the_next_run_removes_its_temporar
     grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
     tiles = all_tiles(grid)
     feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
-    server = stitch_server
-    assert server.stdin is not None and server.stdout is not None
     left = []
     for delay in [0.0, *rng.uniform(0.0, 0.2, 3)]:
-        server.stdin.write(f"{tmp_path / 'in'}\t{out}\n")
-        server.stdin.flush()
-        pid, going = None, False
-        while pid is None or not going:  # its pid, and "go": its first tile is added
-            line = server.stdout.readline()
-            assert line, "the stitching server ended"
-            going = going or line == "go\n"
-            pid = int(line) if line.strip().isdigit() else pid
-        time.sleep(delay)
-        os.kill(pid, signal.SIGKILL)  # (a run that ended is not yet reaped: the signal finds no one)
-        server.stdin.write("reap\n")
-        server.stdin.flush()
-        while server.stdout.readline() not in ("gone\n", ""):
-            pass
+        kill_a_run(stitch_server, f"{tmp_path / 'in'}\t{out}", delay)
         left.append(temporaries(out))
         for got, old in zip(results_at(out, names), arrays):
             assert got.shape == old.shape
@@ -618,3 +652,177 @@ def test_a_zarr_array_whose_replacement_fails_stays(tmp_path, monkeypatch):
     monkeypatch.undo()
     np.testing.assert_allclose(results_at(out, ["00.npy"])[0], x, rtol=1e-6)
     assert temporaries(out) == []
+
+
+def objects_under(s3, prefix):
+    """The keys under ``bucket/prefix/`` (listed on the server)."""
+    bucket, _, key = prefix.partition("/")
+    pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def remote_arrays(s3, out, names):
+    """Each array of the group ``out`` (an s3:// URL) read whole, or None where the group has none of that name."""
+    import zarr
+
+    group = zarr.open_group(npydask.zarr_store(out, s3.options, read_only=True), mode="r")
+    return [group[n][:] if n in group else None for n in names]
+
+
+def test_a_killed_run_leaves_a_zarr_array_in_object_storage_old_or_new_and_the_next_run_finishes(
+        tmp_path, s3, remote_stitch_server, monkeypatch):
+    """SIGKILL while writing, and while publishing (between server-side copies): never a mix, never zeros.
+
+    An array killed while being published is missing until the next run on
+    out, which publishes it (its temporary was complete); then no temporary
+    object is left under the group. (The killed run's lease is fresh: the
+    next run, on the same machine, finds its process gone.)
+    """
+    pytest.importorskip("zarr")
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    rng = np.random.default_rng(15)
+    arrays = [rng.random((24, 8, 8)).astype("f4") for _ in range(2)]
+    (tmp_path / "in").mkdir()
+    ds = dataset(tmp_path / "in", arrays)
+    space = s3.space()
+    out = f"s3://{space}/out.zarr"
+    grid = Grid((4, 8, 8), overlap=0.5).bind(ds)
+    tiles = all_tiles(grid)
+    feed(Stitcher(grid, ds, out=out), tiles, {t: tile_of(arrays[t.file], t) for t in tiles}, 7)  # the old result
+    seen = set()
+    for delay, die in [(0.0, ""), (None, "\t1"), (None, "\t7"), *((d, "") for d in rng.uniform(0.05, 0.4, 2))]:
+        kill_a_run(remote_stitch_server, f"{tmp_path / 'in'}\t{out}{die}", delay)
+        left = [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k]
+        for name, got, old in zip(["00", "01"], remote_arrays(s3, out, ["00", "01"]), arrays):
+            if got is None:  # killed while publishing: its temporary is there, complete
+                meta = [k for k in left if k.split("/")[-2].startswith(f".{name}.") and k.endswith("/zarr.json")]
+                assert meta and b'"npydask_stitch"' in s3.get(f"{s3.bucket}/{meta[0]}")
+                seen.add("missing")
+                continue
+            assert got.shape == old.shape
+            assert np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6)  # never a mix, never zeros
+            seen.add("old" if np.array_equal(got, old) else "new")
+        Stitcher(grid, ds, out=out).close()  # the next run on out
+        assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
+        for got, old in zip(remote_arrays(s3, out, ["00", "01"]), arrays):
+            assert got is not None and (np.array_equal(got, old) or np.allclose(got, old + 1, rtol=1e-6))
+        if die:
+            np.testing.assert_allclose(remote_arrays(s3, out, ["00"])[0], arrays[0] + 1, rtol=1e-6)  # rolled forward
+    assert "missing" in seen and "old" in seen
+
+
+def test_close_drops_a_remote_runs_temporaries_and_a_live_runs_are_kept(s3):
+    """close() removes the run's temporary arrays and lease; another Stitcher leaves a live run's alone."""
+    zarr = pytest.importorskip("zarr")
+    space = s3.space()
+    x = np.random.default_rng(16).random((12, 8)).astype("f4")
+    s3.put_npy(f"{space}/in/scan.npy", x)
+    ds = npydask.open_dataset(f"s3://{space}/in", storage_options=s3.options)
+    out = f"s3://{space}/out.zarr"
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    old = {t: tile_of(x, t) for t in tiles}
+    feed(Stitcher(grid, ds, out=out), tiles, old, 8)
+    before = objects_under(s3, f"{space}/out.zarr")
+
+    def temporaries():
+        return [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k]
+
+    def fails_midway():
+        with Stitcher(grid, ds, out=out) as s:
+            feed(s, tiles[:2], {t: 2 * v for t, v in old.items()}, 1)
+            assert temporaries()  # the temporary array and the lease
+            raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        fails_midway()
+    assert temporaries() == []
+    assert objects_under(s3, f"{space}/out.zarr") == before
+    live = Stitcher(grid, ds, out=out)
+    feed(live, tiles[:2], {t: 2 * v for t, v in old.items()}, 1)
+    held = temporaries()
+    Stitcher(grid, ds, out=out).close()  # (its lease is fresh: the live run's temporaries stay)
+    assert temporaries() == held
+    feed(live, tiles[2:], {t: 2 * v for t, v in old.items()}, 2)
+    assert temporaries() == []
+    group = zarr.open_group(npydask.zarr_store(out, s3.options, read_only=True), mode="r")
+    np.testing.assert_allclose(group["scan"][:], 2 * x, rtol=1e-6)
+    assert {k.split("/")[2] for k in objects_under(s3, f"{space}/out.zarr")} == {"zarr.json", "scan"}
+
+
+def test_a_remote_zarr_array_of_another_shape_is_replaced_whole_and_failed_runs_are_finished_or_dropped(
+        s3, monkeypatch):
+    """Old chunks beyond the new shape go; a run whose temporaries went raises; a failed publication is finished.
+
+    A run taken for dead by another (paused past its lease) finds its
+    temporary array removed: it raises and the old array stays. A run whose
+    copies fail leaves the array missing and its complete temporary, which
+    the next run on out publishes.
+    """
+    zarr = pytest.importorskip("zarr")
+    from npydask.samplers import _remote_zarr
+
+    space = s3.space()
+    x = np.random.default_rng(17).random((12, 8)).astype("f4")
+    s3.put_npy(f"{space}/in/scan.npy", x)
+    ds = npydask.open_dataset(f"s3://{space}/in", storage_options=s3.options)
+    out = f"s3://{space}/out.zarr"
+    store = npydask.zarr_store(out, s3.options)
+    zarr.open_group(store, mode="a").create_array("scan", shape=(40, 20), chunks=(4, 8), dtype="f8")[:] = 7.0
+    grid = Grid((4, 8)).bind(ds)
+    tiles = grid.tiles(0)
+    old = {t: tile_of(x, t) for t in tiles}
+    feed(Stitcher(grid, ds, out=out), tiles, old, 8)
+    group = zarr.open_group(npydask.zarr_store(out, s3.options, read_only=True), mode="r")
+    np.testing.assert_allclose(group["scan"][:], x, rtol=1e-6)
+    chunks = [k.split("/scan/", 1)[1] for k in objects_under(s3, f"{space}/out.zarr") if "/scan/" in k]
+    depth = group["scan"].chunks[0]  # (a tile step)
+    assert depth < 4 and sorted(chunks) == sorted(["zarr.json", *(f"c/{i}/0" for i in range(math.ceil(12 / depth)))])
+
+    live = Stitcher(grid, ds, out=out)
+    feed(live, tiles[:2], {t: 2 * v for t, v in old.items()}, 1)
+    with monkeypatch.context() as m:
+        m.setattr(_remote_zarr, "LEASE_S", -1.0)  # (as if the live run had been paused past its lease)
+        Stitcher(grid, ds, out=out).close()
+    with pytest.raises(FileNotFoundError, match="removed by another Stitcher"):
+        feed(live, tiles[2:], {t: 2 * v for t, v in old.items()}, 2)
+    live.close()
+    np.testing.assert_allclose(group["scan"][:], x, rtol=1e-6)
+    assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
+
+    copy, copies = _remote_zarr._copy, []
+
+    def fails_at_the_second(*args):
+        copies.append(1)
+        if len(copies) == 2:
+            raise OSError(5, "Input/output error")
+        copy(*args)
+
+    monkeypatch.setattr(_remote_zarr, "_copy", fails_at_the_second)
+    with Stitcher(grid, ds, out=out) as s, pytest.raises(OSError, match="Input/output"):
+        feed(s, tiles, {t: 3 * v for t, v in old.items()}, 8)
+    monkeypatch.undo()
+    assert "scan" not in group  # (its old zarr.json was deleted: never old metadata over new chunks)
+    Stitcher(grid, ds, out=out).close()  # the next run publishes the complete temporary
+    np.testing.assert_allclose(group["scan"][:], 3 * x, rtol=1e-6)
+    assert [k for k in objects_under(s3, f"{space}/out.zarr") if "npydask-tmp" in k] == []
+
+
+def test_a_lease_is_taken_for_gone_only_for_a_missing_process_of_this_machine_and_pid_namespace():
+    import json
+    import subprocess
+
+    from npydask.samplers._remote_zarr import _gone, _identity
+
+    me = json.loads(_identity())
+    if not me:  # (no /proc: only a stale lease counts)
+        assert not _gone(b'{"pid": 999999999}')
+        return
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    assert _gone(json.dumps({**me, "pid": ended.pid}).encode())
+    assert not _gone(_identity())  # this process
+    for other in [{"boot": "another machine"}, {"pidns": "pid:[1]"}, {"pid": "1"}]:
+        assert not _gone(json.dumps({**me, "pid": ended.pid, **other}).encode()), other
+    assert not _gone(b"not json") and not _gone(b"[]")
