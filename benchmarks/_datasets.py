@@ -73,17 +73,17 @@ def make_set(
     names = {e.name for e in os.scandir(folder) if e.name.endswith(".npy")}
     strays = sorted(names - {os.path.basename(p) for p in files})
     if strays:
-        raise SystemExit(f"{folder} holds {len(strays)} .npy files this benchmark did not write "
-                         f"(e.g. {strays[0]}); open_dataset would read them too: remove them")
+        raise SystemExit(
+            f"{folder} holds {len(strays)} .npy files this benchmark did not write "
+            f"(e.g. {strays[0]}); open_dataset would read them too: remove them"
+        )
     return files, made
 
 
 F4 = np.dtype("<f4")  # the default dtype of the benchmark data
 
 
-def make_data(
-    folder: str, size: DatasetSize, dtype: np.dtype = F4
-) -> tuple[list[str], list[str]]:
+def make_data(folder: str, size: DatasetSize, dtype: np.dtype = F4) -> tuple[list[str], list[str]]:
     """The volumes and the small files of ``size`` under ``folder``, written only where missing.
 
     Each set lives in a folder of its own named after its size (e.g.
@@ -93,8 +93,9 @@ def make_data(
     rng = np.random.default_rng(20260802)
     vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
     sshape = "x".join(map(str, (size.n_small, *size.small_shape)))
-    volumes, a = make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng,
-                          dtype)
+    volumes, a = make_set(
+        os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng, dtype
+    )
     small, b = make_set(os.path.join(folder, f"small-{sshape}"), "s", size.n_small, size.small_shape, rng, dtype)
     if a or b:
         os.sync()

@@ -159,8 +159,9 @@ def make_foreground_set(folder: str, images: Sequence[str]) -> tuple[str, str, f
 
 def foreground_dataset(images: str, labels: str) -> Any:
     """The zipped dataset of ``images`` and ``labels``, both read with ``pread`` (every byte a read call)."""
-    return npydask.zip_datasets({"image": npydask.open_dataset(images, backend="pread"),
-                                 "label": npydask.open_dataset(labels, backend="pread")})
+    return npydask.zip_datasets(
+        {"image": npydask.open_dataset(images, backend="pread"), "label": npydask.open_dataset(labels, backend="pread")}
+    )
 
 
 def run_foreground(images: str, labels: str, patch: int, fsize: ForegroundSize, batch: int) -> dict[str, Any]:
@@ -169,11 +170,21 @@ def run_foreground(images: str, labels: str, patch: int, fsize: ForegroundSize, 
     sampler = Foreground((patch,) * 3, p=F_P, per_file=fsize.per_file)
     loader = npydask.Loader(ds, batch, sampler=sampler, shuffle=True, seed=F_SEED, with_index=True)
     names = sorted(n for n in os.listdir(images) if n.endswith(".npy"))
-    maps = {k: [np.load(os.path.join(d, n), mmap_mode="r") for n in names]
-            for k, d in (("image", images), ("label", labels))}
+    maps = {
+        k: [np.load(os.path.join(d, n), mmap_mode="r") for n in names]
+        for k, d in (("image", images), ("label", labels))
+    }
     label_bytes = sum(m.nbytes for m in maps["label"])
-    out: dict[str, Any] = {"times": [], "draws": 0, "centred": 0, "with_foreground": 0, "scan_bytes": [],
-                           "bad": 0, "label_bytes": label_bytes, "per_epoch": 0}
+    out: dict[str, Any] = {
+        "times": [],
+        "draws": 0,
+        "centred": 0,
+        "with_foreground": 0,
+        "scan_bytes": [],
+        "bad": 0,
+        "label_bytes": label_bytes,
+        "per_epoch": 0,
+    }
     for epoch in range(F_EPOCHS):
         loader.set_epoch(epoch)
         r0, t0 = rchar(), time.perf_counter()
@@ -211,8 +222,10 @@ def nnunet_rule(batch: int, p: float) -> tuple[float, str]:
     first = round(batch * (1 - p))
     forced = [i for i in range(batch) if not i < first]
     where = f"positions {forced[0]}-{forced[-1]}" if forced else "none"
-    text = (f"nnU-Net's rule, batch of {batch}: sample i forced foreground iff not i < round({batch} x (1 - {p:g})) "
-            f"= {first}: {len(forced)} of {batch}, {where} of every batch")
+    text = (
+        f"nnU-Net's rule, batch of {batch}: sample i forced foreground iff not i < round({batch} x (1 - {p:g})) "
+        f"= {first}: {len(forced)} of {batch}, {where} of every batch"
+    )
     return len(forced) / batch, text
 
 
@@ -225,34 +238,69 @@ def foreground_goals(fg: dict[str, Any] | None, batch: int) -> list[dict[str, An
     if fg is None:
         return [_line(text, None, "", None), _line(reads, None, "", None)]
     frac = fg["centred"] / fg["draws"] if fg["draws"] else 0.0
-    out = [_line(f"P-foreground: foreground-centred draws, p={F_P:g}, {fg['draws']} over {F_EPOCHS} epochs "
-                 "(within p +/- 3 sd)", f"{frac:.3f} ({fg['centred']} of {fg['draws']})",
-                 f"{lo:.3f}..{hi:.3f}", lo <= frac <= hi and fg["draws"] == n, value=frac)]
+    out = [
+        _line(
+            f"P-foreground: foreground-centred draws, p={F_P:g}, {fg['draws']} over {F_EPOCHS} epochs "
+            "(within p +/- 3 sd)",
+            f"{frac:.3f} ({fg['centred']} of {fg['draws']})",
+            f"{lo:.3f}..{hi:.3f}",
+            lo <= frac <= hi and fg["draws"] == n,
+            value=frac,
+        )
+    ]
     scans = fg["scan bytes by epoch"]
     if any(s is None for s in scans):
         out.append(_line(reads, None, "", None, why="/proc/self/io is not readable here"))
     else:
         whole = [s / fg["label payload bytes"] for s in scans]
         total = sum(whole)
-        out.append(_line(reads, f"{total:.2f}x the labels (by epoch: {' / '.join(f'{w:.2f}' for w in whole)})",
-                         f"{F_READS_BAND[0]:g}..{F_READS_BAND[1]:g}x", F_READS_BAND[0] <= total < F_READS_BAND[1],
-                         value=total))
+        out.append(
+            _line(
+                reads,
+                f"{total:.2f}x the labels (by epoch: {' / '.join(f'{w:.2f}' for w in whole)})",
+                f"{F_READS_BAND[0]:g}..{F_READS_BAND[1]:g}x",
+                F_READS_BAND[0] <= total < F_READS_BAND[1],
+                value=total,
+            )
+        )
     rule, rule_text = nnunet_rule(batch, F_P)
     out.append(_line(f"(info) P-foreground beside it, {rule_text}", f"{rule:.3f}", "", "info"))
-    out.append(_line("(info) P-foreground: patches whose label holds foreground",
-                     f"{fg['with foreground'] / max(1, fg['draws']):.3f}", "", "info"))
+    out.append(
+        _line(
+            "(info) P-foreground: patches whose label holds foreground",
+            f"{fg['with foreground'] / max(1, fg['draws']):.3f}",
+            "",
+            "info",
+        )
+    )
     return out
 
 
-def _line(goal: str, measured: str | None, target: str, ok: bool | str | None, *, value: float | None = None,
-          why: str = "") -> dict[str, Any]:
+def _line(
+    goal: str, measured: str | None, target: str, ok: bool | str | None, *, value: float | None = None, why: str = ""
+) -> dict[str, Any]:
     """A goal line as bench_patches.py's report prints it and its JSON records it."""
     if measured is None:
-        return {"goal": goal, "measured": "n/a", "target": target, "verdict": "n/a", "why": why, "value": None,
-                "limit": None, "pass": None}
+        return {
+            "goal": goal,
+            "measured": "n/a",
+            "target": target,
+            "verdict": "n/a",
+            "why": why,
+            "value": None,
+            "limit": None,
+            "pass": None,
+        }
     verdict = ok if isinstance(ok, str) else ("PASS" if ok else "FAIL")
-    return {"goal": goal, "measured": measured, "target": target, "verdict": verdict, "value": value, "limit": None,
-            "pass": ok if isinstance(ok, bool) else None}
+    return {
+        "goal": goal,
+        "measured": measured,
+        "target": target,
+        "verdict": verdict,
+        "value": value,
+        "limit": None,
+        "pass": ok if isinstance(ok, bool) else None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,8 +335,10 @@ def memory_bound(gsize: GridSize) -> tuple[int, str]:
     t, b, c = gsize.tile, gsize.batch, G_CHANNELS
     batch = b * (1 + c) * t**3 * 4
     slab = (c + 1) * t * gsize.side**2 * 4
-    return 2 * batch + slab, (f"2 x tile batch (B={b} x (1 + {c} channels) x {t}^3 x 4 B = {batch / MiB:.1f} MiB) + "
-                              f"slab ((1 + {c}) x {t} x {gsize.side}^2 x 4 B = {slab / MiB:.1f} MiB)")
+    return 2 * batch + slab, (
+        f"2 x tile batch (B={b} x (1 + {c} channels) x {t}^3 x 4 B = {batch / MiB:.1f} MiB) + "
+        f"slab ((1 + {c}) x {t} x {gsize.side}^2 x 4 B = {slab / MiB:.1f} MiB)"
+    )
 
 
 def traced_peak(fn: Callable[[], Any]) -> int:
@@ -314,8 +364,15 @@ def monai_grid(path: str, gsize: GridSize) -> Callable[..., np.ndarray]:
     def run(volume: np.ndarray | None = None) -> np.ndarray:
         x = torch.from_numpy(np.load(path) if volume is None else volume)[None, None]
         with torch.no_grad():
-            y = sliding_window_inference(x, roi_size=(gsize.tile,) * 3, sw_batch_size=gsize.batch,
-                                         predictor=predictor, overlap=G_OVERLAP, mode="gaussian", sigma_scale=G_SIGMA)
+            y = sliding_window_inference(
+                x,
+                roi_size=(gsize.tile,) * 3,
+                sw_batch_size=gsize.batch,
+                predictor=predictor,
+                overlap=G_OVERLAP,
+                mode="gaussian",
+                sigma_scale=G_SIGMA,
+            )
         return np.asarray(y[0].numpy())
 
     return run
@@ -329,8 +386,12 @@ def peak_in_child(way: str, path: str, gsize: GridSize) -> int | None:
     npydask's (``out=`` a folder) from after its imports. ``None`` where the
     child could not tell.
     """
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), way, path, *map(str, gsize)],
-                          capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), way, path, *map(str, gsize)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     last = done.stdout.strip().rpartition("\n")[2]
     return int(last) if done.returncode == 0 and last.lstrip("-").isdigit() else None
 
@@ -371,8 +432,14 @@ def compare(got: np.ndarray, want: Any) -> dict[str, Any]:
         nz = w != 0
         if nz.any():
             most_rel = max(most_rel, float((diff[nz] / np.abs(w[nz])).max()))
-    return {"shape": list(got.shape), "allclose": ok, "rtol": G_RTOL, "atol": G_ATOL, "max abs diff": most_abs,
-            "max rel diff": most_rel}
+    return {
+        "shape": list(got.shape),
+        "allclose": ok,
+        "rtol": G_RTOL,
+        "atol": G_ATOL,
+        "max abs diff": most_abs,
+        "max rel diff": most_rel,
+    }
 
 
 def numpy_oracle(path: str) -> Callable[[int, int], np.ndarray]:
@@ -384,22 +451,42 @@ def numpy_oracle(path: str) -> Callable[[int, int], np.ndarray]:
 def grid_goals(g: dict[str, Any] | None, gsize: GridSize) -> list[dict[str, Any]]:
     """The goal lines of the Grid group (n/a when it did not run, or without MONAI)."""
     tiles = f"{gsize.side}^3 float32, {gsize.tile}^3 tiles, overlap {G_OVERLAP:g}, 2 channels"
-    equal = f"P-grid: npydask Stitcher(gaussian) equals MONAI sliding_window_inference ({tiles}; rtol {G_RTOL:g}, " \
-            f"atol {G_ATOL:g})"
+    equal = (
+        f"P-grid: npydask Stitcher(gaussian) equals MONAI sliding_window_inference ({tiles}; rtol {G_RTOL:g}, "
+        f"atol {G_ATOL:g})"
+    )
     memory = "P-grid: npydask pipeline's peak traced memory / (2 tile batches + 1 slab)"
     if g is None:
         return [_line(equal, None, "", None), _line(memory, None, "", None)]
     c = g.get("vs MONAI")
-    out = [_line(equal, None, "", None, why=g.get("MONAI n/a", "")) if c is None else
-           _line(equal, f"max rel diff {c['max rel diff']:.1e}", "allclose", c["allclose"], value=c["max rel diff"])]
+    out = [
+        _line(equal, None, "", None, why=g.get("MONAI n/a", ""))
+        if c is None
+        else _line(equal, f"max rel diff {c['max rel diff']:.1e}", "allclose", c["allclose"], value=c["max rel diff"])
+    ]
     ratio = g["peak traced"] / g["bound"]
-    out.append(_line(memory, f"{ratio:.2f}x ({g['peak traced'] / MiB:.1f} of {g['bound'] / MiB:.1f} MiB)",
-                     "<= 1.00x", ratio <= 1.0, value=ratio))
-    for who, key, what in (("npydask", "peak RSS rise", "above its imports (the input's mapped pages included)"),
-                           ("MONAI", "MONAI peak RSS rise", "above its loaded input")):
+    out.append(
+        _line(
+            memory,
+            f"{ratio:.2f}x ({g['peak traced'] / MiB:.1f} of {g['bound'] / MiB:.1f} MiB)",
+            "<= 1.00x",
+            ratio <= 1.0,
+            value=ratio,
+        )
+    )
+    for who, key, what in (
+        ("npydask", "peak RSS rise", "above its imports (the input's mapped pages included)"),
+        ("MONAI", "MONAI peak RSS rise", "above its loaded input"),
+    ):
         if g.get(key) is not None:
-            out.append(_line(f"(info) P-grid: {who}'s peak resident memory {what}, a fresh process",
-                             f"{g[key] / MiB:.1f} MiB", "", "info"))
+            out.append(
+                _line(
+                    f"(info) P-grid: {who}'s peak resident memory {what}, a fresh process",
+                    f"{g[key] / MiB:.1f} MiB",
+                    "",
+                    "info",
+                )
+            )
     return out
 
 

@@ -103,8 +103,9 @@ def make_volumes(folder: str, size_name: str) -> list[str]:
     size = bench_dataset.SIZES[size_name]
     vshape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
     rng = np.random.default_rng(20260802)  # bench_dataset's seed; the volumes are its first set
-    files, made = make_set(os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng,
-                           bench_dataset.DTYPE)
+    files, made = make_set(
+        os.path.join(folder, f"volumes-{vshape}"), "vol", size.n_volumes, size.volume_shape, rng, bench_dataset.DTYPE
+    )
     if made:
         os.sync()
     return files
@@ -144,8 +145,13 @@ def start_cluster(workers: int, threads: int) -> tuple[Any, Any, float]:
     from distributed import Client, LocalCluster
 
     t0 = time.perf_counter()
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR)
+    cluster = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=threads,
+        processes=True,
+        dashboard_address=":0",
+        silence_logs=logging.ERROR,
+    )
     client = Client(cluster)
     client.wait_for_workers(workers, timeout=120)
     client.run(_import_npydask)
@@ -186,12 +192,21 @@ def profile(client: Any, build: Callable[[], da.Array]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
-    ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a temp folder, removed); "
-                    "bench_dataset.py's --data folder works")
+    ap.add_argument(
+        "--data",
+        metavar="DIR",
+        help="keep the data here and reuse it (default: a temp folder, removed); "
+        "bench_dataset.py's --data folder works",
+    )
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2, one thread each)")
     ap.add_argument("--skip-slow", action="store_true", help="skip dask's from_array(np.load(mmap_mode='r')) stack")
-    ap.add_argument("--slow-budget", type=float, default=10.0, metavar="S",
-                    help="run a peer once only when its first run takes over S seconds (default 10)")
+    ap.add_argument(
+        "--slow-budget",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="run a peer once only when its first run takes over S seconds (default 10)",
+    )
     args = ap.parse_args(argv)
 
     env = _common.environment()
@@ -205,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         files = make_volumes(folder, args.size)
         size = bench_dataset.SIZES[args.size]
         nbytes = len(files) * int(np.prod(size.volume_shape)) * 4
-        print(f"# size={args.size}: {len(files)} volumes of {size.volume_shape} float32 ({nbytes / MiB:g} MiB) in "
-              f"{os.path.dirname(files[0])} ({time.perf_counter() - t0:.1f} s); median of {args.repeat} runs",
-              flush=True)
+        print(
+            f"# size={args.size}: {len(files)} volumes of {size.volume_shape} float32 ({nbytes / MiB:g} MiB) in "
+            f"{os.path.dirname(files[0])} ({time.perf_counter() - t0:.1f} s); median of {args.repeat} runs",
+            flush=True,
+        )
         results, facts = run_all(args, files, nbytes)
     finally:
         if not args.data:
@@ -269,30 +286,63 @@ def run_all(args: Any, files: list[str], nbytes: int) -> tuple[list[Result], dic
         wait(held)
         variants = [
             Variant("numpy", "numpy loop: np.load + np.sum (oracle)", numpy_loop, "1 thread"),
-            Variant("threads", REFERENCE,
-                    _on_threads(lambda: npydask.open_dataset(root, backend="pread").stack().sum().compute()),
-                    "reference"),
-            Variant("threads", ZERO_COPY, _on_threads(lambda: npydask.open_dataset(root).stack().sum().compute()),
-                    "info: no copies"),
-            Variant("cluster", GOAL_VARIANT,
-                    lambda: client.compute(npydask.open_dataset(root).stack().sum(), sync=True), "goal"),
-            Variant("cluster", "npydask cluster: stack+sum (opened before)",
-                    lambda: client.compute(ds.stack().sum(), sync=True)),
+            Variant(
+                "threads",
+                REFERENCE,
+                _on_threads(lambda: npydask.open_dataset(root, backend="pread").stack().sum().compute()),
+                "reference",
+            ),
+            Variant(
+                "threads",
+                ZERO_COPY,
+                _on_threads(lambda: npydask.open_dataset(root).stack().sum().compute()),
+                "info: no copies",
+            ),
+            Variant(
+                "cluster",
+                GOAL_VARIANT,
+                lambda: client.compute(npydask.open_dataset(root).stack().sum(), sync=True),
+                "goal",
+            ),
+            Variant(
+                "cluster",
+                "npydask cluster: stack+sum (opened before)",
+                lambda: client.compute(ds.stack().sum(), sync=True),
+            ),
             Variant("cluster", FLOOR, lambda: client.compute(held.sum(), sync=True), "persisted before: dask only"),
-            Variant("cluster", "npydask cluster: from_npy per file, stacked",
-                    lambda: client.compute(per_file(), sync=True)),
-            Variant("cluster", f"npydask cluster: stack(chunks=({group}, *shape)), {group} files/task",
-                    lambda: client.compute(npydask.open_dataset(root).stack(chunks=(group, *shape)).sum(), sync=True),
-                    "info: fewer, larger tasks"),
-            Variant("cluster", "npydask cluster: backend='mmap' (views on workers)",
-                    lambda: client.compute(npydask.open_dataset(root, backend="mmap").stack().sum(), sync=True),
-                    "info: no copy"),
+            Variant(
+                "cluster", "npydask cluster: from_npy per file, stacked", lambda: client.compute(per_file(), sync=True)
+            ),
+            Variant(
+                "cluster",
+                f"npydask cluster: stack(chunks=({group}, *shape)), {group} files/task",
+                lambda: client.compute(npydask.open_dataset(root).stack(chunks=(group, *shape)).sum(), sync=True),
+                "info: fewer, larger tasks",
+            ),
+            Variant(
+                "cluster",
+                "npydask cluster: backend='mmap' (views on workers)",
+                lambda: client.compute(npydask.open_dataset(root, backend="mmap").stack().sum(), sync=True),
+                "info: no copy",
+            ),
         ]
         if has_recipe:
-            variants.insert(2, Variant("threads", "dask recipe threads: from_delayed(np.load)",
-                                       lambda: recipe().compute(scheduler="threads")))
-            variants.append(Variant("cluster", "dask recipe cluster: from_delayed(np.load)",
-                                    lambda: client.compute(recipe(), sync=True), "best hand-rolled"))
+            variants.insert(
+                2,
+                Variant(
+                    "threads",
+                    "dask recipe threads: from_delayed(np.load)",
+                    lambda: recipe().compute(scheduler="threads"),
+                ),
+            )
+            variants.append(
+                Variant(
+                    "cluster",
+                    "dask recipe cluster: from_delayed(np.load)",
+                    lambda: client.compute(recipe(), sync=True),
+                    "best hand-rolled",
+                )
+            )
         # Round-robin: every repeat runs each variant once, so a shared machine's load drifts
         # over all of them alike; the page cache is re-warmed right before each run.
         for _ in range(max(1, args.repeat)):
@@ -301,11 +351,18 @@ def run_all(args: Any, files: list[str], nbytes: int) -> tuple[list[Result], dic
                 times, v.value = _common.measure(v.fn, 1, cpu=v.cpu)
                 v.times += times
         for v in variants:
-            print(f"  {v.name:62s} {_common.fmt_seconds(_common.median(v.times)):>10s}  "
-                  f"cpu {_common.fmt_seconds(_common.median(v.cpu)):>10s}", flush=True)
+            print(
+                f"  {v.name:62s} {_common.fmt_seconds(_common.median(v.times)):>10s}  "
+                f"cpu {_common.fmt_seconds(_common.median(v.cpu)):>10s}",
+                flush=True,
+            )
         if not args.skip_slow:
-            slow = Variant("cluster", "dask cluster: from_array(np.load(mmap_mode='r'))",
-                           lambda: client.compute(memmaps(), sync=True), "ships the bytes in the graph")
+            slow = Variant(
+                "cluster",
+                "dask cluster: from_array(np.load(mmap_mode='r'))",
+                lambda: client.compute(memmaps(), sync=True),
+                "ships the bytes in the graph",
+            )
             with warnings.catch_warnings():  # "Sending large graph": what this variant shows
                 warnings.simplefilter("ignore", UserWarning)
                 for k in range(max(1, args.repeat)):
@@ -320,8 +377,9 @@ def run_all(args: Any, files: list[str], nbytes: int) -> tuple[list[Result], dic
 
         x = ds.stack()
         biggest = tuple(max(c) for c in x.chunks)  # (chunksize is missing under array query planning)
-        facts["npydask stack chunks"] = (f"{int(np.prod(x.numblocks))} of {biggest} "
-                                         f"({np.prod(biggest) * x.dtype.itemsize / MiB:g} MiB)")
+        facts["npydask stack chunks"] = (
+            f"{int(np.prod(x.numblocks))} of {biggest} ({np.prod(biggest) * x.dtype.itemsize / MiB:g} MiB)"
+        )
         facts["npydask stack().sum() tasks"] = n_tasks(x.sum())
         if has_recipe:
             facts["recipe tasks"] = n_tasks(recipe())
@@ -329,7 +387,8 @@ def run_all(args: Any, files: list[str], nbytes: int) -> tuple[list[Result], dic
         facts["profile (npydask cluster)"] = profile(client, lambda: npydask.open_dataset(root).stack().sum())
         _common.warm_page_cache(files)
         facts[f"profile (npydask cluster, {group} files/task)"] = profile(
-            client, lambda: npydask.open_dataset(root).stack(chunks=(group, *shape)).sum())
+            client, lambda: npydask.open_dataset(root).stack(chunks=(group, *shape)).sum()
+        )
         if has_recipe:
             _common.warm_page_cache(files)
             facts["profile (recipe cluster)"] = profile(client, recipe)
@@ -356,19 +415,23 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     rows = []
     for r in results:
         ratio = f"{r.median / ref.median:.2f}x" if ref and ref.median else ""
-        rows.append([
-            r.group,
-            r.variant,
-            f"{r.median * 1e3:.1f}",
-            f"{r.nbytes / r.median / 1e9:.2f}" if r.median else "",
-            ratio,
-            f"{min(r.times) * 1e3:.0f}-{max(r.times) * 1e3:.0f}",
-            f"{r.cpu_median * 1e3:.0f}",
-            r.note,
-        ])
+        rows.append(
+            [
+                r.group,
+                r.variant,
+                f"{r.median * 1e3:.1f}",
+                f"{r.nbytes / r.median / 1e9:.2f}" if r.median else "",
+                ratio,
+                f"{min(r.times) * 1e3:.0f}-{max(r.times) * 1e3:.0f}",
+                f"{r.cpu_median * 1e3:.0f}",
+                r.note,
+            ]
+        )
     print()
-    print(f"# ratio: to {REFERENCE!r}; GB/s: payload bytes / median, 1e9; cpu ms: this process only "
-          f"(cluster work runs in the workers); size={args.size}")
+    print(
+        f"# ratio: to {REFERENCE!r}; GB/s: payload bytes / median, 1e9; cpu ms: this process only "
+        f"(cluster work runs in the workers); size={args.size}"
+    )
     _common.table(rows, ["where", "variant", "median ms", "GB/s", "ratio", "min-max ms", "cpu ms", "note"])
     for k, v in facts.items():
         if isinstance(v, dict):
@@ -380,13 +443,18 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     measured = goal.median / ref.median if goal and ref and ref.median else float("nan")
     verdict = "n/a" if measured != measured else ("PASS" if measured <= GOAL_P5 else "FAIL")
     print()
-    text = (f"P5 cluster: npydask open+stack+sum on {args.workers} worker processes / npydask threads making "
-            "the same pread copies")
-    _common.table([[text, f"{measured:.2f}x", f"<= {GOAL_P5:.2f}x", verdict]],
-                  ["goal", "measured", "target", "verdict"])
+    text = (
+        f"P5 cluster: npydask open+stack+sum on {args.workers} worker processes / npydask threads making "
+        "the same pread copies"
+    )
+    _common.table(
+        [[text, f"{measured:.2f}x", f"<= {GOAL_P5:.2f}x", verdict]], ["goal", "measured", "target", "verdict"]
+    )
     if goal and ref:
-        print(f"# (info) best run against best run: {min(goal.times) / min(ref.times):.2f}x; on a shared machine "
-              "the medians carry its load")
+        print(
+            f"# (info) best run against best run: {min(goal.times) / min(ref.times):.2f}x; on a shared machine "
+            "the medians carry its load"
+        )
     floor = by_name.get(FLOOR)
     if floor and ref and goal:
         print(
@@ -396,25 +464,44 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
         )
     zero_copy = by_name.get(ZERO_COPY)
     if zero_copy and goal:
-        print(f"# (info) npydask open+stack+sum on the cluster / on threads summing zero-copy mappings: "
-              f"{goal.median / zero_copy.median:.2f}x")
+        print(
+            f"# (info) npydask open+stack+sum on the cluster / on threads summing zero-copy mappings: "
+            f"{goal.median / zero_copy.median:.2f}x"
+        )
     print(f"# sums agree with numpy within rtol {RTOL}: {'yes' if sane else 'NO'}")
 
-    _common.write_json(args.json, {
-        "benchmark": "cluster",
-        "size": args.size,
-        "repeat": args.repeat,
-        "workers": args.workers,
-        "facts": facts,
-        "results": [
-            {"where": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
-             "cpu_median_s": r.cpu_median, "value": r.value, "note": r.note}
-            for r in results
-        ],
-        "goals": [{"goal": text, "measured": measured, "limit": GOAL_P5,
-                   "pass": None if measured != measured else measured <= GOAL_P5}],
-        "results_agree": sane,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "cluster",
+            "size": args.size,
+            "repeat": args.repeat,
+            "workers": args.workers,
+            "facts": facts,
+            "results": [
+                {
+                    "where": r.group,
+                    "variant": r.variant,
+                    "median_s": r.median,
+                    "times_s": r.times,
+                    "nbytes": r.nbytes,
+                    "cpu_median_s": r.cpu_median,
+                    "value": r.value,
+                    "note": r.note,
+                }
+                for r in results
+            ],
+            "goals": [
+                {
+                    "goal": text,
+                    "measured": measured,
+                    "limit": GOAL_P5,
+                    "pass": None if measured != measured else measured <= GOAL_P5,
+                }
+            ],
+            "results_agree": sane,
+        },
+    )
     return sane
 
 

@@ -96,9 +96,16 @@ def cluster_alone() -> None:
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)  # (as the command line quiets it)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", scheduler_kwargs={"dashboard": False}
-    ) as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            scheduler_kwargs={"dashboard": False},
+        ) as cluster,
+        Client(cluster),
+    ):
         pass
 
 
@@ -159,12 +166,21 @@ def run_all(repeat: int, src: str, names: list[str], folder: str) -> list[Result
 
     dask.compute(dask.delayed(sum)([1, 2]), scheduler="threads")  # thread pool up: not part of any variant
     run("to_npy_files(open_dataset) on threads", reference, out_dir, npy_ok, "reference")
-    run("convert src out/ (.npy files)", lambda: convert("convert", src, out_dir), out_dir, npy_ok,
-        "embedded cluster")
-    run("convert src out.zarr (stacked)", lambda: convert("convert", src, out_zarr), out_zarr, stacked_ok,
-        "embedded cluster")
-    run("convert src out.zarr --layout per-file", lambda: convert("convert", src, out_zarr, "--layout", "per-file"),
-        out_zarr, per_file_ok, "embedded cluster")
+    run("convert src out/ (.npy files)", lambda: convert("convert", src, out_dir), out_dir, npy_ok, "embedded cluster")
+    run(
+        "convert src out.zarr (stacked)",
+        lambda: convert("convert", src, out_zarr),
+        out_zarr,
+        stacked_ok,
+        "embedded cluster",
+    )
+    run(
+        "convert src out.zarr --layout per-file",
+        lambda: convert("convert", src, out_zarr, "--layout", "per-file"),
+        out_zarr,
+        per_file_ok,
+        "embedded cluster",
+    )
     run("LocalCluster start + close alone", cluster_alone, None, lambda: True, "part of each convert")
     return results
 
@@ -173,38 +189,52 @@ def report(results: list[Result], args: Any, n: int) -> bool:
     ref = results[0]
     rows = []
     for r in results:
-        rows.append([
-            r.variant,
-            f"{r.median:.2f}",
-            f"{r.median / ref.median:.2f}x" if ref.median else "",
-            f"{n / r.median:.0f}",
-            f"{min(r.times):.2f}-{max(r.times):.2f}",
-            f"{r.cpu_median:.2f}",
-            r.note + ("" if r.ok else "; MISMATCH"),
-        ])
+        rows.append(
+            [
+                r.variant,
+                f"{r.median:.2f}",
+                f"{r.median / ref.median:.2f}x" if ref.median else "",
+                f"{n / r.median:.0f}",
+                f"{min(r.times):.2f}-{max(r.times):.2f}",
+                f"{r.cpu_median:.2f}",
+                r.note + ("" if r.ok else "; MISMATCH"),
+            ]
+        )
     print()
     print(f"# ratio: time over the reference; files/s over {n} files; size={args.size}")
     _common.table(rows, ["variant", "median s", "ratio", "files/s", "min-max s", "cpu s", "note"])
     converts = [r for r in results if r.variant.startswith("convert")]
     met = all(r.median <= GOAL * ref.median for r in converts)
-    print(f"# goal: every convert at least at half the reference's speed (ratio <= {GOAL:g}): "
-          f"{'met' if met else 'NOT met'}")
+    print(
+        f"# goal: every convert at least at half the reference's speed (ratio <= {GOAL:g}): "
+        f"{'met' if met else 'NOT met'}"
+    )
     ok = all(r.ok for r in results)
     print(f"# every output equals its source (numpy.load): {'yes' if ok else 'NO'}")
     print(f"# load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
-    _common.write_json(args.json, {
-        "benchmark": "convert",
-        "size": args.size,
-        "files": n,
-        "repeat": args.repeat,
-        "results": [
-            {"variant": r.variant, "median_s": r.median, "times_s": r.times, "cpu_median_s": r.cpu_median,
-             "ratio": r.median / ref.median if ref.median else None, "ok": r.ok, "note": r.note}
-            for r in results
-        ],
-        "goal_met": met,
-        "outputs_agree": ok,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "convert",
+            "size": args.size,
+            "files": n,
+            "repeat": args.repeat,
+            "results": [
+                {
+                    "variant": r.variant,
+                    "median_s": r.median,
+                    "times_s": r.times,
+                    "cpu_median_s": r.cpu_median,
+                    "ratio": r.median / ref.median if ref.median else None,
+                    "ok": r.ok,
+                    "note": r.note,
+                }
+                for r in results
+            ],
+            "goal_met": met,
+            "outputs_agree": ok,
+        },
+    )
     return ok
 
 

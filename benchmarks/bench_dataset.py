@@ -142,20 +142,34 @@ def roi_model(ds: npydask.NpyDataset) -> dict[str, Any]:
         "files": len(ds),
         "estimates_ns": {k: round(v) for k, v in c.estimates_ns.items()},
         "runs": f"{sh.n_runs} runs of {plan.run_nbytes} B in {sh.n_spans} spans of {sh.read_bytes // sh.n_spans} B, "
-                f"{sh.pages} pages, {sh.windows} fault windows",
+        f"{sh.pages} pages, {sh.windows} fault windows",
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
     ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a temp folder, removed)")
-    ap.add_argument("--only", default="", help="run only variants whose group or name contains this text "
-                    "(e.g. 'many'), plus the references (for profiling)")
-    ap.add_argument("--group", action="append", choices=sorted(GROUPS), default=None,
-                    help="run only this group (repeatable; default: all)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="run only variants whose group or name contains this text "
+        "(e.g. 'many'), plus the references (for profiling)",
+    )
+    ap.add_argument(
+        "--group",
+        action="append",
+        choices=sorted(GROUPS),
+        default=None,
+        help="run only this group (repeatable; default: all)",
+    )
     ap.add_argument("--skip-slow", action="store_true", help="skip dask's one-task-per-file variant")
-    ap.add_argument("--slow-budget", type=float, default=10.0, metavar="S",
-                    help="run a peer variant once only when its first run takes over S seconds (default 10)")
+    ap.add_argument(
+        "--slow-budget",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="run a peer variant once only when its first run takes over S seconds (default 10)",
+    )
     args = ap.parse_args(argv)
     size = SIZES[args.size]
 
@@ -181,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         results, facts = run_all(args, size, volumes, small, scratch, rvolumes)
-        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-              f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)", flush=True)
+        print(
+            f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+            f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)",
+            flush=True,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if not args.data:
@@ -205,9 +222,18 @@ def run_all(
         # the references always run: every ratio needs them
         return args.only.lower() in f"{group} {name}".lower() or name.startswith(("floor", "numpy loop"))
 
-    def run(group: str, name: str, fn: Callable[[], Any], paths: list[str], nbytes: int, *,
-            setup: Callable[[], Any] | None = None, note: str = "", budget: float | None = None,
-            check: Callable[[Any], Any] | None = None) -> Result | None:
+    def run(
+        group: str,
+        name: str,
+        fn: Callable[[], Any],
+        paths: list[str],
+        nbytes: int,
+        *,
+        setup: Callable[[], Any] | None = None,
+        note: str = "",
+        budget: float | None = None,
+        check: Callable[[Any], Any] | None = None,
+    ) -> Result | None:
         if not want(name, group):
             return None
         _common.warm_page_cache(paths)
@@ -223,12 +249,19 @@ def run_all(
         del value
         r = Result(group, name, times, nbytes, kept, note, cpu)
         results.append(r)
-        print(f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
-              f"cpu {_common.fmt_seconds(r.cpu_median):>10s}", flush=True)
+        print(
+            f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
+            f"cpu {_common.fmt_seconds(r.cpu_median):>10s}",
+            flush=True,
+        )
         return r
 
-    def run_rounds(group: str, variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]],
-                   paths: list[str], nbytes: int) -> None:
+    def run_rounds(
+        group: str,
+        variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]],
+        paths: list[str],
+        nbytes: int,
+    ) -> None:
         """Each variant once per round, ``repeat`` rounds after an untimed one: load that comes and goes
         on a shared machine hits every variant alike, so ratios of medians hold (P3 at 64 volumes moved 2x).
 
@@ -255,11 +288,15 @@ def run_all(
                 del value
         for name, _, note, check in chosen:
             kept = check(values.pop(name)) if check is not None else None
-            r = Result(group, name, times[name], nbytes, kept, (note + "; " if note else "") + "interleaved",
-                       cpus[name])
+            r = Result(
+                group, name, times[name], nbytes, kept, (note + "; " if note else "") + "interleaved", cpus[name]
+            )
             results.append(r)
-            print(f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
-                  f"cpu {_common.fmt_seconds(r.cpu_median):>10s}", flush=True)
+            print(
+                f"  {group:4s} {name:60s} {_common.fmt_seconds(r.median):>10s}  "
+                f"cpu {_common.fmt_seconds(r.cpu_median):>10s}",
+                flush=True,
+            )
 
     def as_sum(v: Any) -> float:
         return float(v)
@@ -295,11 +332,19 @@ def run_all(
         facts["roi model"] = roi_model(ds)
         variants: list[tuple[str, Callable[[], Any], str, Callable[[Any], Any] | None]] = [
             ("numpy loop: np.array(np.load(mmap)[roi])", roi_loop, "reference; 1 thread", as_array),
-            *((f"npydask {b}: open+stack+compute",
-               lambda b=b: npydask.open_dataset(rroot, backend=b, **roi_kw).stack().compute(), "", as_array)
-              for b in ("auto", "pread")),
-            *((f"npydask auto, roi_strategy={st}: open+stack+compute", forced(st), "forced", as_array)
-              for st in STRATEGIES),
+            *(
+                (
+                    f"npydask {b}: open+stack+compute",
+                    lambda b=b: npydask.open_dataset(rroot, backend=b, **roi_kw).stack().compute(),
+                    "",
+                    as_array,
+                )
+                for b in ("auto", "pread")
+            ),
+            *(
+                (f"npydask auto, roi_strategy={st}: open+stack+compute", forced(st), "forced", as_array)
+                for st in STRATEGIES
+            ),
             ("npydask auto: stack+compute (opened before)", lambda: ds.stack().compute(), "", as_array),
             ("npydask: open_dataset alone", lambda: npydask.open_dataset(rroot, **roi_kw), "", None),
         ]
@@ -337,14 +382,32 @@ def run_all(
             return total
 
         run("many", "numpy loop: np.load + sum", np_load_sum, small, payload, note="1 thread", check=as_sum)
-        run("many", "npydask: open+stack+sum", lambda: npydask.open_dataset(sroot).stack().sum().compute(),
-            small, payload, check=as_sum)
-        run("many", "npydask: open(headers='first')+stack+sum",
-            lambda: npydask.open_dataset(sroot, headers="first").stack().sum().compute(), small, payload, check=as_sum)
+        run(
+            "many",
+            "npydask: open+stack+sum",
+            lambda: npydask.open_dataset(sroot).stack().sum().compute(),
+            small,
+            payload,
+            check=as_sum,
+        )
+        run(
+            "many",
+            "npydask: open(headers='first')+stack+sum",
+            lambda: npydask.open_dataset(sroot, headers="first").stack().sum().compute(),
+            small,
+            payload,
+            check=as_sum,
+        )
         index = os.path.join(scratch, "index.json")
         npydask.open_dataset(sroot, index=index)  # built once, untimed
-        run("many", "npydask: open(index)+stack+sum",
-            lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(), small, payload, check=as_sum)
+        run(
+            "many",
+            "npydask: open(index)+stack+sum",
+            lambda: npydask.open_dataset(sroot, index=index).stack().sum().compute(),
+            small,
+            payload,
+            check=as_sum,
+        )
         run("many", "npydask: open_dataset alone", lambda: npydask.open_dataset(sroot), small, payload)
         run(
             "many",
@@ -360,16 +423,29 @@ def run_all(
             small,
             payload,
         )
-        run("many", "npydask: open_dataset alone, cold caches", lambda: npydask.open_dataset(sroot), small, payload,
-            setup=clear_npydask_caches, note="handle cache + header memo cleared")
+        run(
+            "many",
+            "npydask: open_dataset alone, cold caches",
+            lambda: npydask.open_dataset(sroot),
+            small,
+            payload,
+            setup=clear_npydask_caches,
+            note="handle cache + header memo cleared",
+        )
         if want("npydask: stack+sum (opened before)", "many"):
             ds = npydask.open_dataset(sroot)
             x = ds.stack()
             facts["many tasks (stack)"] = n_tasks(x)
             facts["many tasks (stack().sum())"] = n_tasks(x.sum())
             facts["many chunks"] = x.numblocks
-            run("many", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), small, payload,
-                check=as_sum)
+            run(
+                "many",
+                "npydask: stack+sum (opened before)",
+                lambda: ds.stack().sum().compute(),
+                small,
+                payload,
+                check=as_sum,
+            )
             run("many", "npydask: stack alone (opened before)", lambda: ds.stack(), small, payload)
             del ds, x
         if want("per-file cost split", "many"):
@@ -377,20 +453,43 @@ def run_all(
             facts["many: us a file"] = many_split(sroot, args.repeat)
         dali = _peers.dali_reader(small, 1024) if want("DALI", "many") else None
         if dali is not None:
-            run("many", DALI_MANY,
-                lambda: np.float32(sum(np.float32(a.sum()) for a in dali())), small, payload, note="2 threads",
-                check=as_sum)
+            run(
+                "many",
+                DALI_MANY,
+                lambda: np.float32(sum(np.float32(a.sum()) for a in dali())),
+                small,
+                payload,
+                note="2 threads",
+                check=as_sum,
+            )
         elif want("DALI", "many"):
-            print("  many DALI is not installed (pip install nvidia-dali-cuda120): no DALI figures, its goals n/a",
-                  flush=True)
+            print(
+                "  many DALI is not installed (pip install nvidia-dali-cuda120): no DALI figures, its goals n/a",
+                flush=True,
+            )
         if not args.skip_slow:
             ray_many = _peers.ray_sum(small) if want("Ray", "many") else None
             if ray_many is not None:
-                run("many", "peer: Ray Data read_numpy + sum", ray_many, small, payload, budget=args.slow_budget,
-                    note="Ray started before", check=as_sum)
-            run("many", "dask: stack of from_array(np.load(f)), sum",
-                lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(), small, payload,
-                note="one task per file", budget=args.slow_budget, check=as_sum)
+                run(
+                    "many",
+                    "peer: Ray Data read_numpy + sum",
+                    ray_many,
+                    small,
+                    payload,
+                    budget=args.slow_budget,
+                    note="Ray started before",
+                    check=as_sum,
+                )
+            run(
+                "many",
+                "dask: stack of from_array(np.load(f)), sum",
+                lambda: da.stack([da.from_array(np.load(f)) for f in small]).sum().compute(),
+                small,
+                payload,
+                note="one task per file",
+                budget=args.slow_budget,
+                check=as_sum,
+            )
 
     # ---- P1: every volume summed through a dataset ---------------------------------------------
     if "set" in groups:
@@ -409,25 +508,52 @@ def run_all(
         name = "dask floor: stack of in-memory arrays, sum (prebuilt)"
         if want(name):
             in_memory = da.stack([da.from_array(a, chunks=a.shape) for a in arrays])
-            run("set", name, lambda: in_memory.sum().compute(), volumes, vbytes, note="dask overhead only",
-                check=as_sum)
+            run(
+                "set", name, lambda: in_memory.sum().compute(), volumes, vbytes, note="dask overhead only", check=as_sum
+            )
             del in_memory
         arrays.clear()
-        run("set", "npydask: open+stack+sum", lambda: npydask.open_dataset(vroot).stack().sum().compute(),
-            volumes, vbytes, check=as_sum)
+        run(
+            "set",
+            "npydask: open+stack+sum",
+            lambda: npydask.open_dataset(vroot).stack().sum().compute(),
+            volumes,
+            vbytes,
+            check=as_sum,
+        )
         if want("npydask: stack+sum (opened before)"):
             ds = npydask.open_dataset(vroot)
             facts["set tasks (stack)"] = n_tasks(ds.stack())
             facts["set chunks"] = ds.stack().numblocks
-            run("set", "npydask: stack+sum (opened before)", lambda: ds.stack().sum().compute(), volumes, vbytes,
-                check=as_sum)
+            run(
+                "set",
+                "npydask: stack+sum (opened before)",
+                lambda: ds.stack().sum().compute(),
+                volumes,
+                vbytes,
+                check=as_sum,
+            )
             del ds
-        run("set", "npydask pread: open+stack+sum",
-            lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(), volumes, vbytes, check=as_sum)
+        run(
+            "set",
+            "npydask pread: open+stack+sum",
+            lambda: npydask.open_dataset(vroot, backend="pread").stack().sum().compute(),
+            volumes,
+            vbytes,
+            check=as_sum,
+        )
         ray_set = _peers.ray_sum(volumes) if want("Ray") and not args.skip_slow else None
         if ray_set is not None:
-            run("set", "peer: Ray Data read_numpy + sum", ray_set, volumes, vbytes, budget=args.slow_budget,
-                note="Ray started before", check=as_sum)
+            run(
+                "set",
+                "peer: Ray Data read_numpy + sum",
+                ray_set,
+                volumes,
+                vbytes,
+                budget=args.slow_budget,
+                note="Ray started before",
+                check=as_sum,
+            )
 
     _peers.stop()
     return results, facts
@@ -448,8 +574,10 @@ def print_roi_model(model: dict[str, Any], by_name: dict[tuple[str, str], Result
             [s, f"{model['estimates_ns'][s] / 1e3:.1f}", measured, "<- chosen" if s == model["strategy"] else ""]
         )
     _common.table(rows, ["strategy", "model us/file", "measured cpu us/file", ""])
-    print("# (measured: the forced run's process CPU per file less the opening's: read, stack and dask overhead "
-          "included, so above the model's read-only estimate; compare the differences between strategies)")
+    print(
+        "# (measured: the forced run's process CPU per file less the opening's: read, stack and dask overhead "
+        "included, so above the model's read-only estimate; compare the differences between strategies)"
+    )
 
 
 def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
@@ -492,9 +620,7 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
             steps["table"], _ = per_file(partial(_table, range(n), paths, scanned, origin, no_roi, None), n)
         else:
             steps["header scan"], _ = per_file(partial(LOCAL.scan, paths[:1]), n)
-            steps["table"], _ = per_file(
-                partial(first_table, range(n), paths, selected.identities, no_roi, LOCAL), n
-            )
+            steps["table"], _ = per_file(partial(first_table, range(n), paths, selected.identities, no_roi, LOCAL), n)
         ds = npydask.open_dataset(root, headers=mode)
         steps["graph (stack)"], x = per_file(ds.stack, n)
         refs = [v.ref for v in ds.views]
@@ -512,8 +638,11 @@ def many_split(root: str, repeat: int) -> dict[str, dict[str, float]]:
         steps["dask and groups"] = whole - steps["read loop"] - steps["sum"]
         steps["total"] = sum(steps.values())
         out[mode] = steps
-        print(f"  many per-file cost split, headers={mode!r} (us a file, CPU): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
+        print(
+            f"  many per-file cost split, headers={mode!r} (us a file, CPU): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()),
+            flush=True,
+        )
     return out
 
 
@@ -537,8 +666,12 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
         if r.value is None or ref is None or ref.value is None or r is ref:
             continue
         if isinstance(ref.value, np.ndarray):
-            same = (isinstance(r.value, np.ndarray) and r.value.shape == ref.value.shape
-                    and r.value.dtype == ref.value.dtype and np.array_equal(r.value, ref.value))
+            same = (
+                isinstance(r.value, np.ndarray)
+                and r.value.shape == ref.value.shape
+                and r.value.dtype == ref.value.dtype
+                and np.array_equal(r.value, ref.value)
+            )
             bad = "" if same else f"MISMATCH: not equal to the numpy stack ({getattr(r.value, 'shape', None)})"
         else:
             same = bool(np.isclose(r.value, ref.value, rtol=RTOL, atol=0))
@@ -558,42 +691,90 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
         if ra and rb:
             goals.append((f"(info) {text}", None, ra.median / rb.median, float("nan")))
 
-    ratio_goal("P3 roi: npydask auto open+stack+compute / numpy loop", "roi", "npydask auto: open+stack+compute",
-               GOAL_ROI)
-    r_np, r_dali = by_name.get(("roi", "npydask auto: open+stack+compute")), by_name.get(
-        ("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before"))
-    goals.append(("P3 roi: npydask auto open+stack+compute / DALI's CPU reader", r_np if r_dali else None,
-                  r_np.median / r_dali.median if r_np and r_dali else float("nan"), GOAL_ROI_DALI))
+    ratio_goal(
+        "P3 roi: npydask auto open+stack+compute / numpy loop", "roi", "npydask auto: open+stack+compute", GOAL_ROI
+    )
+    r_np, r_dali = (
+        by_name.get(("roi", "npydask auto: open+stack+compute")),
+        by_name.get(("roi", "peer: DALI fn.readers.numpy (CPU), pipeline built before")),
+    )
+    goals.append(
+        (
+            "P3 roi: npydask auto open+stack+compute / DALI's CPU reader",
+            r_np if r_dali else None,
+            r_np.median / r_dali.median if r_np and r_dali else float("nan"),
+            GOAL_ROI_DALI,
+        )
+    )
+
     def peer_goal(text: str, group: str, variant: str, peer: str, limit: float) -> None:
         r, ref = by_name.get((group, variant)), by_name.get((group, peer))
         goals.append((text, r if ref else None, r.median / ref.median if r and ref else float("nan"), limit))
 
     first = "npydask: open(headers='first')+stack+sum"
-    peer_goal("P4 many: npydask headers='first' open+stack+sum / DALI's CPU reader + sum", "many", first, DALI_MANY,
-              GOAL_MANY_FIRST_DALI)
-    ratio_goal("P4 many: npydask headers='first' open+stack+sum / raw read loop", "many", first,
-               GOAL_MANY_FIRST_FLOOR)
-    peer_goal("P4 many: npydask headers='all' open+stack+sum / DALI's CPU reader + sum", "many",
-              "npydask: open+stack+sum", DALI_MANY, GOAL_MANY_ALL_DALI)
-    peer_goal("P4 many: npydask open(index)+stack+sum / DALI's CPU reader + sum", "many",
-              "npydask: open(index)+stack+sum", DALI_MANY, GOAL_MANY_INDEX_DALI)
-    info("P4 many: npydask headers='all' open+stack+sum / raw read loop", ("many", "npydask: open+stack+sum"),
-         ("many", "floor: os.open+os.pread+os.close loop"))
-    info("P4 many: npydask open(index)+stack+sum / raw read loop", ("many", "npydask: open(index)+stack+sum"),
-         ("many", "floor: os.open+os.pread+os.close loop"))
+    peer_goal(
+        "P4 many: npydask headers='first' open+stack+sum / DALI's CPU reader + sum",
+        "many",
+        first,
+        DALI_MANY,
+        GOAL_MANY_FIRST_DALI,
+    )
+    ratio_goal("P4 many: npydask headers='first' open+stack+sum / raw read loop", "many", first, GOAL_MANY_FIRST_FLOOR)
+    peer_goal(
+        "P4 many: npydask headers='all' open+stack+sum / DALI's CPU reader + sum",
+        "many",
+        "npydask: open+stack+sum",
+        DALI_MANY,
+        GOAL_MANY_ALL_DALI,
+    )
+    peer_goal(
+        "P4 many: npydask open(index)+stack+sum / DALI's CPU reader + sum",
+        "many",
+        "npydask: open(index)+stack+sum",
+        DALI_MANY,
+        GOAL_MANY_INDEX_DALI,
+    )
+    info(
+        "P4 many: npydask headers='all' open+stack+sum / raw read loop",
+        ("many", "npydask: open+stack+sum"),
+        ("many", "floor: os.open+os.pread+os.close loop"),
+    )
+    info(
+        "P4 many: npydask open(index)+stack+sum / raw read loop",
+        ("many", "npydask: open(index)+stack+sum"),
+        ("many", "floor: os.open+os.pread+os.close loop"),
+    )
     ratio_goal("P1 set: npydask open+stack+sum / floor", "set", "npydask: open+stack+sum", GOAL_SET)
-    info("P4 many: np.load loop + sum / raw read loop", ("many", "numpy loop: np.load + sum"),
-         ("many", "floor: os.open+os.pread+os.close loop"))
-    info("P4 many: dask one task per file / raw read loop", ("many", "dask: stack of from_array(np.load(f)), sum"),
-         ("many", "floor: os.open+os.pread+os.close loop"))
-    info("P1 set: dask over in-memory data / floor", ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"),
-         ("set", "floor: np.sum of in-memory arrays"))
-    info("P1 set: npydask open+stack+sum / dask over in-memory data", ("set", "npydask: open+stack+sum"),
-         ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"))
-    info("P4 many: npydask open+stack+sum / Ray Data", ("many", "npydask: open+stack+sum"),
-         ("many", "peer: Ray Data read_numpy + sum"))
-    info("P1 set: npydask open+stack+sum / Ray Data", ("set", "npydask: open+stack+sum"),
-         ("set", "peer: Ray Data read_numpy + sum"))
+    info(
+        "P4 many: np.load loop + sum / raw read loop",
+        ("many", "numpy loop: np.load + sum"),
+        ("many", "floor: os.open+os.pread+os.close loop"),
+    )
+    info(
+        "P4 many: dask one task per file / raw read loop",
+        ("many", "dask: stack of from_array(np.load(f)), sum"),
+        ("many", "floor: os.open+os.pread+os.close loop"),
+    )
+    info(
+        "P1 set: dask over in-memory data / floor",
+        ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"),
+        ("set", "floor: np.sum of in-memory arrays"),
+    )
+    info(
+        "P1 set: npydask open+stack+sum / dask over in-memory data",
+        ("set", "npydask: open+stack+sum"),
+        ("set", "dask floor: stack of in-memory arrays, sum (prebuilt)"),
+    )
+    info(
+        "P4 many: npydask open+stack+sum / Ray Data",
+        ("many", "npydask: open+stack+sum"),
+        ("many", "peer: Ray Data read_numpy + sum"),
+    )
+    info(
+        "P1 set: npydask open+stack+sum / Ray Data",
+        ("set", "npydask: open+stack+sum"),
+        ("set", "peer: Ray Data read_numpy + sum"),
+    )
 
     rows = []
     for r in results:
@@ -601,19 +782,23 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
         ratio = f"{r.median / ref.median:.2f}x" if ref and ref.median else ""
         build_only = r.variant.endswith(("alone", "alone, cold caches"))
         rate = f"{r.nbytes / r.median / 1e9:.2f}" if r.median and not build_only else ""
-        rows.append([
-            r.group,
-            r.variant,
-            f"{r.median * 1e3:.2f}",
-            rate,
-            ratio,
-            f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
-            f"{r.cpu_median * 1e3:.0f}",
-            r.note,
-        ])
+        rows.append(
+            [
+                r.group,
+                r.variant,
+                f"{r.median * 1e3:.2f}",
+                rate,
+                ratio,
+                f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
+                f"{r.cpu_median * 1e3:.0f}",
+                r.note,
+            ]
+        )
     print()
-    print(f"# ratio: to the numpy loop (roi), the raw read loop (many) or the in-memory floor (set); "
-          f"GB/s: payload (or ROI) bytes / median, 1e9; size={args.size}")
+    print(
+        f"# ratio: to the numpy loop (roi), the raw read loop (many) or the in-memory floor (set); "
+        f"GB/s: payload (or ROI) bytes / median, 1e9; size={args.size}"
+    )
     print("# cpu ms: median process CPU time (user + system, all threads) per run; less noisy than wall time")
     _common.table(rows, ["grp", "variant", "median ms", "GB/s", "ratio", "min-max ms", "cpu ms", "note"])
     model = facts.pop("roi model", None)
@@ -621,8 +806,10 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     if graph:
         print("# graph: " + ", ".join(f"{k} = {v}" for k, v in graph.items()))
     for mode, steps in facts.get("many: us a file", {}).items():
-        print(f"# many, per-file cost split with headers={mode!r} (us a file, CPU, each step alone): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()))
+        print(
+            f"# many, per-file cost split with headers={mode!r} (us a file, CPU, each step alone): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in steps.items())
+        )
     if model:
         print_roi_model(model, by_name)
 
@@ -640,24 +827,39 @@ def report(results: list[Result], facts: dict[str, Any], args: Any) -> bool:
     _common.table(grow, ["goal", "measured", "target", "verdict"])
     print(f"# ROI stacks equal numpy and sums agree within rtol {RTOL}: {'yes' if sane else 'NO'}")
 
-    _common.write_json(args.json, {
-        "benchmark": "dataset",
-        "size": args.size,
-        "repeat": args.repeat,
-        "graph": {k: (list(v) if isinstance(v, tuple) else v) for k, v in facts.items()},
-        "results": [
-            {"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
-             "cpu_median_s": r.cpu_median, "cpu_s": r.cpu,
-             "value": r.value if isinstance(r.value, float) else None, "note": r.note}
-            for r in results
-        ],
-        "goals": [
-            {"goal": t, "measured": m, "limit": None if lim != lim else lim,
-             "pass": (None if r is None else m <= lim)}
-            for t, r, m, lim in goals
-        ],
-        "results_agree": sane,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "dataset",
+            "size": args.size,
+            "repeat": args.repeat,
+            "graph": {k: (list(v) if isinstance(v, tuple) else v) for k, v in facts.items()},
+            "results": [
+                {
+                    "group": r.group,
+                    "variant": r.variant,
+                    "median_s": r.median,
+                    "times_s": r.times,
+                    "nbytes": r.nbytes,
+                    "cpu_median_s": r.cpu_median,
+                    "cpu_s": r.cpu,
+                    "value": r.value if isinstance(r.value, float) else None,
+                    "note": r.note,
+                }
+                for r in results
+            ],
+            "goals": [
+                {
+                    "goal": t,
+                    "measured": m,
+                    "limit": None if lim != lim else lim,
+                    "pass": (None if r is None else m <= lim),
+                }
+                for t, r, m, lim in goals
+            ],
+            "results_agree": sane,
+        },
+    )
     return sane
 
 

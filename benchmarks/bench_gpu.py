@@ -93,6 +93,7 @@ class Device:
         self.dry = dry
         if dry:
             from npydask.gpu import device as gpu
+
             gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/gpu/test_gpu.py
             gpu.array_module = lambda: np
             self.xp: Any = np
@@ -213,8 +214,18 @@ class Bench:
         self.repeat = repeat
         self.rows: list[Row] = []
 
-    def time(self, group: str, variant: str, nbytes: int, fn: Callable[[], Any], check: Callable[[Any], bool], *,
-             note: str = "", threads: int | None = None, before: Callable[[], None] | None = None) -> Row:
+    def time(
+        self,
+        group: str,
+        variant: str,
+        nbytes: int,
+        fn: Callable[[], Any],
+        check: Callable[[Any], bool],
+        *,
+        note: str = "",
+        threads: int | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> Row:
         """One untimed first call, then ``repeat`` timed ones; the last result is checked exactly."""
         times: list[float] = []
         first = 0.0
@@ -246,8 +257,11 @@ class Bench:
         del value
         self.rows.append(row)
         status = "" if row.ok else ("  WRONG VALUE" if not row.error else f"  ERROR {row.error}")
-        print(f"  {group:5s} {variant:62s} first {_common.fmt_seconds(row.first):>10s}  median "
-              f"{_common.fmt_seconds(row.median):>10s}  {row.gbps:7.2f} GB/s{status}", flush=True)
+        print(
+            f"  {group:5s} {variant:62s} first {_common.fmt_seconds(row.first):>10s}  median "
+            f"{_common.fmt_seconds(row.median):>10s}  {row.gbps:7.2f} GB/s{status}",
+            flush=True,
+        )
         return row
 
     def find(self, group: str, variant: str) -> Row | None:
@@ -324,16 +338,46 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
         t = threads[-1]
         set_threads(t)
         with npydask.config.set(gpu_task_bytes=4 * MiB):
-            b.time("big", f"npydask from_npy(gpu) sum, threads={t}, spans cut in 4 MiB reads", nbytes, npyd, same,
-                   threads=t, note="info: kvikio splitting vs npydask's")
+            b.time(
+                "big",
+                f"npydask from_npy(gpu) sum, threads={t}, spans cut in 4 MiB reads",
+                nbytes,
+                npyd,
+                same,
+                threads=t,
+                note="info: kvikio splitting vs npydask's",
+            )
         for chunks in ("128MiB", "512MiB"):
-            b.time("big", f"npydask from_npy(gpu, chunks={chunks}) sum, threads={t}", nbytes,
-                   lambda c=chunks: npyd(c), same, threads=t, note="info: per-task cost")
+            b.time(
+                "big",
+                f"npydask from_npy(gpu, chunks={chunks}) sum, threads={t}",
+                nbytes,
+                lambda c=chunks: npyd(c),
+                same,
+                threads=t,
+                note="info: per-task cost",
+            )
         cold = lambda: drop_page_cache(p)  # noqa: E731
-        rc = b.time("big", f"raw kvikio pread, threads={t}, cold", nbytes, raw, same, threads=t, before=cold,
-                    note="page cache dropped")
-        b.time("big", f"npydask from_npy(gpu) sum, threads={t}, cold", nbytes, npyd, same, threads=t, before=cold,
-               note="page cache dropped")
+        rc = b.time(
+            "big",
+            f"raw kvikio pread, threads={t}, cold",
+            nbytes,
+            raw,
+            same,
+            threads=t,
+            before=cold,
+            note="page cache dropped",
+        )
+        b.time(
+            "big",
+            f"npydask from_npy(gpu) sum, threads={t}, cold",
+            nbytes,
+            npyd,
+            same,
+            threads=t,
+            before=cold,
+            note="page cache dropped",
+        )
         _common.warm_page_cache([p])
         rw = b.find("big", f"raw kvikio pread, threads={t}")
         if rw is not None and rc.ok:
@@ -345,8 +389,14 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
             )
         del buf
         with kvikio_hidden():
-            b.time("big", "npydask from_npy(gpu) sum, kvikio hidden (pinned host path)", nbytes, npyd, same,
-                   note="fallback")
+            b.time(
+                "big",
+                "npydask from_npy(gpu) sum, kvikio hidden (pinned host path)",
+                nbytes,
+                npyd,
+                same,
+                note="fallback",
+            )
     else:
         b.time(
             "big",
@@ -357,19 +407,55 @@ def run_big(b: Bench, data: dict[str, Any], threads: list[int], dry: bool) -> di
             note="P7" if not dry else "dry",
         )
     prebuilt = npydask.from_npy(p, device="gpu").sum(dtype="int64")
-    b.time("big", "npydask from_npy(gpu) sum, graph built beforehand", nbytes, prebuilt.compute, same,
-           note="info: dask's build")
+    b.time(
+        "big",
+        "npydask from_npy(gpu) sum, graph built beforehand",
+        nbytes,
+        prebuilt.compute,
+        same,
+        note="info: dask's build",
+    )
     floor = da.ones(10, chunks=10).sum()
-    b.time("big", "dask's floor: da.ones(10).sum() built and computed", 80,
-           lambda: da.ones(10, chunks=10).sum().compute(), lambda v: int(v) == 10, note="info: dask's floor")
-    b.time("big", "dask's floor: da.ones(10).sum() computed, built beforehand", 80, floor.compute,
-           lambda v: int(v) == 10, note="info: dask's floor")
-    b.time("big", "cupy.asarray(np.load(p)) sum", nbytes,
-           lambda: dev.copy_in(np.load(p)).sum(dtype=xp.int64), same, note="host + copy")
-    b.time("big", "cupy.asarray(np.load(p, mmap_mode='r')) sum", nbytes,
-           lambda: dev.copy_in(np.load(p, mmap_mode="r")).sum(dtype=xp.int64), same, note="host + copy")
-    b.time("big", "cupy.asarray(CPU npydask from_npy(p).compute()) sum", nbytes,
-           lambda: dev.copy_in(npydask.from_npy(p).compute()).sum(dtype=xp.int64), same, note="CPU path + copy")
+    b.time(
+        "big",
+        "dask's floor: da.ones(10).sum() built and computed",
+        80,
+        lambda: da.ones(10, chunks=10).sum().compute(),
+        lambda v: int(v) == 10,
+        note="info: dask's floor",
+    )
+    b.time(
+        "big",
+        "dask's floor: da.ones(10).sum() computed, built beforehand",
+        80,
+        floor.compute,
+        lambda v: int(v) == 10,
+        note="info: dask's floor",
+    )
+    b.time(
+        "big",
+        "cupy.asarray(np.load(p)) sum",
+        nbytes,
+        lambda: dev.copy_in(np.load(p)).sum(dtype=xp.int64),
+        same,
+        note="host + copy",
+    )
+    b.time(
+        "big",
+        "cupy.asarray(np.load(p, mmap_mode='r')) sum",
+        nbytes,
+        lambda: dev.copy_in(np.load(p, mmap_mode="r")).sum(dtype=xp.int64),
+        same,
+        note="host + copy",
+    )
+    b.time(
+        "big",
+        "cupy.asarray(CPU npydask from_npy(p).compute()) sum",
+        nbytes,
+        lambda: dev.copy_in(npydask.from_npy(p).compute()).sum(dtype=xp.int64),
+        same,
+        note="CPU path + copy",
+    )
     return facts
 
 
@@ -385,18 +471,39 @@ def run_roi(b: Bench, data: dict[str, Any], size: Size) -> None:
     def equal(v: Any) -> bool:
         return bool(np.array_equal(dev.to_host(v), ref))
 
-    b.time("roi", "npydask open_dataset(roi, device='gpu').stack()", nbytes,
-           lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(), equal, note="goal")
+    b.time(
+        "roi",
+        "npydask open_dataset(roi, device='gpu').stack()",
+        nbytes,
+        lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(),
+        equal,
+        note="goal",
+    )
     with npydask.config.set(gpu_host_bytes=0):
-        b.time("roi", "npydask open_dataset(roi, device='gpu').stack(), gpu_host_bytes=0", nbytes,
-               lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(), equal,
-               note="info: device plans")
-    b.time("roi", "cupy.asarray(CPU npydask open_dataset(roi).stack())", nbytes,
-           lambda: dev.copy_in(npydask.open_dataset(data["roi"], **kw).stack().compute()), equal,
-           note="CPU path + copy")
-    b.time("roi", "cupy.asarray(np.stack([np.load(f, mmap)[roi] ...]))", nbytes,
-           lambda: dev.copy_in(np.stack([np.load(f, mmap_mode="r")[sl] for f in data["roi_files"]])), equal,
-           note="numpy loop + copy")
+        b.time(
+            "roi",
+            "npydask open_dataset(roi, device='gpu').stack(), gpu_host_bytes=0",
+            nbytes,
+            lambda: npydask.open_dataset(data["roi"], device="gpu", **kw).stack().compute(),
+            equal,
+            note="info: device plans",
+        )
+    b.time(
+        "roi",
+        "cupy.asarray(CPU npydask open_dataset(roi).stack())",
+        nbytes,
+        lambda: dev.copy_in(npydask.open_dataset(data["roi"], **kw).stack().compute()),
+        equal,
+        note="CPU path + copy",
+    )
+    b.time(
+        "roi",
+        "cupy.asarray(np.stack([np.load(f, mmap)[roi] ...]))",
+        nbytes,
+        lambda: dev.copy_in(np.stack([np.load(f, mmap_mode="r")[sl] for f in data["roi_files"]])),
+        equal,
+        note="numpy loop + copy",
+    )
 
 
 def run_small(b: Bench, data: dict[str, Any]) -> None:
@@ -412,20 +519,47 @@ def run_small(b: Bench, data: dict[str, Any]) -> None:
     def equal(v: Any) -> bool:
         return bool(np.array_equal(dev.to_host(v), ref))
 
-    b.time("small", "npydask open_dataset(device='gpu').stack()", ref.nbytes,
-           lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(), equal, note="goal")
+    b.time(
+        "small",
+        "npydask open_dataset(device='gpu').stack()",
+        ref.nbytes,
+        lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(),
+        equal,
+        note="goal",
+    )
     with npydask.config.set(gpu_host_bytes=0):
-        b.time("small", "npydask open_dataset(device='gpu').stack(), gpu_host_bytes=0", ref.nbytes,
-               lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(), equal,
-               note="info: a device plan per file")
-    b.time("small", "cupy.asarray(CPU npydask open_dataset().stack())", ref.nbytes,
-           lambda: dev.copy_in(npydask.open_dataset(data["small"]).stack().compute()), equal, note="CPU path + copy")
-    b.time("small", "npydask open_dataset(device='gpu').stack().sum()", ref.nbytes,
-           lambda: npydask.open_dataset(data["small"], device="gpu").stack().sum(dtype="float64").compute(), close,
-           note="info")
-    b.time("small", "CPU npydask open_dataset().stack().sum()", ref.nbytes,
-           lambda: npydask.open_dataset(data["small"]).stack().sum(dtype="float64").compute(), close,
-           note="info: no device")
+        b.time(
+            "small",
+            "npydask open_dataset(device='gpu').stack(), gpu_host_bytes=0",
+            ref.nbytes,
+            lambda: npydask.open_dataset(data["small"], device="gpu").stack().compute(),
+            equal,
+            note="info: a device plan per file",
+        )
+    b.time(
+        "small",
+        "cupy.asarray(CPU npydask open_dataset().stack())",
+        ref.nbytes,
+        lambda: dev.copy_in(npydask.open_dataset(data["small"]).stack().compute()),
+        equal,
+        note="CPU path + copy",
+    )
+    b.time(
+        "small",
+        "npydask open_dataset(device='gpu').stack().sum()",
+        ref.nbytes,
+        lambda: npydask.open_dataset(data["small"], device="gpu").stack().sum(dtype="float64").compute(),
+        close,
+        note="info",
+    )
+    b.time(
+        "small",
+        "CPU npydask open_dataset().stack().sum()",
+        ref.nbytes,
+        lambda: npydask.open_dataset(data["small"]).stack().sum(dtype="float64").compute(),
+        close,
+        note="info: no device",
+    )
     del xp
 
 
@@ -439,8 +573,14 @@ def run_swap(b: Bench, data: dict[str, Any], dry: bool) -> None:
     def same(v: Any) -> bool:
         return int(v) == expected
 
-    b.time("swap", "npydask from_npy(>i4 Fortran, gpu) sum", nbytes,
-           lambda: npydask.from_npy(p, device="gpu").sum(dtype="int64").compute(), same, note="info")
+    b.time(
+        "swap",
+        "npydask from_npy(>i4 Fortran, gpu) sum",
+        nbytes,
+        lambda: npydask.from_npy(p, device="gpu").sum(dtype="int64").compute(),
+        same,
+        note="info",
+    )
     mods = None if dry else kvikio_modules()
     if mods is not None:
         kvikio = mods[0]
@@ -455,17 +595,23 @@ def run_swap(b: Bench, data: dict[str, Any], dry: bool) -> None:
             return xp.ascontiguousarray(native).sum(dtype=xp.int64)
 
         b.time("swap", "raw kvikio pread + cupy byteswap + transpose", nbytes, raw, same, note="baseline")
-    b.time("swap", "cupy.asarray(np.load(p)) sum", nbytes,
-           lambda: b.dev.copy_in(np.ascontiguousarray(np.load(p), dtype="<i4")).sum(dtype=xp.int64), same,
-           note="host + copy")
+    b.time(
+        "swap",
+        "cupy.asarray(np.load(p)) sum",
+        nbytes,
+        lambda: b.dev.copy_in(np.ascontiguousarray(np.load(p), dtype="<i4")).sum(dtype=xp.int64),
+        same,
+        note="host + copy",
+    )
 
 
 # ---------------------------------------------------------------- goals
 def goals(b: Bench, threads: list[int], dry: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
-    def add(name: str, num: Row | None, den: Row | None, target: float, higher_is_better: bool, *,
-            speed: bool = True) -> None:
+    def add(
+        name: str, num: Row | None, den: Row | None, target: float, higher_is_better: bool, *, speed: bool = True
+    ) -> None:
         if num is None or den is None or not num.times or not den.times:
             out.append({"goal": name, "measured": None, "target": target, "verdict": "n/a"})
             return
@@ -570,9 +716,20 @@ def main(argv: list[str] | None = None) -> int:
     print("# " + "; ".join(f"{k}: {v}" for k, v in facts.items()))
     print("# medians of the timed runs; first: the untimed first call (context, compiles, pools); GB = 1e9 bytes")
     _common.table(
-        [[r.group, r.variant, _common.fmt_seconds(r.first), f"{r.median * 1e3:.2f}", f"{r.gbps:.2f}",
-          {True: "yes", False: "NO"}[bool(r.ok)], r.note + (f" {r.error}" if r.error else "")] for r in bench.rows],
-        ["grp", "variant", "first", "median ms", "GB/s", "exact", "note"])
+        [
+            [
+                r.group,
+                r.variant,
+                _common.fmt_seconds(r.first),
+                f"{r.median * 1e3:.2f}",
+                f"{r.gbps:.2f}",
+                {True: "yes", False: "NO"}[bool(r.ok)],
+                r.note + (f" {r.error}" if r.error else ""),
+            ]
+            for r in bench.rows
+        ],
+        ["grp", "variant", "first", "median ms", "GB/s", "exact", "note"],
+    )
     gl = goals(bench, threads, args.dry_run)
     print()
     _common.table(
@@ -584,13 +741,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     all_exact = all(r.ok for r in bench.rows)
     print(f"# every result equal to numpy: {'yes' if all_exact else 'NO'}; total {time.perf_counter() - t_all:.1f} s")
-    _common.write_json(args.json, {
-        "benchmark": "gpu", "size": "dry" if args.dry_run else ("full" if args.full else "default"), "facts": facts,
-        "results": [{"group": r.group, "variant": r.variant, "nbytes": r.nbytes, "first": r.first, "times": r.times,
-                     "median": r.median, "gbps": r.gbps, "exact": r.ok, "threads": r.threads, "note": r.note,
-                     "error": r.error} for r in bench.rows],
-        "goals": gl, "all_exact": all_exact,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "gpu",
+            "size": "dry" if args.dry_run else ("full" if args.full else "default"),
+            "facts": facts,
+            "results": [
+                {
+                    "group": r.group,
+                    "variant": r.variant,
+                    "nbytes": r.nbytes,
+                    "first": r.first,
+                    "times": r.times,
+                    "median": r.median,
+                    "gbps": r.gbps,
+                    "exact": r.ok,
+                    "threads": r.threads,
+                    "note": r.note,
+                    "error": r.error,
+                }
+                for r in bench.rows
+            ],
+            "goals": gl,
+            "all_exact": all_exact,
+        },
+    )
     verdict = "PASS" if all_exact else "FAIL"
     fails = [g["goal"] for g in gl if g["verdict"] == "FAIL"]
     detail = f"{len(bench.rows)} variants, all exact" if all_exact else "a result differs from numpy"

@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
     ap.add_argument("--cpu", type=int, default=None, help="pin the process to this core")
     ap.add_argument(
-        "--reference-rate", type=float, default=REFERENCE_RATE,
+        "--reference-rate",
+        type=float,
+        default=REFERENCE_RATE,
         help=f"literal_eval headers/s on the machine the goal was set on (default {REFERENCE_RATE:,.0f}); "
         "the goal is also checked scaled by measured/reference",
     )
@@ -118,8 +120,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(name: str, count: int, times: list[float], note: str = "") -> dict:
         med = _common.median(times)
-        row = {"variant": name, "count": count, "median_s": med, "rate_per_s": count / med if med else float("inf"),
-               "times_s": times, "note": note}
+        row = {
+            "variant": name,
+            "count": count,
+            "median_s": med,
+            "rate_per_s": count / med if med else float("inf"),
+            "times_s": times,
+            "note": note,
+        }
         results.append(row)
         return row
 
@@ -217,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         held = [open(p, "rb") for p in paths[:MAX_OPEN]]
         rounds = max(1, n_files // len(held))
         try:
+
             def npydask_open_loop() -> None:
                 ph = npydask.parse_header
                 pr = os.pread
@@ -258,14 +267,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'PASS' if r['pass'] else 'FAIL'} >= {GOAL_MEMO:,}/s; "
                 f"{'PASS' if r['pass_scaled'] else 'FAIL'} >= {scaled:,.0f}/s scaled"
             )
-        rows.append([
-            r["variant"],
-            r["count"],
-            f"{r['median_s'] / r['count'] * 1e6:.2f}",
-            f"{r['rate_per_s']:,.0f}",
-            f"{r['ratio_to_literal_eval']:.2f}x",
-            verdict or r["note"],
-        ])
+        rows.append(
+            [
+                r["variant"],
+                r["count"],
+                f"{r['median_s'] / r['count'] * 1e6:.2f}",
+                f"{r['rate_per_s']:,.0f}",
+                f"{r['ratio_to_literal_eval']:.2f}x",
+                verdict or r["note"],
+            ]
+        )
     print()
     _common.table(rows, ["variant", "N", "us/header", "headers/s", "vs literal_eval", "goal / note"])
     print(

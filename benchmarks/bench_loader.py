@@ -147,16 +147,24 @@ def main(argv: list[str] | None = None) -> int:
                     ratios[name] = ratio
                 rows.append([name, variant, _common.fmt_seconds(t), f"{rate:,.0f}", f"{ratio:.2f}x"])
                 results.append({"set": name, "variant": variant, "median_s": t, "samples_per_s": rate, "ratio": ratio})
-        print(f"# size={args.size}: {len(volumes)} volumes of {size.volume_shape}, {len(small)} files of "
-              f"{size.small_shape} (float32); batches of {BATCH['volumes']} and {BATCH['small']}; "
-              f"median of {args.repeat}; ratio: samples/s over the first row of the set")
+        print(
+            f"# size={args.size}: {len(volumes)} volumes of {size.volume_shape}, {len(small)} files of "
+            f"{size.small_shape} (float32); batches of {BATCH['volumes']} and {BATCH['small']}; "
+            f"median of {args.repeat}; ratio: samples/s over the first row of the set"
+        )
         _common.table(rows, ["set", "variant", "epoch", "samples/s", "ratio"])
         print()
         verdicts = []
         for name, r in ratios.items():
             verdict = "n/a (torch missing)" if torch is None else ("PASS" if r >= GOAL else "FAIL")
-            verdicts.append([f"P-loader {name}: npydask.Loader / DataLoader(np.load, 2 workers)", f"{r:.2f}x",
-                             f">= {GOAL:.2f}x", verdict])
+            verdicts.append(
+                [
+                    f"P-loader {name}: npydask.Loader / DataLoader(np.load, 2 workers)",
+                    f"{r:.2f}x",
+                    f">= {GOAL:.2f}x",
+                    verdict,
+                ]
+            )
         _common.table(verdicts, ["goal", "measured", "target", "verdict"])
         print(f"# samples equal numpy in every variant: {'yes' if ok else 'NO'}")
         if args.json:

@@ -310,8 +310,11 @@ def report(results: list[dict[str, Any]], args: Any, nbytes: int, reference: flo
     bound = 2 * chunk * threads + ALLOWANCE
     worst = max(by[v]["peak_anon"] for v in GOAL_VARIANTS)
     verdict = "PASS" if worst <= bound else "FAIL"
-    print(f"# reference sum {reference:.9g} (float64, 64 MiB slabs); payload {nbytes // MiB} MiB; "
-          f"chunk size {chunk // MiB} MiB, {threads} threads", flush=True)
+    print(
+        f"# reference sum {reference:.9g} (float64, 64 MiB slabs); payload {nbytes // MiB} MiB; "
+        f"chunk size {chunk // MiB} MiB, {threads} threads",
+        flush=True,
+    )
     print(f"P6 bounded memory ({' & '.join(GOAL_VARIANTS)} peak RssAnon {worst / MiB:.0f} MiB "
           f"<= 2 x {chunk // MiB} MiB x {threads} + {ALLOWANCE // MiB} MiB = {bound / MiB:.0f} MiB): {verdict}",
           flush=True)  # fmt: skip

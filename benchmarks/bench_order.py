@@ -96,20 +96,28 @@ def main(argv: list[str] | None = None) -> int:
         swap = natural_swap(names)
         results.append({"names": label, "n": n, "check_s": took, "swap": swap})
         rows.append([label, f"{n:,}", f"{took * 1e3:.1f}", f"{100 * took / reference:.1f}%", repr(swap)])
-    print(f"# reference: open_dataset(headers='first', sort='bytes') of {m:,} files: {per_file * 1e6:.2f} us a file "
-          f"(CPU), scaled to {n:,} files: {reference:.2f} s")
+    print(
+        f"# reference: open_dataset(headers='first', sort='bytes') of {m:,} files: {per_file * 1e6:.2f} us a file "
+        f"(CPU), scaled to {n:,} files: {reference:.2f} s"
+    )
     _common.table(rows, ["names", "N", "check ms (CPU)", "of the scaled open", "natural_swap"])
     worst = max(r["check_s"] for r in results)
     share = worst / reference
     # (the goal is set at a million files: below, the check's fixed part, 4,096 pairs at most, weighs more)
     verdict = ("PASS" if share <= GOAL_SHARE else "FAIL") if n == 1_000_000 else "n/a"
-    print(f"goal: at a million files, the slowest check <= {GOAL_SHARE:.0%} of a headers='first' open of as many "
-          f"files: {100 * share:.1f}% at {n:,} -> {verdict}")
+    print(
+        f"goal: at a million files, the slowest check <= {GOAL_SHARE:.0%} of a headers='first' open of as many "
+        f"files: {100 * share:.1f}% at {n:,} -> {verdict}"
+    )
     if n == 1_000_000:
-        print(f"# and of the README's {README_FIRST_OPEN_S} s for a million files: "
-              f"{100 * worst / README_FIRST_OPEN_S:.1f}%")
-    _common.write_json(args.json, {"environment": info, "results": results, "open_per_file_s": per_file,
-                                   "share": share, "verdict": verdict})
+        print(
+            f"# and of the README's {README_FIRST_OPEN_S} s for a million files: "
+            f"{100 * worst / README_FIRST_OPEN_S:.1f}%"
+        )
+    _common.write_json(
+        args.json,
+        {"environment": info, "results": results, "open_per_file_s": per_file, "share": share, "verdict": verdict},
+    )
     return 0
 
 

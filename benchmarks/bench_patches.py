@@ -163,8 +163,14 @@ class Row:
 def make_volumes(folder: str, size: Size) -> list[str]:
     """The volumes of ``size`` under ``folder`` (written only where missing)."""
     shape = "x".join(map(str, (size.n_volumes, *size.volume_shape)))
-    files, made = make_set(os.path.join(folder, f"patches-{shape}"), "vol", size.n_volumes, size.volume_shape,
-                           np.random.default_rng(20261127), DTYPE)
+    files, made = make_set(
+        os.path.join(folder, f"patches-{shape}"),
+        "vol",
+        size.n_volumes,
+        size.volume_shape,
+        np.random.default_rng(20261127),
+        DTYPE,
+    )
     if made:
         os.sync()
     return files
@@ -252,12 +258,15 @@ def raw_floor(paths: Sequence[str], size: Size) -> Callable[[], int]:
 def _monai_transforms(size: Size, load: Any) -> Any:
     from monai.transforms import Compose, EnsureChannelFirstd, RandSpatialCropSamplesd
 
-    return Compose([
-        load,
-        EnsureChannelFirstd(keys="image", channel_dim="no_channel"),
-        RandSpatialCropSamplesd(keys="image", roi_size=(size.patch,) * 3, num_samples=size.per_file,
-                                random_size=False),
-    ])
+    return Compose(
+        [
+            load,
+            EnsureChannelFirstd(keys="image", channel_dim="no_channel"),
+            RandSpatialCropSamplesd(
+                keys="image", roi_size=(size.patch,) * 3, num_samples=size.per_file, random_size=False
+            ),
+        ]
+    )
 
 
 def monai_loader(paths: Sequence[str], size: Size, load: Any = None) -> Any:
@@ -269,8 +278,14 @@ def monai_loader(paths: Sequence[str], size: Size, load: Any = None) -> Any:
     ds = Dataset([{"image": p} for p in paths], transform=_monai_transforms(size, load))
     # (the object-store way spawns its workers: obstore's runtime does not survive a fork of a process that used it)
     context = "spawn" if isinstance(load, ObjectLoad) else None
-    return DataLoader(ds, batch_size=BATCH // size.per_file, shuffle=True, num_workers=2, persistent_workers=True,
-                      multiprocessing_context=context)
+    return DataLoader(
+        ds,
+        batch_size=BATCH // size.per_file,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=context,
+    )
 
 
 def monai_count(loader: Any) -> int:
@@ -321,9 +336,15 @@ def torchio_loader(paths: Sequence[str], size: Size) -> Any:
     from torch.utils.data import DataLoader
 
     subjects = tio.SubjectsDataset([tio.Subject(image=tio.ScalarImage(p, reader=torchio_image)) for p in paths])
-    queue = tio.Queue(subjects, max_length=4 * size.per_file, samples_per_volume=size.per_file,
-                      sampler=tio.UniformSampler(size.patch), num_workers=2, shuffle_subjects=True,
-                      shuffle_patches=True)
+    queue = tio.Queue(
+        subjects,
+        max_length=4 * size.per_file,
+        samples_per_volume=size.per_file,
+        sampler=tio.UniformSampler(size.patch),
+        num_workers=2,
+        shuffle_subjects=True,
+        shuffle_patches=True,
+    )
     return DataLoader(queue, batch_size=BATCH, num_workers=0)
 
 
@@ -341,10 +362,18 @@ def dali_epoch(paths: Sequence[str], size: Size) -> Callable[[], int]:
     @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0)
     def pipe() -> Any:
         # (a discrete uniform draw per axis: every valid start equally likely, as the other peers draw)
-        start = fn.cat(*[fn.cast(fn.random.uniform(values=[float(v) for v in range(n - size.patch + 1)], shape=[1]),
-                                 dtype=types.INT32) for n in size.volume_shape])
-        return fn.readers.numpy(files=files, roi_start=start, roi_shape=[size.patch] * 3, pad_last_batch=True,
-                                name="reader")
+        start = fn.cat(
+            *[
+                fn.cast(
+                    fn.random.uniform(values=[float(v) for v in range(n - size.patch + 1)], shape=[1]),
+                    dtype=types.INT32,
+                )
+                for n in size.volume_shape
+            ]
+        )
+        return fn.readers.numpy(
+            files=files, roi_start=start, roi_shape=[size.patch] * 3, pad_last_batch=True, name="reader"
+        )
 
     pipes = [pipe()]
     pipes[0].build()
@@ -386,9 +415,18 @@ class Bench:
         self.facts["per-plane spans per patch (bytes)"] = self.spans_per_patch
         self.facts["volume file bytes"] = self.volume_bytes
 
-    def time(self, group: str, variant: str, epoch: Callable[[], int], *, cold: bool = False,
-             bytes_per_patch: float | None = None, how: str = "", note: str = "",
-             budget: float | None = None) -> Row:
+    def time(
+        self,
+        group: str,
+        variant: str,
+        epoch: Callable[[], int],
+        *,
+        cold: bool = False,
+        bytes_per_patch: float | None = None,
+        how: str = "",
+        note: str = "",
+        budget: float | None = None,
+    ) -> Row:
         """Median of ``--repeat`` epochs, the page cache re-warmed (or dropped) before each."""
         times: list[float] = []
         cpu: list[float] = []
@@ -413,11 +451,22 @@ class Bench:
             times += t
         if n != self.samples:
             note = (note + "; " if note else "") + f"{n} samples, expected {self.samples}"
-        row = Row(group, variant + (" [cold]" if cold else ""), times, cpu, n, bytes_per_patch, how,
-                  disk if cold else [], note)
+        row = Row(
+            group,
+            variant + (" [cold]" if cold else ""),
+            times,
+            cpu,
+            n,
+            bytes_per_patch,
+            how,
+            disk if cold else [],
+            note,
+        )
         self.rows.append(row)
-        print(f"  {group} {row.variant:66s} {_common.fmt_seconds(row.median):>10s}  {row.rate:10.1f} samples/s",
-              flush=True)
+        print(
+            f"  {group} {row.variant:66s} {_common.fmt_seconds(row.median):>10s}  {row.rate:10.1f} samples/s",
+            flush=True,
+        )
         return row
 
     def skipped(self, group: str, variant: str, why: str) -> None:
@@ -445,16 +494,41 @@ class Bench:
         nd_bytes = stats["bytes_read"] / max(1, self.samples)
         self.facts["L npydask stats() of an epoch"] = stats
         ways: list[tuple[str, Callable[[], Callable[[], int]] | None, str, float | None, str]] = [
-            ("raw floor: numpy mmap patch loop", lambda: raw_floor(paths, size), "", self.patch_bytes,
-             "patch bytes copied (mmap)"),
-            ("MONAI LoadImaged + RandSpatialCropSamplesd, DataLoader(2 workers)",
-             self._monai_way(), "monai", whole, "whole volume / patches"),
-            ("TorchIO Queue(UniformSampler), 2 workers", self._torchio_way(), "torchio", whole,
-             "whole volume / patches"),
-            ("DALI fn.readers.numpy CPU, roi_start=fn.random.uniform", self._dali_way(), "nvidia.dali",
-             self.spans_per_patch, "per-plane spans (mapped)"),
-            ("npydask Loader(sampler=Uniform, shuffle=True)", lambda: lambda: count_epoch(loader), "", nd_bytes,
-             "loader.stats() bytes_read"),
+            (
+                "raw floor: numpy mmap patch loop",
+                lambda: raw_floor(paths, size),
+                "",
+                self.patch_bytes,
+                "patch bytes copied (mmap)",
+            ),
+            (
+                "MONAI LoadImaged + RandSpatialCropSamplesd, DataLoader(2 workers)",
+                self._monai_way(),
+                "monai",
+                whole,
+                "whole volume / patches",
+            ),
+            (
+                "TorchIO Queue(UniformSampler), 2 workers",
+                self._torchio_way(),
+                "torchio",
+                whole,
+                "whole volume / patches",
+            ),
+            (
+                "DALI fn.readers.numpy CPU, roi_start=fn.random.uniform",
+                self._dali_way(),
+                "nvidia.dali",
+                self.spans_per_patch,
+                "per-plane spans (mapped)",
+            ),
+            (
+                "npydask Loader(sampler=Uniform, shuffle=True)",
+                lambda: lambda: count_epoch(loader),
+                "",
+                nd_bytes,
+                "loader.stats() bytes_read",
+            ),
         ]
         # each way built once (its workers, its pipeline), timed warm then cold, then let go before the next
         for variant, make, module, bpp, how in ways:
@@ -468,8 +542,15 @@ class Bench:
                 self.skipped("L", variant, f"{type(e).__name__}: {e}"[:200])
                 continue
             for cold in (False, True):
-                self.time("L", variant, epoch, cold=cold, bytes_per_patch=bpp, how=how,
-                          budget=self.args.slow_budget if module else None)
+                self.time(
+                    "L",
+                    variant,
+                    epoch,
+                    cold=cold,
+                    bytes_per_patch=bpp,
+                    how=how,
+                    budget=self.args.slow_budget if module else None,
+                )
             del epoch
             gc.collect()
 
@@ -518,21 +599,34 @@ class Bench:
         traffic = proxy.reset()
         spans = self.spans_per_patch * self.samples
         self.facts["S npydask epoch through the proxy"] = {
-            "bytes down": traffic.downstream, "requests": dict(traffic.requests), "spans": spans,
-            "stats()": stats_of(counted)}
+            "bytes down": traffic.downstream,
+            "requests": dict(traffic.requests),
+            "spans": spans,
+            "stats()": stats_of(counted),
+        }
         nd_bytes = traffic.downstream / self.samples
         whole = self.volume_bytes / size.per_file
         loader = npydask_loader(prefix, size, storage_options=direct)
         count_epoch(loader)
-        self.time("S", "npydask Loader(sampler=Uniform) over s3://, loopback", lambda: count_epoch(loader),
-                  bytes_per_patch=nd_bytes, how="counting proxy")
+        self.time(
+            "S",
+            "npydask Loader(sampler=Uniform) over s3://, loopback",
+            lambda: count_epoch(loader),
+            bytes_per_patch=nd_bytes,
+            how="counting proxy",
+        )
         monai = None
         if _peers.has("monai"):
             monai = monai_loader(keys, size, ObjectLoad(server.bucket, direct))
             monai_count(monai)
-            self.time("S", "MONAI whole-object GETs + RandSpatialCropSamplesd, loopback",
-                      lambda: monai_count(monai), bytes_per_patch=whole, how="whole object / patches",
-                      budget=self.args.slow_budget)
+            self.time(
+                "S",
+                "MONAI whole-object GETs + RandSpatialCropSamplesd, loopback",
+                lambda: monai_count(monai),
+                bytes_per_patch=whole,
+                how="whole object / patches",
+                budget=self.args.slow_budget,
+            )
         else:
             self.skipped("S", "MONAI whole-object GETs", "monai is not installed here")
         if self.args.link_mbit > 0:
@@ -554,34 +648,63 @@ class Bench:
                 options = {**server.storage_options(), "endpoint": paced.endpoint}
             loader = npydask_loader(prefix, size, storage_options=options)
             count_epoch(loader)
-            self.time("S", f"npydask Loader(sampler=Uniform), link {mbit:g} Mbit/s", lambda: count_epoch(loader),
-                      bytes_per_patch=nd_bytes, how="counting proxy")
+            self.time(
+                "S",
+                f"npydask Loader(sampler=Uniform), link {mbit:g} Mbit/s",
+                lambda: count_epoch(loader),
+                bytes_per_patch=nd_bytes,
+                how="counting proxy",
+            )
             if _peers.has("monai"):
                 monai = monai_loader(keys, size, ObjectLoad(server.bucket, options))
                 monai_count(monai)
-                self.time("S", f"MONAI whole-object GETs, link {mbit:g} Mbit/s", lambda: monai_count(monai),
-                          bytes_per_patch=whole, how="whole object / patches", budget=self.args.slow_budget)
+                self.time(
+                    "S",
+                    f"MONAI whole-object GETs, link {mbit:g} Mbit/s",
+                    lambda: monai_count(monai),
+                    bytes_per_patch=whole,
+                    how="whole object / patches",
+                    budget=self.args.slow_budget,
+                )
 
     # -- foreground oversampling and grid inference (see _patch_goals) ------------------------
 
     def foreground(self) -> None:
         """600 Foreground draws over 3 epochs: the foreground-centred share, the label reads, nnU-Net's rule."""
         fsize = _patch_goals.FOREGROUND_SIZES[self.args.size]
-        folder = os.path.join(os.path.dirname(os.path.dirname(self.paths[0])),
-                              f"foreground-{fsize.n_files}x{'x'.join(map(str, self.size.volume_shape))}")
+        folder = os.path.join(
+            os.path.dirname(os.path.dirname(self.paths[0])),
+            f"foreground-{fsize.n_files}x{'x'.join(map(str, self.size.volume_shape))}",
+        )
         images, labels, share = _patch_goals.make_foreground_set(folder, self.paths[: fsize.n_files])
         fg = _patch_goals.run_foreground(images, labels, self.size.patch, fsize, BATCH)
         self.bad += fg["bad"]
-        self.rows.append(Row("F", f"npydask Loader(sampler=Foreground(p={_patch_goals.F_P:g}, per_file="
-                                  f"{fsize.per_file}), shuffle=True), pread", fg["times"], [], fg["per_epoch"],
-                             note=f"{len(fg['times'])} epochs: the first scans the labels"))
+        self.rows.append(
+            Row(
+                "F",
+                f"npydask Loader(sampler=Foreground(p={_patch_goals.F_P:g}, per_file="
+                f"{fsize.per_file}), shuffle=True), pread",
+                fg["times"],
+                [],
+                fg["per_epoch"],
+                note=f"{len(fg['times'])} epochs: the first scans the labels",
+            )
+        )
         self.facts["F foreground"] = {
-            "files": fsize.n_files, "per_file": fsize.per_file, "draws": fg["draws"], "centred": fg["centred"],
-            "with foreground": fg["with_foreground"], "label foreground share": round(share, 5),
-            "label payload bytes": fg["label_bytes"], "scan bytes by epoch": fg["scan_bytes"],
-            "checked against numpy and the draws": f"{fg['draws']}, {fg['bad']} differ"}
-        print(f"  F foreground-centred {fg['centred']} of {fg['draws']}; scan bytes by epoch {fg['scan_bytes']}",
-              flush=True)
+            "files": fsize.n_files,
+            "per_file": fsize.per_file,
+            "draws": fg["draws"],
+            "centred": fg["centred"],
+            "with foreground": fg["with_foreground"],
+            "label foreground share": round(share, 5),
+            "label payload bytes": fg["label_bytes"],
+            "scan bytes by epoch": fg["scan_bytes"],
+            "checked against numpy and the draws": f"{fg['draws']}, {fg['bad']} differ",
+        }
+        print(
+            f"  F foreground-centred {fg['centred']} of {fg['draws']}; scan bytes by epoch {fg['scan_bytes']}",
+            flush=True,
+        )
 
     def grid(self) -> None:
         """Sliding-window inference: npydask's Loader -> predictor -> Stitcher against MONAI; values and memory."""
@@ -594,10 +717,19 @@ class Bench:
         tiles = _patch_goals.npydask_grid(folder, gsize)[1]
         facts: dict[str, Any] = {"tiles": tiles}
         cpu: list[float] = []
-        times, (result, _) = _common.measure(lambda: _patch_goals.npydask_grid(folder, gsize), self.args.repeat,
-                                             cpu=cpu)
-        self.rows.append(Row("G", f"npydask Loader(Grid, B={gsize.batch}) -> predictor -> Stitcher(gaussian)",
-                             times, cpu, tiles, note="tiles/s"))
+        times, (result, _) = _common.measure(
+            lambda: _patch_goals.npydask_grid(folder, gsize), self.args.repeat, cpu=cpu
+        )
+        self.rows.append(
+            Row(
+                "G",
+                f"npydask Loader(Grid, B={gsize.batch}) -> predictor -> Stitcher(gaussian)",
+                times,
+                cpu,
+                tiles,
+                note="tiles/s",
+            )
+        )
         facts["vs numpy"] = _patch_goals.compare(result[0], _patch_goals.numpy_oracle(path))
         self.bad += not facts["vs numpy"]["allclose"]
         with tempfile.TemporaryDirectory(prefix="npydask-bench-grid-") as out:
@@ -608,8 +740,16 @@ class Bench:
             run = _patch_goals.monai_grid(path, gsize)
             cpu = []
             times, want = _common.measure(run, self.args.repeat, cpu=cpu)
-            self.rows.append(Row("G", f"MONAI sliding_window_inference(gaussian, sw_batch_size={gsize.batch})",
-                                 times, cpu, tiles, note="tiles/s; np.load of the volume included"))
+            self.rows.append(
+                Row(
+                    "G",
+                    f"MONAI sliding_window_inference(gaussian, sw_batch_size={gsize.batch})",
+                    times,
+                    cpu,
+                    tiles,
+                    note="tiles/s; np.load of the volume included",
+                )
+            )
             facts["vs MONAI"] = _patch_goals.compare(result[0], want)
             del want
             facts["MONAI peak RSS rise"] = _patch_goals.peak_in_child("monai", path, gsize)
@@ -617,8 +757,11 @@ class Bench:
             facts["MONAI n/a"] = "monai is not installed here"
             self.skipped("G", "MONAI sliding_window_inference(gaussian)", "monai is not installed here")
         self.facts["G grid"] = facts
-        print(f"  G grid: {tiles} tiles; peak traced {facts['peak traced'] / MiB:.1f} MiB, bound "
-              f"{facts['bound'] / MiB:.1f} MiB; vs MONAI {facts.get('vs MONAI', 'n/a')}", flush=True)
+        print(
+            f"  G grid: {tiles} tiles; peak traced {facts['peak traced'] / MiB:.1f} MiB, bound "
+            f"{facts['bound'] / MiB:.1f} MiB; vs MONAI {facts.get('vs MONAI', 'n/a')}",
+            flush=True,
+        )
 
     # -- the report -----------------------------------------------------------------------------
 
@@ -632,28 +775,58 @@ class Bench:
                 rows.append([r.group, r.variant, "n/a", "", "", "", "", "", r.note])
                 continue
             floor = self.find("raw floor" + (": numpy mmap patch loop [cold]" if "[cold]" in r.variant else ""))
-            nd = next((x for x in self.rows if x.group == r.group and x.times and x.variant.startswith("npydask")
-                       and ("[cold]" in x.variant) == ("[cold]" in r.variant)
-                       and ("link" in x.variant) == ("link" in r.variant)), None)
-            rows.append([
-                r.group, r.variant, f"{r.median * 1e3:.1f}", f"{r.rate:,.1f}",
-                f"{nd.rate / r.rate:.2f}x" if nd and r.rate else "",
-                f"{floor.rate and r.rate / floor.rate:.2f}x" if floor and r.group == "L" else "",
-                f"{r.bytes_per_patch / MiB:.2f}" if r.bytes_per_patch is not None else "",
-                f"{_common.median(r.disk_bytes) / self.samples / MiB:.2f}" if r.disk_bytes else "",
-                "; ".join(x for x in (r.how_counted, r.note) if x),
-            ])
+            nd = next(
+                (
+                    x
+                    for x in self.rows
+                    if x.group == r.group
+                    and x.times
+                    and x.variant.startswith("npydask")
+                    and ("[cold]" in x.variant) == ("[cold]" in r.variant)
+                    and ("link" in x.variant) == ("link" in r.variant)
+                ),
+                None,
+            )
+            rows.append(
+                [
+                    r.group,
+                    r.variant,
+                    f"{r.median * 1e3:.1f}",
+                    f"{r.rate:,.1f}",
+                    f"{nd.rate / r.rate:.2f}x" if nd and r.rate else "",
+                    f"{floor.rate and r.rate / floor.rate:.2f}x" if floor and r.group == "L" else "",
+                    f"{r.bytes_per_patch / MiB:.2f}" if r.bytes_per_patch is not None else "",
+                    f"{_common.median(r.disk_bytes) / self.samples / MiB:.2f}" if r.disk_bytes else "",
+                    "; ".join(x for x in (r.how_counted, r.note) if x),
+                ]
+            )
         print()
-        print(f"# size={self.args.size}: {self.size.n_volumes} volumes of {self.size.volume_shape} float32, "
-              f"{self.size.patch}^3 patches, {self.size.per_file} per volume, batches of {BATCH}, "
-              f"{self.samples} samples an epoch; median of {self.args.repeat} epochs; npydask x: npydask's "
-              f"samples/s over the row's (same group and cache state); floor x: the row over the raw floor")
-        _common.table(rows, ["grp", "variant", "epoch ms", "samples/s", "npydask x", "floor x", "MiB/patch",
-                             "disk MiB/patch", "bytes counted as; note"])
+        print(
+            f"# size={self.args.size}: {self.size.n_volumes} volumes of {self.size.volume_shape} float32, "
+            f"{self.size.patch}^3 patches, {self.size.per_file} per volume, batches of {BATCH}, "
+            f"{self.samples} samples an epoch; median of {self.args.repeat} epochs; npydask x: npydask's "
+            f"samples/s over the row's (same group and cache state); floor x: the row over the raw floor"
+        )
+        _common.table(
+            rows,
+            [
+                "grp",
+                "variant",
+                "epoch ms",
+                "samples/s",
+                "npydask x",
+                "floor x",
+                "MiB/patch",
+                "disk MiB/patch",
+                "bytes counted as; note",
+            ],
+        )
         goals = self.goals()
         print()
-        _common.table([[g["goal"], g["measured"], g["target"], g["verdict"]] for g in goals],
-                      ["goal", "measured", "target", "verdict"])
+        _common.table(
+            [[g["goal"], g["measured"], g["target"], g["verdict"]] for g in goals],
+            ["goal", "measured", "target", "verdict"],
+        )
         for k, v in self.facts.items():
             print(f"# {k}: {v}")
         for note in self.notes:
@@ -664,16 +837,35 @@ class Bench:
     def goals(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
 
-        def goal(text: str, measured: float | None, limit: float | None, *, at_least: bool = True,
-                 why: str = "") -> None:
+        def goal(
+            text: str, measured: float | None, limit: float | None, *, at_least: bool = True, why: str = ""
+        ) -> None:
             if measured is None or limit is None:
-                out.append({"goal": text, "measured": "n/a", "target": "", "verdict": "n/a", "why": why,
-                            "value": None, "limit": limit, "pass": None})
+                out.append(
+                    {
+                        "goal": text,
+                        "measured": "n/a",
+                        "target": "",
+                        "verdict": "n/a",
+                        "why": why,
+                        "value": None,
+                        "limit": limit,
+                        "pass": None,
+                    }
+                )
                 return
             ok = measured >= limit if at_least else measured <= limit
-            out.append({"goal": text, "measured": f"{measured:.2f}x",
-                        "target": f"{'>=' if at_least else '<='} {limit:.2f}x", "verdict": "PASS" if ok else "FAIL",
-                        "value": measured, "limit": limit, "pass": ok})
+            out.append(
+                {
+                    "goal": text,
+                    "measured": f"{measured:.2f}x",
+                    "target": f"{'>=' if at_least else '<='} {limit:.2f}x",
+                    "verdict": "PASS" if ok else "FAIL",
+                    "value": measured,
+                    "limit": limit,
+                    "pass": ok,
+                }
+            )
 
         def speedup(a: Row | None, b: Row | None) -> float | None:
             return a.rate / b.rate if a and b and a.rate and b.rate else None
@@ -685,51 +877,88 @@ class Bench:
 
         nd, nd_cold = self.find("npydask Loader(sampler=Uniform, shuffle=True)"), None
         nd_cold = self.find("npydask Loader(sampler=Uniform, shuffle=True) [cold]")
-        peers = (("MONAI", "MONAI LoadImaged", GOAL_WARM_MONAI), ("TorchIO", "TorchIO Queue", GOAL_WARM_TORCHIO),
-                 ("DALI", "DALI fn.readers", GOAL_WARM_DALI))
+        peers = (
+            ("MONAI", "MONAI LoadImaged", GOAL_WARM_MONAI),
+            ("TorchIO", "TorchIO Queue", GOAL_WARM_TORCHIO),
+            ("DALI", "DALI fn.readers", GOAL_WARM_DALI),
+        )
         for name, start, limit in peers:
             goal(f"P-patches local warm: npydask samples/s / {name}'s", speedup(nd, self.find(start)), limit)
         for name, start, _ in peers:
-            cold = next((r for r in self.rows if r.variant.startswith(start) and "[cold]" in r.variant and r.times),
-                        None)
+            cold = next(
+                (r for r in self.rows if r.variant.startswith(start) and "[cold]" in r.variant and r.times), None
+            )
             # the byte ratio: what the disk delivered (pgpgin) where both cold runs measured it, else as counted
             ratio, basis = byte_ratio(self.find(start), nd), "counted"
             if cold and nd_cold and _common.median(cold.disk_bytes) > 0 and _common.median(nd_cold.disk_bytes) > 0:
                 ratio, basis = _common.median(cold.disk_bytes) / _common.median(nd_cold.disk_bytes), "disk"
-            goal(f"P-patches local cold: npydask samples/s / {name}'s (byte ratio {ratio:.2f}x, {basis})" if ratio
-                 else f"P-patches local cold: npydask samples/s / {name}'s", speedup(nd_cold, cold),
-                 GOAL_COLD_OF_BYTES * ratio if ratio else None)
+            goal(
+                f"P-patches local cold: npydask samples/s / {name}'s (byte ratio {ratio:.2f}x, {basis})"
+                if ratio
+                else f"P-patches local cold: npydask samples/s / {name}'s",
+                speedup(nd_cold, cold),
+                GOAL_COLD_OF_BYTES * ratio if ratio else None,
+            )
         remote = self.facts.get("S npydask epoch through the proxy")
-        goal("P-patches s3: bytes transferred / per-plane spans",
-             remote["bytes down"] / remote["spans"] if remote else None, GOAL_REMOTE_BYTES, at_least=False)
+        goal(
+            "P-patches s3: bytes transferred / per-plane spans",
+            remote["bytes down"] / remote["spans"] if remote else None,
+            GOAL_REMOTE_BYTES,
+            at_least=False,
+        )
         mbit = self.args.link_mbit
         link_nd = self.find(f"npydask Loader(sampler=Uniform), link {mbit:g}")
         link_monai = self.find(f"MONAI whole-object GETs, link {mbit:g}")
         ratio = byte_ratio(link_monai, link_nd)
         text = f"P-patches s3 over an emulated {GOAL_LINK_MBIT:g} Mbit/s link: npydask samples/s / MONAI's"
         if mbit == GOAL_LINK_MBIT:
-            goal(text + (f" (byte ratio {ratio:.2f}x)" if ratio else ""), speedup(link_nd, link_monai),
-                 GOAL_LINK_OF_BYTES * ratio if ratio else None)
+            goal(
+                text + (f" (byte ratio {ratio:.2f}x)" if ratio else ""),
+                speedup(link_nd, link_monai),
+                GOAL_LINK_OF_BYTES * ratio if ratio else None,
+            )
         else:
             goal(text, None, None, why=f"run with --link-mbit {GOAL_LINK_MBIT:g}")
         loop = speedup(self.find("npydask Loader(sampler=Uniform) over s3://"), self.find("MONAI whole-object GETs +"))
         if loop is not None:
-            out.append({"goal": "(info) P-patches s3 loopback: npydask samples/s / MONAI's", "measured": f"{loop:.2f}x",
-                        "target": "", "verdict": "info", "value": loop, "limit": None, "pass": None})
+            out.append(
+                {
+                    "goal": "(info) P-patches s3 loopback: npydask samples/s / MONAI's",
+                    "measured": f"{loop:.2f}x",
+                    "target": "",
+                    "verdict": "info",
+                    "value": loop,
+                    "limit": None,
+                    "pass": None,
+                }
+            )
         out += _patch_goals.foreground_goals(self.facts.get("F foreground"), BATCH)
         out += _patch_goals.grid_goals(self.facts.get("G grid"), _patch_goals.GRID_SIZES[self.args.size])
         ahead = self.facts.get("K look-ahead rows", {})  # (the lookahead group: window of 2 over batch by batch)
-        for name, where in (("Grid", "local spans warm"), ("Grid", "s3 loopback"), ("Uniform", "local spans warm"),
-                            ("Uniform", "s3 loopback")):
+        for name, where in (
+            ("Grid", "local spans warm"),
+            ("Grid", "s3 loopback"),
+            ("Uniform", "local spans warm"),
+            ("Uniform", "s3 loopback"),
+        ):
             a, b = ahead.get(f"{name} {where}, window of 2"), ahead.get(f"{name} {where}, batch by batch")
             if a and b and b["median_s"]:
                 moved = "bytes_down" if "bytes_down" in a else "bytes_read"
                 bytes_x = a[moved] / b[moved] if b[moved] else 1.0
                 req_x = a["requests"] / b["requests"] if b["requests"] else 1.0
                 time_x = a["median_s"] / b["median_s"]
-                out.append({"goal": f"(info) look-ahead {name} {where}: window of 2 / batch by batch, bytes "
-                            f"(requests {req_x:.2f}x, epoch time {time_x:.2f}x)", "measured": f"{bytes_x:.2f}x",
-                            "target": "", "verdict": "info", "value": bytes_x, "limit": None, "pass": None})
+                out.append(
+                    {
+                        "goal": f"(info) look-ahead {name} {where}: window of 2 / batch by batch, bytes "
+                        f"(requests {req_x:.2f}x, epoch time {time_x:.2f}x)",
+                        "measured": f"{bytes_x:.2f}x",
+                        "target": "",
+                        "verdict": "info",
+                        "value": bytes_x,
+                        "limit": None,
+                        "pass": None,
+                    }
+                )
         return out
 
     # -- look-ahead: the Loader's next prefetch batches read together -----------------------------
@@ -775,27 +1004,51 @@ class Bench:
                     times, n = _common.measure(run, self.args.repeat, cpu=cpu)
                     traffic = proxy.reset() if proxy is not None else None
                     stats = stats_of(loader)
-                    got = {"bytes_read": stats["bytes_read"], "requests": stats["requests"],
-                           "patch_bytes": stats["patch_bytes"], "median_s": _common.median(times),
-                           "differ": bad}
+                    got = {
+                        "bytes_read": stats["bytes_read"],
+                        "requests": stats["requests"],
+                        "patch_bytes": stats["patch_bytes"],
+                        "median_s": _common.median(times),
+                        "differ": bad,
+                    }
                     if traffic is not None:
-                        got.update(bytes_down=traffic.downstream // self.args.repeat,
-                                   gets=traffic.count("GET") // self.args.repeat)
+                        got.update(
+                            bytes_down=traffic.downstream // self.args.repeat,
+                            gets=traffic.count("GET") // self.args.repeat,
+                        )
                     found[variant] = got
                     moved = got.get("bytes_down", got["bytes_read"])
                     note = f"{got['requests']} requests" + (f", {got['gets']} GETs" if traffic else "")
-                    row = Row("K", variant, times, cpu, n, moved / max(1, n),
-                              "proxy bytes down" if traffic else "stats() bytes_read", [], note)
+                    row = Row(
+                        "K",
+                        variant,
+                        times,
+                        cpu,
+                        n,
+                        moved / max(1, n),
+                        "proxy bytes down" if traffic else "stats() bytes_read",
+                        [],
+                        note,
+                    )
                     self.rows.append(row)
-                    print(f"  K {variant:66s} {_common.fmt_seconds(row.median):>10s}  {row.rate:10.1f} samples/s  "
-                          f"{moved / MiB:9.1f} MiB  {note}", flush=True)
+                    print(
+                        f"  K {variant:66s} {_common.fmt_seconds(row.median):>10s}  {row.rate:10.1f} samples/s  "
+                        f"{moved / MiB:9.1f} MiB  {note}",
+                        flush=True,
+                    )
 
         def local(files: list[str]) -> Callable[[], Any]:
             return lambda: npydask.open_dataset(files=files)
 
         with npydask.config.set(patch_read="spans"):
-            rows("local spans warm", [("Grid", grid, (1, 2, 4), paths, local(paths)),
-                                      ("Uniform", uniform, (1, 2), self.paths, local(self.paths))], None)
+            rows(
+                "local spans warm",
+                [
+                    ("Grid", grid, (1, 2, 4), paths, local(paths)),
+                    ("Uniform", uniform, (1, 2), self.paths, local(self.paths)),
+                ],
+                None,
+            )
         server, why = start_server()
         if server is None:
             self.skipped("K", "look-ahead over object storage (SeaweedFS)", why)
@@ -809,8 +1062,11 @@ class Bench:
                     def remote() -> Any:
                         return npydask.open_dataset(prefix, storage_options=options)
 
-                    rows("s3 loopback", [("Grid", grid, (1, 2, 4), paths, remote),
-                                         ("Uniform", uniform_s3, (1, 2), paths, remote)], proxy)
+                    rows(
+                        "s3 loopback",
+                        [("Grid", grid, (1, 2, 4), paths, remote), ("Uniform", uniform_s3, (1, 2), paths, remote)],
+                        proxy,
+                    )
             finally:
                 server.stop()
         self.facts["K look-ahead rows"] = found
@@ -819,14 +1075,32 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
     ap.add_argument("--data", metavar="DIR", help="keep the .npy files here and reuse them (default: a temp folder)")
-    ap.add_argument("--only", default="local,remote,foreground,grid,lookahead", metavar="GROUPS",
-                    help="comma-separated groups: local, remote, foreground, grid, lookahead (default all)")
-    ap.add_argument("--link-mbit", type=float, default=GOAL_LINK_MBIT, metavar="MBIT",
-                    help=f"the emulated link's speed for the remote group, 0 to skip (default {GOAL_LINK_MBIT:g})")
-    ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto",
-                    help="how the link is emulated: the kernel's shaper where it can (auto), only it, or a proxy")
-    ap.add_argument("--slow-budget", type=float, default=60.0, metavar="S",
-                    help="time a slow peer once when its first epoch x --repeat exceeds S seconds (default 60)")
+    ap.add_argument(
+        "--only",
+        default="local,remote,foreground,grid,lookahead",
+        metavar="GROUPS",
+        help="comma-separated groups: local, remote, foreground, grid, lookahead (default all)",
+    )
+    ap.add_argument(
+        "--link-mbit",
+        type=float,
+        default=GOAL_LINK_MBIT,
+        metavar="MBIT",
+        help=f"the emulated link's speed for the remote group, 0 to skip (default {GOAL_LINK_MBIT:g})",
+    )
+    ap.add_argument(
+        "--link-via",
+        choices=["auto", "tc", "proxy"],
+        default="auto",
+        help="how the link is emulated: the kernel's shaper where it can (auto), only it, or a proxy",
+    )
+    ap.add_argument(
+        "--slow-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="time a slow peer once when its first epoch x --repeat exceeds S seconds (default 60)",
+    )
     args = ap.parse_args(argv)
     size = SIZES[args.size]
     # a timeout's SIGTERM unwinds like an error: SeaweedFS stopped, the link's qdisc removed from lo
@@ -836,8 +1110,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         paths = make_volumes(folder, size)
-        print(f"# data: {len(paths)} volumes in {os.path.dirname(paths[0])} ({time.perf_counter() - t0:.1f} s)",
-              flush=True)
+        print(
+            f"# data: {len(paths)} volumes in {os.path.dirname(paths[0])} ({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
         bench = Bench(args, size, paths)
         only = set(args.only.split(","))
         if "local" in only:
@@ -851,14 +1127,34 @@ def main(argv: list[str] | None = None) -> int:
         if "lookahead" in only:
             bench.lookahead()
         goals = bench.report()
-        _common.write_json(args.json, {
-            "benchmark": "patches", "size": args.size, "repeat": args.repeat, "facts": bench.facts,
-            "results": [{"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times,
-                         "cpu_s": r.cpu, "samples": r.samples, "samples_per_s": r.rate,
-                         "bytes_per_patch": r.bytes_per_patch, "bytes_counted_as": r.how_counted,
-                         "disk_bytes": r.disk_bytes, "note": r.note} for r in bench.rows],
-            "goals": goals, "notes": bench.notes, "results_agree": not bench.bad,
-        })
+        _common.write_json(
+            args.json,
+            {
+                "benchmark": "patches",
+                "size": args.size,
+                "repeat": args.repeat,
+                "facts": bench.facts,
+                "results": [
+                    {
+                        "group": r.group,
+                        "variant": r.variant,
+                        "median_s": r.median,
+                        "times_s": r.times,
+                        "cpu_s": r.cpu,
+                        "samples": r.samples,
+                        "samples_per_s": r.rate,
+                        "bytes_per_patch": r.bytes_per_patch,
+                        "bytes_counted_as": r.how_counted,
+                        "disk_bytes": r.disk_bytes,
+                        "note": r.note,
+                    }
+                    for r in bench.rows
+                ],
+                "goals": goals,
+                "notes": bench.notes,
+                "results_agree": not bench.bad,
+            },
+        )
         return 0 if not bench.bad else 1
     finally:
         if not args.data:

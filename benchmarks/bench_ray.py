@@ -194,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             "npydask.ray.read_npy(root)": (lambda: npydask.ray.read_npy(vdir), 1),
         }
         r = samples("volumes", peers, want)
-        goals.append(["volumes: read_npy samples/s over read_numpy's", f"{r:.2f}x", f">= {GOAL:.1f}x",
-                      "PASS" if r >= GOAL else "FAIL"])
+        goals.append(
+            [
+                "volumes: read_npy samples/s over read_numpy's",
+                f"{r:.2f}x",
+                f">= {GOAL:.1f}x",
+                "PASS" if r >= GOAL else "FAIL",
+            ]
+        )
 
         # -- big: one file split across read tasks by byte range -----------------------------------------
         want_total = float(np.load(big, mmap_mode="r").sum(dtype=np.float64))
@@ -205,9 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         facts["big: bytes read by this process while planning and counting (rchar, all descriptors)"] = rchar() - c0
         facts["big: file bytes"] = os.path.getsize(big)
         assert counted == size.big_shape[0], counted
-        source = npydask.ray.NpyDatasource(npydask.open_dataset(bdir), column="data", index_column="index",
-                                           path_column=None, concatenate=True, axis=0, block_size="128MiB",
-                                           override_num_blocks=BLOCKS)
+        source = npydask.ray.NpyDatasource(
+            npydask.open_dataset(bdir),
+            column="data",
+            index_column="index",
+            path_column=None,
+            concatenate=True,
+            axis=0,
+            block_size="128MiB",
+            override_num_blocks=BLOCKS,
+        )
         tasks = source.get_read_tasks(BLOCKS)
         row = int(np.prod(size.big_shape[1:])) * 4
         per_task = [(t.read_fn.box.stop[0] - t.read_fn.box.start[0]) * row for t in tasks]
@@ -217,13 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         # as many tasks doing nothing (on a machine with few cores, it sets the time of the split read)
         t, _ = timed(lambda: [list(task()) for task in tasks], [big], args.repeat)
         facts[f"big: the {BLOCKS} read tasks called in this process, median ms"] = round(t * 1e3, 1)
-        t, _ = timed(lambda: ray.data.range_tensor(BLOCKS, shape=(1,), override_num_blocks=BLOCKS).materialize(),
-                     [], args.repeat)
+        t, _ = timed(
+            lambda: ray.data.range_tensor(BLOCKS, shape=(1,), override_num_blocks=BLOCKS).materialize(), [], args.repeat
+        )
         facts[f"big: Ray's floor, {BLOCKS} tasks of one row materialized, median ms"] = round(t * 1e3, 1)
         peers = {
             "ray.data.read_numpy([file])": lambda: ray.data.read_numpy([big], override_num_blocks=BLOCKS),
-            f"read_npy(concatenate=True, override_num_blocks={BLOCKS})":
-                lambda: npydask.ray.read_npy(bdir, concatenate=True, override_num_blocks=BLOCKS),
+            f"read_npy(concatenate=True, override_num_blocks={BLOCKS})": lambda: npydask.ray.read_npy(
+                bdir, concatenate=True, override_num_blocks=BLOCKS
+            ),
         }
         ref = None
         for variant, make in peers.items():
@@ -235,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
             t, _ = timed(lambda make=make: total(make()), [big], args.repeat)  # (runs here, in this iteration)
             r = record("big", variant, t, os.path.getsize(big) / 2**20, ref, "MiB/s")
             ref = ref or t
-        goals.append([f"big: sum over iter_batches, read_npy({BLOCKS} tasks) speed over read_numpy's",
-                      f"{r:.2f}x", f">= {GOAL:.1f}x", "PASS" if r >= GOAL else "FAIL"])
+        goals.append(
+            [
+                f"big: sum over iter_batches, read_npy({BLOCKS} tasks) speed over read_numpy's",
+                f"{r:.2f}x",
+                f">= {GOAL:.1f}x",
+                "PASS" if r >= GOAL else "FAIL",
+            ]
+        )
 
         # -- roi: the same ROI of every volume -----------------------------------------------------------
         start, shape = size.roi_start, size.roi_shape
@@ -250,15 +271,26 @@ def main(argv: list[str] | None = None) -> int:
             # read_numpy's rows are planes, and a file's planes may land in several blocks: the whole-file
             # way to a ROI per sample in Ray is a row per file's bytes, loaded and sliced
             "read_binary_files(files).map(np.load, ROI)": (
-                lambda: ray.data.read_binary_files(volumes).map(roi_of_whole), 1),
+                lambda: ray.data.read_binary_files(volumes).map(roi_of_whole),
+                1,
+            ),
             "read_npy(root, roi_start, roi_shape)": (
-                lambda: npydask.ray.read_npy(vdir, roi_start=list(start), roi_shape=list(shape)), 1),
+                lambda: npydask.ray.read_npy(vdir, roi_start=list(start), roi_shape=list(shape)),
+                1,
+            ),
         }
         samples("roi", peers, want)
         roi_ds = npydask.open_dataset(vdir, roi_start=list(start), roi_shape=list(shape))
-        one = npydask.ray.NpyDatasource(roi_ds[:1], column="data", index_column="index", path_column=None,
-                                        concatenate=False, axis=0, block_size="128MiB",
-                                        override_num_blocks=None).get_read_tasks(1)[0]
+        one = npydask.ray.NpyDatasource(
+            roi_ds[:1],
+            column="data",
+            index_column="index",
+            path_column=None,
+            concatenate=False,
+            axis=0,
+            block_size="128MiB",
+            override_num_blocks=None,
+        ).get_read_tasks(1)[0]
         c0 = rchar()
         one.read_fn()
         read = rchar() - c0
@@ -269,21 +301,37 @@ def main(argv: list[str] | None = None) -> int:
         facts["roi: the ROI's bytes"] = roi_bytes
         facts["roi: the ROI's per-plane spans (bytes)"] = spans
         facts["roi: the file's bytes"] = os.path.getsize(volumes[0])
-        goals.append(["roi: bytes read per sample over the ROI's per-plane spans", f"{read / spans:.2f}x",
-                      "<= 1.50x", "PASS" if read <= 1.5 * spans else "FAIL"])
+        goals.append(
+            [
+                "roi: bytes read per sample over the ROI's per-plane spans",
+                f"{read / spans:.2f}x",
+                "<= 1.50x",
+                "PASS" if read <= 1.5 * spans else "FAIL",
+            ]
+        )
 
-        print(f"# size={args.size}: {size.n_volumes} volumes of {size.volume_shape}, one file of {size.big_shape}, "
-              f"ROI {shape} at {start} (float32); batches of {BATCH}; median of {args.repeat}; "
-              "ratio: speed over the group's first row")
+        print(
+            f"# size={args.size}: {size.n_volumes} volumes of {size.volume_shape}, one file of {size.big_shape}, "
+            f"ROI {shape} at {start} (float32); batches of {BATCH}; median of {args.repeat}; "
+            "ratio: speed over the group's first row"
+        )
         _common.table(rows, ["group", "variant", "median", "rate", "ratio"])
         print()
         _common.table([[k, v] for k, v in facts.items()], ["fact", "value"])
         print()
         _common.table(goals, ["goal", "measured", "target", "verdict"])
         print(f"# samples equal numpy in every variant: {'yes' if ok else 'NO'}")
-        _common.write_json(args.json, {"benchmark": "ray", "size": args.size, "results": results, "facts": facts,
-                                       "goals": [dict(zip(("goal", "measured", "target", "verdict"), g))
-                                                 for g in goals], "results_agree": ok})
+        _common.write_json(
+            args.json,
+            {
+                "benchmark": "ray",
+                "size": args.size,
+                "results": results,
+                "facts": facts,
+                "goals": [dict(zip(("goal", "measured", "target", "verdict"), g)) for g in goals],
+                "results_agree": ok,
+            },
+        )
         return 0 if ok else 1
     finally:
         ray.shutdown()

@@ -162,8 +162,11 @@ def clear_npydask_caches() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=5)
     ap.add_argument("--data", metavar="DIR", help="keep the data here and reuse it (default: a temp folder, removed)")
-    ap.add_argument("--only", default="", help="run only variants whose name contains this text, plus the two "
-                    "references (for profiling)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="run only variants whose name contains this text, plus the two references (for profiling)",
+    )
     args = ap.parse_args(argv)
     size = SIZES[args.size]
     repeat = args.repeat
@@ -187,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         results = run_all(args, size, files, big, set_bytes, big_bytes)
-        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-              f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)", flush=True)
+        print(
+            f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+            f"on {os.cpu_count()} cores (other processes compete with the 2-thread variants)",
+            flush=True,
+        )
     finally:
         if not args.data:
             shutil.rmtree(folder, ignore_errors=True)
@@ -204,11 +210,22 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
     def want(name: str) -> bool:
         # the two references always run (every ratio needs them), and P1's routes together
         only = args.only.lower()
-        return only in name.lower() or name.startswith(("floor", "mmap slab sum")) or (
-            name == OPEN_ROUTE and only in PER_FILE.lower())
+        return (
+            only in name.lower()
+            or name.startswith(("floor", "mmap slab sum"))
+            or (name == OPEN_ROUTE and only in PER_FILE.lower())
+        )
 
-    def run(group: str, name: str, fn: Callable[[], Any], paths: list[str], nbytes: int, *,
-            setup: Callable[[], Any] | None = None, note: str = "") -> Result | None:
+    def run(
+        group: str,
+        name: str,
+        fn: Callable[[], Any],
+        paths: list[str],
+        nbytes: int,
+        *,
+        setup: Callable[[], Any] | None = None,
+        note: str = "",
+    ) -> Result | None:
         if not want(name):
             return None
         _common.warm_page_cache(paths)
@@ -258,12 +275,24 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
     def from_array_total() -> np.float32:
         return from_array_build().sum().compute()
 
-    run("set", "da.from_array(np.load(mmap)) stack: build", from_array_build, files, set_bytes,
-        note="copies each memmap")
+    run(
+        "set",
+        "da.from_array(np.load(mmap)) stack: build",
+        from_array_build,
+        files,
+        set_bytes,
+        note="copies each memmap",
+    )
     if want("da.from_array(np.load(mmap)) stack: compute"):
         built["from_array"] = from_array_build()
-    run("set", "da.from_array(np.load(mmap)) stack: compute", lambda: built["from_array"].sum().compute(),
-        files, set_bytes, note="data already copied at build")
+    run(
+        "set",
+        "da.from_array(np.load(mmap)) stack: compute",
+        lambda: built["from_array"].sum().compute(),
+        files,
+        set_bytes,
+        note="data already copied at build",
+    )
     built.pop("from_array", None)
     run("set", "da.from_array(np.load(mmap)) stack: build+compute", from_array_total, files, set_bytes)
 
@@ -285,6 +314,7 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
         del sources
 
     for backend in ("auto", "pread", "mmap"):
+
         def build(backend: str = backend) -> da.Array:
             return da.stack([npydask.from_npy(p, backend=backend) for p in files])
 
@@ -298,24 +328,44 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
         built.pop(backend, None)
         run("set", f"npydask {backend}: build", build, files, set_bytes)
         if backend == "auto":
-            run("set", f"npydask {backend}: build, cold caches", build, files, set_bytes,
-                setup=clear_npydask_caches, note="handle cache + memo cleared")
+            run(
+                "set",
+                f"npydask {backend}: build, cold caches",
+                build,
+                files,
+                set_bytes,
+                setup=clear_npydask_caches,
+                note="handle cache + memo cleared",
+            )
             # P1's other route, beside the per-file one in the same run
-            run("set", OPEN_ROUTE, lambda: npydask.open_dataset(files=files).stack().sum().compute(), files,
-                set_bytes, note="opening included")
+            run(
+                "set",
+                OPEN_ROUTE,
+                lambda: npydask.open_dataset(files=files).stack().sum().compute(),
+                files,
+                set_bytes,
+                note="opening included",
+            )
 
     # ---- the big file ------------------------------------------------------------------------
     row_bytes = int(np.prod(size.big_shape[1:])) * DTYPE.itemsize
     rows = max(1, size.slab // row_bytes)
     pool = ThreadPoolExecutor(2)
     try:
+
         def slab_sum() -> np.float32:
             m = np.load(big, mmap_mode="r")
             parts = list(pool.map(lambda s: m[s : s + rows].sum(), range(0, m.shape[0], rows)))
             return np.add.reduce(np.array(parts, dtype=np.float32))
 
-        run("big", f"mmap slab sum ({size.slab // MiB} MiB slabs, 2 threads)", slab_sum, [big], big_bytes,
-            note="reference")
+        run(
+            "big",
+            f"mmap slab sum ({size.slab // MiB} MiB slabs, 2 threads)",
+            slab_sum,
+            [big],
+            big_bytes,
+            note="reference",
+        )
     finally:
         pool.shutdown()
 
@@ -332,6 +382,7 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
         del in_memory
 
     for backend in ("auto", "pread", "mmap"):
+
         def build_big(backend: str = backend) -> da.Array:
             return npydask.from_npy(big, chunks=chunks, backend=backend)
 
@@ -342,8 +393,15 @@ def run_all(args: Any, size: Size, files: list[str], big: str, set_bytes: int, b
         built.pop(backend, None)
         run("big", f"npydask {backend}: build", build_big, [big], big_bytes)
         if backend == "auto":
-            run("big", f"npydask {backend}: build, cold caches", build_big, [big], big_bytes,
-                setup=clear_npydask_caches, note="handle cache + memo cleared")
+            run(
+                "big",
+                f"npydask {backend}: build, cold caches",
+                build_big,
+                [big],
+                big_bytes,
+                setup=clear_npydask_caches,
+                note="handle cache + memo cleared",
+            )
     return results
 
 
@@ -372,48 +430,88 @@ def report(results: list[Result], args: Any, size: Size) -> bool:
 
     set_ref, big_ref = refs["set"], refs["big"]
     if set_ref:
-        goal("P1 file set: da.stack of from_npy (auto), sum incl. build / floor", ("set", PER_FILE),
-             lambda r: r.median / set_ref.median, GOAL_SET, "x")
+        goal(
+            "P1 file set: da.stack of from_npy (auto), sum incl. build / floor",
+            ("set", PER_FILE),
+            lambda r: r.median / set_ref.median,
+            GOAL_SET,
+            "x",
+        )
         route = by_name.get(("set", OPEN_ROUTE))
         if route:
-            goals.append(("(info) P1 file set: open_dataset(files=...).stack(), sum incl. opening / floor", None,
-                          route.median / set_ref.median, float("nan"), "x"))
+            goals.append(
+                (
+                    "(info) P1 file set: open_dataset(files=...).stack(), sum incl. opening / floor",
+                    None,
+                    route.median / set_ref.median,
+                    float("nan"),
+                    "x",
+                )
+            )
     goal("big file: npydask auto build", ("big", "npydask auto: build"), lambda r: r.median, GOAL_BUILD_S, "s")
     if big_ref:
-        goal("big file: npydask auto sum incl. build / mmap slab sum", ("big", "npydask auto: build+sum"),
-             lambda r: r.median / big_ref.median, GOAL_BIG, "x")
+        goal(
+            "big file: npydask auto sum incl. build / mmap slab sum",
+            ("big", "npydask auto: build+sum"),
+            lambda r: r.median / big_ref.median,
+            GOAL_BIG,
+            "x",
+        )
 
     # what a dask-based reader can reach at best here: the same data already in memory
     for group, ref in refs.items():
         bound = next((r for r in results if r.group == group and r.variant.startswith("dask floor")), None)
         if ref and bound:
-            goals.append((f"(info) {group}: dask over in-memory data / reference", None,
-                          bound.median / ref.median, float("nan"), "x"))
+            goals.append(
+                (
+                    f"(info) {group}: dask over in-memory data / reference",
+                    None,
+                    bound.median / ref.median,
+                    float("nan"),
+                    "x",
+                )
+            )
             mine = by_name.get((group, "npydask auto: build+sum"))
             if mine:
-                goals.append((f"(info) {group}: npydask auto sum incl. build / dask over in-memory data", None,
-                              mine.median / bound.median, float("nan"), "x"))
+                goals.append(
+                    (
+                        f"(info) {group}: npydask auto sum incl. build / dask over in-memory data",
+                        None,
+                        mine.median / bound.median,
+                        float("nan"),
+                        "x",
+                    )
+                )
             graphs = by_name.get((group, GRAPH_ONLY))
             if graphs:
-                goals.append((f"(info) {group}: least the per-file route takes (dask over in-memory data "
-                              "+ the graphs' build) / reference", None,
-                              (bound.median + graphs.median) / ref.median, float("nan"), "x"))
+                goals.append(
+                    (
+                        f"(info) {group}: least the per-file route takes (dask over in-memory data "
+                        "+ the graphs' build) / reference",
+                        None,
+                        (bound.median + graphs.median) / ref.median,
+                        float("nan"),
+                        "x",
+                    )
+                )
 
     rows = []
     for r in results:
         ref = refs[r.group]
         ratio = f"{r.median / ref.median:.2f}x" if ref and ref.median else ""
         is_build_only = r.value is None
-        rows.append([
-            r.group,
-            r.variant,
-            f"{r.median * 1e3:.2f}",
-            "" if is_build_only else f"{r.gbps:.2f}",
-            ratio,
-            f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
-            f"{r.cpu_median * 1e3:.0f}",
-            r.note,
-        ])
+        rows.append(
+            [
+                r.group,
+                r.variant,
+                f"{r.median * 1e3:.2f}",
+                "" if is_build_only else f"{r.gbps:.2f}",
+                ratio,
+                f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
+                f"{r.cpu_median * 1e3:.0f}",
+                r.note,
+            ]
+        )
     print()
     print(f"# ratio: to the floor (set) or to the mmap slab sum (big); GB = 1e9 bytes; size={args.size}")
     print("# cpu ms: median process CPU time (user + system, all threads) per run; less noisy than wall time")
@@ -437,23 +535,40 @@ def report(results: list[Result], args: Any, size: Size) -> bool:
     _common.table(grow, ["goal", "measured", "target", "verdict"])
     print(f"# sums agree within rtol {RTOL}: {'yes' if sane else 'NO'}")
 
-    _common.write_json(args.json, {
-        "benchmark": "read",
-        "size": args.size,
-        "repeat": args.repeat,
-        "results": [
-            {"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
-             "cpu_median_s": r.cpu_median, "cpu_s": r.cpu,
-             "gb_per_s": r.gbps, "value": r.value, "note": r.note}
-            for r in results
-        ],
-        "goals": [
-            {"goal": t, "measured": m, "limit": None if lim != lim else lim, "unit": u,
-             "pass": (None if r is None else m <= lim)}
-            for t, r, m, lim, u in goals
-        ],
-        "sums_agree": sane,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "read",
+            "size": args.size,
+            "repeat": args.repeat,
+            "results": [
+                {
+                    "group": r.group,
+                    "variant": r.variant,
+                    "median_s": r.median,
+                    "times_s": r.times,
+                    "nbytes": r.nbytes,
+                    "cpu_median_s": r.cpu_median,
+                    "cpu_s": r.cpu,
+                    "gb_per_s": r.gbps,
+                    "value": r.value,
+                    "note": r.note,
+                }
+                for r in results
+            ],
+            "goals": [
+                {
+                    "goal": t,
+                    "measured": m,
+                    "limit": None if lim != lim else lim,
+                    "unit": u,
+                    "pass": (None if r is None else m <= lim),
+                }
+                for t, r, m, lim, u in goals
+            ],
+            "sums_agree": sane,
+        },
+    )
     return sane
 
 

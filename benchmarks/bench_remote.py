@@ -230,19 +230,32 @@ def process_cpu(pid: int | None) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
     ap.add_argument("--data", metavar="DIR", help="keep the .npy files here and reuse them (default: a temp folder)")
-    ap.add_argument("--link-mbit", type=float, default=1000.0, metavar="MBIT",
-                    help="also time R1 over an emulated link of this many Mbit/s (a pacing proxy), 0 to skip "
-                         "(default 1000)")
-    ap.add_argument("--only", default="roi,sum,small", metavar="GROUPS",
-                    help="comma-separated groups to run: roi (R1), sum (R2), small (R3 and R4); default all")
+    ap.add_argument(
+        "--link-mbit",
+        type=float,
+        default=1000.0,
+        metavar="MBIT",
+        help="also time R1 over an emulated link of this many Mbit/s (a pacing proxy), 0 to skip (default 1000)",
+    )
+    ap.add_argument(
+        "--only",
+        default="roi,sum,small",
+        metavar="GROUPS",
+        help="comma-separated groups to run: roi (R1), sum (R2), small (R3 and R4); default all",
+    )
     ap.add_argument(
         "--link-via",
         choices=["auto", "tc", "proxy"],
         default="auto",
         help="how the link is emulated: the kernel's shaper where it can (auto), only it, or the pacing proxy",
     )
-    ap.add_argument("--slow-budget", type=float, default=30.0, metavar="S",
-                    help="run a sequential peer loop once only when its first run takes over S seconds (default 30)")
+    ap.add_argument(
+        "--slow-budget",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="run a sequential peer loop once only when its first run takes over S seconds (default 30)",
+    )
     args = ap.parse_args(argv)
     size = SIZES[args.size]
     env = _common.environment()
@@ -272,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             bench = Bench(args, size, server, proxy, volumes, small, scratch)
             bench.run_all()
-        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
-              f"{os.cpu_count()} cores", flush=True)
+        print(
+            f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
+            flush=True,
+        )
     finally:
         server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -291,8 +306,16 @@ def _obstore_store(bucket: str, options: dict[str, Any]) -> Any:
 class Bench:
     """The variants of R1-R4 against one server, their results and the report."""
 
-    def __init__(self, args: Any, size: Size, server: SeaweedServer, proxy: CountingProxy,
-                 volumes: list[str], small: list[str], scratch: str) -> None:
+    def __init__(
+        self,
+        args: Any,
+        size: Size,
+        server: SeaweedServer,
+        proxy: CountingProxy,
+        volumes: list[str],
+        small: list[str],
+        scratch: str,
+    ) -> None:
         self.args, self.size, self.server, self.proxy = args, size, server, proxy
         self.volumes, self.small, self.scratch = volumes, small, scratch
         self.rows: list[Row] = []
@@ -312,8 +335,17 @@ class Bench:
 
     # -- timing ---------------------------------------------------------------------------------
 
-    def time(self, group: str, name: str, fn: Callable[[], Any], nbytes: int, *,
-             check: Callable[[Any], Any] | None = None, budget: float | None = None, note: str = "") -> Row:
+    def time(
+        self,
+        group: str,
+        name: str,
+        fn: Callable[[], Any],
+        nbytes: int,
+        *,
+        check: Callable[[Any], Any] | None = None,
+        budget: float | None = None,
+        note: str = "",
+    ) -> Row:
         """Median of ``--repeat`` runs of ``fn`` (npydask's caches cleared before each), direct to the server."""
         times: list[float] = []
         cpu: list[float] = []
@@ -329,8 +361,11 @@ class Bench:
             times += t
         row = Row(group, name, times, cpu, server_cpu, nbytes, check(value) if check else None, note)
         self.rows.append(row)
-        print(f"  {group:5s} {name:62s} {_common.fmt_seconds(row.median):>10s}  "
-              f"cpu {_common.fmt_seconds(_common.median(cpu)):>10s}", flush=True)
+        print(
+            f"  {group:5s} {name:62s} {_common.fmt_seconds(row.median):>10s}  "
+            f"cpu {_common.fmt_seconds(_common.median(cpu)):>10s}",
+            flush=True,
+        )
         return row
 
     def count(self, row: Row, fn: Callable[[], Any]) -> ProxyCounts:
@@ -423,14 +458,28 @@ class Bench:
         def npydask_roi(options: dict[str, Any]) -> np.ndarray:
             return npydask.open_dataset(self.vprefix, storage_options=options, **kw).stack().compute()
 
-        ref = self.time("roi", "peers' way: obstore whole GETs (64 in flight), np.load, slice", peers_way, nbytes,
-                        check=np.asarray, note="reference; what DALI and Ray do")
+        ref = self.time(
+            "roi",
+            "peers' way: obstore whole GETs (64 in flight), np.load, slice",
+            peers_way,
+            nbytes,
+            check=np.asarray,
+            note="reference; what DALI and Ray do",
+        )
         self.count(ref, lambda: peers_way(self.proxied_store))
-        row = self.time("roi", "npydask: open_dataset(roi).stack().compute()",
-                        lambda: npydask_roi(self.direct), nbytes, check=np.asarray)
+        row = self.time(
+            "roi",
+            "npydask: open_dataset(roi).stack().compute()",
+            lambda: npydask_roi(self.direct),
+            nbytes,
+            check=np.asarray,
+        )
         self.count(row, lambda: npydask_roi(self.proxied))
-        plane_gets = [(key, start, start + span) for p, key in zip(self.volumes, keys)
-                      for start in roi_plane_offsets(p, size.volume_shape, size.roi_start, size.roi_shape)]
+        plane_gets = [
+            (key, start, start + span)
+            for p, key in zip(self.volumes, keys)
+            for start in roi_plane_offsets(p, size.volume_shape, size.roi_start, size.roi_shape)
+        ]
 
         for (key, start, stop), got in zip(plane_gets, self.get_all(plane_gets)):  # (the offsets, checked once)
             with open(os.path.join(os.path.dirname(self.volumes[0]), key.rpartition("/")[2]), "rb") as f:
@@ -440,20 +489,32 @@ class Bench:
         def raw_spans() -> int:
             return sum(len(b) for b in self.get_all(plane_gets))
 
-        row = self.time("roi", "raw: obstore range GETs of the per-plane spans (64 in flight)", raw_spans, nbytes,
-                        note="npydask's requests without npydask")
+        row = self.time(
+            "roi",
+            "raw: obstore range GETs of the per-plane spans (64 in flight)",
+            raw_spans,
+            nbytes,
+            note="npydask's requests without npydask",
+        )
         self.count(row, lambda: self.get_all(plane_gets, self.proxied_store))
         ds = npydask.open_dataset(self.vprefix, storage_options=self.direct, **kw)
-        self.time("roi", "npydask: stack().compute() (opened before)", lambda: ds.stack().compute(), nbytes,
-                  check=np.asarray)
-        self.time("roi", "boto3 get_object + np.load + slice, sequential",
-                  lambda: np.stack([np.array(self.boto3_load(p)[roi]) for p in self.volumes]), nbytes,
-                  check=np.asarray, budget=self.args.slow_budget)
+        self.time(
+            "roi", "npydask: stack().compute() (opened before)", lambda: ds.stack().compute(), nbytes, check=np.asarray
+        )
+        self.time(
+            "roi",
+            "boto3 get_object + np.load + slice, sequential",
+            lambda: np.stack([np.array(self.boto3_load(p)[roi]) for p in self.volumes]),
+            nbytes,
+            check=np.asarray,
+            budget=self.args.slow_budget,
+        )
         if self.args.link_mbit > 0:
             self.roi_over_link(peers_way, npydask_roi, nbytes)
 
-    def roi_over_link(self, peers_way: Callable[[Any], np.ndarray],
-                      npydask_roi: Callable[[dict[str, Any]], np.ndarray], nbytes: int) -> None:
+    def roi_over_link(
+        self, peers_way: Callable[[Any], np.ndarray], npydask_roi: Callable[[dict[str, Any]], np.ndarray], nbytes: int
+    ) -> None:
         """R1's two ways again over an emulated link of ``--link-mbit`` (:mod:`_link`; no latency added).
 
         On loopback the server's CPU per request sets R1's time; over a link
@@ -480,23 +541,53 @@ class Bench:
                 self.get_all([key_of(self.volumes[0])], store)  # (connections and stores built, as elsewhere)
                 npydask.open_dataset(self.vprefix, storage_options=options)
             self.facts["R1 link"] = how
-            self.time("roi", f"link {mbit:g} Mbit/s: peers' way (whole GETs, np.load, slice)",
-                      lambda: peers_way(store), nbytes, check=np.asarray, note="the whole-object way over the link")
-            self.time("roi", f"link {mbit:g} Mbit/s: npydask open_dataset(roi).stack().compute()",
-                      lambda: npydask_roi(options), nbytes, check=np.asarray)
+            self.time(
+                "roi",
+                f"link {mbit:g} Mbit/s: peers' way (whole GETs, np.load, slice)",
+                lambda: peers_way(store),
+                nbytes,
+                check=np.asarray,
+                note="the whole-object way over the link",
+            )
+            self.time(
+                "roi",
+                f"link {mbit:g} Mbit/s: npydask open_dataset(roi).stack().compute()",
+                lambda: npydask_roi(options),
+                nbytes,
+                check=np.asarray,
+            )
 
     def throughput(self) -> None:
         nbytes = sum(int(np.prod(self.size.volume_shape)) * DTYPE.itemsize for _ in self.volumes)
         self.oracle_sum = numpy_sum(self.volumes)
-        parts = [(key_of(p), a, min(a + PART_BYTES, n))
-                 for p in self.volumes for n in [os.path.getsize(p)] for a in range(0, n, PART_BYTES)]
-        self.time("sum", "floor: obstore range GETs of 8 MiB (64 in flight), bytes only",
-                  self.fetch(parts, self.volumes), nbytes, note="reference")
-        self.time("sum", "npydask: open_dataset().stack().sum().compute()",
-                  lambda: float(npydask.open_dataset(self.vprefix, storage_options=self.direct)
-                                .stack().sum().compute()), nbytes, check=float)
-        self.time("sum", "boto3 get_object + np.load + sum, sequential", lambda: self.boto3_sum(self.volumes), nbytes,
-                  check=float, budget=self.args.slow_budget)
+        parts = [
+            (key_of(p), a, min(a + PART_BYTES, n))
+            for p in self.volumes
+            for n in [os.path.getsize(p)]
+            for a in range(0, n, PART_BYTES)
+        ]
+        self.time(
+            "sum",
+            "floor: obstore range GETs of 8 MiB (64 in flight), bytes only",
+            self.fetch(parts, self.volumes),
+            nbytes,
+            note="reference",
+        )
+        self.time(
+            "sum",
+            "npydask: open_dataset().stack().sum().compute()",
+            lambda: float(npydask.open_dataset(self.vprefix, storage_options=self.direct).stack().sum().compute()),
+            nbytes,
+            check=float,
+        )
+        self.time(
+            "sum",
+            "boto3 get_object + np.load + sum, sequential",
+            lambda: self.boto3_sum(self.volumes),
+            nbytes,
+            check=float,
+            budget=self.args.slow_budget,
+        )
 
     def many_small(self) -> None:
         n = len(self.small)
@@ -506,8 +597,13 @@ class Bench:
         def opened(options: dict[str, Any], **kw: Any) -> Any:
             return npydask.open_dataset(self.sprefix, storage_options=options, **kw)
 
-        self.time("small", "floor: obstore whole GETs (64 in flight), bytes only",
-                  self.fetch([key_of(p) for p in self.small], self.small), nbytes, note="reference")
+        self.time(
+            "small",
+            "floor: obstore whole GETs (64 in flight), bytes only",
+            self.fetch([key_of(p) for p in self.small], self.small),
+            nbytes,
+            note="reference",
+        )
         index = os.path.join(self.scratch, "index.json")
         try:
             opened(self.direct, index=index)  # built once, untimed
@@ -515,8 +611,9 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - reported in the table, not fatal
             with_index = None
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-            self.facts["index= over URLs"] = (f"n/a (index= over URLs not merged): opening with index= raised "
-                                              f"{type(e).__name__}: {first}")
+            self.facts["index= over URLs"] = (
+                f"n/a (index= over URLs not merged): opening with index= raised {type(e).__name__}: {first}"
+            )
         all_kw = self.headers_all
         all_name = 'headers="all"' + ("" if all_kw else " (the default)")
         variants = [("open(index=)", with_index), (all_name, all_kw)]
@@ -524,10 +621,21 @@ class Bench:
             if kw is None:
                 self.rows.append(Row("small", f"npydask {label}: open+stack+sum", [], [], [], nbytes, note=NOT_MERGED))
                 continue
-            self.time("small", f"npydask {label}: open+stack+sum",
-                      lambda kw=kw: float(opened(self.direct, **kw).stack().sum().compute()), nbytes, check=float)
-        self.time("small", "boto3 get_object + np.load + sum, sequential",
-                  lambda: self.boto3_sum(self.small), nbytes, check=float, budget=self.args.slow_budget)
+            self.time(
+                "small",
+                f"npydask {label}: open+stack+sum",
+                lambda kw=kw: float(opened(self.direct, **kw).stack().sum().compute()),
+                nbytes,
+                check=float,
+            )
+        self.time(
+            "small",
+            "boto3 get_object + np.load + sum, sequential",
+            lambda: self.boto3_sum(self.small),
+            nbytes,
+            check=float,
+            budget=self.args.slow_budget,
+        )
         self.facts["small LIST pages expected"] = math.ceil(n / LIST_PAGE)
         for label, kw in variants:
             if kw is None:
@@ -535,8 +643,9 @@ class Bench:
                     Row("open", f"npydask {label}: open_dataset alone", [], [], [], nbytes, note=NOT_MERGED)
                 )
                 continue
-            row = self.time("open", f"npydask {label}: open_dataset alone", lambda kw=kw: opened(self.direct, **kw),
-                            nbytes)
+            row = self.time(
+                "open", f"npydask {label}: open_dataset alone", lambda kw=kw: opened(self.direct, **kw), nbytes
+            )
             self.count(row, lambda kw=kw: opened(self.proxied, **kw))
 
     # -- the report -----------------------------------------------------------------------------
@@ -548,15 +657,18 @@ class Bench:
         return next((r for r in self.rows if r.group == group and r.variant.startswith(start)), None)
 
     def report(self) -> bool:
-        oracle = {"roi": getattr(self, "oracle_roi", None), "sum": getattr(self, "oracle_sum", None),
-                  "small": getattr(self, "oracle_small", None)}
+        oracle = {
+            "roi": getattr(self, "oracle_roi", None),
+            "sum": getattr(self, "oracle_sum", None),
+            "small": getattr(self, "oracle_small", None),
+        }
         sane = not self.proxy_mismatch
         for r in self.rows:
             want = oracle.get(r.group)
             if r.value is None or want is None:
                 continue
             if isinstance(want, np.ndarray):
-                ok = (r.value.shape == want.shape and r.value.dtype == want.dtype and np.array_equal(r.value, want))
+                ok = r.value.shape == want.shape and r.value.dtype == want.dtype and np.array_equal(r.value, want)
                 bad = f"MISMATCH: not equal to the numpy stack ({r.value.shape}, {r.value.dtype})"
             else:
                 ok = bool(np.isclose(r.value, want, rtol=RTOL, atol=0))
@@ -573,14 +685,27 @@ class Bench:
             ref = self.reference(r.group)
             ratio = f"{r.median / ref.median:.2f}x" if ref is not None and ref.median and r.group != "open" else ""
             rate = f"{r.nbytes / r.median / MiB:.0f}" if r.median and r.group != "open" else ""
-            rows.append([GROUPS[r.group].split()[0], r.variant, f"{r.median * 1e3:.1f}", rate, ratio,
-                         f"{min(r.times) * 1e3:.0f}-{max(r.times) * 1e3:.0f}",
-                         f"{_common.median(r.cpu) * 1e3:.0f}", f"{_common.median(r.server_cpu) * 1e3:.0f}", r.note])
+            rows.append(
+                [
+                    GROUPS[r.group].split()[0],
+                    r.variant,
+                    f"{r.median * 1e3:.1f}",
+                    rate,
+                    ratio,
+                    f"{min(r.times) * 1e3:.0f}-{max(r.times) * 1e3:.0f}",
+                    f"{_common.median(r.cpu) * 1e3:.0f}",
+                    f"{_common.median(r.server_cpu) * 1e3:.0f}",
+                    r.note,
+                ]
+            )
         print()
-        print(f"# ratio: to the group's reference; MiB/s: payload (or ROI) bytes / median; size={self.args.size}; "
-              f"timed runs go straight to the server")
-        _common.table(rows, ["grp", "variant", "median ms", "MiB/s", "ratio", "min-max ms", "cpu ms",
-                             "server cpu ms", "note"])
+        print(
+            f"# ratio: to the group's reference; MiB/s: payload (or ROI) bytes / median; size={self.args.size}; "
+            f"timed runs go straight to the server"
+        )
+        _common.table(
+            rows, ["grp", "variant", "median ms", "MiB/s", "ratio", "min-max ms", "cpu ms", "server cpu ms", "note"]
+        )
 
         spans = self.facts.get("roi spans bytes (all volumes)")
         traffic = []
@@ -590,9 +715,20 @@ class Bench:
             t = r.traffic
             header_gets = t.count("GET") if r.group == "open" else ""
             vs = f"{t.downstream / spans:.2f}x" if r.group == "roi" and spans else ""
-            traffic.append([GROUPS[r.group].split()[0], r.variant, f"{t.downstream:,}", f"{t.upstream:,}", vs,
-                            t.count("LIST"), t.count("GET"), t.count("HEAD"), header_gets,
-                            sum(t.requests.values()) - t.count("LIST") - t.count("GET") - t.count("HEAD")])
+            traffic.append(
+                [
+                    GROUPS[r.group].split()[0],
+                    r.variant,
+                    f"{t.downstream:,}",
+                    f"{t.upstream:,}",
+                    vs,
+                    t.count("LIST"),
+                    t.count("GET"),
+                    t.count("HEAD"),
+                    header_gets,
+                    sum(t.requests.values()) - t.count("LIST") - t.count("GET") - t.count("HEAD"),
+                ]
+            )
             if t.unframed:
                 self.notes.append(f"{r.variant}: {t.unframed} connections not counted request by request")
         print()
@@ -601,52 +737,91 @@ class Bench:
             f"per-plane span {self.facts.get('roi per-plane span bytes'):,}"
             f" bytes, all ROI spans {spans:,} bytes (from the first to the last ROI byte in each plane)"
         )
-        _common.table(traffic, ["grp", "variant", "bytes down", "bytes up", "/ spans", "LIST", "GET", "HEAD",
-                                "header GETs", "other"])
+        _common.table(
+            traffic,
+            ["grp", "variant", "bytes down", "bytes up", "/ spans", "LIST", "GET", "HEAD", "header GETs", "other"],
+        )
 
         goals = self.goals()
         print()
-        _common.table([[g["goal"], g["measured"], g["target"], g["verdict"]] for g in goals],
-                      ["goal", "measured", "target", "verdict"])
+        _common.table(
+            [[g["goal"], g["measured"], g["target"], g["verdict"]] for g in goals],
+            ["goal", "measured", "target", "verdict"],
+        )
         for k, v in self.facts.items():
             if isinstance(v, str):
                 print(f"# {k}: {v}")
         for note in self.notes:
             print(f"# note: {note}")
         print(f"# ROI stacks equal numpy and sums agree within rtol {RTOL}: {'yes' if sane else 'NO'}")
-        _common.write_json(self.args.json, {
-            "benchmark": "remote",
-            "size": self.args.size,
-            "repeat": self.args.repeat,
-            "facts": self.facts,
-            "results": [
-                {"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times,
-                 "cpu_s": r.cpu, "server_cpu_s": r.server_cpu, "nbytes": r.nbytes, "note": r.note,
-                 "value": r.value if isinstance(r.value, float) else None,
-                 "traffic": None if r.traffic is None else {
-                     "downstream": r.traffic.downstream, "upstream": r.traffic.upstream,
-                     "connections": r.traffic.connections, "requests": r.traffic.requests}}
-                for r in self.rows
-            ],
-            "goals": goals,
-            "notes": self.notes,
-            "results_agree": sane,
-        })
+        _common.write_json(
+            self.args.json,
+            {
+                "benchmark": "remote",
+                "size": self.args.size,
+                "repeat": self.args.repeat,
+                "facts": self.facts,
+                "results": [
+                    {
+                        "group": r.group,
+                        "variant": r.variant,
+                        "median_s": r.median,
+                        "times_s": r.times,
+                        "cpu_s": r.cpu,
+                        "server_cpu_s": r.server_cpu,
+                        "nbytes": r.nbytes,
+                        "note": r.note,
+                        "value": r.value if isinstance(r.value, float) else None,
+                        "traffic": None
+                        if r.traffic is None
+                        else {
+                            "downstream": r.traffic.downstream,
+                            "upstream": r.traffic.upstream,
+                            "connections": r.traffic.connections,
+                            "requests": r.traffic.requests,
+                        },
+                    }
+                    for r in self.rows
+                ],
+                "goals": goals,
+                "notes": self.notes,
+                "results_agree": sane,
+            },
+        )
         return sane
 
     def goals(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
 
-        def goal(text: str, measured: float | None, limit: float, *, at_least: bool = False, unit: str = "x",
-                 why: str = "") -> None:
+        def goal(
+            text: str, measured: float | None, limit: float, *, at_least: bool = False, unit: str = "x", why: str = ""
+        ) -> None:
             if measured is None:
-                out.append({"goal": text, "measured": "n/a", "why": why, "target": "", "verdict": "n/a",
-                            "value": None, "limit": limit, "pass": None})
+                out.append(
+                    {
+                        "goal": text,
+                        "measured": "n/a",
+                        "why": why,
+                        "target": "",
+                        "verdict": "n/a",
+                        "value": None,
+                        "limit": limit,
+                        "pass": None,
+                    }
+                )
                 return
             ok = measured >= limit if at_least else measured <= limit
-            out.append({"goal": text, "measured": f"{measured:.2f}{unit}",
-                        "target": f"{'>=' if at_least else '<='} {limit:g}{unit}", "verdict": "PASS" if ok else "FAIL",
-                        "value": measured, "limit": limit, "pass": ok})
+            out.append(
+                {
+                    "goal": text,
+                    "measured": f"{measured:.2f}{unit}",
+                    "target": f"{'>=' if at_least else '<='} {limit:g}{unit}",
+                    "verdict": "PASS" if ok else "FAIL",
+                    "value": measured,
+                    "limit": limit,
+                    "pass": ok,
+                }
+            )
 
         def ratio(a: Row | None, b: Row | None) -> float | None:
             return a.median / b.median if a and b and a.times and b.times and b.median else None
@@ -654,47 +829,82 @@ class Bench:
         index_na = self.facts.get("index= over URLs", "")
         roi, roi_ref = self.find("roi", "npydask: open_dataset"), self.reference("roi")
         spans = self.facts.get("roi spans bytes (all volumes)")
-        goal("R1 roi: bytes down / per-plane spans",
-             roi.traffic.downstream / spans if roi and roi.traffic and spans else None, GOAL_ROI_BYTES)
+        goal(
+            "R1 roi: bytes down / per-plane spans",
+            roi.traffic.downstream / spans if roi and roi.traffic and spans else None,
+            GOAL_ROI_BYTES,
+        )
         mbit = self.args.link_mbit
-        link_ratio = ratio(self.find("roi", f"link {mbit:g} Mbit/s: npydask"),
-                           self.find("roi", f"link {mbit:g} Mbit/s: peers' way"))
-        goal(f"R1 roi over an emulated {GOAL_ROI_LINK_MBIT:g} Mbit/s link: npydask open+stack+compute / "
-             "whole-object way", link_ratio if mbit == GOAL_ROI_LINK_MBIT else None, GOAL_ROI_LINK,
-             why=f"run with --link-mbit {mbit:g}")
+        link_ratio = ratio(
+            self.find("roi", f"link {mbit:g} Mbit/s: npydask"), self.find("roi", f"link {mbit:g} Mbit/s: peers' way")
+        )
+        goal(
+            f"R1 roi over an emulated {GOAL_ROI_LINK_MBIT:g} Mbit/s link: npydask open+stack+compute / "
+            "whole-object way",
+            link_ratio if mbit == GOAL_ROI_LINK_MBIT else None,
+            GOAL_ROI_LINK,
+            why=f"run with --link-mbit {mbit:g}",
+        )
         raw = self.find("roi", "raw: obstore range GETs")
-        goal("R1 roi, loopback: stack().compute() of a dataset opened before / raw per-plane range GETs",
-             ratio(self.find("roi", "npydask: stack().compute() (opened before)"), raw), GOAL_ROI_OPENED)
-        goal("R1 roi, loopback: npydask open+stack+compute / raw per-plane range GETs", ratio(roi, raw),
-             GOAL_ROI_OPENING)
+        goal(
+            "R1 roi, loopback: stack().compute() of a dataset opened before / raw per-plane range GETs",
+            ratio(self.find("roi", "npydask: stack().compute() (opened before)"), raw),
+            GOAL_ROI_OPENED,
+        )
+        goal(
+            "R1 roi, loopback: npydask open+stack+compute / raw per-plane range GETs", ratio(roi, raw), GOAL_ROI_OPENING
+        )
         s, s_ref = self.find("sum", "npydask"), self.reference("sum")
         goal("R2 sum: npydask MiB/s / range-GET floor MiB/s", ratio(s_ref, s), GOAL_SUM_RATE, at_least=True)
         ix, floor = self.find("small", "npydask open(index=)"), self.reference("small")
         boto3 = self.find("small", "boto3")
-        goal("R3 small: npydask open(index=)+stack+sum / GET floor", ratio(ix, floor), GOAL_SMALL_FLOOR,
-             why=index_na)
-        goal("R3 small: boto3 loop / npydask open(index=)+stack+sum (speed-up)", ratio(boto3, ix),
-             GOAL_SMALL_BOTO3, at_least=True, why=index_na)
+        goal("R3 small: npydask open(index=)+stack+sum / GET floor", ratio(ix, floor), GOAL_SMALL_FLOOR, why=index_na)
+        goal(
+            "R3 small: boto3 loop / npydask open(index=)+stack+sum (speed-up)",
+            ratio(boto3, ix),
+            GOAL_SMALL_BOTO3,
+            at_least=True,
+            why=index_na,
+        )
         opened = self.find("open", "npydask open(index=)")
-        goal("R4 open: header GETs opening with index= reused",
-             float(opened.traffic.count("GET") + opened.traffic.count("HEAD")) if opened and opened.traffic else None,
-             0, unit="", why=index_na)
+        goal(
+            "R4 open: header GETs opening with index= reused",
+            float(opened.traffic.count("GET") + opened.traffic.count("HEAD")) if opened and opened.traffic else None,
+            0,
+            unit="",
+            why=index_na,
+        )
         if opened and opened.traffic:
-            goal("R4 open: LIST pages opening with index= reused", float(opened.traffic.count("LIST")),
-                 self.facts["small LIST pages expected"], unit="")
+            goal(
+                "R4 open: LIST pages opening with index= reused",
+                float(opened.traffic.count("LIST")),
+                self.facts["small LIST pages expected"],
+                unit="",
+            )
         hall = self.find("small", "npydask headers")
         for text, value in (
             ('(info) R3 small: npydask headers="all" / GET floor', ratio(hall, floor)),
             ('(info) R3 small: boto3 loop / npydask headers="all" (speed-up)', ratio(boto3, hall)),
             ("(info) R1 roi, loopback: npydask open+stack+compute / whole-object peers' way", ratio(roi, roi_ref)),
             ("(info) R1 roi: boto3 loop / npydask (speed-up)", ratio(self.find("roi", "boto3"), roi)),
-            (f"(info) R1 roi over an emulated {mbit:g} Mbit/s link: npydask / whole-object way",
-             link_ratio if mbit != GOAL_ROI_LINK_MBIT else None),
+            (
+                f"(info) R1 roi over an emulated {mbit:g} Mbit/s link: npydask / whole-object way",
+                link_ratio if mbit != GOAL_ROI_LINK_MBIT else None,
+            ),
             ("(info) R2 sum: boto3 loop / npydask", ratio(self.find("sum", "boto3"), s)),
         ):
             if value is not None:
-                out.append({"goal": text, "measured": f"{value:.2f}x", "target": "", "verdict": "info",
-                            "value": value, "limit": None, "pass": None})
+                out.append(
+                    {
+                        "goal": text,
+                        "measured": f"{value:.2f}x",
+                        "target": "",
+                        "verdict": "info",
+                        "value": value,
+                        "limit": None,
+                        "pass": None,
+                    }
+                )
         return out
 
 

@@ -409,8 +409,9 @@ def probe_stack(fs: FileSet, repeat: int, cluster: bool) -> dict[str, Any]:
         for k in sorted({0, fs.n // 2, fs.n - 1}):
             got = x[k].compute(scheduler=None if cluster else dask.get)
             want = np.load(fs.path(k))
-            if not (got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
-                    and got[0, 0] == k):
+            if not (
+                got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want) and got[0, 0] == k
+            ):
                 bad.append(k)
         out["mismatched_rows"] = bad
         return out
@@ -450,13 +451,15 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         done = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-            capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"the child measuring {spec} ran over {CHILD_TIMEOUT:.0f} s and was stopped"}
     for line in done.stdout.splitlines():
         if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
+            return json.loads(line[len(RESULT) :])
     return {"error": f"exit {done.returncode}: {(done.stderr or done.stdout)[-2000:]}"}
 
 
@@ -481,8 +484,9 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
             took, passes = settled(partial(header_floor, paths))  # the pages an open reads, re-read right before it
             header_floors.append(took)
             header_passes.append(passes)
-            runs.append(run_child(
-                {"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect}))
+            runs.append(
+                run_child({"kind": "open", "root": fs.root, "n": n, "headers": headers, "trace": False, "gc": collect})
+            )
         errors = [r["error"] for r in runs if "error" in r]
         if errors:
             row[f"open_{name}_error"] = errors[0]
@@ -492,9 +496,12 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
         row[f"open_{name}_files"] = runs[0]["files"]
         row[f"rss_{name}"] = _common.median([r["rss"] for r in runs])
         row[f"peak_{name}"] = _common.median([r["peak"] for r in runs])
-        print(f"  {n:>9,} files: open {name:5s} {_common.fmt_seconds(row[f'open_{name}_s']):>10s}  "
-              f"held {row[f'rss_{name}'] / n:7.0f} B/file  (header floor just before: "
-              f"{_common.fmt_seconds(header_floors[-1])} after {header_passes[-1]} passes)", flush=True)
+        print(
+            f"  {n:>9,} files: open {name:5s} {_common.fmt_seconds(row[f'open_{name}_s']):>10s}  "
+            f"held {row[f'rss_{name}'] / n:7.0f} B/file  (header floor just before: "
+            f"{_common.fmt_seconds(header_floors[-1])} after {header_passes[-1]} passes)",
+            flush=True,
+        )
     row["header_floor_s"] = _common.median(header_floors)
     row["header_floor_passes"] = header_passes
     del paths
@@ -516,9 +523,11 @@ def measure_count(fs: FileSet, repeat: int, first_mode: bool) -> dict[str, Any]:
         row[f"pickled_{name}"] = got["pickled"]
         row[f"sent_{name}"] = got["sent"]
         row[f"mismatched_{name}"] = got["mismatched_rows"]
-        print(f"  {n:>9,} files: stack ({name}) {_common.fmt_seconds(row[f'stack_{name}_s']):>10s}  "
-              f"graph {got['sent'] / n:7.1f} B/file through distributed's serialize ({got['tasks']} tasks)",
-              flush=True)
+        print(
+            f"  {n:>9,} files: stack ({name}) {_common.fmt_seconds(row[f'stack_{name}_s']):>10s}  "
+            f"graph {got['sent'] / n:7.1f} B/file through distributed's serialize ({got['tasks']} tasks)",
+            flush=True,
+        )
     return row
 
 
@@ -530,31 +539,67 @@ def _per(row: dict[str, Any], key: str, scale: float, fmt: str) -> str:
 def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[bool, list[dict[str, Any]]]:
     table = []
     for r in rows:
-        table.append([
-            f"{r['n']:,}",
-            f"{r['floor_s']:.2f}", _per(r, "floor_s", 1e6, ".1f"),
-            f"{r['header_floor_s']:.2f}", _per(r, "header_floor_s", 1e6, ".1f"),
-            "n/a" if "open_all_s" not in r else f"{r['open_all_s']:.2f}", _per(r, "open_all_s", 1e6, ".1f"),
-            "n/a" if "open_all_s" not in r else f"{(r['open_all_s'] - r['header_floor_s']) / r['n'] * 1e6:.1f}",
-            "n/a" if "open_nogc_s" not in r else f"{r['open_nogc_s']:.2f}",
-            "n/a" if "open_first_s" not in r else f"{r['open_first_s']:.2f}", _per(r, "open_first_s", 1e6, ".1f"),
-            _per(r, "rss_all", 1, ".0f"), _per(r, "peak_all", 1, ".0f"), _per(r, "traced", 1, ".0f"),
-            "n/a" if "stack_local_s" not in r else f"{r['stack_local_s']:.3f}", _per(r, "stack_local_s", 1e6, ".2f"),
-            "n/a" if "stack_cluster_s" not in r else f"{r['stack_cluster_s']:.3f}",
-            _per(r, "pickled_local", 1, ".1f"), _per(r, "sent_cluster", 1, ".1f"),
-            r.get("stack_local_tasks", "n/a"), r.get("stack_cluster_tasks", "n/a"),
-        ])
+        table.append(
+            [
+                f"{r['n']:,}",
+                f"{r['floor_s']:.2f}",
+                _per(r, "floor_s", 1e6, ".1f"),
+                f"{r['header_floor_s']:.2f}",
+                _per(r, "header_floor_s", 1e6, ".1f"),
+                "n/a" if "open_all_s" not in r else f"{r['open_all_s']:.2f}",
+                _per(r, "open_all_s", 1e6, ".1f"),
+                "n/a" if "open_all_s" not in r else f"{(r['open_all_s'] - r['header_floor_s']) / r['n'] * 1e6:.1f}",
+                "n/a" if "open_nogc_s" not in r else f"{r['open_nogc_s']:.2f}",
+                "n/a" if "open_first_s" not in r else f"{r['open_first_s']:.2f}",
+                _per(r, "open_first_s", 1e6, ".1f"),
+                _per(r, "rss_all", 1, ".0f"),
+                _per(r, "peak_all", 1, ".0f"),
+                _per(r, "traced", 1, ".0f"),
+                "n/a" if "stack_local_s" not in r else f"{r['stack_local_s']:.3f}",
+                _per(r, "stack_local_s", 1e6, ".2f"),
+                "n/a" if "stack_cluster_s" not in r else f"{r['stack_cluster_s']:.3f}",
+                _per(r, "pickled_local", 1, ".1f"),
+                _per(r, "sent_cluster", 1, ".1f"),
+                r.get("stack_local_tasks", "n/a"),
+                r.get("stack_cluster_tasks", "n/a"),
+            ]
+        )
     print()
-    print("# per N: s = seconds (median), us/f = microseconds per file, B/f = bytes per file; floor = "
-          "os.open+os.pread(4224)+os.close loop (whole files); hdr floor = os.open+os.fstat+os.pread(512)+os.close "
-          "loop, run right before each open (re-warming the pages it reads); -hdr = open all minus hdr floor "
-          "(npydask's own share); "
-          "gc off = open all with the cyclic garbage collector off (what collecting per-file objects costs); "
-          "held = RSS after open - before, dataset held; peak = VmHWM - before; traced = tracemalloc; "
-          "pickled = pickle of the local graph; sent = bytes Client.compute sends (cluster graph)")
-    _common.table(table, ["files", "floor s", "us/f", "hdr floor s", "us/f", "open all s", "us/f", "-hdr us/f",
-                          "gc off s", "open first s", "us/f", "held B/f", "peak B/f", "traced B/f", "stack s", "us/f",
-                          "stack(cl) s", "pickled B/f", "sent B/f", "tasks", "tasks(cl)"])
+    print(
+        "# per N: s = seconds (median), us/f = microseconds per file, B/f = bytes per file; floor = "
+        "os.open+os.pread(4224)+os.close loop (whole files); hdr floor = os.open+os.fstat+os.pread(512)+os.close "
+        "loop, run right before each open (re-warming the pages it reads); -hdr = open all minus hdr floor "
+        "(npydask's own share); "
+        "gc off = open all with the cyclic garbage collector off (what collecting per-file objects costs); "
+        "held = RSS after open - before, dataset held; peak = VmHWM - before; traced = tracemalloc; "
+        "pickled = pickle of the local graph; sent = bytes Client.compute sends (cluster graph)"
+    )
+    _common.table(
+        table,
+        [
+            "files",
+            "floor s",
+            "us/f",
+            "hdr floor s",
+            "us/f",
+            "open all s",
+            "us/f",
+            "-hdr us/f",
+            "gc off s",
+            "open first s",
+            "us/f",
+            "held B/f",
+            "peak B/f",
+            "traced B/f",
+            "stack s",
+            "us/f",
+            "stack(cl) s",
+            "pickled B/f",
+            "sent B/f",
+            "tasks",
+            "tasks(cl)",
+        ],
+    )
     if not first_mode:
         print("# open first: n/a (this npydask's open_dataset has no headers= argument)")
 
@@ -564,9 +609,11 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
         sites = [[site, f"{size / big['n']:.1f}", f"{count / big['n']:.2f}"] for site, size, count in big["sites"]]
         _common.table(sites, ["allocation site", "B/file", "blocks/file"])
 
-    sane = all(r.get(f"open_{m}_files", r["n"]) == r["n"] for r in rows for m in ("all", "nogc", "first")) and all(
-        not r.get(f"mismatched_{c}") for r in rows for c in ("local", "cluster")
-    ) and not any(k.endswith("_error") for r in rows for k in r)
+    sane = (
+        all(r.get(f"open_{m}_files", r["n"]) == r["n"] for r in rows for m in ("all", "nogc", "first"))
+        and all(not r.get(f"mismatched_{c}") for r in rows for c in ("local", "cluster"))
+        and not any(k.endswith("_error") for r in rows for k in r)
+    )
     n = big["n"]
     scale = n / GOAL_N
     scaled = "" if n == GOAL_N else f" (at {n:,} files: target scaled by {scale:g})"
@@ -592,17 +639,30 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
         lo = rows[0]
         if "open_all_s" in lo and "open_all_s" in big:
             growth = ((big["open_all_s"] - big["header_floor_s"]) / n) / (
-                (lo["open_all_s"] - lo["header_floor_s"]) / lo["n"])
-            goal_rows.append([f"(info) per-file open all minus header floor: {n:,} files / {lo['n']:,} files",
-                              f"{growth:.2f}x", "flat = 1x", "info"])
-            goal_json.append({"goal": "per-file open all minus header floor growth", "measured": growth, "limit": None,
-                              "pass": None})
-        for key, what in (("open_all_s", "open all"), ("rss_all", "held memory"), ("stack_local_s", "stack()"),
-                          ("sent_cluster", "graph sent")):
+                (lo["open_all_s"] - lo["header_floor_s"]) / lo["n"]
+            )
+            goal_rows.append(
+                [
+                    f"(info) per-file open all minus header floor: {n:,} files / {lo['n']:,} files",
+                    f"{growth:.2f}x",
+                    "flat = 1x",
+                    "info",
+                ]
+            )
+            goal_json.append(
+                {"goal": "per-file open all minus header floor growth", "measured": growth, "limit": None, "pass": None}
+            )
+        for key, what in (
+            ("open_all_s", "open all"),
+            ("rss_all", "held memory"),
+            ("stack_local_s", "stack()"),
+            ("sent_cluster", "graph sent"),
+        ):
             if lo.get(key) and big.get(key):
                 growth = (big[key] / n) / (lo[key] / lo["n"])
-                goal_rows.append([f"(info) per-file {what}: {n:,} files / {lo['n']:,} files", f"{growth:.2f}x",
-                                  "flat = 1x", "info"])
+                goal_rows.append(
+                    [f"(info) per-file {what}: {n:,} files / {lo['n']:,} files", f"{growth:.2f}x", "flat = 1x", "info"]
+                )
                 goal_json.append({"goal": f"per-file {what} growth", "measured": growth, "limit": None, "pass": None})
     print()
     _common.table(goal_rows, ["goal", "measured", "target", "verdict"])
@@ -616,11 +676,17 @@ def report(rows: list[dict[str, Any]], first_mode: bool, args: Any) -> tuple[boo
 
 def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=3)
-    ap.add_argument("--data", metavar="DIR",
-                    help="keep the files here and reuse them (default: a temp folder, removed)")
+    ap.add_argument(
+        "--data", metavar="DIR", help="keep the files here and reuse them (default: a temp folder, removed)"
+    )
     ap.add_argument("--counts", help="comma-separated file counts instead of the size's (e.g. 10000,100000)")
-    ap.add_argument("--min-free", type=float, default=20.0, metavar="GIB",
-                    help="free disk (GiB) to keep when writing a set over 1 GiB (default 20)")
+    ap.add_argument(
+        "--min-free",
+        type=float,
+        default=20.0,
+        metavar="GIB",
+        help="free disk (GiB) to keep when writing a set over 1 GiB (default 20)",
+    )
     ap.add_argument("--make-only", action="store_true", help="write the files and stop")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # (one measurement, in a fresh process)
     args = ap.parse_args(argv)
@@ -645,31 +711,38 @@ def main(argv: list[str] | None = None) -> int:
             made = "reused"
             if written:
                 made = f"wrote {written:,} files in {took:.1f} s ({took / written * 1e6:.0f} us/file)"
-            print(f"# {n:,} files of {SHAPE} {DTYPE.str} ({file_bytes()} bytes each) in {fs.root}: {made}",
-                  flush=True)
+            print(f"# {n:,} files of {SHAPE} {DTYPE.str} ({file_bytes()} bytes each) in {fs.root}: {made}", flush=True)
             sets.append(fs)
         if args.make_only:
             return 0
-        print(f"# repeat {args.repeat} (opens at {ONCE_FROM:,} files and more: once); headers='first' "
-              f"{'accepted' if first_mode else 'not accepted by this npydask: n/a'}", flush=True)
+        print(
+            f"# repeat {args.repeat} (opens at {ONCE_FROM:,} files and more: once); headers='first' "
+            f"{'accepted' if first_mode else 'not accepted by this npydask: n/a'}",
+            flush=True,
+        )
         for fs in sets:
             rows.append(measure_count(fs, args.repeat, first_mode))
-        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
-              flush=True)
+        print(
+            f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
+            flush=True,
+        )
     finally:
         if not args.data:
             shutil.rmtree(folder, ignore_errors=True)
     sane, goals = report(rows, first_mode, args)
-    _common.write_json(args.json, {
-        "benchmark": "scale",
-        "size": args.size,
-        "repeat": args.repeat,
-        "headers_first_accepted": first_mode,
-        "file_bytes": file_bytes(),
-        "results": rows,
-        "goals": goals,
-        "results_agree": sane,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "scale",
+            "size": args.size,
+            "repeat": args.repeat,
+            "headers_first_accepted": first_mode,
+            "file_bytes": file_bytes(),
+            "results": rows,
+            "goals": goals,
+            "results_agree": sane,
+        },
+    )
     return 0 if sane else 1
 
 

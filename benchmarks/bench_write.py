@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(repeat: int, size: Size, big: np.ndarray, files: list[np.ndarray], folder: str) -> list[Result]:
     results: list[Result] = []
 
-    def run(group: str, name: str, fn: Callable[[], Any], out: str, nbytes: int, check: Callable[[], bool],
-            note: str = "") -> None:
+    def run(
+        group: str, name: str, fn: Callable[[], Any], out: str, nbytes: int, check: Callable[[], bool], note: str = ""
+    ) -> None:
         cpu: list[float] = []
         times, _ = _common.measure(fn, repeat, setup=lambda: clear(out), cpu=cpu)
         r = Result(group, name, times, nbytes, note=note, cpu=cpu, ok=check())
@@ -133,8 +134,11 @@ def run_all(repeat: int, size: Size, big: np.ndarray, files: list[np.ndarray], f
         results.append(r)
         if group == "files":
             r.note = (r.note + "; " if r.note else "") + f"{len(files) / r.median:.0f} files/s"
-        print(f"  {group:5s} {name:44s} {_common.fmt_seconds(r.median):>10s}  {r.gbps:6.3g} GB/s"
-              f"{'' if r.ok else '  MISMATCH'}", flush=True)
+        print(
+            f"  {group:5s} {name:44s} {_common.fmt_seconds(r.median):>10s}  {r.gbps:6.3g} GB/s"
+            f"{'' if r.ok else '  MISMATCH'}",
+            flush=True,
+        )
 
     # first dask compute of a process pays for imports and the thread pool: not part of any variant
     da.ones((4, 4), chunks=2).sum().compute()
@@ -155,8 +159,9 @@ def run_all(repeat: int, size: Size, big: np.ndarray, files: list[np.ndarray], f
     run("big", f"to_npy, {n} row-slab chunks", lambda: to_npy(x, path), path, big.nbytes, big_ok, "threads")
     y = da.from_array(big, chunks=(rows * 2, -(-big.shape[1] // 2)))  # same chunk size, half rows
     n = y.numblocks[0] * y.numblocks[1]
-    run("big", f"to_npy, {n} chunks splitting rows", lambda: to_npy(y, path), path, big.nbytes, big_ok,
-        "2 runs per row")
+    run(
+        "big", f"to_npy, {n} chunks splitting rows", lambda: to_npy(y, path), path, big.nbytes, big_ok, "2 runs per row"
+    )
 
     # ---- many small arrays -------------------------------------------------------------------
     out = os.path.join(folder, "set")
@@ -192,33 +197,47 @@ def report(results: list[Result], args: Any) -> bool:
     rows = []
     for r in results:
         ref = refs[r.group]
-        rows.append([
-            r.group,
-            r.variant,
-            f"{r.median * 1e3:.1f}",
-            f"{r.gbps:.3g}",
-            f"{r.median / ref.median:.2f}x" if ref.median else "",
-            f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
-            f"{r.cpu_median * 1e3:.0f}",
-            r.note + ("" if r.ok else "; MISMATCH"),
-        ])
+        rows.append(
+            [
+                r.group,
+                r.variant,
+                f"{r.median * 1e3:.1f}",
+                f"{r.gbps:.3g}",
+                f"{r.median / ref.median:.2f}x" if ref.median else "",
+                f"{min(r.times) * 1e3:.1f}-{max(r.times) * 1e3:.1f}",
+                f"{r.cpu_median * 1e3:.0f}",
+                r.note + ("" if r.ok else "; MISMATCH"),
+            ]
+        )
     print()
     print(f"# ratio: time over np.save (big) or the np.save loop (files); GB = 1e9 bytes; size={args.size}")
     _common.table(rows, ["grp", "variant", "median ms", "GB/s", "ratio", "min-max ms", "cpu ms", "note"])
     ok = all(r.ok for r in results)
     print(f"# every output equals its source (numpy.load): {'yes' if ok else 'NO'}")
     print(f"# load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
-    _common.write_json(args.json, {
-        "benchmark": "write",
-        "size": args.size,
-        "repeat": args.repeat,
-        "results": [
-            {"group": r.group, "variant": r.variant, "median_s": r.median, "times_s": r.times, "nbytes": r.nbytes,
-             "gb_per_s": r.gbps, "cpu_median_s": r.cpu_median, "ok": r.ok, "note": r.note}
-            for r in results
-        ],
-        "outputs_agree": ok,
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "write",
+            "size": args.size,
+            "repeat": args.repeat,
+            "results": [
+                {
+                    "group": r.group,
+                    "variant": r.variant,
+                    "median_s": r.median,
+                    "times_s": r.times,
+                    "nbytes": r.nbytes,
+                    "gb_per_s": r.gbps,
+                    "cpu_median_s": r.cpu_median,
+                    "ok": r.ok,
+                    "note": r.note,
+                }
+                for r in results
+            ],
+            "outputs_agree": ok,
+        },
+    )
     return ok
 
 

@@ -264,7 +264,6 @@ def validate(paths: list[str], costs: Costs, repeat: int, q: float) -> list[list
         measured = {}
         for strategy in STRATEGIES:
             with config.set(roi_strategy=strategy):
-
                 # (timed here, in this iteration: the defaults bind this ROI)
                 def fresh(start: tuple[int, ...] = start, stop: tuple[int, ...] = stop) -> None:
                     clear_cache()  # every file opened and mapped afresh, as a dataset larger than the cache
@@ -273,13 +272,15 @@ def validate(paths: list[str], costs: Costs, repeat: int, q: float) -> list[list
 
                 measured[strategy] = quantile_ns(fresh, max(3, repeat // 4), q, per=n) - base
         best = min(measured, key=measured.__getitem__)
-        rows.append([
-            name,
-            f"{plan.n_runs}x{plan.run_nbytes} B",
-            choice.strategy,
-            best,
-            *(f"{choice.estimates_ns[s] / 1e3:.1f} / {measured[s] / 1e3:.1f}" for s in STRATEGIES),
-        ])
+        rows.append(
+            [
+                name,
+                f"{plan.n_runs}x{plan.run_nbytes} B",
+                choice.strategy,
+                best,
+                *(f"{choice.estimates_ns[s] / 1e3:.1f} / {measured[s] / 1e3:.1f}" for s in STRATEGIES),
+            ]
+        )
     return rows
 
 
@@ -309,10 +310,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {field}={getattr(costs, field)!r},")
         print(")\n")
         _common.warm_page_cache(paths)
-        print(f"# per file, us: model (these coefficients) / measured (fresh open file each; {len(paths)} files, "
-              "open cost subtracted)")
-        _common.table(validate(paths, costs, args.repeat, args.quantile),
-                      ["ROI", "runs", "model picks", "fastest", *STRATEGIES])
+        print(
+            f"# per file, us: model (these coefficients) / measured (fresh open file each; {len(paths)} files, "
+            "open cost subtracted)"
+        )
+        _common.table(
+            validate(paths, costs, args.repeat, args.quantile), ["ROI", "runs", "model picks", "fastest", *STRATEGIES]
+        )
     finally:
         if not args.data:
             shutil.rmtree(folder, ignore_errors=True)

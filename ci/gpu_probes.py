@@ -51,6 +51,7 @@ class Context:
         self.scale = scale
         if dry:
             from npydask.gpu import device as gpu
+
             gpu.require_gpu = lambda: None  # numpy stands in for CuPy, as in tests/gpu/test_gpu.py
             gpu.array_module = lambda: np
             self.xp: Any = np
@@ -291,8 +292,10 @@ def probe_loader_torch_gpu(c: Context) -> str:
     out.append(f"Loader: {seen} samples equal{where}")
     if not c.dry and gpu_process._CUDA_PID != os.getpid():
         raise AssertionError(f"the first device use recorded pid {gpu_process._CUDA_PID}, not {os.getpid()}")
-    for adapter in (NpyIterableDataset(ds, device="gpu", with_index=True),
-                    NpyMapDataset(ds, device="gpu", with_index=True)):
+    for adapter in (
+        NpyIterableDataset(ds, device="gpu", with_index=True),
+        NpyMapDataset(ds, device="gpu", with_index=True),
+    ):
         seen = 0
         for batch, idx in torch.utils.data.DataLoader(adapter, batch_size=4, num_workers=0, pin_memory=False):
             if batch.is_cuda == c.dry:
@@ -466,7 +469,13 @@ def probe_kvikio_errors(c: Context) -> str:
             return opened
 
         def shrink_then_read(
-            source: Any, f: Any, spans: Any, dest: Any, options: Any, *, real_read: Any = real_read,
+            source: Any,
+            f: Any,
+            spans: Any,
+            dest: Any,
+            options: Any,
+            *,
+            real_read: Any = real_read,
             done: list[int] = done,
         ) -> int:  # (pinned path, dry run)
             if not done and f.path == p:
@@ -541,6 +550,7 @@ def probe_read_routes(c: Context) -> str:
             want[:, :rows, :24] = np.stack([a[3 : 3 + rows, 1000:] for a in big])
             out.append(same(c.host(roi.stack().compute()), want, f"padded ROI of short rows ({host_bytes})"))
     from npydask.gpu import _kvikio_runtime
+
     kvikio = None if c.dry else _kvikio_runtime.import_kvikio("<probe>")
     mode = "no kvikio" if kvikio is None else f"kvikio posix={_kvikio_runtime.posix_reads(kvikio)}"
     return f"{mode}; " + "; ".join(out)
@@ -550,6 +560,7 @@ def probe_pinned_ring(c: Context) -> str:
     """Without kvikio: reads through the pinned ring (pieces of 8 MiB, more than its two slots) equal numpy."""
     import npydask
     from npydask.gpu import _pinned as gpu_pinned
+
     a = data((256 * c.scale, 1024), ">i4", 90)  # 64 MiB on a GPU: eight pieces per chunk
     np.save(c.path("ring/be.npy"), a)
     b = [data((64 * c.scale, 512), "<i2", 91 + i) for i in range(3)]
@@ -588,6 +599,7 @@ def _toolkit_child(cache_dir: str, path: str) -> dict[str, Any]:
     import npydask
     from npydask.gpu import device as gpu
     from npydask.gpu import toolkit as gpu_toolkit
+
     made: list[str] = []
     real = cupy.ElementwiseKernel
 
@@ -971,8 +983,11 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(args.work, args.dry_run, args.scale or (1 if args.dry_run else 64))
     failed, skipped = run(names, ctx)
     ran = len(names) - skipped
-    print(f"{'FAIL' if failed else 'PASS'} probes: {ran - failed} of {ran} passed or XFAIL"
-          + (f", {skipped} skipped (an optional package is not installed)" if skipped else ""), flush=True)
+    print(
+        f"{'FAIL' if failed else 'PASS'} probes: {ran - failed} of {ran} passed or XFAIL"
+        + (f", {skipped} skipped (an optional package is not installed)" if skipped else ""),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -193,9 +193,7 @@ def check(
         for text in w.requires:
             req = Requirement(text)
             marker: Marker | None = req.marker
-            if marker is not None and not any(
-                marker.evaluate({**env, "extra": e}) for e in ({""} | wanted_extras)
-            ):
+            if marker is not None and not any(marker.evaluate({**env, "extra": e}) for e in ({""} | wanted_extras)):
                 continue
             name = canonicalize_name(req.name)
             why = _unmet(req, provided.get(name))

@@ -74,8 +74,12 @@ def _page_links_resolve(app, env, node, contnode):
     """
     source = node.source or ""
     if node.get("refdomain") == "py" and source.endswith(".md"):
-        _logger.warning("%s: no API reference entry for %r (list it in docs/api.md)", node.get("reftype"),
-                        node.get("reftarget"), location=node)
+        _logger.warning(
+            "%s: no API reference entry for %r (list it in docs/api.md)",
+            node.get("reftype"),
+            node.get("reftarget"),
+            location=node,
+        )
 
 
 def setup(app):

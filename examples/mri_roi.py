@@ -79,8 +79,11 @@ def tour(root: str) -> int:
     ds = npydask.open_dataset(folder, rel_roi_start=(0.25, 0.25), rel_roi_end=(0.75, 0.75))
     r0, r1 = round(96 * 0.25), round(96 * 0.75)
     c0, c1 = round(80 * 0.25), round(80 * 0.75)
-    ok &= check("rel_roi_start=(.25, .25), rel_roi_end=(.75, .75)", ds.stack().compute(),
-                np.stack([a[r0:r1, c0:c1] for a in images]))
+    ok &= check(
+        "rel_roi_start=(.25, .25), rel_roi_end=(.75, .75)",
+        ds.stack().compute(),
+        np.stack([a[r0:r1, c0:c1] for a in images]),
+    )
 
     # One axis only: the other keeps its whole extent.
     ds = npydask.open_dataset(folder, roi_start=[10], roi_shape=[50], roi_axes=[1])
@@ -108,8 +111,11 @@ def tour(root: str) -> int:
     # Per-file ROIs: one row per file of the whole list (before sharding).
     starts = [[k, k] for k in range(len(images))]
     ds = npydask.open_dataset(folder, roi_start=starts, roi_shape=(16, 16))
-    ok &= check("per-file roi_start (row k: [k, k]), roi_shape=(16, 16)", ds.stack().compute(),
-                np.stack([a[k : k + 16, k : k + 16] for k, a in enumerate(images)]))
+    ok &= check(
+        "per-file roi_start (row k: [k, k]), roi_shape=(16, 16)",
+        ds.stack().compute(),
+        np.stack([a[k : k + 16, k : k + 16] for k, a in enumerate(images)]),
+    )
 
     print(f"\nall results match numpy: {ok}")
     return 0 if ok else 1

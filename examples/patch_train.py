@@ -110,8 +110,10 @@ def _run(folder: str, epochs: int) -> int:
         checked &= same_as_numpy(pairs, batch, index)
         losses.append(step(model, optimizer, batch))
         if i + 1 == half:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "loader": loader.state_dict()}, checkpoint)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()},
+                checkpoint,
+            )
             break  # (the job stops here)
 
     # Resuming: fresh objects from the checkpoint continue the same epoch, then train on.
@@ -129,10 +131,14 @@ def _run(folder: str, epochs: int) -> int:
                 rest.append(index["start"].tolist())
             checked &= same_as_numpy(pairs, batch, index)
             losses.append(step(model, optimizer, batch))
-    print(f"resumed after {half} of {len(loader)} batches: {len(rest)} left, the same batches as an "
-          f"uninterrupted run: {rest == uninterrupted}")
-    print(f"{len(losses)} steps on batches of 4 patches {PATCH}: loss {np.mean(losses[:3]):.3f} -> "
-          f"{np.mean(losses[-3:]):.3f} (means of the first and last three)")
+    print(
+        f"resumed after {half} of {len(loader)} batches: {len(rest)} left, the same batches as an "
+        f"uninterrupted run: {rest == uninterrupted}"
+    )
+    print(
+        f"{len(losses)} steps on batches of 4 patches {PATCH}: loss {np.mean(losses[:3]):.3f} -> "
+        f"{np.mean(losses[-3:]):.3f} (means of the first and last three)"
+    )
 
     # Sliding-window inference: tiles in, whole volumes out.
     grid = Grid(PATCH, overlap=0.25)
@@ -147,10 +153,13 @@ def _run(folder: str, epochs: int) -> int:
     shapes_ok = all(pr.shape == SHAPE for pr in probabilities)
     blended_ok = all(np.allclose(v, np.load(f), atol=1e-5) for v, f in zip(identity.result(), images.files))
     labels = [np.load(f) for f in pairs.members["label"].files]
-    dice = np.mean([2 * ((pr > 0.5) & (lb == 1)).sum() / ((pr > 0.5).sum() + lb.sum()) for pr, lb in
-                    zip(probabilities, labels)])
-    print(f"stitched {len(probabilities)} volumes of {SHAPE}: {shapes_ok}; blended input equals the files: "
-          f"{blended_ok}; dice {dice:.2f}")
+    dice = np.mean(
+        [2 * ((pr > 0.5) & (lb == 1)).sum() / ((pr > 0.5).sum() + lb.sum()) for pr, lb in zip(probabilities, labels)]
+    )
+    print(
+        f"stitched {len(probabilities)} volumes of {SHAPE}: {shapes_ok}; blended input equals the files: "
+        f"{blended_ok}; dice {dice:.2f}"
+    )
     print(f"every patch equal to numpy: {checked}")
     ok = checked and shapes_ok and blended_ok and rest == uninterrupted and len(rest) > 0
     return 0 if ok else 1

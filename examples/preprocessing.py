@@ -98,8 +98,10 @@ def run(args: argparse.Namespace, root: str) -> int:
             got = np.load(os.path.join(dst, rel))
             good = got.dtype == np.float32 and got.shape == a.shape and np.allclose(got, expected, atol=1e-4)
             ok &= bool(good)
-            print(f"  {rel}: {got.shape} {got.dtype}, mean {got.mean():+.4f}, std {got.std():.4f}"
-                  f"{'' if good else '  DIFFERS from numpy'}")
+            print(
+                f"  {rel}: {got.shape} {got.dtype}, mean {got.mean():+.4f}, std {got.std():.4f}"
+                f"{'' if good else '  DIFFERS from numpy'}"
+            )
     strays = [f for _, _, fs in os.walk(dst) for f in fs if not f.endswith(".npy")]
     print(f"all outputs match numpy: {ok}; stray temporary files: {len(strays)}")
     return 0 if ok and not strays else 1

@@ -76,8 +76,10 @@ def _run(args: argparse.Namespace, folder: str, n: int, shape: tuple[int, ...]) 
         t0, losses = time.perf_counter(), []
         for batch, idx in loader:
             losses.append(model.step(batch, labels[idx]))
-        print(f"epoch {epoch}: mean loss {np.mean(losses):.4f} over {len(losses)} batches "
-              f"({time.perf_counter() - t0:.2f} s)")
+        print(
+            f"epoch {epoch}: mean loss {np.mean(losses):.4f} over {len(losses)} batches "
+            f"({time.perf_counter() - t0:.2f} s)"
+        )
 
     # Resume: stop half-way, save the state, and let a fresh loader finish the epoch.
     whole = [idx.tolist() for _, idx in loader]
@@ -90,8 +92,10 @@ def _run(args: argparse.Namespace, folder: str, n: int, shape: tuple[int, ...]) 
     fresh.load_state_dict(state)
     tail = [idx.tolist() for _, idx in fresh]
     resumed = head + tail == whole
-    print(f"resume from state_dict at batch {state['batches_done']} of epoch {state['epoch']}: "
-          f"{'same batches' if resumed else 'DIFFERENT batches'}")
+    print(
+        f"resume from state_dict at batch {state['batches_done']} of epoch {state['epoch']}: "
+        f"{'same batches' if resumed else 'DIFFERENT batches'}"
+    )
     accuracy = model.accuracy(ds, labels)
     print(f"training accuracy: {accuracy:.2f}")
     return 0 if resumed else 1

@@ -42,6 +42,7 @@ Examples
 >>> float(x[1].sum().compute())
 210.0
 """
+
 from __future__ import annotations
 
 from npydask import config, samplers

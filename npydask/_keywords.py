@@ -1,4 +1,4 @@
-""""Did you mean" for a misspelled keyword argument of a public function.
+""" "Did you mean" for a misspelled keyword argument of a public function.
 
 Python 3.11 answers ``open_dataset(root, roi_strat=[2])`` with
 ``got an unexpected keyword argument 'roi_strat'`` and stops there (3.12

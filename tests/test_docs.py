@@ -229,7 +229,8 @@ def test_skips_are_exactly_the_marked_blocks():
         for line, name in markers:
             assert name in MARKERS, f"{page}:{line}: unknown test marker {name!r}; known: {sorted(MARKERS)}"
             assert line < len(lines) and lines[line].strip() == "```python", (
-                f"{page}:{line}: a test marker must stand on the line right before a ```python fence")
+                f"{page}:{line}: a test marker must stand on the line right before a ```python fence"
+            )
     marked = [b for b in BLOCKS if b.marker is not None]
     assert len(marked) == n_markers
     assert len(BLOCKS) - len(marked) >= 10, "most examples run"
@@ -247,9 +248,23 @@ def test_docs_site_builds_without_warnings(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"),
-         str(tmp_path / "html")],
-        capture_output=True, text=True, timeout=280, env=env,
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-E",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            str(ROOT / "docs"),
+            str(tmp_path / "html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert (tmp_path / "html" / "api.html").is_file() and (tmp_path / "html" / "guide" / "many-files.html").is_file()

@@ -451,10 +451,13 @@ _STATUS = """
                     return int(line.split()[1]) * 1024
 """
 
-_BOMB_CHILD = """
+_BOMB_CHILD = (
+    """
     import json, os, resource, sys
     import numpy as np, dask.array, npydask
-""" + _STATUS + """
+"""
+    + _STATUS
+    + """
     folder = sys.argv[1]
     budget = 512 << 20
     resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + budget, resource.RLIM_INFINITY))
@@ -482,12 +485,16 @@ _BOMB_CHILD = """
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     print(json.dumps({"results": results, "maxrss_growth": grown}))
 """
+)
 
 
-_NOMEM_CHILD = """
+_NOMEM_CHILD = (
+    """
     import json, os, resource, sys
     import numpy as np, dask, npydask
-""" + _STATUS + """
+"""
+    + _STATUS
+    + """
     path, how = sys.argv[1], sys.argv[2]
     resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + (192 << 20), resource.RLIM_INFINITY))
     try:
@@ -503,6 +510,7 @@ _NOMEM_CHILD = """
     except BaseException as e:
         print(json.dumps([type(e).__name__, str(e)]))
 """
+)
 
 
 @pytest.mark.timeout(120)
@@ -554,10 +562,13 @@ def test_shapes_of_10_to_the_18_elements_are_refused_without_allocating(tmp_path
     assert report["maxrss_growth"] < 64 << 20, report["maxrss_growth"]
 
 
-_SPARSE_CHILD = """
+_SPARSE_CHILD = (
+    """
     import json, os, resource, sys
     import numpy as np, npydask
-""" + _STATUS + """
+"""
+    + _STATUS
+    + """
     path, backend = sys.argv[1], sys.argv[2]
     resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + (768 << 20), resource.RLIM_INFINITY))
     try:
@@ -568,6 +579,7 @@ _SPARSE_CHILD = """
     except OSError as e:
         print(json.dumps(["OSError", str(e)]))
 """
+)
 
 
 def _sparse_tib(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -711,8 +723,6 @@ def test_memory_benchmark_runs_at_tiny_size(tmp_path):
         "dask from_array(mmap)",
     }
     assert (tmp_path / "data").is_dir()  # --data keeps the file
-
-
 
 
 # --------------------------------------------------------------------------
@@ -885,8 +895,20 @@ _NOFILE_CHILD = """
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("cache", ["default", "10000"])
-@pytest.mark.parametrize("how", ["from_npy", "from_npy-pread", "read_region", "dataset-items", "stack", "roi-stack",
-                                 "from_npy-crowded", "read_region-crowded", "roi-stack-crowded"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "from_npy",
+        "from_npy-pread",
+        "read_region",
+        "dataset-items",
+        "stack",
+        "roi-stack",
+        "from_npy-crowded",
+        "read_region-crowded",
+        "roi-stack-crowded",
+    ],
+)
 def test_reading_300_files_under_a_low_open_file_limit(tmp_path, how, cache):
     """Under ``RLIMIT_NOFILE`` 64 the handle cache stays below the limit and the process stays usable.
 
@@ -938,6 +960,8 @@ def test_a_process_out_of_descriptors_gets_a_clear_error_soon(tmp_path):
     assert out["errno"] == errno.EMFILE, out
     assert "RLIMIT_NOFILE" in out["message"] and "soft 64" in out["message"] and str(path) in out["message"], out
     assert 0.4 <= out["took"] < 5, out
+
+
 _TRUNCATING_READER = """
     import sys, time, numpy as np, npydask
     from npydask.samplers import Uniform
@@ -986,8 +1010,13 @@ _TRUNCATER = """
 def test_patches_copied_from_a_mapping_survive_truncation_by_another_process(tmp_path):
     path = tmp_path / "vol.npy"
     np.save(path, values((32, 128, 128), "<f4"))  # 2 MiB, in the page cache: the default route maps it
-    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TRUNCATING_READER), str(path), "1.0", "15"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_TRUNCATING_READER), str(path), "1.0", "15"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
     stop = tmp_path / "stop"
     truncater = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TRUNCATER), str(path), str(stop)], cwd=ROOT)

@@ -372,4 +372,3 @@ def test_deprecated_descr_alias_warns_but_reads(tmp_path):
     out = fuzz.check(preamble((1, 0), raw) + raw + b"hello world", str(tmp_path), compute=True)
     assert (out.numpy, out.npydask) == ("accept", "accept")
     assert any("DeprecationWarning" in w for w in out.warnings), out.warnings
-

@@ -94,6 +94,7 @@ def test_a_failing_probe_is_reported_and_the_others_still_run(tmp_path, capsys):
         failed, skipped = probes.run(["broken", "zero_d_and_empty"], ctx)
     finally:
         from npydask.gpu import device as gpu
+
         importlib.reload(gpu)  # the dry context patched npydask.gpu.device for numpy
     lines = capsys.readouterr().out.splitlines()
     assert (failed, skipped) == (1, 0)
@@ -142,8 +143,18 @@ def _requires(image, *paths, extra=()):
 
 def test_wheel_requires_accepts_needs_met_by_the_image_and_the_kit(kit):
     image, wheels = kit
-    _wheel(wheels, "kvikio-cu13", "26.10.0", ["cupy-cuda13x[ctk]!=14.1.0,>=14.0.1", "libkvikio-cu13==26.10.*",
-                                              "numpy<3,>=2", "boto3; extra == 'test'", "zipp; python_version < '3.12'"])
+    _wheel(
+        wheels,
+        "kvikio-cu13",
+        "26.10.0",
+        [
+            "cupy-cuda13x[ctk]!=14.1.0,>=14.0.1",
+            "libkvikio-cu13==26.10.*",
+            "numpy<3,>=2",
+            "boto3; extra == 'test'",
+            "zipp; python_version < '3.12'",
+        ],
+    )
     _wheel(wheels, "libkvikio-cu13", "26.10.0", ["toolz>=0.12"], requires_python=">=3.11")
     r = _requires(image, wheels)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -213,12 +224,20 @@ def _without_torch(tmp_path):
 
 def test_torch_probes_skip_where_torch_is_not_installed(tmp_path):
     """Without torch the torch probes print SKIP "skipped: torch is not installed" and the stage passes."""
-    r = subprocess.run(["bash", CHECK, str(tmp_path / "out"), "--dry-run", "--only", "probes"],
-                       env=_without_torch(tmp_path), capture_output=True, text=True, timeout=170, cwd=ROOT)
+    r = subprocess.run(
+        ["bash", CHECK, str(tmp_path / "out"), "--dry-run", "--only", "probes"],
+        env=_without_torch(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS probes: 0 of 0 passed or XFAIL, 3 skipped (an optional package is not installed)" in r.stdout
     summary = (tmp_path / "out" / "summary.txt").read_text()
     for name in TORCH_PROBES.split(","):
         assert f"  probe SKIP {name} (dry: numpy stands in for CuPy): skipped: torch is not installed" in summary, (
-            name, summary)
+            name,
+            summary,
+        )
     assert not [line for line in summary.splitlines() if line.split()[:2] in (["probe", "FAIL"], ["probes", "FAIL"])]

@@ -27,11 +27,8 @@ CASES = {
     ),
     # a module that blocks while it is imported: collection never ends
     "collection": (
-        "import time\n"
-        "time.sleep(100_000)  # blocks the import\n"
-        "def test_never_collected():\n"
-        "    pass\n",
-        "test_hangs.py\", line 2 in <module>",
+        "import time\ntime.sleep(100_000)  # blocks the import\ndef test_never_collected():\n    pass\n",
+        'test_hangs.py", line 2 in <module>',
     ),
 }
 
@@ -45,8 +42,14 @@ def test_a_hang_outside_any_test_ends_with_tracebacks_and_status_1(tmp_path, whe
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NPYDASK_HANG_GUARD_S": "3", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     t0 = time.monotonic()
     # -p conftest: the project's root conftest.py, loaded as a plugin (the file under test is outside the project)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider",
-                          "test_hangs.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider", "test_hangs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     elapsed = time.monotonic() - t0
     assert run.returncode == 1, (run.returncode, run.stdout, run.stderr)
     assert "Timeout (0:00:03)!" in run.stderr and frame in run.stderr, run.stderr

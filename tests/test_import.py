@@ -33,15 +33,39 @@ def test_help_opens_with_what_npydask_does_and_its_entry_points():
     head = text.split("PACKAGE CONTENTS")[0]
     assert len(head.splitlines()) <= 60, "help(npydask) should fit a screen or two before the contents"
     assert "lazy Dask arrays" in head
-    for name in ["from_npy", "read_region", "read_header", "open_dataset", "NpyDataset", "Loader", "to_npy",
-                 "to_npy_files", "to_zarr", "config", "NpyFormatError", "npydask.torch", "npydask --help", "docs/"]:
+    for name in [
+        "from_npy",
+        "read_region",
+        "read_header",
+        "open_dataset",
+        "NpyDataset",
+        "Loader",
+        "to_npy",
+        "to_npy_files",
+        "to_zarr",
+        "config",
+        "NpyFormatError",
+        "npydask.torch",
+        "npydask --help",
+        "docs/",
+    ]:
         assert name in head, f"help(npydask) does not mention {name} before the package contents"
     # the entry-point table names public functions only, and all the main ones
     import re
 
     listed = set(re.findall(r"^ {8}([A-Za-z_]+)\(", head, flags=re.M))
-    assert listed == {"from_npy", "from_npy_stack", "read_region", "read_header", "open_dataset", "Loader", "to_npy",
-                      "to_npy_files", "to_zarr", "zarr_store"}, listed
+    assert listed == {
+        "from_npy",
+        "from_npy_stack",
+        "read_region",
+        "read_header",
+        "open_dataset",
+        "Loader",
+        "to_npy",
+        "to_npy_files",
+        "to_zarr",
+        "zarr_store",
+    }, listed
     assert listed <= set(npydask.__all__)
 
 

@@ -62,8 +62,11 @@ def test_ray_read_npy_suggests_its_own_and_open_datasets_keywords(folder, kwargs
     import npydask.ray
 
     (wrong,) = kwargs
-    with pytest.raises(TypeError, match=rf"^read_npy\(\) got an unexpected keyword argument '{wrong}'\. "
-                                        rf"Did you mean '{right}'\?$"):
+    with pytest.raises(
+        TypeError,
+        match=rf"^read_npy\(\) got an unexpected keyword argument '{wrong}'\. "
+        rf"Did you mean '{right}'\?$",
+    ):
         npydask.ray.read_npy(folder, **kwargs)
 
 

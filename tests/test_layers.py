@@ -192,24 +192,36 @@ def violations(root: Path) -> dict[str, list[str]]:
             continue
         if i.source in component and component.get(i.target) == component[i.source]:
             members = sorted(m for m, c in component.items() if c == component[i.source])
-            add(f"cycle: {i.source} -> {i.target}", i,
-                f"{i.source} imports {i.target}, which imports it back (cycle: {', '.join(members)})")
+            add(
+                f"cycle: {i.source} -> {i.target}",
+                i,
+                f"{i.source} imports {i.target}, which imports it back (cycle: {', '.join(members)})",
+            )
         low, high = _rank(i.source), _rank(i.target)
         if low is not None and high is not None and high > low:
-            add(f"up: {i.source} -> {i.target}", i,
-                f"{i.source} imports {i.target}, upward from wing {_wing(i.source)!r} to {_wing(i.target)!r}")
+            add(
+                f"up: {i.source} -> {i.target}",
+                i,
+                f"{i.source} imports {i.target}, upward from wing {_wing(i.source)!r} to {_wing(i.target)!r}",
+            )
         parts = i.target.split(".")
         home = i.source + "." if modules[i.source].name == "__init__.py" else i.source
         for k in range(1, len(parts)):
             package = ".".join(parts[:k])
             if _is_private(parts[k]) and not home.startswith(package + "."):
-                add(f"private: {i.source} -> {i.target}", i,
-                    f"{i.source} imports private module {i.target} from outside {package}")
+                add(
+                    f"private: {i.source} -> {i.target}",
+                    i,
+                    f"{i.source} imports private module {i.target} from outside {package}",
+                )
                 break
         for name in i.names:
             if _is_private(name):
-                add(f"private: {i.source} -> {i.target}.{name}", i,
-                    f"{i.source} imports private name {name} from {i.target}")
+                add(
+                    f"private: {i.source} -> {i.target}.{name}",
+                    i,
+                    f"{i.source} imports private name {name} from {i.target}",
+                )
     return out
 
 
@@ -311,37 +323,52 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_a_cycle_through_a_lazy_import(tmp_path):
-    root = _tree(tmp_path, {
-        "errors.py": "from npydask import config\n",
-        "config.py": "def f():\n    import npydask.errors\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "errors.py": "from npydask import config\n",
+            "config.py": "def f():\n    import npydask.errors\n",
+        },
+    )
     found = violations(root)
     assert sorted(found) == ["cycle: npydask.config -> npydask.errors", "cycle: npydask.errors -> npydask.config"]
     assert found["cycle: npydask.config -> npydask.errors"] == [
         "npydask/config.py:2: npydask.config imports npydask.errors, which imports it back"
-        " (cycle: npydask.config, npydask.errors)"]
+        " (cycle: npydask.config, npydask.errors)"
+    ]
 
 
 def test_checker_finds_a_cycle_under_type_checking(tmp_path):
-    root = _tree(tmp_path, {
-        "storage/__init__.py": "",
-        "storage/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from npydask.storage.b import B\n",
-        "storage/b.py": "from .a import A\n",
-    })
-    assert sorted(violations(root)) == ["cycle: npydask.storage.a -> npydask.storage.b",
-                                        "cycle: npydask.storage.b -> npydask.storage.a"]
+    root = _tree(
+        tmp_path,
+        {
+            "storage/__init__.py": "",
+            "storage/a.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from npydask.storage.b import B\n"
+            ),
+            "storage/b.py": "from .a import A\n",
+        },
+    )
+    assert sorted(violations(root)) == [
+        "cycle: npydask.storage.a -> npydask.storage.b",
+        "cycle: npydask.storage.b -> npydask.storage.a",
+    ]
 
 
 def test_checker_finds_an_upward_import_even_inside_a_function(tmp_path):
-    root = _tree(tmp_path, {
-        "plan/__init__.py": "",
-        "plan/region.py": "def f():\n    from npydask.array import from_npy\n",
-        "array.py": "from npydask.plan import region\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "plan/__init__.py": "",
+            "plan/region.py": "def f():\n    from npydask.array import from_npy\n",
+            "array.py": "from npydask.plan import region\n",
+        },
+    )
     found = violations(root)
     assert "up: npydask.plan.region -> npydask.array" in found
     assert found["up: npydask.plan.region -> npydask.array"] == [
-        "npydask/plan/region.py:2: npydask.plan.region imports npydask.array, upward from wing 'plan' to 'array'"]
+        "npydask/plan/region.py:2: npydask.plan.region imports npydask.array, upward from wing 'plan' to 'array'"
+    ]
     assert "up: npydask.array -> npydask.plan.region" not in found
 
 
@@ -351,18 +378,21 @@ def test_checker_fails_a_module_outside_the_layers(tmp_path):
 
 
 def test_checker_finds_private_names_and_private_modules(tmp_path):
-    root = _tree(tmp_path, {
-        "storage/__init__.py": "",
-        "storage/_handles.py": "def _changed(): ...\n",
-        "storage/local.py": "from npydask.storage._handles import _changed\n",
-        "storage/_batch.py": "from npydask.storage import _handles\n",
-        "reader.py": "import npydask.storage._handles\nfrom npydask.storage.local import __doc__, _x\n",
-        "_buffers.py": "",
-        "format/__init__.py": "",
-        "format/header.py": "from npydask import _buffers\n",
-        "xarray/__init__.py": "from npydask.xarray._open import open_npy\n",
-        "xarray/_open.py": "def open_npy(): ...\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "storage/__init__.py": "",
+            "storage/_handles.py": "def _changed(): ...\n",
+            "storage/local.py": "from npydask.storage._handles import _changed\n",
+            "storage/_batch.py": "from npydask.storage import _handles\n",
+            "reader.py": "import npydask.storage._handles\nfrom npydask.storage.local import __doc__, _x\n",
+            "_buffers.py": "",
+            "format/__init__.py": "",
+            "format/header.py": "from npydask import _buffers\n",
+            "xarray/__init__.py": "from npydask.xarray._open import open_npy\n",
+            "xarray/_open.py": "def open_npy(): ...\n",
+        },
+    )
     assert sorted(violations(root)) == [
         "private: npydask.reader -> npydask.storage._handles",
         "private: npydask.reader -> npydask.storage.local._x",
@@ -385,7 +415,8 @@ def test_checker_finds_private_npydask_names_in_scripts(tmp_path):
     bench = tmp_path / "benchmarks"
     bench.mkdir()
     (bench / "_common.py").write_text("import os\n")  # (a script's own private helpers are its business)
-    (bench / "b.py").write_text(textwrap.dedent("""\
+    (bench / "b.py").write_text(
+        textwrap.dedent("""\
         import _common
         import npydask
         import npydask.storage as st
@@ -398,7 +429,8 @@ def test_checker_finds_private_npydask_names_in_scripts(tmp_path):
         st._x
         local._scan
         npydask.open_dataset
-    """))
+    """)
+    )
     found = script_violations(tmp_path, ("benchmarks",))
     assert sorted(found) == [
         "benchmarks/b.py -> npydask._buffers",

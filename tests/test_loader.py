@@ -189,9 +189,10 @@ def test_repr_and_len(folder):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -347,10 +348,14 @@ def test_a_state_of_the_same_files_at_other_roi_starts_is_refused(folder):
     ds = npydask.open_dataset(folder, roi_start=[0, 0], roi_shape=[1, 3])
     moved = npydask.open_dataset(folder, roi_start=[1, 0], roi_shape=[1, 3])
     assert moved.shapes == ds.shapes and moved.dtype == ds.dtype
-    _refused(ds, moved, re.escape(
-        "its ROIs differ (the state's: start (0, 0) end (1, 3) for every file; "
-        "this dataset's: start (1, 0) end (2, 3) for every file)"
-    ))
+    _refused(
+        ds,
+        moved,
+        re.escape(
+            "its ROIs differ (the state's: start (0, 0) end (1, 3) for every file; "
+            "this dataset's: start (1, 0) end (2, 3) for every file)"
+        ),
+    )
     _refused(ds, npydask.open_dataset(folder, rel_roi_start=[0.5, 0], roi_shape=[1, 3]), "its ROIs differ")
 
 
@@ -358,8 +363,12 @@ def test_a_state_with_one_per_file_roi_moved_is_refused(folder):
     starts = [[0, 0]] * 10
     ds = npydask.open_dataset(folder, roi_start=starts, roi_shape=[1, 2])
     one_moved = npydask.open_dataset(folder, roi_start=starts[:7] + [[0, 1]] + starts[8:], roi_shape=[1, 2])
-    _refused(ds, one_moved, r"its ROIs differ \(the state's: start \(0, 0\) end \(1, 2\) for every file; "
-             r"this dataset's: 2 different ROIs, the first file's start \(0, 0\) end \(1, 2\)\)")
+    _refused(
+        ds,
+        one_moved,
+        r"its ROIs differ \(the state's: start \(0, 0\) end \(1, 2\) for every file; "
+        r"this dataset's: 2 different ROIs, the first file's start \(0, 0\) end \(1, 2\)\)",
+    )
 
 
 def test_a_state_with_another_fill_value_or_key_is_refused(folder, tmp_path_factory):

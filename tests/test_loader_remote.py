@@ -39,8 +39,13 @@ def run_script(tmp_path, body: str, options: dict, root: str) -> subprocess.Comp
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen(  # (its own process group: a hung case's forked children are killed with it)
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        cwd=tmp_path, start_new_session=True,
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=HANG)

@@ -71,12 +71,19 @@ def test_python_dash_m_npydask_runs_the_cli(tmp_path):
     data = np.arange(12, dtype="<i4").reshape(3, 4)
     np.save(p, data)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "npydask", "--help"], capture_output=True, text=True, cwd=tmp_path,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "npydask", "--help"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "usage: npydask" in done.stdout and "info" in done.stdout
-    done = subprocess.run([sys.executable, "-m", "npydask", "info", "a.npy", "--json"], capture_output=True,
-                          text=True, cwd=tmp_path, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "npydask", "info", "a.npy", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     (record,) = json.loads(done.stdout)["files"]
     assert (record["path"], record["shape"], record["dtype"]) == ("a.npy", list(data.shape), data.dtype.str)

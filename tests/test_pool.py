@@ -124,8 +124,11 @@ def test_threads_never_share_a_buffer():
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_repeated_reads_through_the_pool_equal_numpy(tmp_path, order):
     """Reused buffers hold the previous chunk's bytes: every read must overwrite all of them."""
-    a = np.asfortranarray(np.arange(3 * 512 * 1024, dtype="<f4").reshape(3, 512, 1024)) if order == "F" else (
-        np.arange(3 * 512 * 1024, dtype="<f4").reshape(3, 512, 1024))
+    a = (
+        np.asfortranarray(np.arange(3 * 512 * 1024, dtype="<f4").reshape(3, 512, 1024))
+        if order == "F"
+        else (np.arange(3 * 512 * 1024, dtype="<f4").reshape(3, 512, 1024))
+    )
     b = -a
     pa, pb = tmp_path / "a.npy", tmp_path / "b.npy"
     np.save(pa, a)
@@ -137,8 +140,9 @@ def test_repeated_reads_through_the_pool_equal_numpy(tmp_path, order):
             np.testing.assert_array_equal(got, want)
             block = npydask.read_region(p, (1, 0, 0), (3, 512, 1024))
             np.testing.assert_array_equal(block, want[1:3])
-    ds = npydask.open_dataset(tmp_path, roi_start=(0, 100, 0), roi_shape=(3, 600, 1024), out_of_bounds_policy="pad",
-                              fill_value=5)
+    ds = npydask.open_dataset(
+        tmp_path, roi_start=(0, 100, 0), roi_shape=(3, 600, 1024), out_of_bounds_policy="pad", fill_value=5
+    )
     for _ in range(2):
         got = ds.stack().compute(scheduler="threads")
         want = np.full((2, 3, 600, 1024), 5, "<f4")

@@ -90,8 +90,13 @@ def test_to_zarr_under_ray(ray_get, tmp_path):
 
     a = np.arange(300, dtype="<f4").reshape(30, 10)
     np.save(tmp_path / "a.npy", a)
-    lazy = to_zarr(npydask.from_npy(tmp_path / "a.npy", chunks=(7, 10)), str(tmp_path / "a.zarr"),
-                   shards=(10, 10), chunks=(5, 5), compute=False)
+    lazy = to_zarr(
+        npydask.from_npy(tmp_path / "a.npy", chunks=(7, 10)),
+        str(tmp_path / "a.zarr"),
+        shards=(10, 10),
+        chunks=(5, 5),
+        compute=False,
+    )
     assert lazy.compute(scheduler=ray_get) is None
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], a)
 
@@ -149,6 +154,7 @@ def test_read_npy_passes_headers_first_through(ray_session, tmp_path):
         ds.take_all()
     assert NpyFormatError.__name__ in str(e.value) or isinstance(e.value, NpyFormatError)
 
+
 def test_read_tasks_follow_block_size_and_carry_their_files_only(tmp_path):
     """Pure planning (no Ray cluster): groups as plan_groups makes them; metadata from the headers."""
     pytest.importorskip("ray.data")
@@ -158,16 +164,32 @@ def test_read_tasks_follow_block_size_and_carry_their_files_only(tmp_path):
     ds = npydask.open_dataset(tmp_path)
     source_class = npydask.ray.NpyDatasource
     for block_size, n_tasks in [(100, 10), (1 << 20, 1), ("1KiB", 3), ("600B", 5)]:
-        tasks = source_class(ds, column="data", index_column="index", path_column=None, concatenate=False,
-                             axis=0, block_size=block_size, override_num_blocks=None).get_read_tasks(200)
+        tasks = source_class(
+            ds,
+            column="data",
+            index_column="index",
+            path_column=None,
+            concatenate=False,
+            axis=0,
+            block_size=block_size,
+            override_num_blocks=None,
+        ).get_read_tasks(200)
         assert len(tasks) == n_tasks, block_size
         assert sum(t.metadata.num_rows for t in tasks) == 10
         files = [f for t in tasks for f in t.metadata.input_files]
         assert files == ds.files  # each task names only its own files, in order, once
         assert all(len(t.read_fn.group.views) == t.metadata.num_rows for t in tasks)
         assert sum(t.metadata.size_bytes for t in tasks) == 10 * (256 + 8)
-    tasks = source_class(ds, column="data", index_column=None, path_column=None, concatenate=False, axis=0,
-                         block_size="128MiB", override_num_blocks=3).get_read_tasks(3)
+    tasks = source_class(
+        ds,
+        column="data",
+        index_column=None,
+        path_column=None,
+        concatenate=False,
+        axis=0,
+        block_size="128MiB",
+        override_num_blocks=3,
+    ).get_read_tasks(3)
     assert [t.metadata.num_rows for t in tasks] == [3, 4, 3]  # override_num_blocks wins over block_size
     table = tasks[1].read_fn()[0]
     assert table.column_names == ["data"]
@@ -207,9 +229,16 @@ def test_concatenate_splits_one_file_across_read_tasks(ray_session, tmp_path):
     a = np.random.default_rng(4).standard_normal((1001, 3, 5)).astype("<f4")
     np.save(tmp_path / "big.npy", a)
     ds = npydask.ray.read_npy(tmp_path, concatenate=True, override_num_blocks=8, path_column="path")
-    source = npydask.ray.NpyDatasource(npydask.open_dataset(tmp_path), column="data", index_column="index",
-                                       path_column=None, concatenate=True, axis=0, block_size="128MiB",
-                                       override_num_blocks=8)
+    source = npydask.ray.NpyDatasource(
+        npydask.open_dataset(tmp_path),
+        column="data",
+        index_column="index",
+        path_column=None,
+        concatenate=True,
+        axis=0,
+        block_size="128MiB",
+        override_num_blocks=8,
+    )
     tasks = source.get_read_tasks(8)
     assert len(tasks) == 8 and sum(t.metadata.num_rows for t in tasks) == 1001
     boxes = [(t.read_fn.box.start[0], t.read_fn.box.stop[0]) for t in tasks]
@@ -218,9 +247,16 @@ def test_concatenate_splits_one_file_across_read_tasks(ray_session, tmp_path):
     assert ids == list(range(1001)) and {r["path"] for r in rows} == {str(tmp_path / "big.npy")}
     np.testing.assert_array_equal(np.stack(got), a)
     # block_size plans by bytes: 60 bytes a row, 6 KiB a task
-    tasks = npydask.ray.NpyDatasource(npydask.open_dataset(tmp_path), column="data", index_column="index",
-                                      path_column=None, concatenate=True, axis=0, block_size=6000,
-                                      override_num_blocks=None).get_read_tasks(200)
+    tasks = npydask.ray.NpyDatasource(
+        npydask.open_dataset(tmp_path),
+        column="data",
+        index_column="index",
+        path_column=None,
+        concatenate=True,
+        axis=0,
+        block_size=6000,
+        override_num_blocks=None,
+    ).get_read_tasks(200)
     assert len(tasks) == 11 and max(t.metadata.num_rows for t in tasks) * 60 <= 6000
 
 
@@ -237,8 +273,7 @@ def test_concatenate_joins_files_of_different_lengths(ray_session, tmp_path, axi
     _save_all(tmp_path, arrays)
     joined = np.concatenate(arrays, axis=axis)
     for blocks in (1, 3, 10):
-        ds = npydask.ray.read_npy(tmp_path, concatenate=True, axis=axis, override_num_blocks=blocks,
-                                  path_column="p")
+        ds = npydask.ray.read_npy(tmp_path, concatenate=True, axis=axis, override_num_blocks=blocks, path_column="p")
         ids, got, rows = _rows(ds)
         assert ids == list(range(joined.shape[axis]))
         np.testing.assert_array_equal(np.stack(got, axis=axis), joined)
@@ -257,8 +292,9 @@ def _numbered(root):
 
 def test_iter_torch_batches_delivers_every_sample_once(ray_session, tmp_path):
     torch = pytest.importorskip("torch")
-    pytest.importorskip("pydantic", reason="Ray's iter_torch_batches imports ray.train, which needs pydantic "
-                                           "(in npydask's test extra)")
+    pytest.importorskip(
+        "pydantic", reason="Ray's iter_torch_batches imports ray.train, which needs pydantic (in npydask's test extra)"
+    )
     arrays, ds = _numbered(tmp_path)
     seen = []
     for batch in ds.iter_torch_batches(batch_size=4):
@@ -300,8 +336,9 @@ def test_roi_shards_and_npz_key(ray_session, tmp_path):
     for g, a in zip(got, arrays[3:6]):
         np.testing.assert_array_equal(g, a[1:4, 2:6])
     # a "pad" ROI reaching outside the files, with a fill value
-    ids, got, _ = _rows(npydask.ray.read_npy(tmp_path, roi_start=[4, 5], roi_shape=[4, 4],
-                                             out_of_bounds_policy="pad", fill_value=-1))
+    ids, got, _ = _rows(
+        npydask.ray.read_npy(tmp_path, roi_start=[4, 5], roi_shape=[4, 4], out_of_bounds_policy="pad", fill_value=-1)
+    )
     for g, a in zip(got, arrays):
         want = np.full((4, 4), -1, "<i2")
         want[:2, :2] = a[4:, 5:]
@@ -435,9 +472,16 @@ def test_blocks_are_the_plans_tasks_not_split_further_by_ray(ray_session, tmp_pa
     np.save(tmp_path / "a.npy", a)
     ds = npydask.ray.read_npy(tmp_path, concatenate=True, block_size="8MiB")
     done = ds.materialize()
-    tasks = npydask.ray.NpyDatasource(npydask.open_dataset(tmp_path), column="data", index_column="index",
-                                      path_column=None, concatenate=True, axis=0, block_size="8MiB",
-                                      override_num_blocks=None).get_read_tasks(1)
+    tasks = npydask.ray.NpyDatasource(
+        npydask.open_dataset(tmp_path),
+        column="data",
+        index_column="index",
+        path_column=None,
+        concatenate=True,
+        axis=0,
+        block_size="8MiB",
+        override_num_blocks=None,
+    ).get_read_tasks(1)
     assert 2 <= len(tasks) <= 4 and done.num_blocks() == len(tasks)
     ids, got, _ = _rows(done)
     np.testing.assert_array_equal(np.stack(got), a)
@@ -451,8 +495,9 @@ def test_ray_gives_one_column_per_member(ray_session, tmp_path):
     import npydask.ray
 
     paths = write_archives(str(tmp_path), compressed=False)
-    rds = npydask.ray.read_npy(str(tmp_path), file_filter="*.npz", key=["x", "m"], path_column="path",
-                               override_num_blocks=3)
+    rds = npydask.ray.read_npy(
+        str(tmp_path), file_filter="*.npz", key=["x", "m"], path_column="path", override_num_blocks=3
+    )
     assert rds.schema().names == ["x", "m", "index", "path"]
     n = len(paths)
     assert rds.count() == n

@@ -69,17 +69,32 @@ def test_ray_read_tasks_list_input_files_without_query_string(presigned):
     arrays, urls, pairs = presigned
     ds = npydask.open_dataset(files=urls)
     for concatenate in (False, True):
-        plan = _Plan(ds, column="data", index_column="index", path_column="path", concatenate=concatenate,
-                     axis=0, block_size="128MiB", override_num_blocks=2)
+        plan = _Plan(
+            ds,
+            column="data",
+            index_column="index",
+            path_column="path",
+            concatenate=concatenate,
+            axis=0,
+            block_size="128MiB",
+            override_num_blocks=2,
+        )
         reads = [plan.task(rows) for rows in plan.ranges]
         listed = [f for read in reads for f in read.input_files]
         assert sorted(set(listed)) == sorted(u.partition("?")[0] for u in urls)
         _clean(listed, [read.paths for read in reads], plan.files)
     from npydask.ray.datasource import _MembersPlan
 
-    members = _MembersPlan(npydask.open_dataset(files=pairs, key=["x", "y"]), column="data", index_column="index",
-                           path_column="path", concatenate=False, axis=0, block_size="128MiB",
-                           override_num_blocks=None)
+    members = _MembersPlan(
+        npydask.open_dataset(files=pairs, key=["x", "y"]),
+        column="data",
+        index_column="index",
+        path_column="path",
+        concatenate=False,
+        axis=0,
+        block_size="128MiB",
+        override_num_blocks=None,
+    )
     listed = [f for rows in members.plans[0].ranges for f in members.task(rows).input_files]
     assert listed == [u.partition("?")[0] for u in pairs]
 
@@ -88,8 +103,14 @@ def test_command_line_output_holds_no_query_string(presigned, capsys):
     from npydask.cli import main
 
     _, urls, pairs = presigned
-    for argv in (["info", urls[0]], ["info", urls[0], "--json"], ["info", pairs[0]], ["stats", urls[1], "--per-file"],
-                 ["stats", urls[1], "--json", "--per-file"], ["info", urls[0], pairs[1]]):
+    for argv in (
+        ["info", urls[0]],
+        ["info", urls[0], "--json"],
+        ["info", pairs[0]],
+        ["stats", urls[1], "--per-file"],
+        ["stats", urls[1], "--json", "--per-file"],
+        ["info", urls[0], pairs[1]],
+    ):
         status = main(argv)
         out, err = capsys.readouterr()
         assert status == 0, (argv, err)

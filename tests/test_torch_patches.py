@@ -117,7 +117,13 @@ def _resume_run(ds, sampler, start_shape, b, resume_shape, *, seed=1):
     before, states = [], []
     for rank in range(world):
         it = NpyIterableDataset(
-            ds, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=seed, shuffle=True,
+            ds,
+            sampler=sampler,
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            seed=seed,
+            shuffle=True,
             with_index=True,
         )
         it.set_epoch(1)
@@ -129,7 +135,13 @@ def _resume_run(ds, sampler, start_shape, b, resume_shape, *, seed=1):
     after = []
     for rank in range(world):
         it = NpyIterableDataset(
-            ds, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=seed, shuffle=True,
+            ds,
+            sampler=sampler,
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            seed=seed,
+            shuffle=True,
             with_index=True,
         )
         it.load_state_dict(pickle.loads(pickle.dumps(states[0])))
@@ -143,9 +155,7 @@ def _resume_run(ds, sampler, start_shape, b, resume_shape, *, seed=1):
     [((4, 2, 2), (2, 1, 3)), ((4, 2, 2), (3, 2, 1)), ((2, 0, 3), (1, 0, 4))],
 )
 @pytest.mark.timeout(240)
-def test_resume_at_another_world_worker_count_and_batch_size_delivers_the_rest_once(
-    volumes, start_shape, resume_shape
-):
+def test_resume_at_another_world_worker_count_and_batch_size_delivers_the_rest_once(volumes, start_shape, resume_shape):
     sampler = Uniform((4, 4), per_file=5)
     everything = collections.Counter(_keys(sampler.bind(volumes), 1, range(25), seed=1, shuffle=True))
     for b in (0, 1, 2):
@@ -194,7 +204,10 @@ def test_set_epoch_and_resume_reach_persistent_workers(volumes, workers, context
     sampler = Uniform((4, 4), per_file=2)
     it = NpyIterableDataset(volumes, sampler=sampler, batch_size=3, with_index=True)
     loader = torch.utils.data.DataLoader(
-        it, batch_size=3, num_workers=workers, persistent_workers=True,
+        it,
+        batch_size=3,
+        num_workers=workers,
+        persistent_workers=True,
         multiprocessing_context=torch.multiprocessing.get_context(context),
     )
 
@@ -255,9 +268,7 @@ def pairs(tmp_path):
     for i in range(3):
         np.save(images / f"{i}.npy", np.arange(2 * 9 * 11, dtype="i2").reshape(2, 9, 11) + 300 * i)
         np.save(labels / f"{i}.npy", (np.arange(9 * 11).reshape(9, 11) % 7 == i).astype("u1"))
-    return npydask.zip_datasets(
-        {"image": npydask.open_dataset(images), "label": npydask.open_dataset(labels)}
-    )
+    return npydask.zip_datasets({"image": npydask.open_dataset(images), "label": npydask.open_dataset(labels)})
 
 
 @pytest.mark.parametrize("adapter", ["iterable", "map"])
@@ -330,7 +341,6 @@ def test_grid_tiles_through_workers_stitch_back_the_volumes(volumes):
         stitcher.add(2 * batch + 1, index)  # the adapters' index as it comes
     for f, result in enumerate(stitcher.result()):
         np.testing.assert_allclose(result, 2 * np.load(volumes.files[f]) + 1, rtol=1e-6)
-
 
 
 @pytest.mark.timeout(120)
@@ -431,7 +441,13 @@ def test_saved_at_every_step_at_4x2_resumes_at_2x1_and_3x2_and_then_again_at_1x1
 
     def adapter(rank, world, batch, state=None):
         it = NpyIterableDataset(
-            volumes, sampler=sampler, batch_size=batch, rank=rank, world_size=world, seed=1, shuffle=True,
+            volumes,
+            sampler=sampler,
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            seed=1,
+            shuffle=True,
             with_index=True,
         )
         if state is not None:
@@ -474,7 +490,9 @@ def test_patches_of_objects_in_the_main_process_and_a_spawned_worker(s3):
     it = NpyIterableDataset(ds, sampler=sampler, batch_size=4, seed=2, with_index=True)
     for workers, context in [(0, None), (1, "spawn")]:
         loader = torch.utils.data.DataLoader(
-            it, batch_size=4, num_workers=workers,
+            it,
+            batch_size=4,
+            num_workers=workers,
             multiprocessing_context=torch.multiprocessing.get_context(context) if context else None,
         )
         seen = []

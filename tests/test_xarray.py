@@ -77,8 +77,15 @@ def reads(monkeypatch):
 
 def test_guess_can_open_takes_npy_and_npz_paths_and_urls_only(tmp_path):
     engine = NpyBackendEntrypoint()
-    for yes in ["a.npy", "dir/b.npz", Path("c.npy"), "UPPER.NPY", "s3://bkt/k/x.npy",
-                "https://host/x.npz?X-Amz-Signature=abc", "file:///data/x.npy"]:
+    for yes in [
+        "a.npy",
+        "dir/b.npz",
+        Path("c.npy"),
+        "UPPER.NPY",
+        "s3://bkt/k/x.npy",
+        "https://host/x.npz?X-Amz-Signature=abc",
+        "file:///data/x.npy",
+    ]:
         assert engine.guess_can_open(yes), yes
     (tmp_path / "folder.npy").mkdir()  # a folder is opened only with engine="npy"; its name decides nothing here
     for no in ["a.nc", "a.zarr", "a.npy.gz", str(tmp_path), b"a.npy", 3, "ftp://host/x.npy", "s3://bkt/prefix/"]:
@@ -89,8 +96,15 @@ def test_guess_can_open_takes_npy_and_npz_paths_and_urls_only(tmp_path):
 
 def test_open_dataset_parameters_name_what_open_dataset_takes():
     params = NpyBackendEntrypoint.open_dataset_parameters
-    assert params[:7] == ("filename_or_obj", "drop_variables", "dims", "key", "storage_options", "file_coord",
-                          "coord_name")
+    assert params[:7] == (
+        "filename_or_obj",
+        "drop_variables",
+        "dims",
+        "key",
+        "storage_options",
+        "file_coord",
+        "coord_name",
+    )
     import inspect
 
     taken = {n for n, p in inspect.signature(npydask.open_dataset).parameters.items() if p.kind is p.KEYWORD_ONLY}
@@ -160,8 +174,12 @@ def test_file_values_dims_attrs_and_encoding_equal_numpy(tmp_path, order, dtype)
 
 
 def test_strings_bytes_structured_and_longdouble_files(save):
-    for a in [np.array(["ab", "cde", "f"]), np.array([b"x", b"yz"]), np.asfortranarray(np.ones((2, 3), np.longdouble)),
-              np.array([(1, (2.5, 3.5)), (4, (5.5, 6.5))], [("a", "<i4"), ("b", ">f8", (2,))])]:
+    for a in [
+        np.array(["ab", "cde", "f"]),
+        np.array([b"x", b"yz"]),
+        np.asfortranarray(np.ones((2, 3), np.longdouble)),
+        np.array([(1, (2.5, 3.5)), (4, (5.5, 6.5))], [("a", "<i4"), ("b", ">f8", (2,))]),
+    ]:
         p = save(a)
         for chunks in (None, {}):
             ds = open_npy(p, chunks=chunks)
@@ -237,8 +255,10 @@ def test_selections_isel_sel_outer_and_vectorized_equal_numpy(save):
             (var.isel(dim_0=slice(None, None, -4), dim_2=[0, 9, 3]), a[::-4][:, :, [0, 9, 3]]),
             (var[3:17:5, 2, ::3], a[3:17:5, 2, ::3]),
             (var.isel(dim_1=[14, 0, 7], dim_0=[1, 1, 19]), a[[1, 1, 19]][:, [14, 0, 7]]),
-            (var.isel(dim_0=xr.DataArray([0, 19, 4], dims="p"), dim_1=xr.DataArray([1, 2, 14], dims="p")),
-             a[[0, 19, 4], [1, 2, 14]]),
+            (
+                var.isel(dim_0=xr.DataArray([0, 19, 4], dims="p"), dim_1=xr.DataArray([1, 2, 14], dims="p")),
+                a[[0, 19, 4], [1, 2, 14]],
+            ),
             (var.isel(dim_0=5, dim_1=6, dim_2=7), a[5, 6, 7]),
             (var.isel(dim_0=slice(4, 4)), a[4:4]),
             (var.where(var > 1000).sum("dim_2"), np.nansum(np.where(a > 1000, a, np.nan), 2)),
@@ -275,7 +295,7 @@ def test_random_outer_and_vectorized_selections_equal_numpy(save):
                 step = int(rng.choice([1, 2, -1, -3]))
                 pick = slice(start, stop, step) if step > 0 else slice(stop, start, step)
                 if step < 0 and not len(range(n)[pick]):  # (xarray 2026.9's own _decompose_slice raises
-                    pick = slice(None, None, step)         # IndexError on an empty slice of negative step)
+                    pick = slice(None, None, step)  # IndexError on an empty slice of negative step)
             else:
                 continue
             key[f"dim_{axis}"] = pick
@@ -334,8 +354,11 @@ def test_roi_arguments_apply_to_a_single_file(save):
 
 @pytest.mark.parametrize("savez", [np.savez, np.savez_compressed])
 def test_npz_members_of_different_shapes_are_variables_with_their_own_dims(tmp_path, savez):
-    members = {"x": np.arange(30, dtype=">f8").reshape(5, 6), "y": np.arange(7, dtype="u2"),
-               "img": np.asfortranarray(np.arange(24, dtype="i4").reshape(2, 3, 4))}
+    members = {
+        "x": np.arange(30, dtype=">f8").reshape(5, 6),
+        "y": np.arange(7, dtype="u2"),
+        "img": np.asfortranarray(np.arange(24, dtype="i4").reshape(2, 3, 4)),
+    }
     p = tmp_path / "pair.npz"
     savez(p, **members)
     for chunks in (None, {}):
@@ -398,14 +421,16 @@ def test_folder_stacks_files_with_a_file_coordinate(tmp_path, order, reads):
     assert ds.encoding["source"] == var.encoding["source"] == str(tmp_path)
     np.testing.assert_array_equal(var.values, np.stack(list(arrays.values())))
     np.testing.assert_array_equal(var.sel(file="s03.npy").values, arrays["s03.npy"])
-    np.testing.assert_array_equal(var.sel(file=["s05.npy", "s01.npy"])[:, 1].values,
-                                  np.stack([arrays["s05.npy"][1], arrays["s01.npy"][1]]))
+    np.testing.assert_array_equal(
+        var.sel(file=["s05.npy", "s01.npy"])[:, 1].values, np.stack([arrays["s05.npy"][1], arrays["s01.npy"][1]])
+    )
     dask_ds = open_npy(tmp_path, chunks={})
     own = npydask.open_dataset(tmp_path).stack()
     assert dask_ds["data"].data.chunks == own.chunks
     assert dask_ds["data"].encoding["preferred_chunks"] == dict(zip(var.dims, own.chunks))
-    np.testing.assert_array_equal(dask_ds["data"].isel(dim_1=slice(None, None, -2)).compute().values,
-                                  np.stack(list(arrays.values()))[:, :, ::-2])
+    np.testing.assert_array_equal(
+        dask_ds["data"].isel(dim_1=slice(None, None, -2)).compute().values, np.stack(list(arrays.values()))[:, :, ::-2]
+    )
 
 
 def test_folder_of_many_small_files_reads_them_in_batches(tmp_path, reads):
@@ -423,8 +448,10 @@ def test_picking_files_of_a_folder_reads_only_those_files(tmp_path, reads):
     np.testing.assert_array_equal(var.sel(file=picked).values, np.stack([arrays[n] for n in picked]))
     assert reads == [("many", 3)]  # one tight loop over the three files, not the 249 between
     reads.clear()
-    np.testing.assert_array_equal(var.isel(file=[299, 0], dim_1=slice(2, 5)).values,
-                                  np.stack([arrays["299.npy"][:, 2:5], arrays["000.npy"][:, 2:5]]))
+    np.testing.assert_array_equal(
+        var.isel(file=[299, 0], dim_1=slice(2, 5)).values,
+        np.stack([arrays["299.npy"][:, 2:5], arrays["000.npy"][:, 2:5]]),
+    )
     assert len(reads) == 2 and all(kind == "box" for kind, _ in reads)  # (each a strided box of one file)
 
 
@@ -566,8 +593,13 @@ def test_a_folder_of_npz_pairs_with_a_key_list_is_one_variable_per_member(tmp_pa
     assert ds["file"].values.tolist() == [f"pair_{i}.npz" for i in range(10)]
     np.testing.assert_array_equal(ds["x"].values, np.stack(xs))
     np.testing.assert_array_equal(ds["y"].values, np.stack(ys))
-    named = open_npy(tmp_path, file_filter="*.npz", key=["x", "y"], dims={"x": ["t", "r", "c"], "y": ["t", "k"]},
-                     drop_variables=["x"])
+    named = open_npy(
+        tmp_path,
+        file_filter="*.npz",
+        key=["x", "y"],
+        dims={"x": ["t", "r", "c"], "y": ["t", "k"]},
+        drop_variables=["x"],
+    )
     assert list(named.data_vars) == ["y"] and named["y"].dims == ("t", "k")
     assert named["t"].values.tolist() == [f"pair_{i}.npz" for i in range(10)]
     with pytest.raises(ValueError, match="one name"):
@@ -657,8 +689,9 @@ def test_threads_share_one_lazy_dataset(tmp_path):
 
 
 def test_to_xarray_is_npydask_own_graph_with_a_file_coordinate(tmp_path):
-    arrays = make_folder(tmp_path, [(3, 4)] * 5 + [(3, 4)], names=[f"slice_{i}.npy" for i in range(5)] + ["x/y.npy"],
-                         dtype=">u2")
+    arrays = make_folder(
+        tmp_path, [(3, 4)] * 5 + [(3, 4)], names=[f"slice_{i}.npy" for i in range(5)] + ["x/y.npy"], dtype=">u2"
+    )
     ds = npydask.open_dataset(tmp_path)
     out = ds.to_xarray()
     assert isinstance(out, xr.DataArray) and out.name == "data"
@@ -732,8 +765,11 @@ def test_datasets_compute_on_a_cluster_of_processes(tmp_path):
     a = np.arange(40 * 16 * 8, dtype=">f8").reshape(40, 16, 8)
     np.save(tmp_path / "v.npy", np.asfortranarray(a))
     arrays = make_folder(tmp_path / "f", [(6, 5)] * 30)
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client, dask.config.set({"array.chunk-size": "8KiB"}):
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+        dask.config.set({"array.chunk-size": "8KiB"}),
+    ):
         one = open_npy(tmp_path / "v.npy", chunks={})["data"]
         assert math.prod(one.data.numblocks) > 4
         np.testing.assert_array_equal(one.isel(dim_2=slice(1, 7, 2)).compute().values, a[:, :, 1:7:2])

@@ -52,6 +52,7 @@ __all__ = ["MapError", "MmapBackend"]
 class MapError(OSError):
     """The file could not be mapped (the ``auto`` backend then reads it with pread)."""
 
+
 class MmapBackend(Backend):
     """Map, then view (contiguous regions) or copy (everything else: the ``mapped`` strategy of
     :mod:`npydask.plan.read_strategy`, which ``"auto"`` also picks where the cost model prices it lowest)."""

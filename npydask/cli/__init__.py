@@ -58,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"npydask {args.command}: interrupted")
         return 130
     except (
-        UsageError, npydask.NpyFormatError, npydask.RoiError, OSError, ImportError, npydask.GpuUnavailableError
+        UsageError,
+        npydask.NpyFormatError,
+        npydask.RoiError,
+        OSError,
+        ImportError,
+        npydask.GpuUnavailableError,
     ) as e:
         say(f"npydask {args.command}: error: {cli_words(str(e))}")
         return 2

@@ -274,10 +274,16 @@ def client(scheduler: str | None, workers: int | None, *, quiet: bool = False) -
         raise UsageError(f"--workers must be at least 1, found {workers}")
     if not quiet:
         say(f"starting an embedded local cluster ({workers} worker{'s' if workers != 1 else ''}, 1 thread each)")
-    with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True,
-        dashboard_address=":0", scheduler_kwargs={"dashboard": False},  # any free port: no "port in use" warning
-    ) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            scheduler_kwargs={"dashboard": False},  # any free port: no "port in use" warning
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -288,9 +294,11 @@ def add_cluster_options(parser: Any) -> None:
     """``--scheduler`` and ``--workers``."""
     parser.add_argument("--scheduler", metavar="ADDRESS", help="use this dask scheduler instead of an embedded cluster")
     parser.add_argument(
-        "--workers", type=int, default=None,
+        "--workers",
+        type=int,
+        default=None,
         help=f"run on an embedded cluster of this many workers, 1 thread each (default: local threads for "
-             f"jobs under {size(TINY_BYTES)} and {TINY_FILES} files, else {DEFAULT_WORKERS} workers)",
+        f"jobs under {size(TINY_BYTES)} and {TINY_FILES} files, else {DEFAULT_WORKERS} workers)",
     )
 
 
@@ -301,21 +309,32 @@ def add_quiet_option(parser: Any) -> None:
 
 def add_sort_option(parser: Any) -> None:
     """``--sort {bytes,natural}``: the order of a folder's files."""
-    parser.add_argument("--sort", choices=SORTS, default="bytes",
-                        help="order of a folder's files: 'bytes' (DALI's byte-wise order, the default: slice_10 "
-                             "before slice_2) or 'natural' (runs of digits by value: slice_2 before slice_10)")
+    parser.add_argument(
+        "--sort",
+        choices=SORTS,
+        default="bytes",
+        help="order of a folder's files: 'bytes' (DALI's byte-wise order, the default: slice_10 "
+        "before slice_2) or 'natural' (runs of digits by value: slice_2 before slice_10)",
+    )
 
 
 def add_selection_options(parser: Any, *, several: bool = False) -> None:
     """``PATH`` (``PATH...`` when ``several``), ``--filter``, ``--recursive``, ``--sort`` and ``--key``."""
     if several:
-        parser.add_argument("paths", metavar="PATH", nargs="+",
-                            help=".npy or .npz files or folders of them, or object URLs (s3://bucket/prefix/, "
-                                 "https://host/a.npy); shell patterns such as 'scans/*.npy' too")
+        parser.add_argument(
+            "paths",
+            metavar="PATH",
+            nargs="+",
+            help=".npy or .npz files or folders of them, or object URLs (s3://bucket/prefix/, "
+            "https://host/a.npy); shell patterns such as 'scans/*.npy' too",
+        )
     else:
-        parser.add_argument("path", metavar="PATH",
-                            help="a .npy file, or a folder of them; or an object URL (s3://bucket/a.npy) or prefix "
-                                 "(s3://bucket/scans/)")
+        parser.add_argument(
+            "path",
+            metavar="PATH",
+            help="a .npy file, or a folder of them; or an object URL (s3://bucket/a.npy) or prefix "
+            "(s3://bucket/scans/)",
+        )
     parser.add_argument("--filter", default="*.npy", help="glob on file names in a folder (default '*.npy')")
     parser.add_argument("--recursive", action="store_true", help="look in every subfolder, not only the first level")
     add_sort_option(parser)

@@ -184,8 +184,10 @@ def _roi_bytes(data: FigureData) -> bool:
     ours = measure(lambda: npydask.read_region(p, ROI_START, stop), runs=RUNS, before=_fresh_npydask)
     theirs = measure(lambda: np.load(p)[_roi_slices()], runs=RUNS)
     same = bool(np.array_equal(ours.value, theirs.value))
-    print(f"\n-- bytes read for a {'x'.join(map(str, ROI_SHAPE))} ROI ({number(roi_bytes)} bytes of float32) "
-          f"of one {size(file_bytes)} volume ({number(file_bytes)} bytes)")
+    print(
+        f"\n-- bytes read for a {'x'.join(map(str, ROI_SHAPE))} ROI ({number(roi_bytes)} bytes of float32) "
+        f"of one {size(file_bytes)} volume ({number(file_bytes)} bytes)"
+    )
     rows = []
     for how, m in ((f"npydask.read_region(p, {ROI_START}, {stop})", ours), (f"np.load(p){_slice_text()}", theirs)):
         read = _read_cell(m, roi_bytes)
@@ -203,8 +205,9 @@ def _compare(rows: list[tuple[str, Measured]], *, delivered: int = 0) -> str:
     ours = rows[0][1]
     cells = []
     for i, (how, m) in enumerate(rows):
-        cells.append([how, duration(m.seconds), _read_cell(m, delivered),
-                      "" if i == 0 else versus(ours.seconds, m.seconds)])
+        cells.append(
+            [how, duration(m.seconds), _read_cell(m, delivered), "" if i == 0 else versus(ours.seconds, m.seconds)]
+        )
     return table(cells, ["how", "time", "bytes read", "npydask is"], right=(1, 2))
 
 
@@ -218,8 +221,10 @@ def _lazy_open(data: FigureData) -> bool:
     theirs = measure(load_all, runs=RUNS)
     ds = ours.value
     same = ds.files == paths and [tuple(h.shape) for h in ds.headers] == [a.shape for a in theirs.value]
-    print(f"\n-- opening the folder of {len(paths)} volumes ({size(data.folder_bytes)}, "
-          f"{number(data.folder_bytes)} bytes): lazily, or loading every file")
+    print(
+        f"\n-- opening the folder of {len(paths)} volumes ({size(data.folder_bytes)}, "
+        f"{number(data.folder_bytes)} bytes): lazily, or loading every file"
+    )
     print(_compare([("npydask.open_dataset(folder)", ours), ("[np.load(p) for p in files]", theirs)]))
     print(f"same files and shapes: {same}")
     return same
@@ -241,17 +246,23 @@ def _roi_from_every_volume(data: FigureData) -> bool:
         return np.stack([np.load(p, mmap_mode="r")[slices] for p in paths])
 
     rows = [
-        ("npydask open_dataset(folder, roi_start, roi_shape).stack().compute()",
-         measure(ours, runs=RUNS, before=_fresh_npydask)),
+        (
+            "npydask open_dataset(folder, roi_start, roi_shape).stack().compute()",
+            measure(ours, runs=RUNS, before=_fresh_npydask),
+        ),
         (f"np.stack([np.load(p){_slice_text()} for p in files])", measure(loaded, runs=RUNS)),
         (f"np.stack([np.load(p, mmap_mode='r'){_slice_text()} for p in files])", measure(mapped, runs=RUNS)),
     ]
     same = all(np.array_equal(rows[0][1].value, m.value) for _, m in rows[1:])
-    print(f"\n-- a {'x'.join(map(str, ROI_SHAPE))} ROI from each of the {len(paths)} volumes, opening included "
-          f"(median of {RUNS} runs; npydask on {threads} threads)")
+    print(
+        f"\n-- a {'x'.join(map(str, ROI_SHAPE))} ROI from each of the {len(paths)} volumes, opening included "
+        f"(median of {RUNS} runs; npydask on {threads} threads)"
+    )
     print(_compare(rows, delivered=rows[0][1].value.nbytes))
-    print("(mapped: read calls returned fewer bytes than the ROIs hold, so the rest came through a memory "
-          "mapping, whose pages are faulted in, not read: the kernel's count does not see them)")
+    print(
+        "(mapped: read calls returned fewer bytes than the ROIs hold, so the rest came through a memory "
+        "mapping, whose pages are faulted in, not read: the kernel's count does not see them)"
+    )
     print(f"all three equal: {same}")
     return same
 
@@ -283,24 +294,32 @@ def _sum_memory(data: FigureData) -> bool:
         _release_memory()
 
     rows = [
-        (f'npydask.from_npy(p, chunks="{CHUNK_BUDGET}").sum()',
-         measure(ours("auto"), runs=RUNS, before=before, memory=True)),
-        (f'npydask.from_npy(p, chunks="{CHUNK_BUDGET}", backend="pread").sum()',
-         measure(ours("pread"), runs=RUNS, before=before, memory=True)),
+        (
+            f'npydask.from_npy(p, chunks="{CHUNK_BUDGET}").sum()',
+            measure(ours("auto"), runs=RUNS, before=before, memory=True),
+        ),
+        (
+            f'npydask.from_npy(p, chunks="{CHUNK_BUDGET}", backend="pread").sum()',
+            measure(ours("pread"), runs=RUNS, before=before, memory=True),
+        ),
         ("np.load(p).sum()", measure(theirs, runs=RUNS, before=before, memory=True)),
     ]
     values = [m.value for _, m in rows]
     same = all(np.isclose(v, values[-1], rtol=1e-9) for v in values)
     n_chunks = len(npydask.from_npy(p, chunks=CHUNK_BUDGET).chunks[0])
-    print(f"\n-- memory of a float64 sum over one {size(file_bytes)} file ({number(file_bytes)} bytes) "
-          f"read in {n_chunks} chunks of {size(parse_bytes(CHUNK_BUDGET))} on {threads} threads")
+    print(
+        f"\n-- memory of a float64 sum over one {size(file_bytes)} file ({number(file_bytes)} bytes) "
+        f"read in {n_chunks} chunks of {size(parse_bytes(CHUNK_BUDGET))} on {threads} threads"
+    )
     cells = []
     for how, m in rows:
         peak = NOT_COUNTED if m.peak_anon is None else f"{m.peak_anon / 2**20:,.1f} MiB"
         cells.append([how, duration(m.seconds), peak, _share(m.peak_anon, file_bytes)])
     print(table(cells, ["how", "time", "peak memory", "of the file"], right=(1, 2, 3)))
-    print("(peak memory: the largest rise of the process's anonymous memory during a run; "
-          "the default backend maps whole chunks, whose pages are page cache, not the process's memory)")
+    print(
+        "(peak memory: the largest rise of the process's anonymous memory during a run; "
+        "the default backend maps whole chunks, whose pages are page cache, not the process's memory)"
+    )
     print(f"all three equal: {same}")
     return bool(same)
 
@@ -309,10 +328,14 @@ def write_and_show(root: str) -> bool:
     """Write the figures' files under ``root`` and print the figures; return whether all equalled numpy."""
     t0 = time.perf_counter()
     data = write_figure_data(root)
-    print(f"\n== what npydask is for, measured in this run: wrote {len(data.volumes)} volumes of "
-          f"{'x'.join(map(str, VOLUME_SHAPE))} float32 ({size(data.folder_bytes)}) and one "
-          f"{'x'.join(map(str, BIG_SHAPE))} float32 file ({size(os.path.getsize(data.big))}) in "
-          f"{duration(time.perf_counter() - t0)} (just written, so in the page cache)")
-    print("(bytes read: the kernel's count of bytes read calls returned to this process, /proc/self/io rchar; "
-          f"times: median of {RUNS} runs after a warm-up; npydask's open-file cache emptied before each)")
+    print(
+        f"\n== what npydask is for, measured in this run: wrote {len(data.volumes)} volumes of "
+        f"{'x'.join(map(str, VOLUME_SHAPE))} float32 ({size(data.folder_bytes)}) and one "
+        f"{'x'.join(map(str, BIG_SHAPE))} float32 file ({size(os.path.getsize(data.big))}) in "
+        f"{duration(time.perf_counter() - t0)} (just written, so in the page cache)"
+    )
+    print(
+        "(bytes read: the kernel's count of bytes read calls returned to this process, /proc/self/io rchar; "
+        f"times: median of {RUNS} runs after a warm-up; npydask's open-file cache emptied before each)"
+    )
     return show(data)

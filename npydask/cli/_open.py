@@ -44,15 +44,18 @@ _ORIGIN = ("the header read when the command started", "run the command again", 
 def add_open_options(parser: Any) -> None:
     """``--headers {all,first}`` and ``--index PATH``: ``open_dataset``'s ``headers=`` and ``index=``."""
     parser.add_argument(
-        "--headers", choices=("all", "first"), default="all",
+        "--headers",
+        choices=("all", "first"),
+        default="all",
         help="'all' (default) reads every file's header and lists unreadable files; 'first' reads only the first "
-             "file's and gives every file that header (open_dataset's headers='first': one LIST for a prefix, "
-             "each file checked where it is read; a file that differs is an error)",
+        "file's and gives every file that header (open_dataset's headers='first': one LIST for a prefix, "
+        "each file checked where it is read; a file that differs is an error)",
     )
     parser.add_argument(
-        "--index", metavar="PATH",
+        "--index",
+        metavar="PATH",
         help="a persistent header index (JSON; a local path or a URL), reused while files keep their size and "
-             "mtime or ETag and rebuilt for those that changed (open_dataset's index=)",
+        "mtime or ETag and rebuilt for those that changed (open_dataset's index=)",
     )
 
 
@@ -88,13 +91,28 @@ def selection_for(
         with ``--index``, a malformed file, ...), in one line.
     """
     if not opens_dataset(args):
-        return select(path, file_filter=file_filter, recursive=args.recursive, sort=args.sort, key=key, quiet=quiet,
-                      lenient=lenient, storage_options=storage_options)
+        return select(
+            path,
+            file_filter=file_filter,
+            recursive=args.recursive,
+            sort=args.sort,
+            key=key,
+            quiet=quiet,
+            lenient=lenient,
+            storage_options=storage_options,
+        )
     import npydask
 
     root = root_of(path, file_filter, storage_options)
-    options = dict(key=key, headers=args.headers, index=args.index, storage_options=storage_options, device=device,
-                   sort=args.sort, **(roi or {}))
+    options = dict(
+        key=key,
+        headers=args.headers,
+        index=args.index,
+        storage_options=storage_options,
+        device=device,
+        sort=args.sort,
+        **(roi or {}),
+    )
     try:
         if root is None:
             ds = npydask.open_dataset(files=[path], **options)
@@ -112,8 +130,9 @@ def selection_for(
         good.append((p, (identity, header, None if check is None else check.raw, deflated)))
     if args.headers == "first" and len(ds) > 1 and not quiet:
         say(f"--headers first: {number(len(ds))} files given the first file's header, each checked where it is read")
-    return Selection(root, [p for p, _ in good], good, [], storage_options if ds._context.source is not LOCAL else None,
-                     dataset=ds)
+    return Selection(
+        root, [p for p, _ in good], good, [], storage_options if ds._context.source is not LOCAL else None, dataset=ds
+    )
 
 
 def dataset_of(

@@ -27,9 +27,20 @@ from npydask.cli._errors import UsageError
 
 __all__ = ["SCRIPTS", "add_parser", "run"]
 
-SCRIPTS = ("bench_header.py", "bench_read.py", "bench_dataset.py", "bench_loader.py", "bench_write.py",
-           "bench_cluster.py", "bench_memory.py", "bench_convert.py", "bench_remote.py", "bench_ray.py",
-           "bench_scale.py", "bench_patches.py")
+SCRIPTS = (
+    "bench_header.py",
+    "bench_read.py",
+    "bench_dataset.py",
+    "bench_loader.py",
+    "bench_write.py",
+    "bench_cluster.py",
+    "bench_memory.py",
+    "bench_convert.py",
+    "bench_remote.py",
+    "bench_ray.py",
+    "bench_scale.py",
+    "bench_patches.py",
+)
 SIZES = ("tiny", "small", "full")  # the scripts' own --size choices (benchmarks/_common.py)
 HELP = """\
 examples:
@@ -46,13 +57,21 @@ def add_parser(sub: Any) -> None:
         epilog=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--size", choices=SIZES, default="small",
-                   help="passed to every script: small (default), full (the 1 GiB sets of the issues' goals) "
-                        "or tiny (a smoke test)")
+    p.add_argument(
+        "--size",
+        choices=SIZES,
+        default="small",
+        help="passed to every script: small (default), full (the 1 GiB sets of the issues' goals) "
+        "or tiny (a smoke test)",
+    )
     p.add_argument("--repeat", type=int, help="timed runs per variant (default: each script's own)")
     p.add_argument("--only", help="comma-separated words: run only the scripts whose names contain one")
-    p.add_argument("--json", metavar="OUT", default=None,
-                   help="write every result to this JSON file (default npydask-bench-SIZE.json)")
+    p.add_argument(
+        "--json",
+        metavar="OUT",
+        default=None,
+        help="write every result to this JSON file (default npydask-bench-SIZE.json)",
+    )
     p.add_argument("--data", metavar="DIR", help="keep and reuse the generated data sets in DIR")
     add_quiet_option(p)
     p.set_defaults(func=run)
@@ -89,8 +108,15 @@ def run(args: argparse.Namespace) -> int:
             command = [sys.executable, str(folder / script), "--size", args.size]
             if args.repeat is not None:
                 command += ["--repeat", str(args.repeat)]
-            if args.data and script in ("bench_dataset.py", "bench_loader.py", "bench_read.py", "bench_remote.py",
-                                        "bench_ray.py", "bench_scale.py", "bench_patches.py"):
+            if args.data and script in (
+                "bench_dataset.py",
+                "bench_loader.py",
+                "bench_read.py",
+                "bench_remote.py",
+                "bench_ray.py",
+                "bench_scale.py",
+                "bench_patches.py",
+            ):
                 command += ["--data", args.data]
             part = os.path.join(tmp, script + ".json")
             command += ["--json", part]

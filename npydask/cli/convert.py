@@ -163,8 +163,9 @@ def destination_kind(dest: str) -> str:
     )
 
 
-def plan_batches(sizes: Sequence[int], *, small: int = SMALL_BYTES, max_files: int = GROUP_FILES,
-                 max_bytes: int = 128 << 20) -> tuple[list[list[int]], list[int]]:
+def plan_batches(
+    sizes: Sequence[int], *, small: int = SMALL_BYTES, max_files: int = GROUP_FILES, max_bytes: int = 128 << 20
+) -> tuple[list[list[int]], list[int]]:
     """Group the small files (indices, in order) for one task each; the large ones apart.
 
     A group holds at most ``max_files`` files and ``max_bytes`` bytes, and
@@ -262,8 +263,9 @@ async def _write_zarr_items(items: Sequence[ZarrItem], store: str) -> int:
         firsts.setdefault((item.shape, item.dtype, item.chunks), item)
     templates: dict[tuple[Any, ...], tuple[Any, Any]] = {}
     for layout, item in firsts.items():
-        z = await za.create_array(local, name=item.name, shape=item.shape, dtype=item.dtype, chunks=item.chunks,
-                                  zarr_format=3)
+        z = await za.create_array(
+            local, name=item.name, shape=item.shape, dtype=item.dtype, chunks=item.chunks, zarr_format=3
+        )
         document = await local.get(f"{item.name}/zarr.json", prototype=default_buffer_prototype())
         if document is None:
             raise RuntimeError(f"{store}: zarr wrote no {item.name}/zarr.json for a new array; please report this")
@@ -327,8 +329,9 @@ def _plan(args: argparse.Namespace) -> Plan:
     options = storage_options(args)
     src_url, dest_url = url_or_none(src), url_or_none(dest)
     if options and src_url is None and dest_url is None:
-        raise UsageError("--storage-option applies to object-store URLs (s3://, gs://, az://, http(s)://); "
-                         "SRC and DEST are local")
+        raise UsageError(
+            "--storage-option applies to object-store URLs (s3://, gs://, az://, http(s)://); SRC and DEST are local"
+        )
     if src_url is None and not os.path.exists(src):
         raise UsageError(f"{src}: no such file or folder")
     if dest_url is None and os.path.lexists(dest) and not args.overwrite:
@@ -357,10 +360,14 @@ def _plan(args: argparse.Namespace) -> Plan:
         )
     if kind == "folder":
         name = args.key or _stem(redact(src_abs).rpartition("/")[2] if src_url else os.path.basename(src_abs))
-        return Plan(f"{shown} to {dest}/{name}.npy (C order)",
-                    lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False, **run.dest)], _nbytes(x))
-    return Plan(f"{shown} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False, **run.dest)],
-                _nbytes(x))
+        return Plan(
+            f"{shown} to {dest}/{name}.npy (C order)",
+            lambda: [npydask.to_npy_files([x], dest_abs, [name], compute=False, **run.dest)],
+            _nbytes(x),
+        )
+    return Plan(
+        f"{shown} to {dest} (C order)", lambda: [npydask.to_npy(x, dest_abs, compute=False, **run.dest)], _nbytes(x)
+    )
 
 
 @dataclass(frozen=True)
@@ -391,18 +398,26 @@ def _plan_npz(src: str, dest: str, kind: str, src_abs: str, dest_abs: str, overw
     nbytes = sum(_nbytes(a) for a in arrays)
     if kind == "zarr":
         _check_zarr_dtypes([a.dtype for a in arrays], src)
-        return Plan(f"{len(members)} members of {src} to {dest}",
-                    lambda: _zarr_writes(arrays, members, dest_abs, overwrite, run), nbytes, len(members))
-    return Plan(f"{len(members)} members of {src} to {dest}/",
-                lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False, **run.dest)], nbytes,
-                len(members))
+        return Plan(
+            f"{len(members)} members of {src} to {dest}",
+            lambda: _zarr_writes(arrays, members, dest_abs, overwrite, run),
+            nbytes,
+            len(members),
+        )
+    return Plan(
+        f"{len(members)} members of {src} to {dest}/",
+        lambda: [npydask.to_npy_files(arrays, dest_abs, members, compute=False, **run.dest)],
+        nbytes,
+        len(members),
+    )
 
 
 def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: str, run: _Run) -> Plan:
     src, key = redact(args.src), args.key
     file_filter = args.filter or ("*.npz" if key else "*.npy")
-    selection = selection_for(src_abs, args, file_filter=file_filter, key=key, quiet=args.quiet,
-                              storage_options=run.src)
+    selection = selection_for(
+        src_abs, args, file_filter=file_filter, key=key, quiet=args.quiet, storage_options=run.src
+    )
     if report_bad(selection):
         raise UsageError(f"{src}: {len(selection.bad)} files cannot be read (listed above); fix or remove them first")
     paths = [p for p, _ in selection.good]
@@ -420,9 +435,12 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
         except ValueError as e:
             raise UsageError(f"{src}: {e}") from e
         sizes = [h.nbytes for h in headers]
-        return Plan(f"{count} to {args.dest.rstrip('/')}/ (C order)",
-                    lambda: _npy_folder_writes(list(zip(views_of(selection, key=key), stems)), sizes, dest_abs, run),
-                    total, len(paths))
+        return Plan(
+            f"{count} to {args.dest.rstrip('/')}/ (C order)",
+            lambda: _npy_folder_writes(list(zip(views_of(selection, key=key), stems)), sizes, dest_abs, run),
+            total,
+            len(paths),
+        )
     if layout == "per-file":
         if kind == "npy":
             raise UsageError(
@@ -430,13 +448,19 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
             )
         _check_zarr_dtypes([h.dtype for h in headers], src)
         if run.dest_options is not None:
-            raise UsageError(f"{args.dest}: --layout per-file writes zarr to local disk only; write it locally and "
-                             "upload it, or use the stacked layout (the default) for a zarr URL")
+            raise UsageError(
+                f"{args.dest}: --layout per-file writes zarr to local disk only; write it locally and "
+                "upload it, or use the stacked layout (the default) for a zarr URL"
+            )
         stems = _zarr_names(names)
-        return Plan(f"{count} to zarr {args.dest}, one array per file",
-                    lambda: _zarr_per_file_writes(views_of(selection, key=key), headers, stems, names, dest_abs,
-                                                  args.overwrite),
-                    total, len(paths))
+        return Plan(
+            f"{count} to zarr {args.dest}, one array per file",
+            lambda: _zarr_per_file_writes(
+                views_of(selection, key=key), headers, stems, names, dest_abs, args.overwrite
+            ),
+            total,
+            len(paths),
+        )
     _check_uniform(paths, headers)
     if kind == "zarr":
         from npydask.dataset.stacking import joined_dtype
@@ -447,8 +471,11 @@ def _plan_folder(args: argparse.Namespace, kind: str, src_abs: str, dest_abs: st
     def build() -> list[Any]:
         x = dataset_of(selection, range(len(paths)), key=key).stack()  # (from the headers read: no second read)
         if kind == "zarr":
-            return [npydask.to_zarr(x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names},
-                                    **run.dest)]
+            return [
+                npydask.to_zarr(
+                    x, dest_abs, compute=False, overwrite=args.overwrite, attributes={"files": names}, **run.dest
+                )
+            ]
         return [npydask.to_npy(x, dest_abs, compute=False, **run.dest)]
 
     return Plan(f"{count} to {args.dest} as one array of shape {shape}", build, total, len(paths))
@@ -509,8 +536,9 @@ def _check_zarr_dtypes(dtypes: Sequence[np.dtype], src: str) -> None:
 def _zarr_writes(arrays: list[Any], names: list[str] | None, dest: str, overwrite: bool, run: _Run) -> list[Any]:
     if names is None:
         return [npydask.to_zarr(arrays[0], dest, compute=False, overwrite=overwrite, **run.dest)]
-    return [npydask.to_zarr(x, dest, name=n, compute=False, overwrite=overwrite, **run.dest)
-            for x, n in zip(arrays, names)]
+    return [
+        npydask.to_zarr(x, dest, name=n, compute=False, overwrite=overwrite, **run.dest) for x, n in zip(arrays, names)
+    ]
 
 
 def _npy_folder_writes(items: list[tuple[Any, str]], sizes: list[int], dest: str, run: _Run) -> list[Any]:
@@ -527,7 +555,12 @@ def _npy_folder_writes(items: list[tuple[Any, str]], sizes: list[int], dest: str
 
 
 def _zarr_per_file_writes(
-    views: list[Any], headers: list[Any], stems: list[str], names: list[str], dest: str, overwrite: bool,
+    views: list[Any],
+    headers: list[Any],
+    stems: list[str],
+    names: list[str],
+    dest: str,
+    overwrite: bool,
 ) -> list[Any]:
     import dask
     import zarr

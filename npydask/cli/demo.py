@@ -62,7 +62,8 @@ def _phantom(depth: int, seed: int) -> np.ndarray:
     """A smooth synthetic head: skull, brain, ventricles and noise, float32."""
     rng = np.random.default_rng(seed)
     z, y, x = np.meshgrid(
-        np.linspace(-1, 1, depth, dtype=np.float32), *(np.linspace(-1, 1, n, dtype=np.float32) for n in SHAPE),
+        np.linspace(-1, 1, depth, dtype=np.float32),
+        *(np.linspace(-1, 1, n, dtype=np.float32) for n in SHAPE),
         indexing="ij",
     )
     head = (z / 0.95) ** 2 + (y / 0.85) ** 2 + (x / 0.75) ** 2 < 1
@@ -117,18 +118,29 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     t0 = time.perf_counter()
     slices, volumes = make_mri_set(root)
     total = sum(os.path.getsize(p) for p in slices + volumes)
-    print(f"== wrote {len(slices)} slices and {len(volumes)} volumes ({size(total)}) under {root} "
-          f"in {duration(time.perf_counter() - t0)}")
+    print(
+        f"== wrote {len(slices)} slices and {len(volumes)} volumes ({size(total)}) under {root} "
+        f"in {duration(time.perf_counter() - t0)}"
+    )
 
     print("\n== npydask info volumes/  (headers only)")
     ds_rows = []
     for p in volumes:
         h = npydask.read_header(p)
-        ds_rows.append([os.path.basename(p), "x".join(map(str, h.shape)), h.dtype.name,
-                        "F" if h.fortran_order else "C", f"{h.version[0]}.{h.version[1]}", size(h.nbytes)])
+        ds_rows.append(
+            [
+                os.path.basename(p),
+                "x".join(map(str, h.shape)),
+                h.dtype.name,
+                "F" if h.fortran_order else "C",
+                f"{h.version[0]}.{h.version[1]}",
+                size(h.nbytes),
+            ]
+        )
     print(table(ds_rows, ["path", "shape", "dtype", "order", "npy", "size"], right=(5,)))
 
     print("\n== lazy opening: open_dataset(slices/).stack()")
+
     def open_slices() -> tuple[Any, Any]:
         ds = npydask.open_dataset(os.path.join(root, "slices"))
         return ds, ds.stack()
@@ -136,13 +148,14 @@ def _tour(args: argparse.Namespace, root: str) -> int:
     opened = measure(open_slices, runs=1, warm_up=False)  # the first opening, as a user's
     slice_ds, stack = opened.value
     read = "n/a" if opened.bytes_read is None else number(opened.bytes_read)
-    print(f"{slice_ds}\n-> {stack.shape} {stack.dtype}, {math.prod(stack.numblocks)} tasks, "
-          f"opened and built in {duration(opened.seconds)}, reading {read} bytes (headers) "
-          f"of {number(sum(h.nbytes for h in slice_ds.headers))} bytes of payload")
+    print(
+        f"{slice_ds}\n-> {stack.shape} {stack.dtype}, {math.prod(stack.numblocks)} tasks, "
+        f"opened and built in {duration(opened.seconds)}, reading {read} bytes (headers) "
+        f"of {number(sum(h.nbytes for h in slice_ds.headers))} bytes of payload"
+    )
 
     print(
-        "\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume "
-        "(DALI's roi_start/roi_shape)"
+        "\n== ROI with padding: a 16x64x64 window hanging over the corner of every volume (DALI's roi_start/roi_shape)"
     )
     roi = dict(roi_start=[20, 96, 96], roi_shape=[16, 64, 64], out_of_bounds_policy="pad", fill_value=-1)
     vol_ds = npydask.open_dataset(os.path.join(root, "volumes"), **roi)
@@ -152,8 +165,10 @@ def _tour(args: argparse.Namespace, root: str) -> int:
         expected[i, :, :32, :32] = np.load(p)[20:36, 96:128, 96:128]
     same = np.array_equal(crops, expected)
     ok &= same
-    print(f"crops {crops.shape}: each reads only its 16x32x32 in-file box and pads the rest with -1; "
-          f"equal to numpy: {same}")
+    print(
+        f"crops {crops.shape}: each reads only its 16x32x32 in-file box and pads the rest with -1; "
+        f"equal to numpy: {same}"
+    )
 
     print("\n== per-volume statistics on the cluster")
     from npydask.cli.stats import combine, partials
@@ -170,8 +185,17 @@ def _tour(args: argparse.Namespace, root: str) -> int:
         close = np.isclose(mean, a.mean(), rtol=1e-9) and np.isclose(std, a.std(), rtol=1e-9)
         good = close and lo == a.min() and hi == a.max()
         ok &= bool(good)
-        rows.append([os.path.basename(p), number(int(n)), number(lo), number(hi), number(mean), number(std),
-                     "yes" if good else "NO"])
+        rows.append(
+            [
+                os.path.basename(p),
+                number(int(n)),
+                number(lo),
+                number(hi),
+                number(mean),
+                number(std),
+                "yes" if good else "NO",
+            ]
+        )
     print(table(rows, ["volume", "count", "min", "max", "mean", "std", "= numpy"], right=(1, 2, 3, 4, 5)))
     print(f"({duration(took)} on the cluster, float64 accumulation)")
 

@@ -57,8 +57,11 @@ def add_parser(sub: Any) -> None:
     add_selection_options(p, several=True)
     add_open_options(p)
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
-    p.add_argument("--summary", action="store_true",
-                   help="totals and the count of unreadable files only (for folders of many files)")
+    p.add_argument(
+        "--summary",
+        action="store_true",
+        help="totals and the count of unreadable files only (for folders of many files)",
+    )
     p.add_argument(
         "--verify",
         action="store_true",
@@ -132,13 +135,23 @@ def _collect(args: argparse.Namespace) -> tuple[Found, int]:
             parts = [_archive(path, redact(path), options, lenient=lenient)]
             seen += 1
         else:
-            selection = selection_for(path, args, file_filter=args.filter, key=args.key, quiet=args.quiet,
-                                      lenient=lenient, storage_options=options)
+            selection = selection_for(
+                path,
+                args,
+                file_filter=args.filter,
+                key=args.key,
+                quiet=args.quiet,
+                lenient=lenient,
+                storage_options=options,
+            )
             seen += len(selection.paths)
             parts = [_from_selection(selection, args.key)]
             # an archive in a folder, read without --key: list its members
-            parts += [_archive(p, selection.name(p), options, lenient=True)
-                      for p, _ in selection.bad if args.key is None and is_npz(p)]
+            parts += [
+                _archive(p, selection.name(p), options, lenient=True)
+                for p, _ in selection.bad
+                if args.key is None and is_npz(p)
+            ]
         for part in parts:
             for mine, theirs in zip(found, part):
                 mine += theirs  # type: ignore[operator]
@@ -230,8 +243,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.summary and records:
             rows = [
-                [r["path"] + (f":{r['key']}" if "key" in r else ""), _shape(r["shape"]), name,
-                 "F" if r["fortran_order"] else "C", r["version"], size(r["nbytes"])]
+                [
+                    r["path"] + (f":{r['key']}" if "key" in r else ""),
+                    _shape(r["shape"]),
+                    name,
+                    "F" if r["fortran_order"] else "C",
+                    r["version"],
+                    size(r["nbytes"]),
+                ]
                 for r, name in zip(records, names)
             ]
             print(table(rows, ["path", "shape", "dtype", "order", "npy", "size"], right=(5,)))
@@ -240,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
         more = f" (most common: {common})" if len(shapes) > 1 else f" ({common})" if shapes else ""
         unreadable = f"; {number(len(bad))} unreadable" if bad else ""
         counted = _counted(plain, archives, len(records) - plain)
-        print(f"{counted}, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
-              f"{number(len(shapes))} distinct shape{'s' if len(shapes) != 1 else ''}{more}{unreadable}")
+        print(
+            f"{counted}, {size(totals['nbytes'])} of data; dtypes: {kinds or 'none'}; "
+            f"{number(len(shapes))} distinct shape{'s' if len(shapes) != 1 else ''}{more}{unreadable}"
+        )
     return report_errors(bad, max(seen, len(records) + len(bad)), summary=args.summary)

@@ -62,12 +62,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="read into NumPy or CuPy chunks")
     roi = p.add_argument_group("region of interest (DALI fn.readers.numpy arguments, comma-separated)")
-    for name, kind in (("roi-start", "int"), ("roi-end", "int"), ("roi-shape", "int"),
-                       ("rel-roi-start", "float"), ("rel-roi-end", "float"), ("rel-roi-shape", "float"),
-                       ("roi-axes", "int")):
+    for name, kind in (
+        ("roi-start", "int"),
+        ("roi-end", "int"),
+        ("roi-shape", "int"),
+        ("rel-roi-start", "float"),
+        ("rel-roi-end", "float"),
+        ("rel-roi-shape", "float"),
+        ("roi-axes", "int"),
+    ):
         roi.add_argument(f"--{name}", metavar=kind.upper() + "S", help=f"{kind}s, e.g. 1,2")
-    roi.add_argument("--oob", choices=("error", "trim_to_shape", "pad"), default="error",
-                     help="out-of-bounds policy (default error)")
+    roi.add_argument(
+        "--oob", choices=("error", "trim_to_shape", "pad"), default="error", help="out-of-bounds policy (default error)"
+    )
     roi.add_argument("--fill-value", type=float, default=0.0, help="value of padded cells (default 0)")
     add_cluster_options(p)
     p.set_defaults(func=run)
@@ -128,8 +135,15 @@ def combine(rows: np.ndarray) -> tuple[float, float, float, float, float]:
 
 def _roi_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {}
-    for name, kind in (("roi_start", int), ("roi_end", int), ("roi_shape", int), ("rel_roi_start", float),
-                       ("rel_roi_end", float), ("rel_roi_shape", float), ("roi_axes", int)):
+    for name, kind in (
+        ("roi_start", int),
+        ("roi_end", int),
+        ("roi_shape", int),
+        ("rel_roi_start", float),
+        ("rel_roi_end", float),
+        ("rel_roi_shape", float),
+        ("roi_axes", int),
+    ):
         value = parse_list(getattr(args, name), kind, "--" + name.replace("_", "-"))
         if value is not None:
             kw[name] = value
@@ -145,8 +159,16 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 def run(args: argparse.Namespace) -> int:
     roi = _roi_kwargs(args)
-    selection = selection_for(args.path, args, file_filter=args.filter, key=args.key, quiet=args.quiet,
-                              storage_options=storage_options(args), roi=roi, device=args.device)
+    selection = selection_for(
+        args.path,
+        args,
+        file_filter=args.filter,
+        key=args.key,
+        quiet=args.quiet,
+        storage_options=storage_options(args),
+        roi=roi,
+        device=args.device,
+    )
     status = report_bad(selection)
     if not selection.good:
         raise UsageError(f"{args.path}: no readable file")
@@ -174,8 +196,10 @@ def run(args: argparse.Namespace) -> int:
             per_file[i] = rows
     total = combine(np.concatenate(per_file))
     dtypes = [header.dtype for _, (_, header, _, _) in selection.good]
-    files = [dict(zip(FIELDS, combine(rows)), path=selection.name(p), dtype=dtype)
-             for p, rows, dtype in zip(paths, per_file, dtypes)]
+    files = [
+        dict(zip(FIELDS, combine(rows)), path=selection.name(p), dtype=dtype)
+        for p, rows, dtype in zip(paths, per_file, dtypes)
+    ]
     _print(args, total, files, np.result_type(*set(dtypes)))
     return status
 

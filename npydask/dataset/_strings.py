@@ -25,8 +25,10 @@ def encode(text: str, what: str) -> bytes:
     try:
         return text.encode(*ENCODING)
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} {text!r} cannot be stored: it holds {e.object[e.start:e.end]!r}, "
-                         "which no file name or URL can hold; pass the name the listing gave") from e
+        raise ValueError(
+            f"{what} {text!r} cannot be stored: it holds {e.object[e.start : e.end]!r}, "
+            "which no file name or URL can hold; pass the name the listing gave"
+        ) from e
 
 
 def gather(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[bytes, np.ndarray]:

@@ -350,8 +350,13 @@ def _scan_files(index_path: str, paths: Sequence[str], scan: Scan) -> list[Any]:
         j = get(keys[i])
         if j is not None:
             size = st.st_size
-            if (size == sizes[j] and st.st_mtime_ns == mtimes[j] and st.st_ino == inodes[j]
-                    and size >= need[numbers[j]] and isreg(st.st_mode)):
+            if (
+                size == sizes[j]
+                and st.st_mtime_ns == mtimes[j]
+                and st.st_ino == inodes[j]
+                and size >= need[numbers[j]]
+                and isreg(st.st_mode)
+            ):
                 n = numbers[j]
                 results[i] = (new(FileIdentity, (size, mtimes[j], inodes[j])), headers[n], raws[n], False)
                 continue
@@ -434,9 +439,14 @@ def _scan_objects(
     get = rows.get
     for i, found in enumerate(listed):
         j = get(keys[i])
-        if (j is not None and not isinstance(found, BaseException) and found.size == sizes[j]
-                and found.etag == etags[j] and (found.etag is not None or found.modified == modified[j])
-                and found.size >= need[numbers[j]]):
+        if (
+            j is not None
+            and not isinstance(found, BaseException)
+            and found.size == sizes[j]
+            and found.etag == etags[j]
+            and (found.etag is not None or found.modified == modified[j])
+            and found.size >= need[numbers[j]]
+        ):
             n = numbers[j]
             results[i] = (found, headers[n], raws[n], False)
         else:

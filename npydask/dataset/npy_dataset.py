@@ -206,8 +206,9 @@ class NpyDataset:
         return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes, e.g. {shapes[0]}..{shapes[-1]}"
 
     def _with(self, table: FileTable, sharding: tuple[int, int] | None, start: int | None) -> NpyDataset:
-        return NpyDataset(table, self._context, device=self._device, sharding=sharding, start=start,
-                          skipped=self._skipped)
+        return NpyDataset(
+            table, self._context, device=self._device, sharding=sharding, start=start, skipped=self._skipped
+        )
 
     # -- selection -----------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
@@ -343,9 +344,17 @@ class NpyDataset:
         along ``axis`` of the joined files; read tasks follow npydask's
         grouping with ``block_size`` as the limit, and planning reads no payload.
         """
-        return adapter("to_ray")(self, column=column, index_column=index_column, path_column=path_column,
-                                 concatenate=concatenate, axis=axis, block_size=block_size,
-                                 override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args)
+        return adapter("to_ray")(
+            self,
+            column=column,
+            index_column=index_column,
+            path_column=path_column,
+            concatenate=concatenate,
+            axis=axis,
+            block_size=block_size,
+            override_num_blocks=override_num_blocks,
+            ray_remote_args=ray_remote_args,
+        )
 
     def _need_files(self, what: str) -> None:
         if not len(self):

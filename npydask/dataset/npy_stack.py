@@ -240,9 +240,7 @@ def _list_npy(root: str, source: Source, shown: str) -> list[str]:
     try:
         listing = lister_for(root, source).list(False, lambda name: name.endswith(".npy"))
     except (FileNotFoundError, NotADirectoryError) as e:
-        raise type(e)(
-            e.errno, f"{shown} is not a folder (pass the folder dask.array.to_npy_stack wrote)", shown
-        ) from e
+        raise type(e)(e.errno, f"{shown} is not a folder (pass the folder dask.array.to_npy_stack wrote)", shown) from e
     return [p for p in listing.paths if sep not in p]
 
 

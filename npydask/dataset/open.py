@@ -286,8 +286,9 @@ def open_dataset(
         for k, column in zip(keys, columns):
             t = scan_table(picked, chosen, column, origin, roi_args, k, member=True)
             shared = t if shared is None else shared.with_entries(t.headers, t.header_id, t.rois, t.roi_id, t.deflated)
-            members[k] = NpyDataset(shared, _context(backend, k, source), device=device, sharding=sharding,
-                                    start=start, skipped=skipped)
+            members[k] = NpyDataset(
+                shared, _context(backend, k, source), device=device, sharding=sharding, start=start, skipped=skipped
+            )
         return MultiKeyDataset(members)
     if kept is not None:
         table = scan_table(picked, chosen, kept, origin, roi_args, key)
@@ -298,8 +299,14 @@ def open_dataset(
     else:
         assert isinstance(picked, range)
         table = _scanned_table(
-            picked, chosen, None if listed is None else listed[picked.start : picked.stop], roi_args,
-            key, source, index, storage_options,
+            picked,
+            chosen,
+            None if listed is None else listed[picked.start : picked.stop],
+            roi_args,
+            key,
+            source,
+            index,
+            storage_options,
         )
     if first or index is not None:  # (headers relied on from elsewhere: files no task reads are checked now)
         check_unread(table, source)
@@ -307,8 +314,9 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
-    return NpyDataset(table, _context(backend, key, source), device=device, sharding=sharding, start=start,
-                      skipped=skipped)
+    return NpyDataset(
+        table, _context(backend, key, source), device=device, sharding=sharding, start=start, skipped=skipped
+    )
 
 
 def select_paths(
@@ -342,7 +350,12 @@ def select_paths(
         if inodes and root is not None and files is None and file_list is None:
             by_inode = LocalLister(root, inodes=True)
         paths, identities = select_listed(
-            root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
+            root,
+            file_filter=file_filter,
+            file_list=file_list,
+            files=files,
+            recursive=recursive,
+            sort=sort,
             lister=by_inode,
         )
         for p in paths[:1] + paths[-1:]:
@@ -471,9 +484,11 @@ def _scanned_table(
             identities=listed,
             storage_options=storage_options,
         )
-        origin = (f"the header index {shown!r}",
-                  f"the index is stale or was edited: delete {shown!r} and open the dataset again to rebuild it",
-                  False)  # (an entry's header is the index's: each object's is compared where it is read)
+        origin = (
+            f"the header index {shown!r}",
+            f"the index is stale or was edited: delete {shown!r} and open the dataset again to rebuild it",
+            False,
+        )  # (an entry's header is the index's: each object's is compared where it is read)
     else:  # (.npz members are not indexed: their headers sit at offsets the index does not record)
         scanned = scan_headers(chosen, key=key, source=source)
         origin = ("the header read when the dataset was opened", "open the dataset again", True)

@@ -101,7 +101,8 @@ def scan_headers(
                 results += scan_files(batch, key)
                 report(done + len(batch))
                 on_threads = threads != 1 and (
-                    threads is not None or time.perf_counter() - t0 > _SLOW_FILE * len(batch))
+                    threads is not None or time.perf_counter() - t0 > _SLOW_FILE * len(batch)
+                )
             else:  # a round of batches on the threads, then a look at what they cost
                 if pool is None:
                     pool = ThreadPoolExecutor(threads or 8, thread_name_prefix="npydask-scan")
@@ -213,8 +214,12 @@ def scan_table(
                 roi_table.append(roi)
             roi_id.append(number)
     return FileTable.from_rows(
-        chosen, identities, entry_table, None if len(entry_table) <= 1 else header_id,
-        roi_table or (None,), None if len(roi_table) <= 1 else roi_id,
+        chosen,
+        identities,
+        entry_table,
+        None if len(entry_table) <= 1 else header_id,
+        roi_table or (None,),
+        None if len(roi_table) <= 1 else roi_id,
         deflated=deflated if any(deflated) else None,
     )
 
@@ -242,8 +247,9 @@ def check_unread(table: FileTable, source: Source) -> None:
     OSError
         A file that cannot be read (the builtin subclass, naming it).
     """
-    if not len(table) or not (any(h.nbytes == 0 for h, _ in table.headers)
-                              or any(r is not None and 0 in r.shape for r in table.rois)):
+    if not len(table) or not (
+        any(h.nbytes == 0 for h, _ in table.headers) or any(r is not None and 0 in r.shape for r in table.rois)
+    ):
         return  # (the common case: no header or ROI of zero size, no pass over the rows)
     empty = np.flatnonzero(table.layout().nbytes == 0).tolist()
     rows = [k for k in empty if (check := table.check(k)) is not None and not check.read_there]

@@ -189,7 +189,12 @@ def select_files(
     ['slice_1.npy', 'slice_2.npy', 'slice_10.npy']
     """
     return select_listed(
-        file_root, file_filter=file_filter, file_list=file_list, files=files, recursive=recursive, sort=sort,
+        file_root,
+        file_filter=file_filter,
+        file_list=file_list,
+        files=files,
+        recursive=recursive,
+        sort=sort,
         lister=lister,
     ).paths
 
@@ -237,13 +242,11 @@ def select_listed(
         check_sort(sort)
     if files is not None and file_list is not None:
         raise ValueError(
-            "files and file_list were both given; pass the paths through one of them "
-            "(DALI accepts only one)"
+            "files and file_list were both given; pass the paths through one of them (DALI accepts only one)"
         )
     if root is None and files is None and file_list is None:
         raise ValueError(
-            "no files to select: pass file_root (a folder to discover files in), "
-            "files=[...] or file_list=PATH"
+            "no files to select: pass file_root (a folder to discover files in), files=[...] or file_list=PATH"
         )
     remote = root is not None and is_url(root)
     if root is not None and not remote:
@@ -312,9 +315,7 @@ def _path_str(value: object, name: str) -> str:
     except TypeError as e:  # (a __fspath__ that returns neither str nor bytes)
         raise TypeError(refused) from e
     if isinstance(path, bytes):
-        raise TypeError(
-            f"{name} must be a str path, got bytes {path!r}; decode it with os.fsdecode() first"
-        )
+        raise TypeError(f"{name} must be a str path, got bytes {path!r}; decode it with os.fsdecode() first")
     if not path:
         raise ValueError(f"{name} is an empty path; pass '.' for the current directory")
     return path
@@ -327,15 +328,13 @@ def _stat_root(root: str) -> os.stat_result:
     except FileNotFoundError as e:
         raise FileNotFoundError(
             errno.ENOENT,
-            "file_root does not exist (or is a dangling symlink); pass the folder holding the "
-            "files",
+            "file_root does not exist (or is a dangling symlink); pass the folder holding the files",
             root,
         ) from e
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(
             errno.ENOTDIR,
-            "file_root is not a directory; pass its folder as file_root, or the file itself "
-            "through files=[...]",
+            "file_root is not a directory; pass its folder as file_root, or the file itself through files=[...]",
             root,
         )
     return st
@@ -343,14 +342,10 @@ def _stat_root(root: str) -> os.stat_result:
 
 def _entries_from_files(files: Iterable[PathArg]) -> list[str]:
     if isinstance(files, (str, bytes, os.PathLike)):
-        raise TypeError(
-            f"files must be a list of paths, got the single path {files!r}; wrap it in a list"
-        )
+        raise TypeError(f"files must be a list of paths, got the single path {files!r}; wrap it in a list")
     entries = [_path_str(f, f"files[{i}]") for i, f in enumerate(files)]
     if not entries:
-        raise ValueError(
-            "files is an empty list; give at least one path, or use file_root to discover files"
-        )
+        raise ValueError("files is an empty list; give at least one path, or use file_root to discover files")
     return entries
 
 
@@ -367,8 +362,6 @@ def _entries_from_list(list_path: str) -> list[str]:
     entries = [os.fsdecode(line) for line in (raw.rstrip() for raw in data.split(b"\n")) if line]
     if not entries:
         raise ValueError(
-            f"file_list {list_path!r} names no files (it is empty or holds only blank lines); "
-            "write one path per line"
+            f"file_list {list_path!r} names no files (it is empty or holds only blank lines); write one path per line"
         )
     return entries
-

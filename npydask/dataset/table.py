@@ -83,8 +83,9 @@ def _frozen(values: Any, dtype: Any, what: str, n: int | None = None) -> np.ndar
 def _check_ids(ids: np.ndarray | None, count: int, what: str) -> None:
     if ids is not None and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= count):
         bad = int(ids[(ids < 0) | (ids >= count)][0])
-        raise ValueError(f"{what} {bad} is out of range: the table has {count} {what.split('_')[0]} entries "
-                         f"(ids 0..{count - 1})")
+        raise ValueError(
+            f"{what} {bad} is out of range: the table has {count} {what.split('_')[0]} entries (ids 0..{count - 1})"
+        )
 
 
 def common_root(paths: Sequence[str]) -> str:
@@ -130,8 +131,22 @@ class FileTable:
     (2, '/d/', '/d/b.npy', FileIdentity(size=140, mtime_ns=8, ino=2), ['/d/b.npy'])
     """
 
-    __slots__ = ("_base", "deflated", "ends", "etag", "header_id", "headers", "ino", "modified", "mtime_ns",
-                 "names", "roi_id", "rois", "root", "size")
+    __slots__ = (
+        "_base",
+        "deflated",
+        "ends",
+        "etag",
+        "header_id",
+        "headers",
+        "ino",
+        "modified",
+        "mtime_ns",
+        "names",
+        "roi_id",
+        "rois",
+        "root",
+        "size",
+    )
 
     root: str
     names: bytes
@@ -196,33 +211,55 @@ class FileTable:
         ends = _frozen(ends, np.int64, "ends")
         n = len(ends)
         if n and (int(ends[0]) < 0 or bool((np.diff(ends) < 0).any()) or int(ends[-1]) != len(names)):
-            raise ValueError(f"ends must rise from 0 to len(names) = {len(names)}, found {ends[:3].tolist()}.."
-                             f"{ends[-1:].tolist()}: each is the end offset of one name in the names buffer")
+            raise ValueError(
+                f"ends must rise from 0 to len(names) = {len(names)}, found {ends[:3].tolist()}.."
+                f"{ends[-1:].tolist()}: each is the end offset of one name in the names buffer"
+            )
         if not n and names:
             raise ValueError(f"a table with no ends has no names, found {len(names)} bytes of names")
         local = mtime_ns is not None or ino is not None
         if local == (etag is not None):
-            raise ValueError("give either local identity columns (mtime_ns and ino) or object ones (etag), "
-                             f"found mtime_ns={mtime_ns is not None}, ino={ino is not None}, etag={etag is not None}")
+            raise ValueError(
+                "give either local identity columns (mtime_ns and ino) or object ones (etag), "
+                f"found mtime_ns={mtime_ns is not None}, ino={ino is not None}, etag={etag is not None}"
+            )
         if local and (mtime_ns is None or ino is None):
             raise ValueError("local identities need both mtime_ns and ino columns (-1 for an unknown mtime)")
         for what, strings in (("etag", etag), ("modified", modified)):
-            if strings is not None and (len(strings.ends) != n or int(strings.base) != 0 or
-                                        int(strings.ends[-1] if n else 0) != len(strings.data) or
-                                        (strings.missing is not None and len(strings.missing) != n)):
-                raise ValueError(f"the {what} column has {len(strings.ends)} rows but the table has {n} names: "
-                                 "lengths must agree")
-        etag, modified = (None if v is None else Strings(
-            bytes(v.data), _frozen(v.ends, np.int64, "string ends"), None if v.missing is None else
-            _frozen(v.missing, bool, "missing"), int(v.base)) for v in (etag, modified))
+            if strings is not None and (
+                len(strings.ends) != n
+                or int(strings.base) != 0
+                or int(strings.ends[-1] if n else 0) != len(strings.data)
+                or (strings.missing is not None and len(strings.missing) != n)
+            ):
+                raise ValueError(
+                    f"the {what} column has {len(strings.ends)} rows but the table has {n} names: lengths must agree"
+                )
+        etag, modified = (
+            None
+            if v is None
+            else Strings(
+                bytes(v.data),
+                _frozen(v.ends, np.int64, "string ends"),
+                None if v.missing is None else _frozen(v.missing, bool, "missing"),
+                int(v.base),
+            )
+            for v in (etag, modified)
+        )
         size = _frozen(size, np.int64, "size", n)
         if n and int(size.min()) < -1:
             raise ValueError(f"sizes are bytes, or -1 when unknown; found {int(size.min())}")
         return cls(
-            root=root, names=names, ends=ends, size=size,
+            root=root,
+            names=names,
+            ends=ends,
+            size=size,
             mtime_ns=None if mtime_ns is None else _frozen(mtime_ns, np.int64, "mtime_ns", n),
             ino=None if ino is None else _frozen(ino, np.uint64, "ino", n),
-            etag=etag, modified=modified, _base=0, **_entries(headers, header_id, rois, roi_id, deflated, n),
+            etag=etag,
+            modified=modified,
+            _base=0,
+            **_entries(headers, header_id, rois, roi_id, deflated, n),
         )
 
     def with_entries(
@@ -273,9 +310,13 @@ class FileTable:
             does not prefix every path, a path that cannot be encoded.
         """
         n = len(paths)
-        for what, values in (("identities", identities), ("headers", headers), ("checks", checks),
-                             ("rois", None if rois is None or isinstance(rois, FileRoi) else rois),
-                             ("deflated", deflated)):
+        for what, values in (
+            ("identities", identities),
+            ("headers", headers),
+            ("checks", checks),
+            ("rois", None if rois is None or isinstance(rois, FileRoi) else rois),
+            ("deflated", deflated),
+        ):
             if values is not None and len(values) != n:
                 raise ValueError(f"{what} has {len(values)} entries but there are {n} paths: one per path")
         checks_ = [None] * n if checks is None else checks
@@ -323,14 +364,22 @@ class FileTable:
         names, ends = pack([p[cut:] for p in paths], "the path")
         kinds = set(map(type, identities))
         if len(kinds) > 1 or (kinds and kinds.pop() not in (FileIdentity, InodeIdentity, ObjectIdentity)):
-            raise ValueError(f"identities must all be FileIdentity, all InodeIdentity or all ObjectIdentity, found "
-                             f"{sorted(k.__name__ for k in {type(i) for i in identities})}")
+            raise ValueError(
+                f"identities must all be FileIdentity, all InodeIdentity or all ObjectIdentity, found "
+                f"{sorted(k.__name__ for k in {type(i) for i in identities})}"
+            )
         columns: dict[str, Any] = {}
-        field = [] if n and type(identities[0]) is InodeIdentity else [
-            list(map(itemgetter(k), identities)) for k in range(3)]  # (not zip(*rows): slower)
+        field = (
+            []
+            if n and type(identities[0]) is InodeIdentity
+            else [list(map(itemgetter(k), identities)) for k in range(3)]
+        )  # (not zip(*rows): slower)
         if not field:  # (headers="first": the listing's inode, size unknown, mtime_ns holding when it was listed)
-            columns.update(size=np.full(n, -1, np.int64), mtime_ns=list(map(itemgetter(1), identities)),
-                           ino=list(map(itemgetter(0), identities)))
+            columns.update(
+                size=np.full(n, -1, np.int64),
+                mtime_ns=list(map(itemgetter(1), identities)),
+                ino=list(map(itemgetter(0), identities)),
+            )
         elif n and isinstance(identities[0], ObjectIdentity):
             columns.update(size=field[0], etag=Strings.of(field[1], "the ETag"))
             if any(m is not None for m in field[2]):
@@ -338,8 +387,14 @@ class FileTable:
         else:
             columns.update(size=field[0], mtime_ns=field[1], ino=field[2])
         return cls.from_columns(
-            root, names, ends, headers=headers, header_id=header_id,
-            rois=rois, roi_id=roi_id, deflated=deflated if deflated is not None and any(deflated) else None,
+            root,
+            names,
+            ends,
+            headers=headers,
+            header_id=header_id,
+            rois=rois,
+            roi_id=roi_id,
+            deflated=deflated if deflated is not None and any(deflated) else None,
             **columns,
         )
 
@@ -394,8 +449,10 @@ class FileTable:
                 return list(map(FileIdentity, size.tolist(), mtime.tolist(), ino.tolist()))
             if inode_only.all():
                 return list(map(InodeIdentity, ino.tolist(), mtime.tolist()))
-            return [InodeIdentity(k, m) if only else FileIdentity(s, m, k)
-                    for s, m, k, only in zip(size.tolist(), mtime.tolist(), ino.tolist(), inode_only.tolist())]
+            return [
+                InodeIdentity(k, m) if only else FileIdentity(s, m, k)
+                for s, m, k, only in zip(size.tolist(), mtime.tolist(), ino.tolist(), inode_only.tolist())
+            ]
         return self._objects(a, b)
 
     def _objects(self, a: int, b: int) -> list[ObjectIdentity]:
@@ -452,9 +509,12 @@ class FileTable:
             fortran.append(header.fortran_order)
         distinct = sorted(set(shapes))
         shape_of = np.array([distinct.index(s) for s in shapes], np.int32)
-        return Layout(tuple(distinct), shape_of[pair] if pairs else np.zeros(0, np.int32),
-                      np.array(nbytes, np.int64)[pair] if pairs else np.zeros(0, np.int64),
-                      np.array(fortran, bool)[pair] if pairs else np.zeros(0, bool))
+        return Layout(
+            tuple(distinct),
+            shape_of[pair] if pairs else np.zeros(0, np.int32),
+            np.array(nbytes, np.int64)[pair] if pairs else np.zeros(0, np.int64),
+            np.array(fortran, bool)[pair] if pairs else np.zeros(0, bool),
+        )
 
     def rows(self, a: int = 0, b: int | None = None) -> Iterator[tuple[str, Any, int, int]]:
         """``(path, identity, header id, ROI id)`` of rows ``a..b``, made from ``tolist()`` batches.
@@ -480,8 +540,10 @@ class FileTable:
     # -- selections ----------------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> FileTable:
         if not isinstance(index, slice):
-            raise TypeError(f"a FileTable is sliced (t[a:b]) or gathered (t.take(idx)), found t[{index!r}]: "
-                            "use t.path(i), t.identity(i), t.header(i) for one row")
+            raise TypeError(
+                f"a FileTable is sliced (t[a:b]) or gathered (t.take(idx)), found t[{index!r}]: "
+                "use t.path(i), t.identity(i), t.header(i) for one row"
+            )
         a, b, step = index.indices(len(self))
         if step != 1:
             return self.take(np.arange(a, b, step))
@@ -492,12 +554,20 @@ class FileTable:
             return None if col is None else col[a:b]
 
         return FileTable(
-            root=self.root, names=self.names, ends=self.ends[a:b], size=self.size[a:b],
-            mtime_ns=cut(self.mtime_ns), ino=cut(self.ino),
+            root=self.root,
+            names=self.names,
+            ends=self.ends[a:b],
+            size=self.size[a:b],
+            mtime_ns=cut(self.mtime_ns),
+            ino=cut(self.ino),
             etag=None if self.etag is None else self.etag[a:b],
             modified=None if self.modified is None else self.modified[a:b],
-            headers=self.headers, header_id=cut(self.header_id), rois=self.rois, roi_id=cut(self.roi_id),
-            deflated=cut(self.deflated), _base=base,
+            headers=self.headers,
+            header_id=cut(self.header_id),
+            rois=self.rois,
+            roi_id=cut(self.roi_id),
+            deflated=cut(self.deflated),
+            _base=base,
         )
 
     def take(self, idx: Any) -> FileTable:
@@ -514,17 +584,31 @@ class FileTable:
         """A new validated table of ``names``/``ends`` and the other columns at ``idx``, entries compacted."""
 
         def pick(col: Any) -> Any:
-            return None if col is None else col[idx] if isinstance(col, np.ndarray) else col.take(
-                np.arange(len(self))[idx])
+            return (
+                None
+                if col is None
+                else col[idx]
+                if isinstance(col, np.ndarray)
+                else col.take(np.arange(len(self))[idx])
+            )
 
         headers, header_id = _compact(self.headers, pick(self.header_id), len(ends))
         rois, roi_id = _compact(self.rois, pick(self.roi_id), len(ends))
         deflated = pick(self.deflated)
         return FileTable.from_columns(
-            self.root if root is None else root, names, ends,
-            size=pick(self.size), mtime_ns=pick(self.mtime_ns), ino=pick(self.ino),
-            etag=pick(self.etag), modified=pick(self.modified), headers=headers, header_id=header_id,
-            rois=rois, roi_id=roi_id, deflated=None if deflated is None or not deflated.any() else deflated,
+            self.root if root is None else root,
+            names,
+            ends,
+            size=pick(self.size),
+            mtime_ns=pick(self.mtime_ns),
+            ino=pick(self.ino),
+            etag=pick(self.etag),
+            modified=pick(self.modified),
+            headers=headers,
+            header_id=header_id,
+            rois=rois,
+            roi_id=roi_id,
+            deflated=None if deflated is None or not deflated.any() else deflated,
         )
 
     def map_paths(self, fn: Callable[[str], str]) -> FileTable:
@@ -541,13 +625,30 @@ class FileTable:
 
     def compact(self) -> FileTable:
         """This table holding only its own bytes and entries (what it pickles as)."""
-        return self._with(self.names[self._base : int(self.ends[-1])] if len(self) else b"",
-                          self.ends - self._base, slice(None))
+        return self._with(
+            self.names[self._base : int(self.ends[-1])] if len(self) else b"", self.ends - self._base, slice(None)
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         t = self.compact()
-        return (_rebuild, (t.root, t.names, t.ends, t.size, t.mtime_ns, t.ino, t.etag, t.modified, t.headers,
-                           t.header_id, t.rois, t.roi_id, t.deflated))
+        return (
+            _rebuild,
+            (
+                t.root,
+                t.names,
+                t.ends,
+                t.size,
+                t.mtime_ns,
+                t.ino,
+                t.etag,
+                t.modified,
+                t.headers,
+                t.header_id,
+                t.rois,
+                t.roi_id,
+                t.deflated,
+            ),
+        )
 
     def token(self) -> str:
         """A deterministic hash of every row's path, identity, header entry and ROI (of the compact form).
@@ -574,8 +675,18 @@ class FileTable:
                 h.update(b"-")  # (a column of no values hashes as none: rows taken from a table that had some)
             else:
                 strings.digest(h)
-        heads = [(hd.version, hd.shape, hd.dtype.str, hd.dtype.descr, hd.fortran_order, hd.data_offset,
-                  None if c is None else tuple(c)) for hd, c in t.headers]
+        heads = [
+            (
+                hd.version,
+                hd.shape,
+                hd.dtype.str,
+                hd.dtype.descr,
+                hd.fortran_order,
+                hd.data_offset,
+                None if c is None else tuple(c),
+            )
+            for hd, c in t.headers
+        ]
         h.update(repr((heads, t.rois)).encode(*ENCODING))
         return h.hexdigest()
 
@@ -589,15 +700,20 @@ class FileTable:
         return f"FileTable({len(self)} files, {len(self.headers)} header(s), {len(self.rois)} ROI(s){shown})"
 
 
-def _entries(headers: Sequence[Entry], header_id: Any, rois: Sequence[FileRoi | None], roi_id: Any, deflated: Any,
-             n: int) -> dict[str, Any]:
+def _entries(
+    headers: Sequence[Entry], header_id: Any, rois: Sequence[FileRoi | None], roi_id: Any, deflated: Any, n: int
+) -> dict[str, Any]:
     """The header, ROI and deflated columns of a table of ``n`` rows, validated (see :meth:`FileTable.from_columns`)."""
     headers = tuple(headers)
     if n and not headers:
         raise ValueError(f"a table of {n} files needs at least one header entry, found none")
     for entry in headers:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], NpyHeader)
-                and (entry[1] is None or isinstance(entry[1], HeaderCheck))):
+        if not (
+            isinstance(entry, tuple)
+            and len(entry) == 2
+            and isinstance(entry[0], NpyHeader)
+            and (entry[1] is None or isinstance(entry[1], HeaderCheck))
+        ):
             raise ValueError(f"header entries are (NpyHeader, HeaderCheck or None) pairs, found {entry!r}")
     rois = tuple(rois) or (None,)
     for roi in rois:
@@ -607,8 +723,13 @@ def _entries(headers: Sequence[Entry], header_id: Any, rois: Sequence[FileRoi | 
     roi_id = None if roi_id is None else _frozen(roi_id, np.int32, "roi_id", n)
     _check_ids(header_id, len(headers), "header_id")
     _check_ids(roi_id, len(rois), "roi_id")
-    return {"headers": headers, "header_id": header_id, "rois": rois, "roi_id": roi_id,
-            "deflated": None if deflated is None else _frozen(deflated, bool, "deflated", n)}
+    return {
+        "headers": headers,
+        "header_id": header_id,
+        "rois": rois,
+        "roi_id": roi_id,
+        "deflated": None if deflated is None else _frozen(deflated, bool, "deflated", n),
+    }
 
 
 def _compact(table: tuple[Any, ...], ids: np.ndarray | None, n: int) -> tuple[tuple[Any, ...], np.ndarray | None]:
@@ -648,9 +769,21 @@ def _rebuild(
     deflated: np.ndarray | None,
 ) -> FileTable:
     """Unpickle a :class:`FileTable` (validated as if built anew: a tampered pickle fails with ``ValueError``)."""
-    return FileTable.from_columns(root, names, ends, size=size, mtime_ns=mtime_ns, ino=ino, etag=etag,
-                                  modified=modified, headers=headers, header_id=header_id, rois=rois,
-                                  roi_id=roi_id, deflated=deflated)
+    return FileTable.from_columns(
+        root,
+        names,
+        ends,
+        size=size,
+        mtime_ns=mtime_ns,
+        ino=ino,
+        etag=etag,
+        modified=modified,
+        headers=headers,
+        header_id=header_id,
+        rois=rois,
+        roi_id=roi_id,
+        deflated=deflated,
+    )
 
 
 class TableBuilder:
@@ -687,6 +820,15 @@ class TableBuilder:
         """The table (validated; the accumulators are copied, so the builder may go on)."""
         ids = np.frombuffer(self.header_id, np.int32) if len(self.header_id) else None
         one = ids is None or not ids.any()
-        return FileTable.from_columns(self.root, self.names, self.ends, size=self.size, mtime_ns=self.mtime_ns,
-                                      ino=self.ino, headers=self.headers, header_id=None if one else ids,
-                                      rois=rois, roi_id=roi_id)
+        return FileTable.from_columns(
+            self.root,
+            self.names,
+            self.ends,
+            size=self.size,
+            mtime_ns=self.mtime_ns,
+            ino=self.ino,
+            headers=self.headers,
+            header_id=None if one else ids,
+            rois=rois,
+            roi_id=roi_id,
+        )

@@ -75,8 +75,9 @@ class FileViews(Sequence[NpyFileArray]):
         t = self.table
         i = t._index(index)
         c = self.context
-        ref = FileRef(t.path(i), t.identity(i), t.header(i), c.options, c.backend, c.key, t.is_deflated(i),
-                      t.check(i), c.source)
+        ref = FileRef(
+            t.path(i), t.identity(i), t.header(i), c.options, c.backend, c.key, t.is_deflated(i), t.check(i), c.source
+        )
         return NpyFileArray(ref, t.roi(i))
 
     def __iter__(self) -> Iterator[NpyFileArray]:

@@ -167,8 +167,10 @@ def _mismatch_message(
         relative = relative_names(files[k])
         natural.append([col[i] for i in sorted(range(len(col)), key=lambda i: natural_key(relative[i]))])
     if all(col == natural[0] for col in natural[1:]):
-        why = (" The members' files sort differently byte-wise, and natural order (numbers by value) would pair "
-               "them right: pass sort='natural' to each open_dataset call.")
+        why = (
+            " The members' files sort differently byte-wise, and natural order (numbers by value) would pair "
+            "them right: pass sort='natural' to each open_dataset call."
+        )
     else:
         why = ""
     return (
@@ -220,8 +222,9 @@ class ZippedDataset(KeyedDatasets):
 
     # -- facts ---------------------------------------------------------------
     def __repr__(self) -> str:
-        parts = ", ".join(f"{k}: {d.dtype.str} {d._shapes_shown()}" if len(d) else f"{k}: empty"
-                          for k, d in self._members.items())
+        parts = ", ".join(
+            f"{k}: {d.dtype.str} {d._shapes_shown()}" if len(d) else f"{k}: empty" for k, d in self._members.items()
+        )
         return f"ZippedDataset({len(self)} samples, members {{{parts}}})"
 
     @property

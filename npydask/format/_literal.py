@@ -204,8 +204,19 @@ _ESCAPE = re.compile(
     r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{0,2})|N(\{[^}\n]*\}?)?|u([0-9a-fA-F]{0,4})|U([0-9a-fA-F]{0,8})|(.))", re.S
 )
 """One escape: octal, ``\\x``, ``\\N{name}``, ``\\u``, ``\\U`` (each as far as it goes), or any other character."""
-_SIMPLE = {"\n": "", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
-           "v": "\v"}
+_SIMPLE = {
+    "\n": "",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+}
 
 
 def _unescape(body: str, is_bytes: bool) -> str:

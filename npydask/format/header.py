@@ -171,9 +171,7 @@ class NpyHeader:
 
     def with_offset(self, base: int) -> NpyHeader:
         """The same header with ``data_offset`` moved by ``base`` bytes (an .npz member)."""
-        return NpyHeader(
-            self.version, self.shape, self.dtype, self.fortran_order, self.data_offset + base, self.nbytes
-        )
+        return NpyHeader(self.version, self.shape, self.dtype, self.fortran_order, self.data_offset + base, self.nbytes)
 
 
 _MAX_QUOTED = 200
@@ -309,6 +307,7 @@ def header_end(buf: bytes) -> int:
     if buf[6] in (2, 3):
         return 12 + int.from_bytes(buf[8:12], "little")
     return 0
+
 
 # (A possessive repeat: a backtracking group keeps state per repetition, far more than the text.)
 # At most 19 digits: longer numbers (too large for intp anyway, and possibly past

@@ -21,7 +21,6 @@ __all__ = ["Pending", "ReadSpan", "address", "aligned_empty", "as_bytes", "drain
            "finish", "issue_direct", "issue_reads", "wait_reads"]  # fmt: skip
 
 
-
 class _Waitable(Protocol):
     def get(self) -> int: ...
 

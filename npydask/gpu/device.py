@@ -46,12 +46,12 @@ from npydask.plan.region import Box
 
 __all__ = ["INSTALL_HINT", "WORKER_HINT", "DeviceArray", "array_module", "check_gpu_dtype", "on_device", "require_gpu"]
 
-INSTALL_HINT = (
-    "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): " + install_hint("cupy")
+INSTALL_HINT = "install the GPU extra matching the CUDA driver (the CUDA version nvidia-smi shows): " + install_hint(
+    "cupy"
 )
 
 WORKER_HINT = (
-    'A client without a GPU drives GPU workers by building and reducing the graph on a worker: '
+    "A client without a GPU drives GPU workers by building and reducing the graph on a worker: "
     'client.submit(fn).result(), where fn opens the data with device="gpu" and returns its (small) result'
 )
 """What works for a CPU-only client of GPU workers (dask needs CuPy where the graph is built)."""

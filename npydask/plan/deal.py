@@ -102,9 +102,7 @@ __all__ = [
 ]
 
 
-def global_batch_count(
-    n: int, batch_size: int, *, start: int = 0, drop_last: bool = False, num_shards: int = 1
-) -> int:
+def global_batch_count(n: int, batch_size: int, *, start: int = 0, drop_last: bool = False, num_shards: int = 1) -> int:
     """Global batches of a pass over positions ``[start, n)`` dealt to ``num_shards`` shards (the module's rules).
 
     One shard: ``ceil((n - start) / batch_size)``, or ``floor`` with

@@ -226,8 +226,9 @@ def plan_row_ranges(
         return [RowRange(a, b) for a, b in zip(edges, edges[1:]) if b > a]
     # copies=True: a block is a copy into Ray's object store anyway, so files of any size up to the
     # target share a task (plan_groups keeps files over limit/8 apart only to map them without a copy).
-    plan = plan_groups(sizes, shapes, dtype, fortran, limit=limit, axis=axis, stacked=stacked, threads=threads,
-                       copies=True)
+    plan = plan_groups(
+        sizes, shapes, dtype, fortran, limit=limit, axis=axis, stacked=stacked, threads=threads, copies=True
+    )
     offsets = np.cumsum([0, *lengths]).tolist()
     ranges: list[RowRange] = []
     for (a, b), chunks in zip(plan.bounds, plan.inner_chunks):

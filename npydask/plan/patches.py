@@ -223,9 +223,7 @@ def uniform_starts(
     hi = np.asarray(hi, np.int64)
     words = draw_words(seed, epoch, positions, lo.shape[-1] if lo.ndim == 2 else 0)
     if lo.shape != hi.shape or lo.shape != words.shape:
-        raise ValueError(
-            f"lo {lo.shape} and hi {hi.shape} must both be (positions, axes) = {words.shape[:1]} x axes"
-        )
+        raise ValueError(f"lo {lo.shape} and hi {hi.shape} must both be (positions, axes) = {words.shape[:1]} x axes")
     count = hi - lo + 1
     if count.size and int(count.min()) < 1:
         raise ValueError("every hi must be at least its lo")

@@ -114,8 +114,7 @@ def _complete(
         ) from e
     if len(values) > len(shape):
         raise RoiError(
-            f"{source}: region {what} has {len(values)} values but the array of shape {shape} "
-            f"has {len(shape)} axes"
+            f"{source}: region {what} has {len(values)} values but the array of shape {shape} has {len(shape)} axes"
         )
     return tuple(values) + default[len(values) :]
 

@@ -162,9 +162,7 @@ class RoiArgs:
         if n_files is not None:
             for name, n in rows.items():
                 if n != n_files:
-                    raise ValueError(
-                        f"per-file {name} must have one row per file: expected {n_files} rows, found {n}"
-                    )
+                    raise ValueError(f"per-file {name} must have one row per file: expected {n_files} rows, found {n}")
         elif len(set(rows.values())) > 1:
             raise ValueError(f"per-file ROI arguments must have the same number of rows, found {rows}")
         if out_of_bounds_policy not in OUT_OF_BOUNDS_POLICIES:
@@ -290,8 +288,7 @@ def resolve_roi(
         for what, x in (("start", a), ("end", e)):
             if isinstance(x, float) and not -_I64_LIMIT <= x <= _I64_LIMIT:
                 raise RoiError(
-                    f"{source}: ROI {what} on axis {d} is out of the int64 range (array of shape {shape}): "
-                    f"found {x!r}"
+                    f"{source}: ROI {what} on axis {d} is out of the int64 range (array of shape {shape}): found {x!r}"
                 )
         if e < a:
             raise RoiError(

@@ -103,10 +103,7 @@ def shard_range(n: int, shard_id: int, num_shards: int) -> range:
     if num_shards < 1:
         raise ValueError(f"num_shards must be at least 1, got {num_shards}")
     if shard_id >= num_shards:
-        raise ValueError(
-            f"shard_id must be in [0, num_shards); got shard_id={shard_id} with "
-            f"num_shards={num_shards}"
-        )
+        raise ValueError(f"shard_id must be in [0, num_shards); got shard_id={shard_id} with num_shards={num_shards}")
     if num_shards > n:
         raise ValueError(
             f"num_shards={num_shards} is more than the {n} files; every shard needs at least one "

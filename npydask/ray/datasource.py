@@ -65,8 +65,18 @@ INSTALL = install_hint("ray")
 
 # The keys of ray_remote_args that Ray 2.60's read_datasource takes as named parameters (the dict
 # itself is deprecated there): passed by name, so only the others go through the dict.
-_NAMED_REMOTE_ARGS = ("num_cpus", "num_gpus", "memory", "concurrency", "label_selector", "fallback_strategy",
-                      "max_calls", "resources", "accelerator_type", "runtime_env")
+_NAMED_REMOTE_ARGS = (
+    "num_cpus",
+    "num_gpus",
+    "memory",
+    "concurrency",
+    "label_selector",
+    "fallback_strategy",
+    "max_calls",
+    "resources",
+    "accelerator_type",
+    "runtime_env",
+)
 
 
 @suggest_keywords(also=lambda: open_dataset)
@@ -145,9 +155,15 @@ def read_npy(
     _require_ray()
     file_root, open_dataset_kwargs = _one_file(file_root, open_dataset_kwargs)
     return dataset_to_ray(
-        open_dataset(file_root, **open_dataset_kwargs), column=column, index_column=index_column,
-        path_column=path_column, concatenate=concatenate, axis=axis, block_size=block_size,
-        override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args,
+        open_dataset(file_root, **open_dataset_kwargs),
+        column=column,
+        index_column=index_column,
+        path_column=path_column,
+        concatenate=concatenate,
+        axis=axis,
+        block_size=block_size,
+        override_num_blocks=override_num_blocks,
+        ray_remote_args=ray_remote_args,
     )
 
 
@@ -196,9 +212,16 @@ def dataset_to_ray(
     The keywords are :func:`read_npy`'s other than ``open_dataset``'s.
     """
     ray_data = _require_ray()
-    source = _datasource_class()(ds, column=column, index_column=index_column, path_column=path_column,
-                                 concatenate=concatenate, axis=axis, block_size=block_size,
-                                 override_num_blocks=override_num_blocks)
+    source = _datasource_class()(
+        ds,
+        column=column,
+        index_column=index_column,
+        path_column=path_column,
+        concatenate=concatenate,
+        axis=axis,
+        block_size=block_size,
+        override_num_blocks=override_num_blocks,
+    )
     named, rest = _split_remote_args(ray_remote_args, ray_data.read_datasource)
     if rest:
         named["ray_remote_args"] = rest
@@ -301,8 +324,18 @@ class _Plan:
         self.row_ndim = len(shapes[0]) - (1 if concatenate else 0) if views else 0
         row_bytes = [sz // max(n, 1) for sz, n in zip(sizes, lengths)]
         self.row_bytes = max(row_bytes, default=0) + (8 if index_column else 0)
-        self.ranges = plan_row_ranges(lengths, sizes, shapes, dtype, fortran, axis=axis, stacked=self.stacked,
-                                      limit=limit, num_blocks=override_num_blocks, threads=_cluster_cpus())
+        self.ranges = plan_row_ranges(
+            lengths,
+            sizes,
+            shapes,
+            dtype,
+            fortran,
+            axis=axis,
+            stacked=self.stacked,
+            limit=limit,
+            num_blocks=override_num_blocks,
+            threads=_cluster_cpus(),
+        )
 
     @property
     def total(self) -> int:
@@ -340,11 +373,20 @@ class _Plan:
                 paths = tuple(per_file[lo:hi])
             else:  # each row's file: the run lengths of the files over the rows
                 offsets = self.offsets
-                counts = [max(0, min(hi, offsets[k + 1] - offsets[a]) - max(lo, offsets[k] - offsets[a]))
-                          for k in range(a, b)]
+                counts = [
+                    max(0, min(hi, offsets[k + 1] - offsets[a]) - max(lo, offsets[k] - offsets[a])) for k in range(a, b)
+                ]
                 paths = tuple(zip(per_file, counts))
-        return Read(group, Box(tuple(start), tuple(stop)), self.first_id + rows.start, self.column, self.index_column,
-                    self.path_column, paths, self.row_shape is None)
+        return Read(
+            group,
+            Box(tuple(start), tuple(stop)),
+            self.first_id + rows.start,
+            self.column,
+            self.index_column,
+            self.path_column,
+            paths,
+            self.row_shape is None,
+        )
 
 
 @dataclass(frozen=True)
@@ -406,8 +448,18 @@ class _MembersPlan:
     (and opens each file once: the members share its descriptor).
     """
 
-    def __init__(self, ds: MultiKeyDataset, *, column: str, index_column: str | None, path_column: str | None,
-                 concatenate: bool, axis: int, block_size: int | str, override_num_blocks: int | None) -> None:
+    def __init__(
+        self,
+        ds: MultiKeyDataset,
+        *,
+        column: str,
+        index_column: str | None,
+        path_column: str | None,
+        concatenate: bool,
+        axis: int,
+        block_size: int | str,
+        override_num_blocks: int | None,
+    ) -> None:
         if concatenate:
             raise ValueError(
                 f"concatenate=True joins the files of one array; the dataset's samples are dicts of members "
@@ -425,17 +477,34 @@ class _MembersPlan:
                 "rename index_column= or path_column="
             )
         self.plans = [  # (the first member's plan carries the index and path columns)
-            _Plan(d, column=k, index_column=index_column if j == 0 else None,
-                  path_column=path_column if j == 0 else None, concatenate=False, axis=0, block_size=block_size,
-                  override_num_blocks=override_num_blocks)
+            _Plan(
+                d,
+                column=k,
+                index_column=index_column if j == 0 else None,
+                path_column=path_column if j == 0 else None,
+                concatenate=False,
+                axis=0,
+                block_size=block_size,
+                override_num_blocks=override_num_blocks,
+            )
             for j, (k, d) in enumerate(ds.members.items())
         ]
         first = self.plans[0]
         sizes = [sum(v) for v in zip(*(view_layout(p.views)[1] for p in self.plans))]
         shapes, _, fortran = view_layout(first.views)
         limit = int(parse_bytes(block_size)) if isinstance(block_size, str) else block_size
-        self.ranges = plan_row_ranges([1] * len(sizes), sizes, shapes, first.dtype, fortran, axis=0, stacked=True,
-                                      limit=limit, num_blocks=override_num_blocks, threads=_cluster_cpus())
+        self.ranges = plan_row_ranges(
+            [1] * len(sizes),
+            sizes,
+            shapes,
+            first.dtype,
+            fortran,
+            axis=0,
+            stacked=True,
+            limit=limit,
+            num_blocks=override_num_blocks,
+            threads=_cluster_cpus(),
+        )
         self.total = first.total
         self.row_bytes = sum(p.row_bytes for p in self.plans)
 
@@ -478,8 +547,9 @@ def _read_tasks(plan: _Plan | _MembersPlan, per_task_row_limit: int | None) -> l
     for rows in plan.ranges:
         read = plan.task(rows)
         n = rows.stop - rows.start
-        meta = BlockMetadata(num_rows=n, size_bytes=int(n * plan.row_bytes),
-                             input_files=read.input_files, exec_stats=None)
+        meta = BlockMetadata(
+            num_rows=n, size_bytes=int(n * plan.row_bytes), input_files=read.input_files, exec_stats=None
+        )
         tasks.append(ReadTask(read, meta, schema=schema, per_task_row_limit=per_task_row_limit))
     return tasks
 

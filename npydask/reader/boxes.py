@@ -154,7 +154,12 @@ def read_boxes(
 
     def plan(merge: bool) -> PatchRuns:
         return plan_boxes(
-            f.header, boxes, max_gap=gap, max_span=ref.options.max_span_bytes, fill_value=fill_value, source=f.path,
+            f.header,
+            boxes,
+            max_gap=gap,
+            max_span=ref.options.max_span_bytes,
+            fill_value=fill_value,
+            source=f.path,
             merge=merge,
         )
 

@@ -57,8 +57,9 @@ def identity_text(identity: Any) -> str:
 def scan_label(view: NpyFileArray, patch_ndim: int, params: dict[str, Any]) -> Candidates:
     """The candidates of one label file, read slab by slab (:func:`~npydask.plan.foreground.slab_planes`)."""
     shape = view.shape
-    builder = CandidateBuilder(shape, patch_ndim, classes=params["classes"], limit=params["candidates"],
-                               seed=params["seed"])
+    builder = CandidateBuilder(
+        shape, patch_ndim, classes=params["classes"], limit=params["candidates"], seed=params["seed"]
+    )
     lead = len(shape) - patch_ndim
     planes = slab_planes(shape, patch_ndim)
     for first in range(0, shape[lead], planes):
@@ -193,8 +194,15 @@ def write_entries(
     files: list[dict[str, Any]] = []
     arrays: dict[str, np.ndarray] = {}
     for i, (name, (ident, c)) in enumerate(sorted(merged.items())):
-        files.append({"path": name, "identity": ident, "shape": list(c.extent), "classes": list(c.classes),
-                      "counts": list(c.counts)})
+        files.append(
+            {
+                "path": name,
+                "identity": ident,
+                "shape": list(c.extent),
+                "classes": list(c.classes),
+                "counts": list(c.counts),
+            }
+        )
         for j, pos in enumerate(c.positions):
             arrays[f"f{i}_{j}"] = np.ascontiguousarray(pos, np.int64)
     meta = {"format": FORMAT, "version": VERSION, "params": params, "files": files}
@@ -206,5 +214,9 @@ def write_entries(
 
 def params_of(patch_ndim: int, classes: Sequence[Any] | None, candidates: int, seed: int) -> dict[str, Any]:
     """The parameters that shape the candidates, as the index records them (JSON values)."""
-    return {"patch_ndim": patch_ndim, "classes": None if classes is None else list(classes),
-            "candidates": candidates, "seed": seed}
+    return {
+        "patch_ndim": patch_ndim,
+        "classes": None if classes is None else list(classes),
+        "candidates": candidates,
+        "seed": seed,
+    }

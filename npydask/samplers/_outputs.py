@@ -106,8 +106,11 @@ def _stale(folder: str, targets: list[str]) -> list[str]:
         entries = os.listdir(folder)
     except OSError:
         return []
-    return [os.path.join(folder, e) for e in sorted(entries)
-            if e[:-_RUN_CHARS] in prefixes and _RUN.fullmatch(e[-_RUN_CHARS:])]
+    return [
+        os.path.join(folder, e)
+        for e in sorted(entries)
+        if e[:-_RUN_CHARS] in prefixes and _RUN.fullmatch(e[-_RUN_CHARS:])
+    ]
 
 
 def remove_stale(out: str, names: list[str], zarr: bool) -> None:
@@ -188,8 +191,9 @@ class ArrayOutput(Output):
 class NpyOutput(Output):
     """``where`` (a local path or an object URL), its header written first, each channel's planes at their offsets."""
 
-    def __init__(self, shape: tuple[int, ...], nc: int, dtype: np.dtype, where: str, data_source: Source,
-                 run: str) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], nc: int, dtype: np.dtype, where: str, data_source: Source, run: str
+    ) -> None:
         super().__init__(shape, nc)
         self.where = where
         preamble, header = plan_header(where, dtype, shape)
@@ -241,8 +245,16 @@ class ZarrOutput(Output):
     is copied over the array when complete (:class:`RemoteStaging`).
     """
 
-    def __init__(self, shape: tuple[int, ...], nc: int, dtype: np.dtype, group: Any, name: str, step: int,
-                 staging: ZarrStaging | RemoteStaging) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        nc: int,
+        dtype: np.dtype,
+        group: Any,
+        name: str,
+        step: int,
+        staging: ZarrStaging | RemoteStaging,
+    ) -> None:
         super().__init__(shape, nc)
         plane = [min(n, 256) for n in shape[nc + 1 :]]
         chunks = (*(1,) * nc, min(step, shape[nc]), *plane)
@@ -251,8 +263,9 @@ class ZarrOutput(Output):
             self.tmp, into, config = name, staging.group(), None
         else:  # (every chunk written, empty or not: a complete temporary array is one with all its chunks)
             self.tmp, into, config = staging.temporary(name), group, {"write_empty_chunks": True}
-        self.array = into.create_array(self.tmp, shape=shape, dtype=check_zarr_dtype(dtype), chunks=chunks,
-                                       overwrite=True, config=config)
+        self.array = into.create_array(
+            self.tmp, shape=shape, dtype=check_zarr_dtype(dtype), chunks=chunks, overwrite=True, config=config
+        )
         self.shown = name
 
     def write(self, first: int, value: np.ndarray) -> None:
@@ -308,8 +321,11 @@ class ZarrStaging:
 
     def publish(self, name: str) -> None:
         """Move the complete array ``name`` from here into ``out``, replacing one there."""
-        src, dst, aside = (os.path.join(self.path, name), os.path.join(self.out, name),
-                           os.path.join(self.path, self.ASIDE, name))
+        src, dst, aside = (
+            os.path.join(self.path, name),
+            os.path.join(self.out, name),
+            os.path.join(self.path, self.ASIDE, name),
+        )
         replaced = os.path.lexists(dst)
         if replaced:
             os.makedirs(os.path.dirname(aside), exist_ok=True)
@@ -368,8 +384,11 @@ def check_not_inputs(out: str, names: list[str], files: list[str], zarr: bool) -
     root = "/".join(common) if url else os.sep.join(common) or os.sep
     sep = "/" if url else os.sep
     targets = [where] if zarr else [where + sep + n for n in names]
-    hit = ([root] if where == root else [t for t in targets if t in inputs]
-           or [f for f in sorted(inputs) if zarr and f.startswith(where + sep)])
+    hit = (
+        [root]
+        if where == root
+        else [t for t in targets if t in inputs] or [f for f in sorted(inputs) if zarr and f.startswith(where + sep)]
+    )
     if hit:
         what = "is the dataset's own folder" if hit[0] == root else f"would overwrite the dataset's file {hit[0]!r}"
         raise ValueError(

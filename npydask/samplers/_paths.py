@@ -23,4 +23,3 @@ def source_for(path: str, data_source: Source) -> tuple[Source, str]:
             return data_source, path
     where = resolve(path)
     return where.source, where.path
-

@@ -116,8 +116,12 @@ class RemoteStaging:
         if self._beat is None:
             self._put(self.lease, _identity())
             self._stop.clear()
-            self._beat = threading.Thread(target=_renew, args=(self.store, self.lease, _identity(), self._stop),
-                                          name="npydask-stitch-lease", daemon=True)
+            self._beat = threading.Thread(
+                target=_renew,
+                args=(self.store, self.lease, _identity(), self._stop),
+                name="npydask-stitch-lease",
+                daemon=True,
+            )
             self._beat.start()
         return temporary_name(name, self.run)
 
@@ -233,8 +237,11 @@ class RemoteStaging:
             m = _TEMP.fullmatch(p.rstrip("/"))
             if m and m.group(1) != self.run:
                 temps.setdefault(m.group(1), []).append(p.rstrip("/"))
-        dead = [r for r in sorted(set(leases) | set(temps))
-                if r not in leases or (now - leases[r]).total_seconds() > LEASE_S or self._gone(r)]
+        dead = [
+            r
+            for r in sorted(set(leases) | set(temps))
+            if r not in leases or (now - leases[r]).total_seconds() > LEASE_S or self._gone(r)
+        ]
         complete: dict[str, list[tuple[datetime, str]]] = {}
         for run in dead:
             for tmp in temps.get(run, []):

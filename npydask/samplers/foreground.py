@@ -158,8 +158,16 @@ class Foreground(Sampler):
 
     def params(self) -> dict[str, Any]:
         """The constructor's arguments, in signature order."""
-        return {"patch_shape": self.patch_shape, "label_key": self.label_key, "p": self.p, "classes": self.classes,
-                "ratios": self.ratios, "per_file": self.per_file, "candidates": self.candidates, "index": self.index}
+        return {
+            "patch_shape": self.patch_shape,
+            "label_key": self.label_key,
+            "p": self.p,
+            "classes": self.classes,
+            "ratios": self.ratios,
+            "per_file": self.per_file,
+            "candidates": self.candidates,
+            "index": self.index,
+        }
 
     def fingerprint(self) -> str:
         """A digest of the parameters that decide the boxes (``index`` only says where candidates are kept).

@@ -84,8 +84,12 @@ class Grid(Sampler):
 
     def params(self) -> dict[str, Any]:
         """``patch_shape``, ``overlap``, ``overlap_voxels`` and ``fill_value``."""
-        return {"patch_shape": self.patch_shape, "overlap": self.overlap, "overlap_voxels": self.overlap_voxels,
-                "fill_value": self.fill_value}
+        return {
+            "patch_shape": self.patch_shape,
+            "overlap": self.overlap,
+            "overlap_voxels": self.overlap_voxels,
+            "fill_value": self.fill_value,
+        }
 
     def _bind(self, extents: tuple[tuple[int, ...], ...], dataset: Any) -> GridBound:
         return GridBound(self, extents)
@@ -164,8 +168,10 @@ class GridBound(BoundSampler):
         if not 0 <= file < self.n_files:
             raise IndexError(f"file {file} is out of range for a Grid over {self.n_files} files")
         patch = self.patch_shape
-        return [Patch(file, start, tuple(s + p for s, p in zip(start, patch)))
-                for start in itertools.product(*self._starts[file])]
+        return [
+            Patch(file, start, tuple(s + p for s, p in zip(start, patch)))
+            for start in itertools.product(*self._starts[file])
+        ]
 
     def patch(self, epoch: int, position: int, *, seed: int | None = None, shuffle: bool = False) -> Patch:
         """Tile ``position`` of the epoch: the same every epoch, whatever ``seed`` and ``shuffle``."""

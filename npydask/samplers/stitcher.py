@@ -59,8 +59,11 @@ def importance_map(
         return np.ones(patch, np.float32)
     if weights != "gaussian":
         raise ValueError(f"weights must be one of {WEIGHTS}, found {weights!r}")
-    scales = [float(s) for s in np.broadcast_to(np.asarray(sigma_scale, np.float64), (len(patch),))] if np.ndim(
-        sigma_scale) <= 1 and np.size(sigma_scale) in (1, len(patch)) else []
+    scales = (
+        [float(s) for s in np.broadcast_to(np.asarray(sigma_scale, np.float64), (len(patch),))]
+        if np.ndim(sigma_scale) <= 1 and np.size(sigma_scale) in (1, len(patch))
+        else []
+    )
     if len(scales) != len(patch) or not all(s > 0 and math.isfinite(s) for s in scales):
         raise ValueError(f"sigma_scale must be positive, one value or one per patch axis, found {sigma_scale!r}")
     out = np.ones((), np.float32)
@@ -83,8 +86,14 @@ class _Slab:
     tiles came, so the bookkeeping is one row's flags, not a record per tile.
     """
 
-    def __init__(self, channels: tuple[int, ...], patch: tuple[int, ...], starts: tuple[tuple[int, ...], ...],
-                 extent: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        channels: tuple[int, ...],
+        patch: tuple[int, ...],
+        starts: tuple[tuple[int, ...], ...],
+        extent: tuple[int, ...],
+        dtype: np.dtype,
+    ) -> None:
         self.starts = starts
         self.origin = tuple(min(0, a[0]) for a in starts)
         self.size = tuple(max(e, a[-1] + p) - o for e, a, p, o in zip(extent, starts, patch, self.origin))
@@ -360,8 +369,9 @@ class Stitcher:
         for b, (file, at) in enumerate(plan):
             self._add(file, at, values[b])
 
-    def _check(self, files: list[int], starts: list[tuple[int, ...]],
-               stops: list[tuple[int, ...]]) -> list[tuple[int, tuple[int, ...]]]:
+    def _check(
+        self, files: list[int], starts: list[tuple[int, ...]], stops: list[tuple[int, ...]]
+    ) -> list[tuple[int, tuple[int, ...]]]:
         """Every tile of a batch checked against the grid and against the tiles before it, before any is applied."""
         progress: dict[int, _Progress] = {}
         plan = []
@@ -415,8 +425,11 @@ class Stitcher:
         if self._group is not None and self._staging is not None:
             step = self.grid.sampler.step[0]
             return ZarrOutput(shape, nc, self.dtype, self._group, self._names[file], step, self._staging)
-        where = (self.out.rstrip("/") + "/" + self._names[file] if is_url(self.out)
-                 else os.path.join(os.path.abspath(self.out), self._names[file]))
+        where = (
+            self.out.rstrip("/") + "/" + self._names[file]
+            if is_url(self.out)
+            else os.path.join(os.path.abspath(self.out), self._names[file])
+        )
         return NpyOutput(shape, nc, self.dtype, where, self._source, self._run)
 
     def _flush(self, file: int, slab: _Slab, row: int) -> None:
@@ -501,8 +514,13 @@ class Stitcher:
             If a file's tiles are missing, naming the files and how many.
         """
         missing = {f: s.remaining() for f, s in self._slabs.items()}
-        missing.update({f: self.grid.tile_count(f) for f in range(self.grid.n_files)
-                        if f not in self._done and f not in self._slabs})
+        missing.update(
+            {
+                f: self.grid.tile_count(f)
+                for f in range(self.grid.n_files)
+                if f not in self._done and f not in self._slabs
+            }
+        )
         if missing:
             shown = ", ".join(f"file {f}: {n}" for f, n in sorted(missing.items())[:5])
             more = f" (and {len(missing) - 5} more files)" if len(missing) > 5 else ""
@@ -510,8 +528,10 @@ class Stitcher:
         return [self._done[f] for f in range(self.grid.n_files)]
 
     def __repr__(self) -> str:
-        return (f"Stitcher({self.grid!r}, {len(self._done)} of {self.grid.n_files} files done, "
-                f"{len(self._slabs)} in progress)")
+        return (
+            f"Stitcher({self.grid!r}, {len(self._done)} of {self.grid.n_files} files done, "
+            f"{len(self._slabs)} in progress)"
+        )
 
 
 def _tiles(index: Mapping[str, Any], nd: int) -> tuple[list[int], list[tuple[int, ...]], list[tuple[int, ...]]]:
@@ -528,5 +548,8 @@ def _tiles(index: Mapping[str, Any], nd: int) -> tuple[list[int], list[tuple[int
     starts, stops = starts.reshape(len(files), -1), stops.reshape(len(files), -1)
     if starts.shape[1] != nd or stops.shape[1] != nd:
         raise ValueError(f"index 'start' and 'stop' must have {nd} columns (the patch axes), found {starts.shape}")
-    return ([int(f) for f in files.tolist()], [tuple(map(int, s)) for s in starts.tolist()],
-            [tuple(map(int, s)) for s in stops.tolist()])
+    return (
+        [int(f) for f in files.tolist()],
+        [tuple(map(int, s)) for s in starts.tolist()],
+        [tuple(map(int, s)) for s in stops.tolist()],
+    )

@@ -81,8 +81,12 @@ class Uniform(Sampler):
 
     def params(self) -> dict[str, Any]:
         """``patch_shape``, ``per_file``, ``policy`` and ``fill_value``."""
-        return {"patch_shape": self.patch_shape, "per_file": self.per_file, "policy": self.policy,
-                "fill_value": self.fill_value}
+        return {
+            "patch_shape": self.patch_shape,
+            "per_file": self.per_file,
+            "policy": self.policy,
+            "fill_value": self.fill_value,
+        }
 
     def _bind(self, extents: tuple[tuple[int, ...], ...], dataset: Any) -> UniformBound:
         return UniformBound(self, extents)
@@ -129,9 +133,7 @@ class UniformBound(UnitBound):
         lo, hi = self._start_ranges()
         starts = uniform_starts(seed, epoch, at, lo[files], hi[files]).tolist()
         shape = self.patch_shape
-        return [
-            Patch(f, tuple(s), tuple(a + b for a, b in zip(s, shape))) for f, s in zip(files.tolist(), starts)
-        ]
+        return [Patch(f, tuple(s), tuple(a + b for a, b in zip(s, shape))) for f, s in zip(files.tolist(), starts)]
 
     def _start_ranges(self) -> tuple[np.ndarray, np.ndarray]:
         """Each file's smallest and largest start per axis (:func:`~npydask.plan.patches.start_range`), made once."""

@@ -21,7 +21,13 @@ from npydask.format.header import MAX_HEADER_BYTES, MAX_PREAMBLE, NpyHeader, hea
 from npydask.format.npz import Member, Read, find, inflate, locate, locate_all, without_key
 
 __all__ = [
-    "FIRST_READ", "member_header", "member_header_in", "member_headers", "npy_header", "read_upto", "truncated",
+    "FIRST_READ",
+    "member_header",
+    "member_header_in",
+    "member_headers",
+    "npy_header",
+    "read_upto",
+    "truncated",
 ]
 
 FIRST_READ = 4096

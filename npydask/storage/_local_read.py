@@ -72,7 +72,6 @@ _CANNOT_TELL = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 _DIRECT_PIECE = 16 * 1024 * 1024
 
 
-
 def aligned_empty(nbytes: int, alignment: int = DIRECT_ALIGNMENT) -> np.ndarray:
     """A ``uint8`` buffer of ``nbytes`` whose address is a multiple of ``alignment``."""
     raw = np.empty(nbytes + alignment, np.uint8)

@@ -42,7 +42,6 @@ _STEM_BYTES = NAME_MAX - len(b"..") - RUN_HEX - len(b".12345678") - len(TMP_SUFF
 """Bytes of the target's name kept in a temporary name (room for the 8 digits of a task's own copy)."""
 
 
-
 def new_run() -> str:
     """A fresh random id for one call's temporary file (shared by its retried tasks, never by two calls)."""
     return secrets.token_hex(RUN_HEX // 2)

@@ -14,7 +14,6 @@ _REMOTE = {
 _fs_types: dict[int, str] = {}
 
 
-
 def _load_mountinfo() -> None:
     try:
         with open("/proc/self/mountinfo", encoding="utf8", errors="replace") as f:

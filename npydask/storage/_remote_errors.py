@@ -36,7 +36,11 @@ _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _UNLISTABLE = re.compile(r'Error parsing Path "(.*)": Encountered illegal', re.DOTALL)
 _SHORT_BODY = ("incompletebody", "unexpectedeof", "response body error", "body error")
 _METADATA = (
-    "169.254.169.254", "/latest/api/token", "/latest/meta-data", "metadata.google.internal", "/metadata/identity",
+    "169.254.169.254",
+    "/latest/api/token",
+    "/latest/meta-data",
+    "metadata.google.internal",
+    "/metadata/identity",
 )
 """Credential endpoints obstore asks when it found no credentials in the options or the environment."""
 

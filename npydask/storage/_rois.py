@@ -73,8 +73,11 @@ def read_rois(jobs: Sequence[tuple[Any, ...]]) -> None:
                 explain(fd, path, ident, e, check, plan.end)
             st = fstat(fd)
             inode_only = type(ident) is InodeIdentity
-            if (st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0 if inode_only
-                    else st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]):
+            if (
+                st.st_ino != ident[0] or st.st_ctime_ns >= ident[1] >= 0
+                if inode_only
+                else st.st_ino != ident[2] or st.st_size != ident[0] or st.st_mtime_ns != ident[1]
+            ):
                 raise file_changed(path, ident, st)
             if head is not None:
                 if head != check.raw:

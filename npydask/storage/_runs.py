@@ -43,7 +43,6 @@ _PREAD = ("spans", "runs")
 _DIRECT = ("spans",)
 
 
-
 def pread_strategy(plan: ReadPlan, options: ReadOptions) -> str:
     """``"spans"`` or ``"runs"`` for ``plan`` (:func:`npydask.plan.read_strategy.choose`; ``O_DIRECT`` reads spans).
 

@@ -220,8 +220,9 @@ class LocalLister(Lister):
             folders = []
             paths = self._flat(match, inos, folders)
         # (tuple.__new__ over (inode, listed) pairs: the named tuples built in C, not by one Python call each)
-        identities: list[Identity] | None = None if inos is None else list(
-            map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
+        identities: list[Identity] | None = (
+            None if inos is None else list(map(tuple.__new__, repeat(InodeIdentity), zip(inos, repeat(listed))))
+        )
         return Listing(paths, None, identities, folders)
 
     # (builtins.list: in this class's scope, ``list`` is the method)
@@ -240,9 +241,7 @@ class LocalLister(Lister):
             folders.append((d.name, len(names)))
         return found
 
-    def _recursive(
-        self, match: Callable[[str], object], inos: builtins.list[int] | None = None
-    ) -> builtins.list[str]:
+    def _recursive(self, match: Callable[[str], object], inos: builtins.list[int] | None = None) -> builtins.list[str]:
         root_stat = os.stat(self.root)
         visited = {(root_stat.st_dev, root_stat.st_ino)}
         found: list[str] = []

@@ -130,8 +130,10 @@ class ObjectSource(Source):
         identity = ObjectIdentity.of(meta, mode)
         if mode == "none" or identity.etag is not None or identity.modified is not None:
             return identity
-        found = "nor a Last-Modified date" if mode == "last-modified" else (
-            "(Last-Modified has one-second resolution and need not change when an object is replaced)"
+        found = (
+            "nor a Last-Modified date"
+            if mode == "last-modified"
+            else ("(Last-Modified has one-second resolution and need not change when an object is replaced)")
         )
         raise OSError(
             errno.EPROTO,
@@ -185,8 +187,13 @@ class ObjectSource(Source):
         is read (and an ``.npz`` member located), kept in a small per-process
         cache, and compared with ``check`` (a header from an index).
         """
-        if (expected is not None and check is not None and check.read_there and key is None
-                and expected.etag is not None):
+        if (
+            expected is not None
+            and check is not None
+            and check.read_there
+            and key is None
+            and expected.etag is not None
+        ):
             header = parse_header(check.raw, source=redact(path))
             return RemoteFile(self, path, expected, header, check.raw, None)
         cache_key = (path, expected, key)
@@ -220,6 +227,7 @@ class ObjectSource(Source):
         so it costs no round trip of its own, unless this process read that
         header already.
         """
+
         def runs() -> None:
             read_plan(RangeReader(self, path, identity), plan, options, dest)
 
@@ -306,9 +314,7 @@ class ObjectSource(Source):
             return url[len(self._prefix) :]
         return split_url(url).key
 
-    def _get(
-        self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
-    ) -> memoryview:
+    def _get(self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str) -> memoryview:
         """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many."""
         obstore = import_obstore()
         options: dict[str, Any] = {"range": (start, stop)}

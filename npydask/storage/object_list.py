@@ -100,9 +100,7 @@ class ObjectLister(Lister):
                 raise
         return [], bad
 
-    def _pages_around(
-        self, bad: str, recursive: bool, match: Callable[[str], object] | None
-    ) -> builtins.list[Any]:
+    def _pages_around(self, bad: str, recursive: bool, match: Callable[[str], object] | None) -> builtins.list[Any]:
         """The listing without the keys obstore cannot represent, where the selection skips them (S3 only)."""
         wanted = match is None or match(bad[len(self.prefix) :].rpartition("/")[2])
         where = redact(self.url)

@@ -246,8 +246,15 @@ def complete_upload(spec: StoreSpec, url: str, upload_id: str, etags: list[str],
     parts = {"Parts": [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]}
     extra = {} if overwrite else {"IfNoneMatch": "*"}
     try:
-        _call(spec, url, "completing the multipart upload", "complete_multipart_upload",
-              UploadId=upload_id, MultipartUpload=parts, **extra)
+        _call(
+            spec,
+            url,
+            "completing the multipart upload",
+            "complete_multipart_upload",
+            UploadId=upload_id,
+            MultipartUpload=parts,
+            **extra,
+        )
     except FileChangedError as e:  # (HTTP 412: If-None-Match failed)
         raise FileExistsError(
             errno.EEXIST,
@@ -292,10 +299,14 @@ def list_objects(spec: StoreSpec, url: str, prefix: str) -> list[dict[str, Any]]
         found = []
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **_payer(spec)):
             for item in page.get("Contents", ()):
-                found.append({
-                    "path": item["Key"], "size": int(item["Size"]), "e_tag": item.get("ETag"),
-                    "last_modified": item.get("LastModified"),
-                })
+                found.append(
+                    {
+                        "path": item["Key"],
+                        "size": int(item["Size"]),
+                        "e_tag": item.get("ETag"),
+                        "last_modified": item.get("LastModified"),
+                    }
+                )
         return found
 
     try:

@@ -98,9 +98,7 @@ def sample_array(shape: Sequence[int], dtype: Any, seed: int = 0) -> np.ndarray:
     elif dtype.kind == "U":
         letters = np.array(list("abcXYZ019 \u00e9\u4e2d\U0001f600"))
         width = dtype.itemsize // 4
-        flat = np.array(
-            ["".join(rng.choice(letters, rng.integers(0, width + 1))) for _ in range(n)], dtype=dtype
-        )
+        flat = np.array(["".join(rng.choice(letters, rng.integers(0, width + 1))) for _ in range(n)], dtype=dtype)
     else:
         flat = np.frombuffer(rng.bytes(n * dtype.itemsize), dtype=dtype, count=n).copy()
     return flat.reshape(tuple(shape))

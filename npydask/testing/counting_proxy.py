@@ -195,9 +195,7 @@ class CountingProxy:
             return self
         listener = socket.create_server(("127.0.0.1", 0))
         self._listener = listener
-        self._acceptor = threading.Thread(
-            target=self._accept, args=(listener,), daemon=True, name="proxy"
-        )
+        self._acceptor = threading.Thread(target=self._accept, args=(listener,), daemon=True, name="proxy")
         self._acceptor.start()
         return self
 

@@ -174,7 +174,9 @@ class RangeHTTPServer:
         httpd.daemon_threads = True
         self._httpd = httpd
         self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
             name=f"RangeHTTPServer-{self.port}",
         )
         self._thread.start()
@@ -304,9 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
             span = _parse_range(range_header, size) if range_header and state.ranges else None
             if span == "unsatisfiable":
                 headers["Content-Range"] = f"bytes */{size}"
-                return self._finish(
-                    HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, relative, range_header, headers
-                )
+                return self._finish(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, relative, range_header, headers)
             if span is None:
                 status, start, stop = HTTPStatus.OK, 0, size
             else:

@@ -76,8 +76,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         prog="python -m npydask.testing.seaweed",
         description="A local S3 sandbox: SeaweedFS on 127.0.0.1, until Ctrl-C (its data is then deleted).",
     )
-    parser.add_argument("--identity", choices=sorted(SeaweedServer.identities), default="admin",
-                        help="whose credentials to print (default: admin, which may do everything)")
+    parser.add_argument(
+        "--identity",
+        choices=sorted(SeaweedServer.identities),
+        default="admin",
+        help="whose credentials to print (default: admin, which may do everything)",
+    )
     args = parser.parse_args(argv)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOPPING}
     server = SeaweedServer()

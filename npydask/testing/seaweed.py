@@ -147,8 +147,7 @@ def find_weed() -> str:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     raise FileNotFoundError(
-        f"SeaweedFS's 'weed' binary was not found on PATH nor beside {sys.executable!r}: "
-        f"{_INSTALL_HINT}"
+        f"SeaweedFS's 'weed' binary was not found on PATH nor beside {sys.executable!r}: {_INSTALL_HINT}"
     )
 
 
@@ -198,9 +197,7 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     proc.wait()
 
 
-def _reap(
-    proc: subprocess.Popen[bytes], grace: float, ports: tuple[int, ...], folder: str | None
-) -> None:
+def _reap(proc: subprocess.Popen[bytes], grace: float, ports: tuple[int, ...], folder: str | None) -> None:
     """Stop a server and remove what it left (also run by the finalizer at exit)."""
     if proc.poll() is None:
         _kill_group(proc, grace)
@@ -254,11 +251,13 @@ class SeaweedServer:
     bucket = "npydask"
     private_bucket = "private"
     public_bucket = "public"
-    identities: Mapping[str, S3Identity] = MappingProxyType({
-        "admin": S3Identity("admin", "npydask-admin", "npydask-admin-secret"),
-        "readonly": S3Identity("readonly", "npydask-reader", "npydask-reader-secret"),
-        "anonymous": S3Identity("anonymous", None, None),
-    })
+    identities: Mapping[str, S3Identity] = MappingProxyType(
+        {
+            "admin": S3Identity("admin", "npydask-admin", "npydask-admin-secret"),
+            "readonly": S3Identity("readonly", "npydask-reader", "npydask-reader-secret"),
+            "anonymous": S3Identity("anonymous", None, None),
+        }
+    )
 
     def __init__(
         self,
@@ -416,9 +415,7 @@ class SeaweedServer:
         try:
             return self.identities[identity]
         except KeyError:
-            raise KeyError(
-                f"unknown identity {identity!r}: expected one of {sorted(self.identities)}"
-            ) from None
+            raise KeyError(f"unknown identity {identity!r}: expected one of {sorted(self.identities)}") from None
 
     def storage_options(self, identity: str = "admin") -> dict[str, Any]:
         """Flat obstore options for this server as ``identity`` (npydask's ``storage_options``).
@@ -467,9 +464,7 @@ class SeaweedServer:
 
         options = {**self.storage_options(identity), **config}
         client: ClientConfig = {"allow_http": options.pop("allow_http"), **(client_options or {})}
-        return S3Store(
-            bucket or self.bucket, **options, client_options=client, retry_config=retry_config
-        )
+        return S3Store(bucket or self.bucket, **options, client_options=client, retry_config=retry_config)
 
     def env(self, identity: str = "admin") -> dict[str, str]:
         """The ``AWS_*`` environment variables that point obstore and boto3 at this server.
@@ -545,16 +540,12 @@ class SeaweedServer:
             "identities": [
                 {
                     "name": admin.name,
-                    "credentials": [
-                        {"accessKey": admin.access_key_id, "secretKey": admin.secret_access_key}
-                    ],
+                    "credentials": [{"accessKey": admin.access_key_id, "secretKey": admin.secret_access_key}],
                     "actions": actions("Admin", "Read", "List", "Tagging", "Write"),
                 },
                 {
                     "name": reader.name,
-                    "credentials": [
-                        {"accessKey": reader.access_key_id, "secretKey": reader.secret_access_key}
-                    ],
+                    "credentials": [{"accessKey": reader.access_key_id, "secretKey": reader.secret_access_key}],
                     "actions": actions("Read", "List", bucket=self.bucket),
                 },
                 {"name": "anonymous", "actions": actions("Read", "List", bucket=self.public_bucket)},
@@ -633,9 +624,7 @@ class SeaweedServer:
                 continue
             self.startup_seconds = time.monotonic() - self._started_at
             return
-        raise RuntimeError(
-            self._failure(f"S3 took no write within {self.startup_timeout} s (last error: {error})")
-        )
+        raise RuntimeError(self._failure(f"S3 took no write within {self.startup_timeout} s (last error: {error})"))
 
     def _answers(self) -> bool:
         try:

@@ -171,9 +171,7 @@ class SourceConformance:
     @pytest.mark.parametrize("frac", SOURCE_BOXES)
     @pytest.mark.parametrize("kind", sorted(SOURCE_ARRAYS))
     @pytest.mark.parametrize("gap", [0, 64, 4096])
-    def test_read_runs_equals_numpy(
-        self, source: Source, tmp_path: Path, kind: str, frac: Any, gap: int
-    ) -> None:
+    def test_read_runs_equals_numpy(self, source: Source, tmp_path: Path, kind: str, frac: Any, gap: int) -> None:
         values = SOURCE_ARRAYS[kind]()
         p = self.put(tmp_path, "a.npy", values)
         identity, header, raw, _ = _scanned(source, [p])[0]
@@ -201,8 +199,14 @@ class SourceConformance:
         other = _scanned(source, [self.put(tmp_path, "b.npy", np.arange(100, dtype="<u8"))])[0][2]
         plan = plan_read(header, normalize_box(header.shape, None, None))
         with pytest.raises(NpyFormatError, match="a.npy.*from the index"):
-            source.read_runs(p, identity, plan, np.zeros(plan.nbytes, np.uint8), read_options(),
-                             HeaderCheck(other, "the index", "rebuild it"))
+            source.read_runs(
+                p,
+                identity,
+                plan,
+                np.zeros(plan.nbytes, np.uint8),
+                read_options(),
+                HeaderCheck(other, "the index", "rebuild it"),
+            )
 
     def test_read_runs_missing_file_names_it(self, source: Source, tmp_path: Path) -> None:
         p = self.put(tmp_path, "a.npy", np.arange(10))
@@ -332,8 +336,9 @@ class SourceConformance:
         q = self.put(tmp_path, "t.npy", np.arange(8, dtype="<u8"))
         (ident, header, _, _), (_, _, other, _) = _scanned(source, [p, q])
         with pytest.raises(NpyFormatError, match="s.npy"):
-            source.read_many([(p, ident, header.data_offset, HeaderCheck(other, "x", "y"))],
-                             memoryview(bytearray(64)), 64)
+            source.read_many(
+                [(p, ident, header.data_offset, HeaderCheck(other, "x", "y"))], memoryview(bytearray(64)), 64
+            )
 
     # -- small whole files -----------------------------------------------------------------
 

@@ -114,9 +114,7 @@ def _struct(draw: Any, children: st.SearchStrategy[np.dtype]) -> np.dtype:
     for f in formats:
         offsets.append(offset)
         offset += f.itemsize + draw(st.integers(0, 3))
-    return np.dtype(
-        {"names": names, "formats": formats, "offsets": offsets, "titles": titles, "itemsize": offset}
-    )
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "titles": titles, "itemsize": offset})
 
 
 def structured_dtypes(

@@ -682,8 +682,6 @@ def full_like(a: Any, fill_value: Any, dtype: Any = None, order: str = "K", subo
     return _alloc(np.full_like, _device_args(a, ""), fill_value, dtype, order, shape=shape)
 
 
-
-
 def concatenate(
     tup: Any, axis: int | None = 0, out: Any = None, *, dtype: Any = None, casting: _Casting = "same_kind"
 ) -> ndarray:
@@ -947,7 +945,9 @@ _OPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.LShift: operator.lshift, ast.RShift: operator.rshift,
 }  # fmt: skip
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
-    ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
 }
 
 
@@ -1006,8 +1006,12 @@ class ElementwiseKernel:
             names[name] = given[k] if k < len(given) else np.empty(shape, dtype)
             results.append(names[name])
         for statement in ast.parse(self.operation.replace(";", "\n")).body:
-            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                    and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id in names):
+            if not (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and statement.targets[0].id in names
+            ):
                 raise NotImplementedError(
                     f"strict_cupy: kernel {self.name!r}: set strict_cupy.state.kernels[{self.name!r}] to run it"
                 )  # fmt: skip

@@ -77,9 +77,7 @@ except ImportError as e:  # (names the extra, as npydask.ray.datasource, to_zarr
             missing("torch", "npydask.torch") + " (or see pytorch.org for a build matching your CUDA version)",
             name="torch",
         ) from e
-    raise ImportError(
-        f"npydask.torch: PyTorch is installed but fails to import ({e}); {install_hint('torch')}"
-    ) from e
+    raise ImportError(f"npydask.torch: PyTorch is installed but fails to import ({e}); {install_hint('torch')}") from e
 
 from npydask.torch._common import check_torch_dtype
 from npydask.torch._iterable import NpyIterableDataset, split_for

@@ -187,9 +187,7 @@ def _complete(parts: Sequence[tuple[int, str, int]], upload_id: str, upload: Upl
                 f"bytes, expected parts 1..{len(parts)} holding {upload.size}: not publishing an incomplete object",
                 redact(upload.url),
             )
-        s3_upload.complete_upload(
-            upload.spec, upload.url, upload_id, [p[1] for p in parts], overwrite=upload.overwrite
-        )
+        s3_upload.complete_upload(upload.spec, upload.url, upload_id, [p[1] for p in parts], overwrite=upload.overwrite)
     except BaseException:
         with contextlib.suppress(Exception):
             s3_upload.abort_upload(upload.spec, upload.url, upload_id)
@@ -212,9 +210,7 @@ def _as_slabs(x: Any, what: str) -> tuple[da.Array, np.dtype, tuple[int, ...]]:
     return da.from_array(Views(array), chunks=-1, asarray=False, meta=meta), src.dtype, src.shape
 
 
-def to_npy_url(
-    x: Any, url: str, source: ObjectSource, *, compute: bool, overwrite: bool, align: int
-) -> Delayed | None:
+def to_npy_url(x: Any, url: str, source: ObjectSource, *, compute: bool, overwrite: bool, align: int) -> Delayed | None:
     """:func:`npydask.to_npy` to an ``s3://`` URL (see the module docs); other schemes are refused."""
     shown = source.display(url)
     if source.spec.kind != "s3":

@@ -397,5 +397,3 @@ def _open_tmp(target: ChunkTarget, name: str, create: int) -> int:
 def _publish(target: FileTarget, tmp: str) -> None:
     """Move the finished file ``tmp`` to the target, then sync the folder."""
     publish(tmp, target.path, overwrite=target.overwrite, sync_folder=target.sync_folder)
-
-

@@ -69,8 +69,16 @@ __all__ = [
 
 
 def plan_target(
-    path: str, dtype: np.dtype, shape: tuple[int, ...], run: str, *, align: int = 64, overwrite: bool = True,
-    make_dirs: bool = False, sync_folder: bool = True, root: str = "",
+    path: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    run: str,
+    *,
+    align: int = 64,
+    overwrite: bool = True,
+    make_dirs: bool = False,
+    sync_folder: bool = True,
+    root: str = "",
 ) -> FileTarget:
     """The :class:`FileTarget` for writing an array of ``dtype`` and ``shape`` to ``path`` (absolute).
 
@@ -324,7 +332,13 @@ def to_npy_files(
     root, source = where.path, where.source
     if not where.local:
         return to_npy_files_url(
-            arrays, root, names, source, compute=compute, overwrite=overwrite, align=align  # type: ignore[arg-type]
+            arrays,
+            root,
+            names,
+            source,  # type: ignore[arg-type]
+            compute=compute,
+            overwrite=overwrite,
+            align=align,
         )
     align = check_align(align)
     if os.path.exists(root) and not os.path.isdir(root):
@@ -342,8 +356,17 @@ def to_npy_files(
     for i, (x, path) in enumerate(zip(arrays, paths)):
         src = write_input(x, f"to_npy_files: array {i} ({path})", limit)
         token = digest(src.token, path, align, overwrite)
-        target = plan_target(path, src.dtype, src.shape, new_run(), align=align, overwrite=overwrite,
-                             make_dirs=True, sync_folder=False, root=real_root)
+        target = plan_target(
+            path,
+            src.dtype,
+            src.shape,
+            new_run(),
+            align=align,
+            overwrite=overwrite,
+            make_dirs=True,
+            sync_folder=False,
+            root=real_root,
+        )
         keys.append("npy-write-" + token)
         dsk.update(_file_graph(src, target, keys[-1]))
     top = "npy-files-" + digest(root, tuple(keys))

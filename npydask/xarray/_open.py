@@ -37,8 +37,9 @@ DATASET_KEYWORDS = tuple(
 )
 """The keywords of :func:`npydask.open_dataset` the engine passes through (besides ``key`` and ``storage_options``)."""
 
-FOLDER_ONLY = frozenset(("file_filter", "file_list", "files", "recursive", "sort", "shard_id", "num_shards",
-                         "on_error"))
+FOLDER_ONLY = frozenset(
+    ("file_filter", "file_list", "files", "recursive", "sort", "shard_id", "num_shards", "on_error")
+)
 """Keywords that choose files of a folder: refused for a single file or archive."""
 
 ENGINE_SORT = "natural"
@@ -215,8 +216,12 @@ def _folder(
 
 
 def _named(
-    coords: dict[Hashable, Any], file_dim: Hashable, relative: list[str], naming: tuple[Any, str | None],
-    variables: dict[str, xr.Variable], shown: str,
+    coords: dict[Hashable, Any],
+    file_dim: Hashable,
+    relative: list[str],
+    naming: tuple[Any, str | None],
+    variables: dict[str, xr.Variable],
+    shown: str,
 ) -> dict[Hashable, Any]:
     """``file_coord``'s coordinates along ``file_dim``; one named as the file axis becomes its index."""
     out: dict[Hashable, Any] = {}

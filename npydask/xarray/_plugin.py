@@ -68,7 +68,13 @@ class NpyBackendEntrypoint(BackendEntrypoint):
     description = "NumPy .npy files, .npz archives and folders of .npy files, read lazily by npydask"
     url = ""  # (no public home page yet: see docs/guide/xarray.md)
     open_dataset_parameters = (
-        "filename_or_obj", "drop_variables", "dims", "key", "storage_options", "file_coord", "coord_name",
+        "filename_or_obj",
+        "drop_variables",
+        "dims",
+        "key",
+        "storage_options",
+        "file_coord",
+        "coord_name",
         *DATASET_KEYWORDS,
     )
 
@@ -99,6 +105,12 @@ class NpyBackendEntrypoint(BackendEntrypoint):
         **dataset_kwargs: Any,
     ) -> xr.Dataset:
         return open_npy(
-            filename_or_obj, drop_variables=drop_variables, dims=dims, key=key, storage_options=storage_options,
-            file_coord=file_coord, coord_name=coord_name, **dataset_kwargs,
+            filename_or_obj,
+            drop_variables=drop_variables,
+            dims=dims,
+            key=key,
+            storage_options=storage_options,
+            file_coord=file_coord,
+            coord_name=coord_name,
+            **dataset_kwargs,
         )

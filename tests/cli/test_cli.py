@@ -11,9 +11,7 @@ import pytest
 
 
 def run(*args, timeout=180):
-    return subprocess.run(
-        [sys.executable, "-m", "npydask.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "npydask.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -69,8 +67,14 @@ def test_info_json_goes_to_stdout_alone(folder):
     data = json.loads(out.stdout)
     assert [f["path"] for f in data["files"]] == [f"s{i}.npy" for i in range(5)]
     first = data["files"][0]
-    assert first == {"path": "s0.npy", "shape": [2, 3, 4], "dtype": "<f4", "fortran_order": False,
-                     "version": "1.0", "nbytes": 96}
+    assert first == {
+        "path": "s0.npy",
+        "shape": [2, 3, 4],
+        "dtype": "<f4",
+        "fortran_order": False,
+        "version": "1.0",
+        "nbytes": 96,
+    }
     assert data["totals"]["files"] == 5 and data["totals"]["nbytes"] == 480
 
 
@@ -103,7 +107,11 @@ def test_info_npz_lists_every_member(tmp_path):
         for f in files:
             a = arrays[f["key"]]
             assert (f["shape"], f["dtype"], f["fortran_order"], f["nbytes"]) == (
-                list(a.shape), a.dtype.str, bool(np.isfortran(a)), a.nbytes)
+                list(a.shape),
+                a.dtype.str,
+                bool(np.isfortran(a)),
+                a.nbytes,
+            )
     out = run("info", str(tmp_path / "a.npz"))
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[2:-1]}
@@ -113,7 +121,8 @@ def test_info_npz_lists_every_member(tmp_path):
     out = run("info", str(tmp_path), "--filter", "*.npz", "--json")
     assert out.returncode == 0, out.stderr
     assert [(f["path"], f["key"]) for f in json.loads(out.stdout)["files"]] == [
-        (n, k) for n in ("a.npz", "c.npz") for k in arrays]
+        (n, k) for n in ("a.npz", "c.npz") for k in arrays
+    ]
 
 
 def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
@@ -135,9 +144,11 @@ def test_unreadable_files_in_a_folder_are_listed_and_exit_1(folder):
         (["stats", "{folder}", "--roi-start", "0,0", "--roi-end", "9,9"], "roi"),
         (["stats", "{folder}", "--roi-start", "a,b"], "--roi-start"),
         (["stats", "{folder}", "--scheduler", "tcp://127.0.0.1:9", "--filter", "s*.npy"], "cannot reach the scheduler"),
-        *[([command, *paths, "--scheduler", address], "cannot reach the scheduler")
-          for command, paths in (("stats", ["{folder}"]), ("convert", ["{folder}", "{out}"]), ("demo", []))
-          for address in ("foo://bar", "tcp://[::1", "inproc://x")],
+        *[
+            ([command, *paths, "--scheduler", address], "cannot reach the scheduler")
+            for command, paths in (("stats", ["{folder}"]), ("convert", ["{folder}", "{out}"]), ("demo", []))
+            for address in ("foo://bar", "tcp://[::1", "inproc://x")
+        ],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(folder, tmp_path, args, words):
@@ -166,8 +177,25 @@ def test_stats_equal_numpy_per_file_and_in_total(folder):
 
 @pytest.mark.timeout(240)
 def test_stats_with_a_padded_roi(folder):
-    out = run("stats", str(folder), "--filter", "s*.npy", "--roi-start", "1,2", "--roi-end", "3,5",
-              "--roi-axes", "1,2", "--oob", "pad", "--fill-value", "-7", "--json", "--workers", "1")
+    out = run(
+        "stats",
+        str(folder),
+        "--filter",
+        "s*.npy",
+        "--roi-start",
+        "1,2",
+        "--roi-end",
+        "3,5",
+        "--roi-axes",
+        "1,2",
+        "--oob",
+        "pad",
+        "--fill-value",
+        "-7",
+        "--json",
+        "--workers",
+        "1",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     crops = []
@@ -428,7 +456,12 @@ def test_info_takes_several_paths_and_patterns(folder, tmp_path):
     (tmp_path / "junk.npy").write_bytes(b"junk")  # among several paths, a bad file is listed (exit 1)
     out = run("info", str(folder / "big.npy"), str(tmp_path / "junk.npy"), "--json")
     assert out.returncode == 1 and json.loads(out.stdout)["totals"] == {
-        "files": 1, "unreadable": 1, "nbytes": 288, "dtypes": {">f8": 1}, "shapes": 1}
+        "files": 1,
+        "unreadable": 1,
+        "nbytes": 288,
+        "dtypes": {">f8": 1},
+        "shapes": 1,
+    }
     assert "junk.npy" in out.stderr
 
 
@@ -439,7 +472,8 @@ def test_info_summary_counts_unreadable_files_instead_of_listing_them(folder):
     assert out.returncode == 1
     assert out.stdout.strip().splitlines() == [
         "7 files, 864 B of data; dtypes: float32 (6), float64 (1); 2 distinct shapes (most common: 2x3x4, 3x3x4); "
-        "300 unreadable"]
+        "300 unreadable"
+    ]
     assert out.stderr.strip().splitlines() == [
         "300 of 307 files could not be read (run without --summary to list them)"
     ]
@@ -476,8 +510,12 @@ def test_bench_from_an_installed_package_says_where_the_scripts_are(tmp_path, mo
     assert status == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(tmp_path / "site-packages" / "benchmarks") in err  # where it looked
-    for words in ("benchmarks/ folder of npydask's source repository", "pip install -e .", "npydask bench",
-                  "python benchmarks/bench_read.py --size small"):
+    for words in (
+        "benchmarks/ folder of npydask's source repository",
+        "pip install -e .",
+        "npydask bench",
+        "python benchmarks/bench_read.py --size small",
+    ):
         assert words in err, err
 
 
@@ -539,7 +577,8 @@ def test_stats_json_is_strict_for_infinities_nan_and_empty_data(tmp_path, capsys
     data = strict(out)
     assert {k: data[k] for k in ("count", "min", "max", "mean", "std")} == expected_json(a.astype(np.float64))
     assert [{k: v for k, v in f.items() if k != "path"} for f in data["files"]] == [
-        expected_json(h.astype(np.float64)) for h in halves]
+        expected_json(h.astype(np.float64)) for h in halves
+    ]
     status, out, _ = run_here(capsys, "stats", str(tmp_path), "-q")  # the table, same rule for no values
     assert status == 0 and out.splitlines()[-1].split()[:4] == ["all", "2", "files", str(a.size)]
 

@@ -30,9 +30,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def run(*args, timeout=240):
-    return subprocess.run(
-        [sys.executable, "-m", "npydask.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "npydask.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def one_line(out):
@@ -77,8 +75,15 @@ def loaded(root, names, key=None):
 
 @pytest.mark.parametrize(
     ("dest", "kind"),
-    [("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("d/b.npy", "npy"), ("out", "folder"), ("out/", "folder"),
-     ("out.v2/", "folder"), ("b.npy/", "folder")],
+    [
+        ("a.zarr", "zarr"),
+        ("a.zarr/", "zarr"),
+        ("d/b.npy", "npy"),
+        ("out", "folder"),
+        ("out/", "folder"),
+        ("out.v2/", "folder"),
+        ("b.npy/", "folder"),
+    ],
 )
 def test_destination_kind(dest, kind):
     assert destination_kind(dest) == kind
@@ -348,8 +353,16 @@ def test_cli_folder_to_stacked_and_per_file_zarr(tmp_path):
     z = zarr.open_array(str(tmp_path / "s.zarr"), mode="r")
     np.testing.assert_array_equal(z[...], np.stack(loaded(tmp_path / "src", names)))
     assert list(z.attrs["files"]) == names
-    out = run("convert", str(tmp_path / "src"), str(tmp_path / "s.zarr"), "--workers", "1", "--layout", "per-file",
-              "--overwrite")
+    out = run(
+        "convert",
+        str(tmp_path / "src"),
+        str(tmp_path / "s.zarr"),
+        "--workers",
+        "1",
+        "--layout",
+        "per-file",
+        "--overwrite",
+    )
     assert out.returncode == 0, out.stderr
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
     assert set(group.array_keys()) == {n[:-4] for n in names if os.sep not in n}
@@ -384,9 +397,21 @@ def test_cli_bad_destinations_exit_2_with_one_line(tmp_path, src_kind, dest, wor
 def test_benchmark_runs_at_tiny_size(tmp_path):
     out_json = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH / "bench_convert.py"), "--size", "tiny", "--repeat", "1", "--json", str(out_json),
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            str(BENCH / "bench_convert.py"),
+            "--size",
+            "tiny",
+            "--repeat",
+            "1",
+            "--json",
+            str(out_json),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "goal" in done.stdout and "every output equals its source (numpy.load): yes" in done.stdout

@@ -23,7 +23,10 @@ ON_PROC = bytes_read() is not None and anon_bytes() is not None
 def run_demo(*args, env=None, timeout=220):
     return subprocess.run(
         [sys.executable, "-m", "npydask.cli", "demo", *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -188,7 +191,7 @@ def _touched(nbytes: int):
     import mmap
 
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    np.frombuffer(m, np.uint8)[:: 4096] = 1
+    np.frombuffer(m, np.uint8)[::4096] = 1
     return m
 
 
@@ -199,7 +202,7 @@ def test_measure_sees_the_peak_of_memory_freed_before_the_end(mib):
     def step():
         a = _touched(mib * MiB)
         threading.Event().wait(0.1)  # long enough for many samples, even on a busy machine
-        total = int(np.frombuffer(a, np.uint8)[:: 4096].sum())
+        total = int(np.frombuffer(a, np.uint8)[::4096].sum())
         a.close()  # freed before the step returns: only a sampled peak sees it
         return total
 
@@ -274,8 +277,12 @@ def test_figures_without_proc_print_na_and_still_check_numpy(tmp_path, monkeypat
     monkeypatch.setattr(_figures, "CHUNK_BUDGET", "48KiB")
     assert _figures.write_and_show(str(tmp_path)) is True
     out = capsys.readouterr().out
-    for heading in ("-- bytes read for a 4x8x8 ROI", "-- opening the folder of 8 volumes",
-                    "-- a 4x8x8 ROI from each of the 8 volumes", "-- memory of a float64 sum"):
+    for heading in (
+        "-- bytes read for a 4x8x8 ROI",
+        "-- opening the folder of 8 volumes",
+        "-- a 4x8x8 ROI from each of the 8 volumes",
+        "-- memory of a float64 sum",
+    ):
         _, rows, _ = figure(out, heading)
         assert rows and all("n/a" in row for row in rows), (heading, rows)
     assert "in 8 chunks of 48.0 KiB" in out

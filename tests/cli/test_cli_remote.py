@@ -76,11 +76,14 @@ def test_info_reads_an_npz_object_and_a_single_object(objects, env, capsys):
     assert files[2]["path"] == f"s3://{space}/scans/01.npy" and files[2]["shape"] == [4, 5]
 
 
-@pytest.mark.parametrize(("what", "expected"), [
-    ("scans/missing.npy", "missing.npy: no such object"),
-    ("nothing/", "nothing/: no file matching --filter"),
-    ("broken/bad.npy", "bad.npy"),
-])
+@pytest.mark.parametrize(
+    ("what", "expected"),
+    [
+        ("scans/missing.npy", "missing.npy: no such object"),
+        ("nothing/", "nothing/: no file matching --filter"),
+        ("broken/bad.npy", "bad.npy"),
+    ],
+)
 def test_a_missing_or_broken_object_is_one_line_and_status_2(objects, env, capsys, what, expected):
     space, _ = objects
     status, out, err = run(capsys, "info", f"s3://{space}/{what}", *env)
@@ -101,8 +104,11 @@ def test_stats_of_a_prefix_equal_numpy(objects, env, capsys):
     got = json.loads(out)
     every = np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
     assert got["count"] == every.size
-    np.testing.assert_allclose([got[k] for k in ("min", "max", "mean", "std")],
-                               [every.min(), every.max(), every.mean(), every.std()], rtol=1e-12)
+    np.testing.assert_allclose(
+        [got[k] for k in ("min", "max", "mean", "std")],
+        [every.min(), every.max(), every.mean(), every.std()],
+        rtol=1e-12,
+    )
     assert [f["path"] for f in got["files"]] == ["00.npy", "01.npy", "02.npy", "03.npy", "sub/04.npy"]
     np.testing.assert_allclose(got["files"][4]["mean"], arrays["scans/sub/04.npy"].astype(np.float64).mean())
 
@@ -144,8 +150,9 @@ def test_convert_an_npz_object_and_a_single_object(objects, env, capsys, tmp_pat
     status, _, err = run(capsys, "convert", f"s3://{space}/scans/02.npy", str(tmp_path / "one.npy"), "--quiet", *env)
     assert status == 0, err
     np.testing.assert_array_equal(np.load(tmp_path / "one.npy"), arrays["scans/02.npy"])
-    status, _, err = run(capsys, "convert", f"s3://{space}/pair.npz", str(tmp_path / "y.npy"), "--key", "y", "--quiet",
-                         *env)
+    status, _, err = run(
+        capsys, "convert", f"s3://{space}/pair.npz", str(tmp_path / "y.npy"), "--key", "y", "--quiet", *env
+    )
     assert status == 0, err
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.linspace(0, 1, 4))
 
@@ -167,12 +174,15 @@ def test_convert_local_files_to_a_url_prefix(objects, env, capsys, tmp_path, s3)
         np.testing.assert_array_equal(np.load(io.BytesIO(s3.get(f"{space}/converted/{i}.npy"))), a)
 
 
-@pytest.mark.parametrize(("option", "expected"), [
-    ("region", "expected KEY=VALUE"),
-    ("=x", "expected KEY=VALUE"),
-    ("secret_access_key=TOPSECRET", "credentials do not belong on the command line"),
-    ("aws_session_token=TOPSECRET", "credentials do not belong on the command line"),
-])
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("region", "expected KEY=VALUE"),
+        ("=x", "expected KEY=VALUE"),
+        ("secret_access_key=TOPSECRET", "credentials do not belong on the command line"),
+        ("aws_session_token=TOPSECRET", "credentials do not belong on the command line"),
+    ],
+)
 def test_bad_or_secret_storage_options_are_refused_without_echoing_them(objects, env, capsys, option, expected):
     space, _ = objects
     status, out, err = run(capsys, "info", f"s3://{space}/scans/", "--storage-option", option)
@@ -181,8 +191,11 @@ def test_bad_or_secret_storage_options_are_refused_without_echoing_them(objects,
 
 def test_storage_options_with_a_local_path_are_refused(capsys, tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(2))
-    for argv in (["info", str(tmp_path / "a.npy")], ["stats", str(tmp_path)],
-                 ["convert", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]):
+    for argv in (
+        ["info", str(tmp_path / "a.npy")],
+        ["stats", str(tmp_path)],
+        ["convert", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")],
+    ):
         status, _, err = run(capsys, *argv, "--storage-option", "region=us-east-1")
         assert status == 2 and "--storage-option applies to object-store URLs" in err, err
 
@@ -201,12 +214,14 @@ def test_the_command_takes_credentials_from_its_environment_and_never_prints_the
     base = [sys.executable, "-m", "npydask.cli"]
     env = dict(os.environ, **s3.env(), PYTHONPATH=os.getcwd())
     options = ["--storage-option", f"endpoint={s3.endpoint}"]
-    ok = subprocess.run([*base, "info", f"s3://{space}/scans/", *options], capture_output=True, text=True, env=env,
-                        timeout=120)
+    ok = subprocess.run(
+        [*base, "info", f"s3://{space}/scans/", *options], capture_output=True, text=True, env=env, timeout=120
+    )
     assert ok.returncode == 0 and "5 files" in ok.stdout, ok.stderr
     wrong = dict(env, AWS_SECRET_ACCESS_KEY="not-the-secret-4f2a")
-    denied = subprocess.run([*base, "info", f"s3://{space}/scans/", *options], capture_output=True, text=True,
-                            env=wrong, timeout=120)
+    denied = subprocess.run(
+        [*base, "info", f"s3://{space}/scans/", *options], capture_output=True, text=True, env=wrong, timeout=120
+    )
     assert denied.returncode == 2 and "access denied" in denied.stderr
     signed = f"{s3.endpoint}/{space}/scans/00.npy?X-Amz-Signature=hush-5b1e&X-Amz-Credential=devadmin"
     shown = subprocess.run([*base, "info", signed], capture_output=True, text=True, env=env, timeout=120)
@@ -299,8 +314,11 @@ def test_headers_first_reads_one_header_of_a_prefix(many, proxied, capsys, tmp_p
     space, arrays = many
     proxy, options = proxied
     url = f"s3://{space}/m/"
-    argv = {"info": ["info", url, "--json"], "stats": ["stats", url, "--json"],
-            "convert": ["convert", url, str(tmp_path / "out.npy")]}[command]
+    argv = {
+        "info": ["info", url, "--json"],
+        "stats": ["stats", url, "--json"],
+        "convert": ["convert", url, str(tmp_path / "out.npy")],
+    }[command]
     proxy.reset()
     status, out, err = run(capsys, *argv, "--headers", "first", *options)
     assert status == 0, err
@@ -314,8 +332,12 @@ def test_headers_first_reads_one_header_of_a_prefix(many, proxied, capsys, tmp_p
         assert {(tuple(f["shape"]), f["dtype"]) for f in files} == {((3, 4), "<i4")}
     elif command == "stats":
         s = json.loads(out)
-        assert (s["count"], s["min"], s["max"], s["mean"]) == (stacked.size, stacked.min(), stacked.max(),
-                                                              stacked.astype("f8").mean())
+        assert (s["count"], s["min"], s["max"], s["mean"]) == (
+            stacked.size,
+            stacked.min(),
+            stacked.max(),
+            stacked.astype("f8").mean(),
+        )
     else:
         np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), stacked)
 

@@ -38,6 +38,7 @@ class _DeviceArray(np.ndarray):
 
 def _strict_module():
     """A module shaped like CuPy over host memory (the pinned path: no kvikio)."""
+
     def empty(shape, dtype=float):
         return np.empty(shape, dtype).view(_DeviceArray)
 

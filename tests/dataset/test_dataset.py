@@ -295,8 +295,10 @@ ROI_CASES = {
     "whole": (dict(roi_start=[0, 0], rel_roi_end=[1.0, 1.0]), _full),
     "out_end": (dict(roi_start=[1, 2], roi_end=[20, 9], roi_axes=[0, 1]), lambda s: [(1, 20), (2, 9)]),
     "out_start": (dict(roi_start=[-10, 2], roi_end=[8, 9], roi_axes=[0, 1]), lambda s: [(-10, 8), (2, 9)]),
-    "out_rel": (dict(rel_roi_start=[-0.25, 0.5], rel_roi_end=[0.5, 1.3]), lambda s: [
-        (rnd(rel(-0.25, s[0])), rnd(rel(0.5, s[0]))), (rnd(rel(0.5, s[1])), rnd(rel(1.3, s[1])))]),
+    "out_rel": (
+        dict(rel_roi_start=[-0.25, 0.5], rel_roi_end=[0.5, 1.3]),
+        lambda s: [(rnd(rel(-0.25, s[0])), rnd(rel(0.5, s[0]))), (rnd(rel(0.5, s[1])), rnd(rel(1.3, s[1])))],
+    ),
     "out_shape": (dict(roi_shape=[100, 8]), lambda s: [(0, 100), (0, 8)]),
     "fully_outside": (dict(roi_start=[12, -9], roi_end=[18, -1]), lambda s: [(12, 18), (-9, -1)]),
 }
@@ -858,6 +860,7 @@ def test_a_cluster_stack_of_few_files_is_one_layer_each_task_carrying_every_file
     dask fuses with the reduction after it; past ``LIGHT_FILE_TASKS`` each group has its own source."""
     from npydask.dataset import stacking
     from npydask.plan import grouping
+
     arrays = [np.full((16, 32), i, "<f4") + np.arange(32, dtype="<f4") for i in range(12)]
     for i, a in enumerate(arrays):
         np.save(tmp_path / f"{i:02d}.npy", a if i % 3 else np.asfortranarray(a))
@@ -1107,9 +1110,12 @@ def test_joins_match_numpy_property(lengths, axis, fortran, chunks, start):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
-    ) as cluster, distributed.Client(cluster, set_as_default=False) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as c,
+    ):
         yield c
 
 
@@ -1196,8 +1202,9 @@ def test_stacked_rois_equal_numpy_on_every_path(tmp_path, backend):
                 x = ds.stack(chunks=(4, 5, 8, 3))
                 for _ in range(2):  # the second time through cached pieces of the scratch
                     assert_eq(x, np.stack([a[roi] for a in arrays]))
-    padded = npydask.open_dataset(tmp_path, roi_start=(-1, 1, 3), roi_end=(7, 9, 12), out_of_bounds_policy="pad",
-                                  fill_value=-1, backend=backend).stack(chunks=(4, 8, 8, 9))
+    padded = npydask.open_dataset(
+        tmp_path, roi_start=(-1, 1, 3), roi_end=(7, 9, 12), out_of_bounds_policy="pad", fill_value=-1, backend=backend
+    ).stack(chunks=(4, 8, 8, 9))
     want = np.full((12, 8, 8, 9), -1, "<f4")
     for i, a in enumerate(arrays):
         want[i, 1:, :, :8] = a[0:7, 1:9, 3:11]
@@ -1555,8 +1562,9 @@ def test_on_error_skip_with_npz_members_skips_archives_missing_one(tmp_path):
         np.testing.assert_array_equal(sample["x"], np.full((2, 2), i))
         np.testing.assert_array_equal(sample["y"], np.arange(i + 1.0))
     with pytest.warns(NpyDaskWarning, match="left out 2 of 6"):
-        shard = npydask.open_dataset(tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip", shard_id=1,
-                                     num_shards=2)
+        shard = npydask.open_dataset(
+            tmp_path, file_filter="*.npz", key=["x", "y"], on_error="skip", shard_id=1, num_shards=2
+        )
     assert shard.files == both.files[2:] and shard.start_index == 2 and len(shard.skipped) == 2
     with pytest.warns(NpyDaskWarning, match="left out 1 of 6"):  # (one member: only the broken archive)
         xs = npydask.open_dataset(tmp_path, file_filter="*.npz", key="x", on_error="skip")

@@ -277,8 +277,11 @@ def test_unknown_sort_lists_the_choices(tmp_path, sort):
 _SWAP_NAME = st.text(st.sampled_from("ab0129._"), min_size=1, max_size=5)
 
 
-@given(st.lists(st.one_of(_SWAP_NAME, st.tuples(_SWAP_NAME, _SWAP_NAME).map("/".join)), min_size=0, max_size=40,
-                unique=True))
+@given(
+    st.lists(
+        st.one_of(_SWAP_NAME, st.tuples(_SWAP_NAME, _SWAP_NAME).map("/".join)), min_size=0, max_size=40, unique=True
+    )
+)
 def test_natural_swap_is_exact_for_dali_order(names):
     """Within SWAP_PAIRS pairs it reports a pair exactly when natural order differs, and that pair swaps."""
     ordered = dali_order(list(names), sep="/")

@@ -21,14 +21,25 @@ def _context_of(view) -> Context:
 
 def _table_of(views) -> FileTable:
     refs = [v.ref for v in views]
-    return FileTable.from_lists([r.path for r in refs], [r.identity for r in refs], [r.header for r in refs],
-                                [r.check for r in refs], [v.roi for v in views],
-                                deflated=[r.compressed for r in refs])
+    return FileTable.from_lists(
+        [r.path for r in refs],
+        [r.identity for r in refs],
+        [r.header for r in refs],
+        [r.check for r in refs],
+        [v.roi for v in views],
+        deflated=[r.compressed for r in refs],
+    )
 
 
-@pytest.mark.parametrize("roi", [{}, {"roi_start": [1, 0], "roi_shape": [2, 3]},
-                                 {"roi_start": [[0, 0], [1, 1], [2, 2], [0, 1], [1, 0]], "roi_shape": [2, 2]},
-                                 {"roi_start": [-1, 0], "roi_end": [4, 3], "out_of_bounds_policy": "pad"}])
+@pytest.mark.parametrize(
+    "roi",
+    [
+        {},
+        {"roi_start": [1, 0], "roi_shape": [2, 3]},
+        {"roi_start": [[0, 0], [1, 1], [2, 2], [0, 1], [1, 0]], "roi_shape": [2, 2]},
+        {"roi_start": [-1, 0], "roi_end": [4, 3], "out_of_bounds_policy": "pad"},
+    ],
+)
 def test_file_views_read_as_todays_views(tmp_path, roi):
     rng = np.random.default_rng(5)
     arrays = []

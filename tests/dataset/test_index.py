@@ -28,6 +28,7 @@ def folder(tmp_path):
 def count_scans(monkeypatch):
     calls = []
     from npydask.dataset import open as opening
+
     real = opening.scan_headers
 
     def counting(paths, **kw):
@@ -93,10 +94,13 @@ def test_header_texts_are_stored_once(folder, tmp_path):
     assert len(data["headers"]) == 2 and len(ds) == 20
 
 
-@pytest.mark.parametrize("older", [
-    '{"format": "npydask-header-index", "version": 1, "files": {"00.npy": [1, 2, 3, "x"]}}',
-    '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"00.npy": [1, 2, 3, 0]}}',
-])
+@pytest.mark.parametrize(
+    "older",
+    [
+        '{"format": "npydask-header-index", "version": 1, "files": {"00.npy": [1, 2, 3, "x"]}}',
+        '{"format": "npydask-header-index", "version": 2, "headers": [], "files": {"00.npy": [1, 2, 3, 0]}}',
+    ],
+)
 def test_an_older_index_is_replaced_silently(folder, tmp_path, older):
     idx = tmp_path / "index.json"
     idx.write_text(older)
@@ -115,10 +119,12 @@ def test_an_older_index_is_replaced_silently(folder, tmp_path, older):
         '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [], "table": "!!"}',
         '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [], "table": "AAAA"}',
         '{"format": "npydask-header-index", "version": 3, "headers": [], "names": ["a"], "table": "'
-        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode() + '"}',
+        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode()
+        + '"}',
         '{"format": "npydask-header-index", "version": 3, "headers": [7], "names": [], "table": ""}',
         '{"format": "npydask-header-index", "version": 3, "headers": [], "names": [1], "table": "'
-        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode() + '"}',
+        + base64.b64encode(np.zeros(1, "<i8,<i8,<u8,<i8").tobytes()).decode()
+        + '"}',
         '{"format": "npydask-header-index", "version": 3, "headers": [], "names": {}, "table": ""}',
     ],
 )
@@ -252,8 +258,12 @@ def test_an_entry_edited_smaller_is_caught_where_a_pad_roi_reads_none_of_it(floa
     idx.write_text(json.dumps(data))
     ds = npydask.open_dataset(folder, index=idx, **roi)
     assert ds.headers[0].shape == (2, 6)
-    reads = (lambda: ds.stack().compute(), lambda: ds[3].compute(), lambda: list(npydask.Loader(ds, 6)),
-             lambda: ds.concatenate().compute())
+    reads = (
+        lambda: ds.stack().compute(),
+        lambda: ds[3].compute(),
+        lambda: list(npydask.Loader(ds, 6)),
+        lambda: ds.concatenate().compute(),
+    )
     for read in reads:
         with pytest.raises(npydask.NpyFormatError, match=r"\(2, 6\).*but the file holds shape \(8, 6\)") as info:
             read()
@@ -325,20 +335,36 @@ def test_an_index_url_for_local_files_is_refused(folder):
 
 def test_an_index_of_objects_is_refused_for_local_files(folder, tmp_path):
     idx = tmp_path / "index.json"
-    idx.write_text(json.dumps({"format": "npydask-header-index", "version": 4, "kind": "objects", "root": "",
-                               "headers": [], "names": [], "table": "", "etags": [], "modified": []}))
+    idx.write_text(
+        json.dumps(
+            {
+                "format": "npydask-header-index",
+                "version": 4,
+                "kind": "objects",
+                "root": "",
+                "headers": [],
+                "names": [],
+                "table": "",
+                "etags": [],
+                "modified": [],
+            }
+        )
+    )
     before = idx.read_bytes()
     with pytest.raises(ValueError, match=r"index\.json.*objects.*another index= path"):
         npydask.open_dataset(folder, index=idx)
     assert idx.read_bytes() == before  # never overwritten by the other kind
 
 
-@pytest.mark.parametrize(("urls", "root"), [
-    (["s3://b/p/x/a.npy", "s3://b/p/y.npy"], "s3://b/p/"),
-    (["s3://b/pa/a.npy", "s3://b/pb/a.npy"], "s3://b/"),
-    (["s3://b/a.npy"], "s3://b/"),
-    (["https://host:8080/d/a b.npy", "https://host:8080/d/é.npy"], "https://host:8080/d/"),
-])
+@pytest.mark.parametrize(
+    ("urls", "root"),
+    [
+        (["s3://b/p/x/a.npy", "s3://b/p/y.npy"], "s3://b/p/"),
+        (["s3://b/pa/a.npy", "s3://b/pb/a.npy"], "s3://b/"),
+        (["s3://b/a.npy"], "s3://b/"),
+        (["https://host:8080/d/a b.npy", "https://host:8080/d/é.npy"], "https://host:8080/d/"),
+    ],
+)
 def test_object_names_are_stored_after_their_common_root(urls, root):
     assert index_mod.common_root(sorted(urls)) == root  # (the one the index stores names after)
 
@@ -405,8 +431,10 @@ def test_a_replaced_object_is_read_again_and_its_entry_refreshed(s3, tmp_path, m
     idx = tmp_path / "index.json"
     root = f"s3://{space}/data"
     npydask.open_dataset(root, index=idx, storage_options=s3.options)
-    new = {"data/003.npy": np.arange(12, dtype="<f4").reshape(4, 3),  # same header, new bytes (a new ETag)
-           "data/007.npy": np.arange(6, dtype="<f4").reshape(2, 3)}  # another shape
+    new = {
+        "data/003.npy": np.arange(12, dtype="<f4").reshape(4, 3),  # same header, new bytes (a new ETag)
+        "data/007.npy": np.arange(6, dtype="<f4").reshape(2, 3),
+    }  # another shape
     for key, a in new.items():
         s3.put_npy(f"{space}/{key}", a)
     arrays.update(new)

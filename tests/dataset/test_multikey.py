@@ -114,8 +114,13 @@ def test_roi_and_pad_apply_to_every_member(tmp_path):
     np.testing.assert_array_equal(got["a"].compute(), np.stack([load_member(p, "a")[1:3, 2:4] for p in paths]))
     np.testing.assert_array_equal(got["b"].compute(), np.stack([load_member(p, "b")[1:3, 2:4] for p in paths]))
     padded = npydask.open_dataset(
-        str(tmp_path), file_filter="*.npz", key=["a", "b"], roi_start=[2, 3], roi_shape=[4, 4],
-        out_of_bounds_policy="pad", fill_value=-1,
+        str(tmp_path),
+        file_filter="*.npz",
+        key=["a", "b"],
+        roi_start=[2, 3],
+        roi_shape=[4, 4],
+        out_of_bounds_policy="pad",
+        fill_value=-1,
     )
     for i, batch in enumerate(npydask.Loader(padded, 1)):
         for k in ("a", "b"):
@@ -130,9 +135,7 @@ def test_an_roi_that_does_not_fit_a_member_names_it_and_the_file(tmp_path):
     for i in range(2):
         np.savez(str(tmp_path / f"{i}.npz"), big=np.zeros((8, 8)), small=np.zeros((2, 8)))
     with pytest.raises(ValueError, match="member 'small'") as e:
-        npydask.open_dataset(
-            str(tmp_path), file_filter="*.npz", key=["big", "small"], roi_start=[1, 0], roi_end=[5, 8]
-        )
+        npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["big", "small"], roi_start=[1, 0], roi_end=[5, 8])
     assert isinstance(e.value, npydask.RoiError)
     assert "member 'small'" in str(e.value) and "0.npz" in str(e.value)
     np.savez(str(tmp_path / "0.npz"), big=np.zeros((8, 8)), small=np.zeros(3))
@@ -243,7 +246,10 @@ def test_torch_spawned_workers_collate_dicts(archives, mapped):
     ds = open_archives(archives)
     wrapped = NpyMapDataset(ds, with_index=True) if mapped else NpyIterableDataset(ds, with_index=True)
     loader = torch.utils.data.DataLoader(
-        wrapped, batch_size=3, num_workers=2, multiprocessing_context=torch.multiprocessing.get_context("spawn"),
+        wrapped,
+        batch_size=3,
+        num_workers=2,
+        multiprocessing_context=torch.multiprocessing.get_context("spawn"),
         shuffle=mapped,
     )
     seen = []

@@ -306,10 +306,15 @@ def test_shapes_differing_along_two_axes_are_refused(tmp_path):
         npydask.from_npy_stack(tmp_path / "s", axis=0)
 
 
-@pytest.mark.parametrize(("axis", "error", "match"), [("0", TypeError, "axis must be an int"),
-                                                      (True, TypeError, "axis must be an int"),
-                                                      (2, ValueError, "axis 2 is out of range"),
-                                                      (-3, ValueError, "axis -3 is out of range")])
+@pytest.mark.parametrize(
+    ("axis", "error", "match"),
+    [
+        ("0", TypeError, "axis must be an int"),
+        (True, TypeError, "axis must be an int"),
+        (2, ValueError, "axis 2 is out of range"),
+        (-3, ValueError, "axis -3 is out of range"),
+    ],
+)
 def test_bad_axis(tmp_path, axis, error, match):
     _write(tmp_path / "s", _values((4, 2), "<f8"), (2, 2), 0)
     with pytest.raises(error, match=match):
@@ -324,8 +329,11 @@ def test_files_left_from_an_earlier_longer_stack_are_reported(tmp_path):
     _write(folder, _values((24, 2), "<f4"), (2, 2), 0)  # 0.npy .. 11.npy
     array = _values((10, 2), "<f4")
     _write(folder, array, (2, 2), 0)  # 0.npy .. 4.npy and a new info; 5.npy .. 11.npy stay
-    with pytest.raises(ValueError, match=r"info records 5 blocks along axis 0 but the folder holds 12 files "
-                                         r"\(5\.npy \.\. 11\.npy may be left"):
+    with pytest.raises(
+        ValueError,
+        match=r"info records 5 blocks along axis 0 but the folder holds 12 files "
+        r"\(5\.npy \.\. 11\.npy may be left",
+    ):
         npydask.from_npy_stack(folder)
     for stale in range(5, 12):
         os.remove(folder / f"{stale}.npy")

@@ -24,7 +24,8 @@ def test_scan_headers_reports_progress_per_batch_without_changing_results(tmp_pa
     plain = scan_headers(paths, threads=threads)
     assert [type(r) for r in watched] == [type(r) for r in plain]
     assert [r[1] for r in watched if not isinstance(r, BaseException)] == [
-        r[1] for r in plain if not isinstance(r, BaseException)]
+        r[1] for r in plain if not isinstance(r, BaseException)
+    ]
     assert isinstance(watched[n // 2], FileNotFoundError)
     for p, r in zip(paths, watched):
         if not isinstance(r, BaseException):

@@ -88,10 +88,12 @@ def test_table_token_of_presigned_urls_hashes_no_signature():
         paths = [url.format(i, sig) for i in range(4)]
         return FileTable.from_lists(paths, [ObjectIdentity(140, etag)] * 4, [h] * 4)
 
-    redacted = FileTable.from_lists([f"http://127.0.0.1:9/d/{i}.npy" for i in range(4)],
-                                    [ObjectIdentity(140, "e")] * 4, [h] * 4)
+    redacted = FileTable.from_lists(
+        [f"http://127.0.0.1:9/d/{i}.npy" for i in range(4)], [ObjectIdentity(140, "e")] * 4, [h] * 4
+    )
     token = table_token(table("s1gn"), context)
     assert token == table_token(table("other"), context) == table_token(redacted, context)
     assert token != table_token(table("s1gn", "f"), context)  # the identity still counts
     assert dask.base.tokenize(FileGroup(FileViews(table("s1gn"), context), 0, True)) == dask.base.tokenize(
-        FileGroup(FileViews(table("x"), context), 0, True))
+        FileGroup(FileViews(table("x"), context), 0, True)
+    )

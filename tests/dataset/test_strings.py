@@ -11,10 +11,13 @@ from hypothesis import strategies as st
 
 from npydask.dataset._strings import Strings, encode, gather, pack, starts_of, unpack
 
-_names = st.lists(st.one_of(
-    st.text(st.characters(exclude_categories=("Cs",)), max_size=10),
-    st.binary(max_size=10).map(os.fsdecode),  # non-UTF-8 bytes, as os.listdir gives them
-), max_size=30)
+_names = st.lists(
+    st.one_of(
+        st.text(st.characters(exclude_categories=("Cs",)), max_size=10),
+        st.binary(max_size=10).map(os.fsdecode),  # non-UTF-8 bytes, as os.listdir gives them
+    ),
+    max_size=30,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -23,8 +26,7 @@ def test_pack_unpack_gather_round_trip(names, data):
     buf, ends = pack(names, "the name")
     assert [os.fsdecode(b) for b in [buf[a:b] for a, b in zip(starts_of(ends, 0).tolist(), ends.tolist())]] == names
     assert unpack(buf, starts_of(ends, 0), ends) == names
-    idx = np.array(data.draw(st.lists(st.integers(0, max(0, len(names) - 1)), max_size=20)) if names else [],
-                   np.int64)
+    idx = np.array(data.draw(st.lists(st.integers(0, max(0, len(names) - 1)), max_size=20)) if names else [], np.int64)
     packed, new_ends = gather(buf, starts_of(ends, 0)[idx], ends[idx])
     assert unpack(packed, starts_of(new_ends, 0), new_ends) == [names[i] for i in idx]
     values = [None if k % 3 == 0 else n for k, n in enumerate(names)]

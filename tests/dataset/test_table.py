@@ -38,8 +38,9 @@ _text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0
 _raw = st.binary(min_size=1, max_size=12).filter(lambda b: b"\0" not in b).map(os.fsdecode)
 _name = st.one_of(_text, _raw, st.sampled_from(["a b.npy", "é.npy", "d0001/s0000001.npy"]))
 _local = st.builds(FileIdentity, st.integers(0, 2**62), st.integers(-(2**62), 2**62), st.integers(0, 2**64 - 1))
-_object = st.builds(ObjectIdentity, st.integers(-1, 2**62), st.none() | st.text(max_size=8),
-                    st.none() | st.text(max_size=8))
+_object = st.builds(
+    ObjectIdentity, st.integers(-1, 2**62), st.none() | st.text(max_size=8), st.none() | st.text(max_size=8)
+)
 
 
 def rows_of(t: FileTable) -> list[tuple]:
@@ -56,14 +57,22 @@ def tables(draw, max_rows: int = 20):
     identities = [draw(_object if prefix.startswith("s3") else _local) for _ in range(n)]
     entries = [draw(st.sampled_from(ENTRIES)) for _ in range(n)]
     roi_kind = draw(st.sampled_from(["none", "shared", "per-file"]))
-    rois = None if roi_kind == "none" else ROI_A if roi_kind == "shared" else [
-        draw(st.sampled_from(ROIS)) for _ in range(n)]
+    rois = (
+        None
+        if roi_kind == "none"
+        else ROI_A
+        if roi_kind == "shared"
+        else [draw(st.sampled_from(ROIS)) for _ in range(n)]
+    )
     deflated = draw(st.none() | st.just([draw(st.booleans()) for _ in range(n)]))
-    t = FileTable.from_lists(paths, identities, [e[0] for e in entries], [e[1] for e in entries], rois,
-                             deflated=deflated)
+    t = FileTable.from_lists(
+        paths, identities, [e[0] for e in entries], [e[1] for e in entries], rois, deflated=deflated
+    )
     per_roi = rois if isinstance(rois, list) else [rois] * n
-    expected = [(p, i, e[0], e[1], r, bool(deflated and deflated[k]))
-                for k, (p, i, e, r) in enumerate(zip(paths, identities, entries, per_roi))]
+    expected = [
+        (p, i, e[0], e[1], r, bool(deflated and deflated[k]))
+        for k, (p, i, e, r) in enumerate(zip(paths, identities, entries, per_roi))
+    ]
     return t, expected
 
 
@@ -101,9 +110,15 @@ def test_slices_takes_and_pickles_equal_the_rows(case, data):
         back = pickle.loads(pickle.dumps(sub, protocol=5))
         assert rows_of(back) == rows
         assert back.token() == sub.token()
-        rebuilt = FileTable.from_lists([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                                       [r[3] for r in rows], [r[4] for r in rows],
-                                       deflated=[r[5] for r in rows], root=sub.root)
+        rebuilt = FileTable.from_lists(
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
+            deflated=[r[5] for r in rows],
+            root=sub.root,
+        )
         assert rebuilt.token() == sub.token()  # however it was made, equal rows hash alike
 
 
@@ -113,16 +128,19 @@ def test_rows_without_last_modified_hash_alike_however_taken():
     for sub in (t[:2], t.take([1, 0]), t[:1]):  # (a Last-Modified column holding only missing values)
         rebuilt = FileTable.from_lists(sub.paths(), sub.identities(), [H1] * len(sub), [C1] * len(sub), root=sub.root)
         assert rebuilt.modified is None and rebuilt.token() == sub.token()
-    assert t.token() != FileTable.from_lists(t.paths(), ids[:2] + [ObjectIdentity(0, None, "Wed")], [H1] * 3,
-                                             [C1] * 3).token()
+    assert (
+        t.token()
+        != FileTable.from_lists(t.paths(), ids[:2] + [ObjectIdentity(0, None, "Wed")], [H1] * 3, [C1] * 3).token()
+    )
 
 
 def _bench_table(n: int) -> FileTable:
     paths = [f"/data/scale/d{i // 1000:04d}/s{i:07d}.npy" for i in range(n)]
     ids = [FileIdentity(4224, 1_700_000_000_000_000_000 + i, 5_000_000 + i) for i in range(n)]
     entries = [ENTRIES[i % 7 == 0] for i in range(n)]
-    return FileTable.from_lists(paths, ids, [e[0] for e in entries], [e[1] for e in entries],
-                                [ROIS[i % 3] for i in range(n)])
+    return FileTable.from_lists(
+        paths, ids, [e[0] for e in entries], [e[1] for e in entries], [ROIS[i % 3] for i in range(n)]
+    )
 
 
 def test_a_slice_shares_the_buffers_and_pickles_only_its_own_rows():
@@ -142,18 +160,30 @@ def test_a_slice_shares_the_buffers_and_pickles_only_its_own_rows():
     assert rows_of(back) == rows_of(one)
 
 
-_ALLOWED = {("npydask.config", "ReadOptions"), ("npydask.format.header", "NpyHeader"), ("npydask.plan.region", "Box"),
-            ("npydask.plan.roi", "FileRoi"), ("npydask.storage.identity", "HeaderCheck"),
-            ("npydask.storage.local", "LOCAL"),
-            ("npydask.dataset.views", "Context"), ("npydask.dataset.views", "FileViews"),
-            ("npydask.dataset._strings", "Strings"),
-            ("npydask.dataset.table", "_rebuild")}
+_ALLOWED = {
+    ("npydask.config", "ReadOptions"),
+    ("npydask.format.header", "NpyHeader"),
+    ("npydask.plan.region", "Box"),
+    ("npydask.plan.roi", "FileRoi"),
+    ("npydask.storage.identity", "HeaderCheck"),
+    ("npydask.storage.local", "LOCAL"),
+    ("npydask.dataset.views", "Context"),
+    ("npydask.dataset.views", "FileViews"),
+    ("npydask.dataset._strings", "Strings"),
+    ("npydask.dataset.table", "_rebuild"),
+}
 _NUMPY = {"dtype", "scalar", "_frombuffer", "_reconstruct", "ndarray"}  # (numpy's own array and dtype reducers)
 
 
 def test_pickles_carry_only_npydask_types_numpy_arrays_and_builtins():
-    t = FileTable.from_lists(["s3://b/x.npy", "s3://b/y.npy"], [ObjectIdentity(5, "e1"), ObjectIdentity(6, None, "t")],
-                             [H1, H2], [C1, None], [ROI_A, ROI_B], deflated=[True, False])
+    t = FileTable.from_lists(
+        ["s3://b/x.npy", "s3://b/y.npy"],
+        [ObjectIdentity(5, "e1"), ObjectIdentity(6, None, "t")],
+        [H1, H2],
+        [C1, None],
+        [ROI_A, ROI_B],
+        deflated=[True, False],
+    )
     views = FileViews(t, Context(read_options(), "pread", "m", LOCAL))
     seen: set[tuple[str, str]] = set()
 
@@ -171,12 +201,15 @@ def test_pickles_carry_only_npydask_types_numpy_arrays_and_builtins():
 
 
 def test_token_is_stable_across_processes():
-    code = ("from tests.dataset.test_table import _bench_table; t = _bench_table(2000); "
-            "print(t.token(), t[100:900].token(), t.take([5, 1, 5]).token())")
+    code = (
+        "from tests.dataset.test_table import _bench_table; t = _bench_table(2000); "
+        "print(t.token(), t[100:900].token(), t.take([5, 1, 5]).token())"
+    )
     env = dict(os.environ, PYTHONHASHSEED="123")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         cwd=root).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=root
+    ).stdout.split()
     t = _bench_table(2000)
     assert out == [t.token(), t[100:900].token(), t.take([5, 1, 5]).token()]
 
@@ -189,8 +222,9 @@ def test_token_changes_with_every_field():
     def token(**change):
         args = dict(paths=paths, ids=ids, heads=heads, checks=checks, rois=rois, deflated=None)
         args.update(change)
-        return FileTable.from_lists(args["paths"], args["ids"], args["heads"], args["checks"], args["rois"],
-                                    deflated=args["deflated"]).token()
+        return FileTable.from_lists(
+            args["paths"], args["ids"], args["heads"], args["checks"], args["rois"], deflated=args["deflated"]
+        ).token()
 
     base = token()
     variants = [
@@ -210,8 +244,13 @@ def test_token_changes_with_every_field():
     ]
     assert len({base, *variants}) == len(variants) + 1
     assert token() == base
-    objects = [ObjectIdentity(5, "a"), ObjectIdentity(5, None), ObjectIdentity(5, ""), ObjectIdentity(5, None, "m"),
-               ObjectIdentity(6, "a")]
+    objects = [
+        ObjectIdentity(5, "a"),
+        ObjectIdentity(5, None),
+        ObjectIdentity(5, ""),
+        ObjectIdentity(5, None, "m"),
+        ObjectIdentity(6, "a"),
+    ]
     tokens = {FileTable.from_lists(["s3://b/k"], [o], [H1]).token() for o in objects}
     assert len(tokens) == len(objects)
 
@@ -223,39 +262,83 @@ def test_token_changes_with_every_field():
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, 1)], [H1, H1]), "headers has 2 entries"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, 1)], [H1], [C1, C1]), "checks has 2"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, 1)], [H1], rois=[None, None]), "rois has 2"),
-        (lambda: FileTable.from_lists(["/a", "/b"], [FileIdentity(1, 1, 1), ObjectIdentity(1, "e")], [H1, H1]),
-         "must all be FileIdentity, all InodeIdentity or all ObjectIdentity"),
+        (
+            lambda: FileTable.from_lists(["/a", "/b"], [FileIdentity(1, 1, 1), ObjectIdentity(1, "e")], [H1, H1]),
+            "must all be FileIdentity, all InodeIdentity or all ObjectIdentity",
+        ),
         (lambda: FileTable.from_lists(["/a/x"], [FileIdentity(1, 1, 1)], [H1], root="/b/"), "does not prefix"),
         (lambda: FileTable.from_lists(["/a/\ud800"], [FileIdentity(1, 1, 1)], [H1]), "cannot be stored"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(1, 1, -1)], [H1]), "ino column must hold uint64"),
         (lambda: FileTable.from_lists(["/a"], [FileIdentity(-2, 1, 1)], [H1]), "-1 when unknown; found -2"),
-        (lambda: FileTable.from_columns("/", b"ab", [1, 2, 3], size=[1, 1, 1], mtime_ns=[1] * 3, ino=[1] * 3,
-                                        headers=[(H1, None)]), "rise from 0 to len(names) = 2"),
-        (lambda: FileTable.from_columns("/", b"abc", [2, 1, 3], size=[1] * 3, mtime_ns=[1] * 3, ino=[1] * 3,
-                                        headers=[(H1, None)]), "rise from 0"),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"ab", [1, 2, 3], size=[1, 1, 1], mtime_ns=[1] * 3, ino=[1] * 3, headers=[(H1, None)]
+            ),
+            "rise from 0 to len(names) = 2",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"abc", [2, 1, 3], size=[1] * 3, mtime_ns=[1] * 3, ino=[1] * 3, headers=[(H1, None)]
+            ),
+            "rise from 0",
+        ),
         (lambda: FileTable.from_columns("/", b"ab", [], size=[], mtime_ns=[], ino=[]), "no names, found 2 bytes"),
-        (lambda: FileTable.from_columns("/", b"ab", [1, 2], size=[1], mtime_ns=[1, 1], ino=[1, 1],
-                                        headers=[(H1, None)]), "size column has 1 rows but the table has 2"),
-        (lambda: FileTable.from_columns("/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1],
-                                        headers=[(H1, None)], header_id=[0, 1]), "header_id 1 is out of range"),
-        (lambda: FileTable.from_columns("/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1],
-                                        headers=[(H1, None)], roi_id=[-1, 0]), "roi_id -1 is out of range"),
-        (lambda: FileTable.from_columns("/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1]),
-         "needs at least one header entry"),
-        (lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[H1]),
-         "(NpyHeader, HeaderCheck or None) pairs"),
-        (lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)],
-                                        rois=["roi"]), "FileRoi or None"),
-        (lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], headers=[(H1, None)]),
-         "both mtime_ns and ino"),
-        (lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)],
-                                        etag=Strings.of(["e"], "e")), "either local identity columns"),
-        (lambda: FileTable.from_columns("/", b"a", [1], size=[1], headers=[(H1, None)],
-                                        etag=Strings.of(["e", "f"], "e")), "etag column has 2 rows"),
-        (lambda: FileTable.from_columns(b"/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)]),
-         "root must be a str"),
-        (lambda: FileTable.from_columns("/", b"a", [[1]], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)]),
-         "one-dimensional"),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"ab", [1, 2], size=[1], mtime_ns=[1, 1], ino=[1, 1], headers=[(H1, None)]
+            ),
+            "size column has 1 rows but the table has 2",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1], headers=[(H1, None)], header_id=[0, 1]
+            ),
+            "header_id 1 is out of range",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1], headers=[(H1, None)], roi_id=[-1, 0]
+            ),
+            "roi_id -1 is out of range",
+        ),
+        (
+            lambda: FileTable.from_columns("/", b"ab", [1, 2], size=[1, 1], mtime_ns=[1, 1], ino=[1, 1]),
+            "needs at least one header entry",
+        ),
+        (
+            lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[H1]),
+            "(NpyHeader, HeaderCheck or None) pairs",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)], rois=["roi"]
+            ),
+            "FileRoi or None",
+        ),
+        (
+            lambda: FileTable.from_columns("/", b"a", [1], size=[1], mtime_ns=[1], headers=[(H1, None)]),
+            "both mtime_ns and ino",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)], etag=Strings.of(["e"], "e")
+            ),
+            "either local identity columns",
+        ),
+        (
+            lambda: FileTable.from_columns(
+                "/", b"a", [1], size=[1], headers=[(H1, None)], etag=Strings.of(["e", "f"], "e")
+            ),
+            "etag column has 2 rows",
+        ),
+        (
+            lambda: FileTable.from_columns(b"/", b"a", [1], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)]),
+            "root must be a str",
+        ),
+        (
+            lambda: FileTable.from_columns("/", b"a", [[1]], size=[1], mtime_ns=[1], ino=[1], headers=[(H1, None)]),
+            "one-dimensional",
+        ),
     ],
 )
 def test_validation_names_what_is_wrong(build, message):
@@ -322,8 +405,9 @@ def test_layout_and_items():
     empty = FileTable.from_lists([], [], []).layout()
     assert empty.shapes == () and len(empty.shape_id) == len(empty.nbytes) == len(empty.fortran) == 0
     offsets = [h.data_offset for h, _ in t.headers]
-    assert t.items(offsets, 3, 9) == [(t.path(i), t.identity(i), t.header(i).data_offset, t.check(i))
-                                      for i in range(3, 9)]
+    assert t.items(offsets, 3, 9) == [
+        (t.path(i), t.identity(i), t.header(i).data_offset, t.check(i)) for i in range(3, 9)
+    ]
     big = _bench_table(9000)  # over one tolist() batch
     assert [r[0] for r in big.rows(10, 8500)] == big.paths()[10:8500]
 

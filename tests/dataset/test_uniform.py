@@ -62,8 +62,14 @@ def _fresh_handles():
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "fortran"),
-    [((32, 32), "<f4", False), ((7, 5), ">i2", False), ((6, 9), "<f8", True), ((3,), "u1", False),
-     ((4, 4), "<c8", False), ((300, 257), "<f4", False)],  # (the last: files with chunks of their own)
+    [
+        ((32, 32), "<f4", False),
+        ((7, 5), ">i2", False),
+        ((6, 9), "<f8", True),
+        ((3,), "u1", False),
+        ((4, 4), "<c8", False),
+        ((300, 257), "<f4", False),
+    ],  # (the last: files with chunks of their own)
 )
 def test_stack_concatenate_items_equal_numpy(tmp_path, shape, dtype, fortran):
     arrays = _arrays(shape, dtype, fortran=fortran)
@@ -525,14 +531,16 @@ def test_xarray_engine_passes_headers_through(tmp_path):
             opened["data"].values  # noqa: B018
 
 
-
 def test_on_a_distributed_cluster(tmp_path):
     distributed = pytest.importorskip("distributed")
     arrays = _arrays((16, 16), "<f4", n=40)
     paths = _write(tmp_path, arrays)
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
-    ) as cluster, distributed.Client(cluster, set_as_default=False) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
         ds = npydask.open_dataset(tmp_path, headers="first", roi_start=[1, 2], roi_shape=[8, 8])
         np.testing.assert_array_equal(client.compute(ds.stack()).result(), np.stack([a[1:9, 2:10] for a in arrays]))
         ds = npydask.open_dataset(tmp_path, headers="first")

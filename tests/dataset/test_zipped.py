@@ -24,8 +24,11 @@ def pair(tmp_path):
     rng = np.random.default_rng(0)
     images = [rng.random((2, 6, 7 + i), dtype="f4") for i in range(5)]
     labels = [(rng.random((6, 7 + i)) > 0.5).astype("u1") for i in range(5)]
-    return images, labels, npydask.zip_datasets(
-        {"image": folder(tmp_path / "i", images), "label": folder(tmp_path / "l", labels)})
+    return (
+        images,
+        labels,
+        npydask.zip_datasets({"image": folder(tmp_path / "i", images), "label": folder(tmp_path / "l", labels)}),
+    )
 
 
 def test_samples_are_dicts_of_each_members_file(pair):
@@ -58,8 +61,10 @@ def test_members_by_key_pickling_and_repr(pair):
         z["mask"]
     again = pickle.loads(pickle.dumps(z))
     np.testing.assert_array_equal(again[4]["label"].compute(), labels[4])
-    assert repr(z) == ("ZippedDataset(5 samples, members {image: <f4 5 shapes, e.g. (2, 6, 7)..(2, 6, 11), "
-                       "label: |u1 5 shapes, e.g. (6, 7)..(6, 11)})")
+    assert repr(z) == (
+        "ZippedDataset(5 samples, members {image: <f4 5 shapes, e.g. (2, 6, 7)..(2, 6, 11), "
+        "label: |u1 5 shapes, e.g. (6, 7)..(6, 11)})"
+    )
     with pytest.raises(AttributeError, match="immutable"):
         z.x = 1
 
@@ -164,8 +169,9 @@ def test_nnunet_names_pair_and_a_missing_case_is_reported(tmp_path):
 
 def test_common_affixes_never_cut_a_case_number(tmp_path):
     images = cases(tmp_path / "i", [f"ct_{i}" for i in range(10, 20)], case_number)
-    labels = cases(tmp_path / "l", [f"ct_{i}_seg" for i in (10, 11, 12, 13, 14, 15, 16, 17, 19, 18)],
-                   case_number, dtype="u1")
+    labels = cases(
+        tmp_path / "l", [f"ct_{i}_seg" for i in (10, 11, 12, 13, 14, 15, 16, 17, 19, 18)], case_number, dtype="u1"
+    )
     files = npydask.open_dataset(labels, files=[f"ct_{i}_seg.npy" for i in (10, 11, 12, 13, 14, 15, 16, 17, 19, 18)])
     with pytest.raises(ValueError, match=r"sample 8 pairs .*\(name '18'\).*\(name '19'\)"):
         npydask.zip_datasets({"image": opened(images), "label": files})
@@ -174,8 +180,7 @@ def test_common_affixes_never_cut_a_case_number(tmp_path):
 
 def test_a_key_says_which_name_each_file_pairs_on(tmp_path):
     images = cases(tmp_path / "i", ["ct_1", "ct_2", "ct_10"], case_number)
-    labels = cases(tmp_path / "l", ["seg_ct_1", "seg_ct_2", "seg_ct_10"],
-                   lambda n: int(n.split("_")[2]), dtype="u1")
+    labels = cases(tmp_path / "l", ["seg_ct_1", "seg_ct_2", "seg_ct_10"], lambda n: int(n.split("_")[2]), dtype="u1")
     unmarked = lambda name: name.removeprefix("seg_")  # noqa: E731
     im, lab = opened(images, sort="natural"), opened(labels, sort="natural")
     assert_cases_agree(npydask.zip_datasets({"image": im, "label": lab}, key=unmarked))
@@ -204,8 +209,12 @@ def test_single_files_and_bad_pair_by(tmp_path):
 
 def test_repr_shows_a_members_varying_shapes(tmp_path):
     rng = np.random.default_rng(0)
-    z = npydask.zip_datasets({"image": folder(tmp_path / "i", [rng.random((4, n)) for n in (5, 6, 7)]),
-                              "label": folder(tmp_path / "l", [np.zeros((4, 5), "u1")] * 3)})
+    z = npydask.zip_datasets(
+        {
+            "image": folder(tmp_path / "i", [rng.random((4, n)) for n in (5, 6, 7)]),
+            "label": folder(tmp_path / "l", [np.zeros((4, 5), "u1")] * 3),
+        }
+    )
     assert repr(z) == "ZippedDataset(3 samples, members {image: <f8 3 shapes, e.g. (4, 5)..(4, 7), label: |u1 (4, 5)})"
 
 

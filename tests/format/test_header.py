@@ -792,8 +792,17 @@ def test_fast_and_slow_paths_agree(dtype, shape, fortran, data):
         "{'descr': '<f4', # a comment inside\n 'fortran_order': False, 'shape': (3,), }",
         "{'descr': '<f4', 'fortran_order': False, 'shape': (3, ), }",
     ],
-    ids=["no-trailing-comma", "key-order", "double-quotes", "no-spaces", "multi-line", "concat-hex", "octal",
-         "inner-comment", "space-in-shape"],  # fmt: skip
+    ids=[
+        "no-trailing-comma",
+        "key-order",
+        "double-quotes",
+        "no-spaces",
+        "multi-line",
+        "concat-hex",
+        "octal",
+        "inner-comment",
+        "space-in-shape",
+    ],  # fmt: skip
 )
 def test_other_spellings_are_read_as_numpy_reads_them(tmp_path, text):
     path = tmp_path / "s.npy"
@@ -1087,10 +1096,14 @@ HEADER_VARIANTS = _header_variants()
 # The variants numpy.load reads and npydask refuses, with the documented refusal each falls under
 # (labels of ci/fuzz_npy.py's DOCUMENTED_STRICTER). Anything else must be read alike or refused by both.
 STRICTER_VARIANTS = {
-    **{f"around-{n}": "header text not starting with '{'"
-       for n in ("lead-space", "lead-tab", "lead-newline", "lead-paren", "lead-comment")},
-    **{f"around-{n}": "text after the dict other than spaces + one newline"
-       for n in ("trail-tab", "trail-cr", "trail-comment", "trail-2nl", "no-nl", "trail-bs", "trail-ff")},
+    **{
+        f"around-{n}": "header text not starting with '{'"
+        for n in ("lead-space", "lead-tab", "lead-newline", "lead-paren", "lead-comment")
+    },
+    **{
+        f"around-{n}": "text after the dict other than spaces + one newline"
+        for n in ("trail-tab", "trail-cr", "trail-comment", "trail-2nl", "no-nl", "trail-bs", "trail-ff")
+    },
     "shape-plus": "non-literal syntax (only str/int/bool literals, tuples, lists)",
     "descr-struct-plus-shape": "non-literal syntax (only str/int/bool literals, tuples, lists)",
     "shape-long-L": "Python 2 long suffix, e.g. (3L,) (numpy strips it in 1.0/2.0 headers)",

@@ -19,13 +19,46 @@ from npydask.format import _literal
 from npydask.format._literal import BAD_ESCAPE, LiteralError, parse_dict
 
 TOKENS = [
-    r"'\x64escr'", r"'\144escr'", r"'\0'", r"'\u0064'", r"'\U0001F600'", r"'\N{LATIN SMALL LETTER D}'",
-    r"'\N{latin small letter d}'", r"'a\\b'", r"'\''", r'"\""', r"'\a\b\f\n\r\t\v'", "'a\\\nb'", "'''a\\\r\nb'''",
-    "'''a\\\nb\nc'''", "'''x\r\ny\\n'''", r"b'\x00\xff\377'", r"B'\n'", r"r'\x64'", r"R'\N{DASH}'", r"br'\u'",
-    r"Rb'\q'", r"u'\x41'", r"U'\101'", r"'\ud800'",
+    r"'\x64escr'",
+    r"'\144escr'",
+    r"'\0'",
+    r"'\u0064'",
+    r"'\U0001F600'",
+    r"'\N{LATIN SMALL LETTER D}'",
+    r"'\N{latin small letter d}'",
+    r"'a\\b'",
+    r"'\''",
+    r'"\""',
+    r"'\a\b\f\n\r\t\v'",
+    "'a\\\nb'",
+    "'''a\\\r\nb'''",
+    "'''a\\\nb\nc'''",
+    "'''x\r\ny\\n'''",
+    r"b'\x00\xff\377'",
+    r"B'\n'",
+    r"r'\x64'",
+    r"R'\N{DASH}'",
+    r"br'\u'",
+    r"Rb'\q'",
+    r"u'\x41'",
+    r"U'\101'",
+    r"'\ud800'",
     # refused by both: invalid escapes (Python only warns), truncated or unknown ones
-    r"'\q'", r"'\8'", r"'\777'", r"b'\777'", r"b'\u0041'", r"b'\N{DASH}'", r"'\x4'", r"'\u12'", r"'\U0011FFFF'",
-    r"'\U00110000'", r"'\N{NO SUCH NAME AT ALL}'", r"'\N'", r"'\N{'", r"'\N{}'", "b'\u00e9\\n'",
+    r"'\q'",
+    r"'\8'",
+    r"'\777'",
+    r"b'\777'",
+    r"b'\u0041'",
+    r"b'\N{DASH}'",
+    r"'\x4'",
+    r"'\u12'",
+    r"'\U0011FFFF'",
+    r"'\U00110000'",
+    r"'\N{NO SUCH NAME AT ALL}'",
+    r"'\N'",
+    r"'\N{'",
+    r"'\N{}'",
+    "b'\u00e9\\n'",
 ]
 
 
@@ -57,9 +90,37 @@ def test_string_tokens_decode_as_python_decodes_them(token):
     assert _ours(token) == _python(token) and type(_ours(token)) is type(_python(token))
 
 
-@given(st.sampled_from(["", "b", "r", "u", "br", "rb", "B", "R"]), st.sampled_from(["'", '"', "'''"]),
-       st.lists(st.sampled_from(["\\", "x", "N", "{", "}", "u", "U", "0", "7", "8", "4", "f", "a", "n", "\n", "\r",
-                                 "é", " ", "LATIN SMALL LETTER A", "DASH"]), max_size=12))
+@given(
+    st.sampled_from(["", "b", "r", "u", "br", "rb", "B", "R"]),
+    st.sampled_from(["'", '"', "'''"]),
+    st.lists(
+        st.sampled_from(
+            [
+                "\\",
+                "x",
+                "N",
+                "{",
+                "}",
+                "u",
+                "U",
+                "0",
+                "7",
+                "8",
+                "4",
+                "f",
+                "a",
+                "n",
+                "\n",
+                "\r",
+                "é",
+                " ",
+                "LATIN SMALL LETTER A",
+                "DASH",
+            ]
+        ),
+        max_size=12,
+    ),
+)
 def test_any_string_token_decodes_as_python_decodes_it(prefix, quote, parts):
     token = prefix + quote + "".join(parts) + quote
     if not _is_one_string_token(token):

@@ -85,8 +85,10 @@ def _fake_cupy(monkeypatch, tmp_path, nvml=None):
     """A CuPy whose CUDA calls fail the test, no device files, and ``nvml`` as pynvml (None: not installed)."""
     calls = []
     fake = types.ModuleType("cupy")  # no __spec__: find_spec raises ValueError for it
-    fake.cuda = types.SimpleNamespace(is_available=lambda: calls.append("is_available"),
-                                      runtime=types.SimpleNamespace(getDeviceCount=lambda: calls.append("count")))
+    fake.cuda = types.SimpleNamespace(
+        is_available=lambda: calls.append("is_available"),
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: calls.append("count")),
+    )
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setattr(gpu_process, "DEV", str(tmp_path))
@@ -650,6 +652,7 @@ def test_first_device_use_is_recorded_and_a_forked_child_is_refused_before_cuda(
 
     _fake_cupy(monkeypatch, tmp_path, _Nvml(1))
     from npydask.gpu import toolkit as gpu_toolkit
+
     monkeypatch.setattr(gpu_toolkit, "_outcome", (os.getpid(), None))  # (the toolkit check is tested apart)
     gpu.require_gpu()
     assert gpu_process._CUDA_PID is None  # the check is no use of CUDA
@@ -1111,6 +1114,7 @@ def test_urls_on_the_device_keep_requests_in_flight_as_the_cpu_path(tmp_path, ht
 
 def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, monkeypatch):
     from npydask.gpu import _pinned as gpu_pinned
+
     monkeypatch.setitem(sys.modules, "kvikio", None)
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 4096)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())  # (a fresh ring for this test)
@@ -1132,6 +1136,7 @@ def test_pinned_memory_is_a_small_ring_reused_across_windows_and_sizes(save, mon
 
 def test_the_pinned_ring_waits_on_the_stream_without_events(monkeypatch):
     from npydask.gpu import _pinned as gpu_pinned
+
     monkeypatch.setattr(gpu_pinned, "SLOT_BYTES", 1024)
     monkeypatch.setattr(gpu_pinned, "_local", __import__("threading").local())
     xp = cupy_like()

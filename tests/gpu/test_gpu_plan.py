@@ -131,8 +131,9 @@ def test_values_dtype_and_order_match_numpy(dtype, order):
     for box in boxes:
         plan, _, got = run(a, box, order=order)
         same(got, oracle(a, box))
-        assert got.dtype.isnative and plan.swap_bytes == (0 if a.dtype.isnative or a.dtype.itemsize == 1 else
-                                                          a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1))
+        assert got.dtype.isnative and plan.swap_bytes == (
+            0 if a.dtype.isnative or a.dtype.itemsize == 1 else a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1)
+        )
 
 
 def test_complex_swaps_per_component():

@@ -56,9 +56,24 @@ def machine(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     ("spec", "physical", "count"),
-    [(None, 3, 3), ("", 3, 0), ("-1", 3, 0), ("-1,0", 3, 0), ("NoDevFiles", 3, 0), ("2,0", 3, 2), ("0,0", 3, 1),
-     ("0,7,1", 3, 1), ("3", 3, 0), (" 1 ", 3, 1), ("GPU-5f0c2e1a-aaaa", 1, 1), ("MIG-GPU-x/1/2,MIG-y", 1, 1),
-     ("mig-1c8a", 2, 1), ("0,1", None, 2), (None, None, None), ("bogus,0", 2, 0)],
+    [
+        (None, 3, 3),
+        ("", 3, 0),
+        ("-1", 3, 0),
+        ("-1,0", 3, 0),
+        ("NoDevFiles", 3, 0),
+        ("2,0", 3, 2),
+        ("0,0", 3, 1),
+        ("0,7,1", 3, 1),
+        ("3", 3, 0),
+        (" 1 ", 3, 1),
+        ("GPU-5f0c2e1a-aaaa", 1, 1),
+        ("MIG-GPU-x/1/2,MIG-y", 1, 1),
+        ("mig-1c8a", 2, 1),
+        ("0,1", None, 2),
+        (None, None, None),
+        ("bogus,0", 2, 0),
+    ],
 )
 def test_cuda_visible_devices_as_cuda_reads_it(spec, physical, count):
     assert cuda_visible_count(spec, physical) == count

@@ -88,10 +88,14 @@ def fresh(monkeypatch):
 
 
 NO_NVRTC = [
-    CompileException("nvrtc: error: failed to open libnvrtc-builtins.so.12.8. Make sure that libnvrtc-builtins.so "
-                     "is installed correctly."),  # fmt: skip
-    RuntimeError("CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: cannot open shared object file: "
-                 "No such file or directory"),  # fmt: skip
+    CompileException(
+        "nvrtc: error: failed to open libnvrtc-builtins.so.12.8. Make sure that libnvrtc-builtins.so "
+        "is installed correctly."
+    ),  # fmt: skip
+    RuntimeError(
+        "CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: cannot open shared object file: "
+        "No such file or directory"
+    ),  # fmt: skip
 ]
 
 

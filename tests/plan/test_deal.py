@@ -89,7 +89,11 @@ def test_the_worked_table():
     assert [position_after(9, 2, 2, b, drop_last=True) for b in range(3)] == [0, 4, 9]
     # more shards than global batches: every shard holds one, most of them wrapped
     assert [Deal(9, 4, k, 5).batches()[0].tolist() for k in range(5)] == [
-        [0, 1, 2, 3], [4, 5, 6, 7], [8, 0, 1, 2], [3, 4, 5, 6], [7, 8, 0, 1]
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 0, 1, 2],
+        [3, 4, 5, 6],
+        [7, 8, 0, 1],
     ]
     assert [len(Deal(9, 4, k, 5, drop_last=True)) for k in range(5)] == [0] * 5
 

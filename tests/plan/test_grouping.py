@@ -22,8 +22,18 @@ def test_vectorised_plan_is_the_per_file_plan(strided, copies):
         sizes = [rng.choice([0, rng.randint(0, most)]) for _ in range(n)]
         shapes = [(s,) for s in sizes]
         threads = rng.randint(1, 9)
-        got = plan_groups(sizes, shapes, np.dtype("u1"), [False] * n, limit=limit, axis=0, stacked=True,
-                          threads=threads, strided=strided, copies=copies)
+        got = plan_groups(
+            sizes,
+            shapes,
+            np.dtype("u1"),
+            [False] * n,
+            limit=limit,
+            axis=0,
+            stacked=True,
+            threads=threads,
+            strided=strided,
+            copies=copies,
+        )
         # the per-file loop, as plan_groups ran it for every input before
         target = _target_group_bytes(sum(sizes), limit, threads)
         if any(s > target for s in sizes):
@@ -50,18 +60,19 @@ def test_plan_groups_two_tasks_per_thread():
     for threads in (1, 2, 4, 8, 16):
         # small files: 16 MiB of 4 KiB files
         n = 4096
-        plan = plan_groups([4096] * n, [(1024,)] * n, f4, [False] * n, limit=limit, axis=0,
-                           stacked=True, threads=threads)
+        plan = plan_groups(
+            [4096] * n, [(1024,)] * n, f4, [False] * n, limit=limit, axis=0, stacked=True, threads=threads
+        )
         assert len(plan.bounds) >= min(2 * threads, 16), (threads, len(plan.bounds))
         assert [b for b in plan.bounds] == sorted(plan.bounds) and plan.bounds[0][0] == 0 and plan.bounds[-1][1] == n
         # medium files (2 MiB each, below limit / 8): split so each thread still gets two tasks
-        plan = plan_groups([2 << 20] * 8, [(512, 1024)] * 8, f4, [False] * 8, limit=limit, axis=0,
-                           stacked=True, threads=threads)
+        plan = plan_groups(
+            [2 << 20] * 8, [(512, 1024)] * 8, f4, [False] * 8, limit=limit, axis=0, stacked=True, threads=threads
+        )
         tasks = sum(math.prod(len(c) for c in inner) for inner in plan.inner_chunks)
         assert tasks >= min(2 * threads, 16), (threads, tasks)
     # little data: one task
-    plan = plan_groups([1000] * 100, [(250,)] * 100, f4, [False] * 100, limit=limit, axis=0,
-                       stacked=True, threads=64)
+    plan = plan_groups([1000] * 100, [(250,)] * 100, f4, [False] * 100, limit=limit, axis=0, stacked=True, threads=64)
     assert plan.bounds == ((0, 100),)
 
 
@@ -71,11 +82,19 @@ def test_plan_groups_groups_files_of_any_size_when_every_chunk_is_a_copy():
     sizes, shapes = [16 << 20] * 64, [(64, 256, 256)] * 64  # 1 GiB of 16 MiB files
     alone = plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True, threads=2)
     assert len(alone.bounds) == 64  # locally each is its own (zero-copy) chunk
-    grouped = plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True,
-                          threads=2, copies=True)
+    grouped = plan_groups(sizes, shapes, f4, [False] * 64, limit=limit, axis=0, stacked=True, threads=2, copies=True)
     assert grouped.bounds == tuple((8 * k, 8 * k + 8) for k in range(8))  # 128 MiB tasks, 2 per thread
-    big = plan_groups([200 << 20] * 3, [(200, 1 << 18)] * 3, f4, [False] * 3, limit=limit, axis=0,
-                      stacked=True, threads=2, copies=True)
+    big = plan_groups(
+        [200 << 20] * 3,
+        [(200, 1 << 18)] * 3,
+        f4,
+        [False] * 3,
+        limit=limit,
+        axis=0,
+        stacked=True,
+        threads=2,
+        copies=True,
+    )
     assert big.bounds == ((0, 1), (1, 2), (2, 3))  # over the target: still split alone
 
 

@@ -89,8 +89,9 @@ def test_choice_for_a_few_shapes(shape: tuple[int, ...], box: Box, want: str) ->
 
 
 def test_estimate_formula() -> None:
-    c = Costs(syscall=1, kernel_byte=2, iovec=3, copy_call=4, copy_row=5, copy_byte=6, mapped_byte=7, map=8,
-              fault=9, page=10)
+    c = Costs(
+        syscall=1, kernel_byte=2, iovec=3, copy_call=4, copy_row=5, copy_byte=6, mapped_byte=7, map=8, fault=9, page=10
+    )
     shape = measure_shape(plan_read(P3, P3_BOX), GAP, SPAN)
     e = estimate(shape, c)
     cut = 4 + 1024 * 5

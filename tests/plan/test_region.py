@@ -73,8 +73,21 @@ def run_bytes(runs: list[ByteRun]) -> np.ndarray:
         ((0, 3), None, [0, 2], ((0, 0), (0, 2))),
         ((2**40,), [2**39], None, ((2**39,), (2**40,))),
     ],
-    ids=["none", "short-start", "short-stop", "full", "empty-lists", "at-end", "numpy-ints", "numpy-arrays",
-         "iterables", "0d", "0d-empty", "empty-axis", "large"],  # fmt: skip
+    ids=[
+        "none",
+        "short-start",
+        "short-stop",
+        "full",
+        "empty-lists",
+        "at-end",
+        "numpy-ints",
+        "numpy-arrays",
+        "iterables",
+        "0d",
+        "0d-empty",
+        "empty-axis",
+        "large",
+    ],  # fmt: skip
 )
 def test_normalize_box(shape, start, stop, expected):
     box = normalize_box(shape, start, stop, source="f.npy")
@@ -99,8 +112,19 @@ def test_normalize_box(shape, start, stop, expected):
         ((), [0], None, "1 values"),
         ((0,), [1], None, "outside"),
     ],
-    ids=["negative", "stop-past-end", "stop-past-end-axis1", "start-past-end", "reversed", "reversed-axis1",
-         "reversed-to-zero", "too-many-start", "too-many-stop", "0d-with-start", "empty-axis-start"],  # fmt: skip
+    ids=[
+        "negative",
+        "stop-past-end",
+        "stop-past-end-axis1",
+        "start-past-end",
+        "reversed",
+        "reversed-axis1",
+        "reversed-to-zero",
+        "too-many-start",
+        "too-many-stop",
+        "0d-with-start",
+        "empty-axis-start",
+    ],  # fmt: skip
 )
 def test_normalize_box_out_of_range(shape, start, stop, match):
     with pytest.raises(RoiError, match=match) as info:
@@ -112,10 +136,36 @@ def test_normalize_box_out_of_range(shape, start, stop, match):
 
 @pytest.mark.parametrize(
     "bad",
-    [[True], [0, False], [np.True_], [1.0], [np.float32(1)], ["1"], "12", 3, [None], [[1]], [np.array([1])],
-     [1 + 0j], object()],  # fmt: skip
-    ids=["bool", "bool-second", "numpy-bool", "float", "numpy-float", "str-item", "str", "int", "none-item",
-         "nested", "array-item", "complex", "object"],  # fmt: skip
+    [
+        [True],
+        [0, False],
+        [np.True_],
+        [1.0],
+        [np.float32(1)],
+        ["1"],
+        "12",
+        3,
+        [None],
+        [[1]],
+        [np.array([1])],
+        [1 + 0j],
+        object(),
+    ],  # fmt: skip
+    ids=[
+        "bool",
+        "bool-second",
+        "numpy-bool",
+        "float",
+        "numpy-float",
+        "str-item",
+        "str",
+        "int",
+        "none-item",
+        "nested",
+        "array-item",
+        "complex",
+        "object",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("which", ["start", "stop"])
 def test_normalize_box_refuses_non_integers(bad, which):
@@ -327,8 +377,14 @@ def test_align_span(offset, length, alignment):
 
 @pytest.mark.parametrize(
     ("offset", "length", "alignment", "expected"),
-    [(0, 0, 4096, (0, 0)), (4096, 0, 4096, (4096, 0)), (1, 1, 512, (0, 512)), (511, 2, 512, (0, 1024)),
-     (4096, 4096, 4096, (4096, 4096)), (100, 10, 1, (100, 10))],  # fmt: skip
+    [
+        (0, 0, 4096, (0, 0)),
+        (4096, 0, 4096, (4096, 0)),
+        (1, 1, 512, (0, 512)),
+        (511, 2, 512, (0, 1024)),
+        (4096, 4096, 4096, (4096, 4096)),
+        (100, 10, 1, (100, 10)),
+    ],  # fmt: skip
 )
 def test_align_span_examples(offset, length, alignment, expected):
     assert align_span(offset, length, alignment) == expected

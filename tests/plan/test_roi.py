@@ -127,9 +127,7 @@ def read(full: np.ndarray, kw: dict[str, Any], index: int = 0, n_files: int | No
     args = RoiArgs.from_user(**kw, n_files=n_files)
     roi = resolve_roi(args, full.shape, full.dtype, index=index, source="f.npy")
     assert roi.shape == tuple(b - a for a, b in zip(roi.start, roi.end))
-    for lo, hi, pb, pa, n, m in zip(
-        roi.box.start, roi.box.stop, roi.pad_before, roi.pad_after, full.shape, roi.shape
-    ):
+    for lo, hi, pb, pa, n, m in zip(roi.box.start, roi.box.stop, roi.pad_before, roi.pad_after, full.shape, roi.shape):
         assert 0 <= lo <= hi <= n and pb >= 0 and pa >= 0 and pb + (hi - lo) + pa == m
     if roi.padded:
         assert args.out_of_bounds_policy == "pad"
@@ -607,9 +605,7 @@ def _no_longdouble(dtype: np.dtype) -> bool:
 
 
 @given(
-    full=arrays(
-        dtypes().filter(_no_longdouble), shapes(max_dims=3, max_elements=40, max_side=6), max_nbytes=4096
-    ),
+    full=arrays(dtypes().filter(_no_longdouble), shapes(max_dims=3, max_elements=40, max_side=6), max_nbytes=4096),
     data=st.data(),
 )
 def test_apply_pad_any_dtype(full, data):
@@ -738,8 +734,9 @@ def test_a_padded_roi_of_structured_values_holds_file_bytes_and_zero_bytes(tmp_p
     src = _patterned((6, 5), dtype, seed=dtype.itemsize)
     p = tmp_path / "s.npy"
     np.save(p, src)
-    ds = npydask.open_dataset(files=[str(p)], roi_start=[-2, 1], roi_shape=[9, 6], out_of_bounds_policy="pad",
-                              backend=backend)
+    ds = npydask.open_dataset(
+        files=[str(p)], roi_start=[-2, 1], roi_shape=[9, 6], out_of_bounds_policy="pad", backend=backend
+    )
     view = ds.views[0]
     for box in (Box((0, 0), (9, 6)), Box((1, 2), (8, 5)), Box((0, 0), (2, 6))):
         _dirty_heap(dtype)

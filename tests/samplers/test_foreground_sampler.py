@@ -28,8 +28,9 @@ def make(tmp_path, labels, image_dtype="f4"):
 
 
 def opened(tmp_path):
-    return npydask.zip_datasets({"image": npydask.open_dataset(str(tmp_path / "img")),
-                                 "label": npydask.open_dataset(str(tmp_path / "lab"))})
+    return npydask.zip_datasets(
+        {"image": npydask.open_dataset(str(tmp_path / "img")), "label": npydask.open_dataset(str(tmp_path / "lab"))}
+    )
 
 
 def labels_with_blobs(n, seed=0):
@@ -85,7 +86,8 @@ def test_every_foreground_draw_holds_a_voxel_of_its_class_and_the_share_is_p(tmp
 
 def test_ratios_choose_classes_in_proportion(tmp_path):
     bound = Foreground((6, 6, 6), p=1.0, classes=[1, 2], ratios=[3, 1], per_file=500).bind(
-        make(tmp_path, labels_with_blobs(2, seed=1)))
+        make(tmp_path, labels_with_blobs(2, seed=1))
+    )
     labels = [bound.draw(0, i, seed=0)[1].class_index for i in range(len(bound))]
     share = labels.count(0) / len(labels)
     assert abs(share - 0.75) <= 3 * math.sqrt(0.75 * 0.25 / len(labels))
@@ -95,7 +97,8 @@ def test_a_class_a_file_lacks_drops_out_and_a_file_without_foreground_draws_unif
     one = np.zeros(SHAPE, np.uint8)
     one[3, 4, 5] = 2
     bound = Foreground((4, 4, 4), p=1.0, classes=[1, 2], ratios=[0.9, 0.1], per_file=50).bind(
-        make(tmp_path, [one, np.zeros(SHAPE, np.uint8)]))
+        make(tmp_path, [one, np.zeros(SHAPE, np.uint8)])
+    )
     draws = [bound.draw(0, i, seed=0) for i in range(len(bound))]
     assert {d.class_index for f, d in draws if f == 0} == {1}
     assert {d.class_index for f, d in draws if f == 1} == {None}
@@ -241,8 +244,12 @@ def test_an_index_in_the_labels_bucket_serves_objects(s3, reads):
         s3.put_npy(f"{space}/lab/{i}.npy", lab)
 
     def remote():
-        return npydask.zip_datasets({k: npydask.open_dataset(f"s3://{space}/{d}", storage_options=s3.options)
-                             for k, d in (("image", "img"), ("label", "lab"))})
+        return npydask.zip_datasets(
+            {
+                k: npydask.open_dataset(f"s3://{space}/{d}", storage_options=s3.options)
+                for k, d in (("image", "img"), ("label", "lab"))
+            }
+        )
 
     index = f"s3://{space}/fg.npz"
     first = Foreground((8, 8, 8), p=1.0, index=index).bind(remote())

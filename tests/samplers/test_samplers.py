@@ -79,8 +79,11 @@ def test_grid_tiles_every_file_in_order_ignoring_seed_and_shuffle(volumes):
     bound = grid.bind(volumes)
     assert bound.shuffle_ignored and bound.policy == "pad" and grid.per_file is None
     shapes = [s[1:] for s in volumes.shapes]
-    expected = [Patch(f, s, tuple(a + 16 for a in s))
-                for f, shape in enumerate(shapes) for s in grid_starts(shape, (16,) * 3, grid_step((16,) * 3, 0.5))]
+    expected = [
+        Patch(f, s, tuple(a + 16 for a in s))
+        for f, shape in enumerate(shapes)
+        for s in grid_starts(shape, (16,) * 3, grid_step((16,) * 3, 0.5))
+    ]
     assert len(bound) == len(expected)
     assert bound.patches(0, range(len(bound))) == expected
     assert bound.patches(5, range(len(bound)), seed=3, shuffle=True) == expected

@@ -37,9 +37,11 @@ def all_tiles(grid):
 
 
 def index_of(tiles):
-    return {"file": np.array([t.file for t in tiles], np.int64),
-            "start": np.array([t.start for t in tiles], np.int64).reshape(len(tiles), -1),
-            "stop": np.array([t.stop for t in tiles], np.int64).reshape(len(tiles), -1)}
+    return {
+        "file": np.array([t.file for t in tiles], np.int64),
+        "start": np.array([t.start for t in tiles], np.int64).reshape(len(tiles), -1),
+        "stop": np.array([t.stop for t in tiles], np.int64).reshape(len(tiles), -1),
+    }
 
 
 def feed(stitcher, tiles, outputs, batch_size, check=None):
@@ -62,7 +64,7 @@ def oracle(extent, tiles, outputs, weights, channels=()):
         sums[(..., *where)] += outputs[t] * weights
         count[where] += weights
     crop = tuple(slice(-o, -o + e) for o, e in zip(origin, extent))
-    return (sums[(..., *crop)] / count[crop])
+    return sums[(..., *crop)] / count[crop]
 
 
 @pytest.mark.parametrize("weights", ["mean", "gaussian"])
@@ -361,8 +363,9 @@ def test_a_batch_is_checked_whole_before_any_tile_is_applied(tmp_path, bad):
         np.testing.assert_array_equal(s._slabs[f].sums, sums)  # nothing of the refused batch was applied
     feed(s, part, outputs, len(part))
     feed(s, tiles[9:], outputs, 4)
-    np.testing.assert_allclose(s.result()[0], oracle(x.shape, tiles, outputs, importance_map((6, 6), "gaussian")),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        s.result()[0], oracle(x.shape, tiles, outputs, importance_map((6, 6), "gaussian")), rtol=1e-5
+    )
 
 
 def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
@@ -389,8 +392,7 @@ def test_the_state_is_one_slab_however_many_tiles_a_file_has(tmp_path):
         tracemalloc.stop()
     assert peak < 2 * slab, (peak, slab)
     feed(s, tiles[16:], outputs, 64)
-    np.testing.assert_allclose(np.load(s.result()[0]), oracle(x.shape, tiles, outputs, np.ones((4, 4, 4))),
-                               rtol=1e-5)
+    np.testing.assert_allclose(np.load(s.result()[0]), oracle(x.shape, tiles, outputs, np.ones((4, 4, 4))), rtol=1e-5)
 
 
 SERVER = """
@@ -455,8 +457,9 @@ def serve(env):
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, **env, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    server = subprocess.Popen([sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     yield server
     assert server.stdin is not None
     server.stdin.close()
@@ -503,8 +506,10 @@ def temporaries(out):
     """Everything a Stitcher run leaves besides its results: temporary files, groups, arrays set aside."""
     import glob
 
-    return sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(out)), ".*npydask-tmp"))
-                  + glob.glob(os.path.join(glob.escape(out), ".*npydask-tmp")))
+    return sorted(
+        glob.glob(os.path.join(glob.escape(os.path.dirname(out)), ".*npydask-tmp"))
+        + glob.glob(os.path.join(glob.escape(out), ".*npydask-tmp"))
+    )
 
 
 def results_at(out, names):
@@ -670,7 +675,8 @@ def remote_arrays(s3, out, names):
 
 
 def test_a_killed_run_leaves_a_zarr_array_in_object_storage_old_or_new_and_the_next_run_finishes(
-        tmp_path, s3, remote_stitch_server, monkeypatch):
+    tmp_path, s3, remote_stitch_server, monkeypatch
+):
     """SIGKILL while writing, and while publishing (between server-side copies): never a mix, never zeros.
 
     An array killed while being published is missing until the next run on
@@ -752,7 +758,8 @@ def test_close_drops_a_remote_runs_temporaries_and_a_live_runs_are_kept(s3):
 
 
 def test_a_remote_zarr_array_of_another_shape_is_replaced_whole_and_failed_runs_are_finished_or_dropped(
-        s3, monkeypatch):
+    s3, monkeypatch
+):
     """Old chunks beyond the new shape go; a run whose temporaries went raises; a failed publication is finished.
 
     A run taken for dead by another (paused past its lease) finds its

@@ -120,8 +120,11 @@ def test_from_npy_npz_member_from_another_directory(places, monkeypatch):
     xs, ys = np.arange(24, dtype="<i4").reshape(4, 6), np.linspace(0, 1, 5)
     np.savez(data / "pair.npz", x=xs, y=ys)
     np.savez_compressed(data / "packed.npz", x=xs)
-    arrays = [npydask.from_npy("pair.npz", key="x", chunks=(1, 6)), npydask.from_npy("pair.npz", key="y"),
-              npydask.from_npy("packed.npz", key="x")]
+    arrays = [
+        npydask.from_npy("pair.npz", key="x", chunks=(1, 6)),
+        npydask.from_npy("pair.npz", key="y"),
+        npydask.from_npy("packed.npz", key="x"),
+    ]
     monkeypatch.chdir(elsewhere)
     for x, expected in zip(arrays, [xs, ys, xs]):
         np.testing.assert_array_equal(x.compute(), expected)

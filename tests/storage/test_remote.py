@@ -249,7 +249,12 @@ def test_open_dataset_lists_in_dali_order(bucket: Bucket, slash: str) -> None:
     np.testing.assert_array_equal(ds.stack().compute(), np.stack([arrays[r] for r in rel]))
     deep = npydask.open_dataset(root, recursive=True, storage_options=bucket.options)
     assert [f[len(bucket.url()) :] for f in deep.files] == [
-        "a.npy", "b.npy", "s0/d.npy", "s0/deep/e.npy", "s1/c.npy", "x y/é 1.npy",
+        "a.npy",
+        "b.npy",
+        "s0/d.npy",
+        "s0/deep/e.npy",
+        "s1/c.npy",
+        "x y/é 1.npy",
     ]
     np.testing.assert_array_equal(
         deep.concatenate().compute(), np.concatenate([arrays[r] for r in deep_rel(deep, bucket)])
@@ -285,8 +290,14 @@ def test_rois_and_shards_over_objects(bucket: Bucket, policy: str) -> None:
     start, shape = ([1, 2, 3], [4, 5, 6]) if policy == "error" else ([5, 6, 7], [6, 6, 6])
     for shard in range(2):
         ds = npydask.open_dataset(
-            bucket.url(), roi_start=start, roi_shape=shape, out_of_bounds_policy=policy, fill_value=-1,
-            shard_id=shard, num_shards=2, storage_options=bucket.options,
+            bucket.url(),
+            roi_start=start,
+            roi_shape=shape,
+            out_of_bounds_policy=policy,
+            fill_value=-1,
+            shard_id=shard,
+            num_shards=2,
+            storage_options=bucket.options,
         )
         got = ds.stack().compute()
         local = []
@@ -381,8 +392,17 @@ def test_local_cluster_workers_take_credentials_from_their_environment(
     ds = npydask.open_dataset(bucket.url("c"), roi_start=[1, 1, 1], roi_shape=[3, 4, 5])
     graph = pickle.dumps(dict(ds.stack().__dask_graph__()))
     assert env["AWS_SECRET_ACCESS_KEY"].encode() not in graph
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      worker_class="distributed.Nanny", env=env) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            worker_class="distributed.Nanny",
+            env=env,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         got = client.compute(ds.stack()).result()
         whole = client.compute(npydask.from_npy(bucket.url("c/3.npy"), chunks=(2, 6, 7))).result()
     np.testing.assert_array_equal(got, np.stack([a[1:4, 1:5, 1:6] for a in arrays]))
@@ -663,8 +683,9 @@ def test_device_gpu_over_urls_reads_into_pinned_host_memory_then_copies_once(
     same(x.compute(), a)
     for i in range(3):
         bucket.put(f"gs/{i}.npy", a + i)
-    ds = npydask.open_dataset(bucket.url("gs"), roi_start=[1, 2, 3], roi_shape=[4, 5, 6], device="gpu",
-                              storage_options=bucket.options)
+    ds = npydask.open_dataset(
+        bucket.url("gs"), roi_start=[1, 2, 3], roi_shape=[4, 5, 6], device="gpu", storage_options=bucket.options
+    )
     same(ds.stack().compute(), np.stack([(a + i)[1:5, 2:7, 3:9] for i in range(3)]))
     assert fake.opened == 0 and not fake.reads, "kvikio must not read objects"
     bucket.put("g.npy", a + 1)
@@ -681,8 +702,14 @@ def test_dataset_of_npz_members(bucket: Bucket, compressed: bool) -> None:
         bucket.put_bytes(f"z/{i}.npz", buffer.getvalue())
     ds = npydask.open_dataset(bucket.url("z"), file_filter="*.npz", key="y", storage_options=bucket.options)
     np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays) * 2)
-    roi = npydask.open_dataset(bucket.url("z"), file_filter="*.npz", key="x", roi_start=[1, 2], roi_shape=[3, 3],
-                               storage_options=bucket.options)
+    roi = npydask.open_dataset(
+        bucket.url("z"),
+        file_filter="*.npz",
+        key="x",
+        roi_start=[1, 2],
+        roi_shape=[3, 3],
+        storage_options=bucket.options,
+    )
     np.testing.assert_array_equal(roi.stack().compute(), np.stack([a[1:4, 2:5] for a in arrays]))
 
 
@@ -718,8 +745,9 @@ def test_headers_first_over_a_prefix_equals_numpy_and_checks_each_object(bucket:
     np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays))
     np.testing.assert_array_equal(ds[4].compute(), arrays[4])
     np.testing.assert_array_equal(ds.stack(chunks=(1, 5, 10)).compute(), np.stack(arrays))  # (range reads)
-    roi = npydask.open_dataset(bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4],
-                               storage_options=bucket.options)
+    roi = npydask.open_dataset(
+        bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4], storage_options=bucket.options
+    )
     np.testing.assert_array_equal(roi.stack().compute(), np.stack([a[2:7, 3:7] for a in arrays]))
     by_url = npydask.open_dataset(files=urls[::-1], headers="first", storage_options=bucket.options)  # (a HEAD each)
     np.testing.assert_array_equal(by_url.stack().compute(), np.stack(arrays[::-1]))
@@ -729,8 +757,9 @@ def test_headers_first_over_a_prefix_equals_numpy_and_checks_each_object(bucket:
     for read in (lambda: ds.stack().compute(), lambda: ds[5].compute(), lambda: ds.stack(chunks=(1, 5, 10)).compute()):
         with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
             read()
-    roi = npydask.open_dataset(bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4],
-                               storage_options=bucket.options)
+    roi = npydask.open_dataset(
+        bucket.url("f"), headers="first", roi_start=[2, 3], roi_shape=[5, 4], storage_options=bucket.options
+    )
     for _ in range(2):  # the header GET beside the ROI's range GETs, then (this process read it) from the cache
         with pytest.raises(NpyFormatError, match=r"05\.npy.*first file's header.*<f4.*but the file holds.*<i4"):
             roi.stack().compute()

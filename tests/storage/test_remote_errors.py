@@ -17,8 +17,8 @@ from npydask.storage._remote_errors import translate
 URL = "https://host/bucket/key.npy?X-Amz-Signature=s1gn4tur3zz"
 DUMP = (
     "Error performing GET https://host/bucket/key.npy?X-Amz-Signature=s1gn4tur3zz in 1ms - Server returned "
-    "non-2xx status code: {status}: <?xml version=\"1.0\"?><Error><Code>{code}</Code>{extra}</Error>\n"
-    "Debug source: Generic {{ store: \"S3\", source: RetryError {{ retry_timeout: 180s }} }}"
+    'non-2xx status code: {status}: <?xml version="1.0"?><Error><Code>{code}</Code>{extra}</Error>\n'
+    'Debug source: Generic {{ store: "S3", source: RetryError {{ retry_timeout: 180s }} }}'
 )
 
 
@@ -31,17 +31,47 @@ def _obstore_error(name: str, text: str) -> BaseException:
 @pytest.mark.parametrize(
     ("name", "status", "code", "extra", "kind", "words"),
     [
-        ("NotFoundError", "404 Not Found", "NoSuchKey", "",
-         FileNotFoundError, ["no such object", "HTTP 404 NoSuchKey"]),
-        ("PermissionDeniedError", "403 Forbidden", "AccessDenied", "",
-         PermissionError, ["access denied", "s3:ListBucket"]),
+        (
+            "NotFoundError",
+            "404 Not Found",
+            "NoSuchKey",
+            "",
+            FileNotFoundError,
+            ["no such object", "HTTP 404 NoSuchKey"],
+        ),
+        (
+            "PermissionDeniedError",
+            "403 Forbidden",
+            "AccessDenied",
+            "",
+            PermissionError,
+            ["access denied", "s3:ListBucket"],
+        ),
         ("UnauthenticatedError", "401 Unauthorized", "InvalidToken", "", PermissionError, ["credentials"]),
-        ("GenericError", "403 Forbidden", "SignatureDoesNotMatch", "",
-         PermissionError, ["HTTP 403 SignatureDoesNotMatch"]),
-        ("PreconditionError", "412 Precondition Failed", "PreconditionFailed", "",
-         FileChangedError, ["replaced", "ETag"]),
-        ("GenericError", "301 Moved Permanently", "PermanentRedirect", "<Region>eu-west-1</Region>",
-         OSError, ["region", "eu-west-1"]),
+        (
+            "GenericError",
+            "403 Forbidden",
+            "SignatureDoesNotMatch",
+            "",
+            PermissionError,
+            ["HTTP 403 SignatureDoesNotMatch"],
+        ),
+        (
+            "PreconditionError",
+            "412 Precondition Failed",
+            "PreconditionFailed",
+            "",
+            FileChangedError,
+            ["replaced", "ETag"],
+        ),
+        (
+            "GenericError",
+            "301 Moved Permanently",
+            "PermanentRedirect",
+            "<Region>eu-west-1</Region>",
+            OSError,
+            ["region", "eu-west-1"],
+        ),
         ("GenericError", "400 Bad Request", "AuthorizationHeaderMalformed", "", OSError, ["region"]),
         ("GenericError", "500 Internal Server Error", "InternalError", "", OSError, ["HTTP 500 InternalError"]),
         ("AlreadyExistsError", "412 Precondition Failed", "x", "", FileExistsError, ["overwrite=True"]),
@@ -59,8 +89,15 @@ def test_status_codes(name: str, status: str, code: str, extra: str, kind: type,
 
 
 def test_connection_refused_and_timeouts() -> None:
-    refused = translate(_obstore_error("GenericError", "Error performing GET http://127.0.0.1:1/b/k after 3 retries, "
-                                       "retry_timeout: 45s - HTTP error: error sending request"), URL, "reading")
+    refused = translate(
+        _obstore_error(
+            "GenericError",
+            "Error performing GET http://127.0.0.1:1/b/k after 3 retries, "
+            "retry_timeout: 45s - HTTP error: error sending request",
+        ),
+        URL,
+        "reading",
+    )
     assert isinstance(refused, ConnectionError) and "endpoint" in str(refused)
     slow = translate(
         _obstore_error("GenericError", "... retry_timeout: 45s - HTTP error: operation timed out"), URL, "reading"
@@ -89,8 +126,11 @@ def test_obstore_not_found_is_a_builtin_with_a_dump() -> None:
 
 
 def test_refused_keys_are_named() -> None:
-    err = translate(ValueError('Could not parse path: Path "p/a//b.npy" contained empty path segment'),
-                    "s3://b/p/a//b.npy", "reading its header")
+    err = translate(
+        ValueError('Could not parse path: Path "p/a//b.npy" contained empty path segment'),
+        "s3://b/p/a//b.npy",
+        "reading its header",
+    )
     assert type(err) is ValueError and "'p/a//b.npy'" in str(err) and "rename" in str(err)
 
 
@@ -178,14 +218,26 @@ def test_no_translation_is_raised_inside_its_except_block() -> None:
 @pytest.mark.parametrize(
     ("name", "text", "words"),
     [
-        ("NotSupportedError", "Operation not supported: Range request not supported by a.npy",
-         "ignored the Range header and sent the whole object"),
-        ("GenericError", "Generic HTTP error: Requested 100..200, got 0..100",
-         "sent bytes 0-99 for a request of bytes 100-199"),
-        ("GenericError", "Generic HTTP error: HTTP error: request or response body error ... IncompleteBody",
-         "fewer bytes than its response promised"),
-        ("GenericError", "Error performing PUT http://169.254.169.254/latest/api/token - error sending request",
-         "no credentials were found"),
+        (
+            "NotSupportedError",
+            "Operation not supported: Range request not supported by a.npy",
+            "ignored the Range header and sent the whole object",
+        ),
+        (
+            "GenericError",
+            "Generic HTTP error: Requested 100..200, got 0..100",
+            "sent bytes 0-99 for a request of bytes 100-199",
+        ),
+        (
+            "GenericError",
+            "Generic HTTP error: HTTP error: request or response body error ... IncompleteBody",
+            "fewer bytes than its response promised",
+        ),
+        (
+            "GenericError",
+            "Error performing PUT http://169.254.169.254/latest/api/token - error sending request",
+            "no credentials were found",
+        ),
     ],
 )
 def test_what_the_server_did_is_said(name: str, text: str, words: str) -> None:
@@ -194,9 +246,17 @@ def test_what_the_server_did_is_said(name: str, text: str, words: str) -> None:
 
 
 def test_access_denied_says_which_process_needs_what() -> None:
-    err = translate(_obstore_error("PermissionDeniedError", DUMP.format(status="403 Forbidden", code="AccessDenied",
-                                                                        extra="")), URL, "reading its header")
+    err = translate(
+        _obstore_error("PermissionDeniedError", DUMP.format(status="403 Forbidden", code="AccessDenied", extra="")),
+        URL,
+        "reading its header",
+    )
     text = str(err)
-    for words in ("opens an array or dataset lists the prefix and reads every header", "compute it read",
-                  "writers write", "skip_signature", "this process"):
+    for words in (
+        "opens an array or dataset lists the prefix and reads every header",
+        "compute it read",
+        "writers write",
+        "skip_signature",
+        "this process",
+    ):
         assert words in text, text

@@ -151,8 +151,16 @@ def test_local_lister_lists_files_as_dali_traverses(tmp_path: Path) -> None:
     assert sorted(LocalLister(str(tmp_path)).list().paths) == sorted([*flat.paths, "b.txt"])
     deep = LocalLister(str(tmp_path)).list(recursive=True, match=npy).paths
     # every folder once: the real tree first, the link back to the root adds nothing, the link out adds its tree
-    assert sorted(deep) == sorted(["a.npy", "link.npy", j("sub", "c.npy"), j("sub", "deep", "d.npy"),
-                                   j("other", "e.npy"), j("sub", "out", "o.npy")])
+    assert sorted(deep) == sorted(
+        [
+            "a.npy",
+            "link.npy",
+            j("sub", "c.npy"),
+            j("sub", "deep", "d.npy"),
+            j("other", "e.npy"),
+            j("sub", "out", "o.npy"),
+        ]
+    )
     # headers="first": each file's inode from the directory (a symlink's: its target's), sizes still unknown
     # and when the listing began: after the call, on the coarse clock that stamps ctimes
     for recursive in (False, True):
@@ -179,8 +187,17 @@ def test_dali_order_of_a_listing_is_pure_and_bytewise() -> None:
     from npydask.dataset.order import dali_order
 
     listed = ["s1/c.npy", "B.npy", "s0/d.npy", "a.npy", "a-b/x.npy", "a/x.npy", "\u00e9.npy", "a10.npy", "a2.npy"]
-    assert dali_order(listed, sep="/") == ["B.npy", "a.npy", "a10.npy", "a2.npy", "\u00e9.npy",
-                                           "a/x.npy", "a-b/x.npy", "s0/d.npy", "s1/c.npy"]
+    assert dali_order(listed, sep="/") == [
+        "B.npy",
+        "a.npy",
+        "a10.npy",
+        "a2.npy",
+        "\u00e9.npy",
+        "a/x.npy",
+        "a-b/x.npy",
+        "s0/d.npy",
+        "s1/c.npy",
+    ]
     assert dali_order(listed[::-1], sep="/") == dali_order(listed, sep="/")
 
 
@@ -366,8 +383,10 @@ def test_a_group_reaches_its_source_once_per_task(tmp_path: Path) -> None:
     source = _CountingSource()
     scanned = scan_headers(paths, source=source)
     assert source.calls == {"scan": 1}
-    refs = [FileRef(p, s[0], s[1], read_options(), "auto", None, False, HeaderCheck(s[2], "t", "t"), source)
-            for p, s in zip(paths, scanned)]
+    refs = [
+        FileRef(p, s[0], s[1], read_options(), "auto", None, False, HeaderCheck(s[2], "t", "t"), source)
+        for p, s in zip(paths, scanned)
+    ]
     group = FileGroup([NpyFileArray(r) for r in refs], 0, True)
     np.testing.assert_array_equal(group[5:37], np.stack(arrays[5:37]))
     assert source.calls == {"scan": 1, "read_many": 1}  # 32 files, one call: the loop is the source's

@@ -26,8 +26,16 @@ def test_s3fs_names_are_translated(options: dict, words: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "endpoint",
-    ["http://127.0.0.1: 8333", "http://exa mple.com", "http://127.0.0.1:8333 ", "127.0.0.1:8333", "http://h:port",
-     "http://h\t:1", "", 8333],
+    [
+        "http://127.0.0.1: 8333",
+        "http://exa mple.com",
+        "http://127.0.0.1:8333 ",
+        "127.0.0.1:8333",
+        "http://h:port",
+        "http://h\t:1",
+        "",
+        8333,
+    ],
 )
 def test_malformed_endpoints_are_refused_before_obstore(endpoint: object) -> None:
     with pytest.raises(ValueError, match=r"storage_options\['endpoint'\] must be an endpoint URL"):

@@ -149,7 +149,8 @@ def test_http_target_userinfo_is_basic_auth_and_never_in_the_base() -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["https://h/d/a%09b.npy", "https://h/d/a\nb.npy", "https://h/d/%FF.npy", "https://h/d//a.npy", "https://h/d/"]
+    "url",
+    ["https://h/d/a%09b.npy", "https://h/d/a\nb.npy", "https://h/d/%FF.npy", "https://h/d//a.npy", "https://h/d/"],
 )
 def test_http_targets_the_client_cannot_send_are_refused(url: str) -> None:
     from npydask.storage.urls import http_target

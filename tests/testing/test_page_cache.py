@@ -43,4 +43,3 @@ def test_drop_page_cache_of_an_empty_file_and_of_a_missing_one(tmp_path: Path) -
     assert drop_page_cache(str(empty)) is True
     with pytest.raises(FileNotFoundError):
         drop_page_cache(str(tmp_path / "missing.npy"))
-

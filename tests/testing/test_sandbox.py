@@ -58,14 +58,20 @@ def _refused(port: int) -> bool:
 @pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_sandbox_prints_what_reaches_it_and_stops_on_a_signal(tmp_path, stop_with):
     _weed_or_skip()
-    proc = subprocess.Popen([sys.executable, "-m", "npydask.testing.seaweed"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npydask.testing.seaweed"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
     try:
         printed = _read_until(lines, "Ctrl-C stops it", timeout=90)
-        endpoint, pid, folder = re.search(r"at (http://127\.0\.0\.1:(\d+)) \(weed pid (\d+), data in (\S+)\)",
-                                          printed[0]).group(1, 3, 4)
+        endpoint, pid, folder = re.search(
+            r"at (http://127\.0\.0\.1:(\d+)) \(weed pid (\d+), data in (\S+)\)", printed[0]
+        ).group(1, 3, 4)
         port = int(endpoint.rsplit(":", 1)[1])
         assert os.path.isdir(folder) and os.getpgid(int(pid)) == int(pid)
         exports = dict(shlex.split(line)[1].split("=", 1) for line in printed if line.startswith("export "))
@@ -91,8 +97,9 @@ def test_the_sandbox_prints_what_reaches_it_and_stops_on_a_signal(tmp_path, stop
         # the printed storage_options: npydask writes and reads in this process
         np.testing.assert_array_equal(npydask.read_region("s3://npydask/sandbox/a.npy", storage_options=options), a)
         npydask.to_npy_files([a * 2], "s3://npydask/sandbox/out", ["b"], storage_options=options)
-        np.testing.assert_array_equal(npydask.from_npy("s3://npydask/sandbox/out/b.npy",
-                                                       storage_options=options).compute(), a * 2)
+        np.testing.assert_array_equal(
+            npydask.from_npy("s3://npydask/sandbox/out/b.npy", storage_options=options).compute(), a * 2
+        )
 
         proc.send_signal(stop_with)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()

@@ -167,9 +167,7 @@ def test_put_create_refuses_an_existing_key(s3_server, request):
     with pytest.raises(AlreadyExistsError):
         obstore.put(store, prefix + "c", b"two", mode="create")
     with pytest.raises(ClientError) as caught:
-        s3_server.boto3_client().put_object(
-            Bucket=s3_server.bucket, Key=prefix + "c", Body=b"three", IfNoneMatch="*"
-        )
+        s3_server.boto3_client().put_object(Bucket=s3_server.bucket, Key=prefix + "c", Body=b"three", IfNoneMatch="*")
     assert caught.value.response["Error"]["Code"] == "PreconditionFailed"
     assert bytes(obstore.get(store, prefix + "c").bytes()) == b"one"
 
@@ -185,16 +183,16 @@ def test_multipart_upload_list_and_abort(s3_server, request):
     parts_data = [os.urandom(5 << 20), os.urandom(1234)]
     done = s3.create_multipart_upload(Bucket=bucket, Key=prefix + "done")["UploadId"]
     parts = [
-        {"PartNumber": n, "ETag": s3.upload_part(
-            Bucket=bucket, Key=prefix + "done", UploadId=done, PartNumber=n, Body=body)["ETag"]}
+        {
+            "PartNumber": n,
+            "ETag": s3.upload_part(Bucket=bucket, Key=prefix + "done", UploadId=done, PartNumber=n, Body=body)["ETag"],
+        }
         for n, body in enumerate(parts_data, start=1)
     ]
     dropped = s3.create_multipart_upload(Bucket=bucket, Key=prefix + "dropped")["UploadId"]
     s3.upload_part(Bucket=bucket, Key=prefix + "dropped", UploadId=dropped, PartNumber=1, Body=b"x")
     assert uploads() == {done, dropped}
-    s3.complete_multipart_upload(
-        Bucket=bucket, Key=prefix + "done", UploadId=done, MultipartUpload={"Parts": parts}
-    )
+    s3.complete_multipart_upload(Bucket=bucket, Key=prefix + "done", UploadId=done, MultipartUpload={"Parts": parts})
     s3.abort_multipart_upload(Bucket=bucket, Key=prefix + "dropped", UploadId=dropped)
     assert uploads() == set()
     body = s3.get_object(Bucket=bucket, Key=prefix + "done")["Body"].read()
@@ -209,13 +207,14 @@ def test_multipart_parts_below_5_mib_are_refused(s3_server, request):
     bucket, key = s3_server.bucket, _prefix(request) + "small"
     upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
     parts = [
-        {"PartNumber": n, "ETag": s3.upload_part(
-            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body)["ETag"]}
+        {
+            "PartNumber": n,
+            "ETag": s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body)["ETag"],
+        }
         for n, body in ((1, b"a" * ((5 << 20) - 1)), (2, b"b" * 10))
     ]
     with pytest.raises(ClientError) as caught:
-        s3.complete_multipart_upload(
-            Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+        s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
     assert caught.value.response["Error"]["Code"] == "EntityTooSmall"
     s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
 
@@ -274,8 +273,11 @@ def test_anonymous_reads_the_public_bucket_only(s3_server, request):
         obstore.put(anon, prefix + "q", b"x")
     with pytest.raises(PermissionDeniedError):
         obstore.get(_store(s3_server, "anonymous"), prefix + "d")
-    body = s3_server.boto3_client("anonymous").get_object(
-        Bucket=s3_server.public_bucket, Key=prefix + "p.npy")["Body"].read()
+    body = (
+        s3_server.boto3_client("anonymous")
+        .get_object(Bucket=s3_server.public_bucket, Key=prefix + "p.npy")["Body"]
+        .read()
+    )
     assert body == _npy_bytes(array)
 
 
@@ -304,9 +306,7 @@ def test_listing_of_2500_keys_paginates(s3_server, request):
     assert [o["Key"] for p in pages for o in p["Contents"]] == keys
 
 
-@pytest.mark.parametrize(
-    "name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"]
-)
+@pytest.mark.parametrize("name", ["with space.npy", "ünïcödé ≈ 東京.npy", "a+b=c&d%20e.npy", "dir x/ß y.npy"])
 def test_keys_with_spaces_and_non_ascii(s3_server, request, name):
     prefix = _prefix(request)
     array = np.arange(7, dtype="f8")
@@ -340,7 +340,8 @@ def test_seaweed_key_rewriting(s3_server, request):
     assert [o["Key"] for o in listed] == expected
     store = _store(s3_server)
     assert sorted(m["path"] for b in obstore.list(store, prefix=prefix) for m in b) == sorted(
-        prefix + k for k in [*rewritten.values(), "marker"])
+        prefix + k for k in [*rewritten.values(), "marker"]
+    )
     for key in ("h/./i", "j/../k"):
         with pytest.raises(ClientError) as caught:
             s3.put_object(Bucket=s3_server.bucket, Key=prefix + key, Body=b"x")
@@ -356,14 +357,14 @@ def test_obstore_store_pickles_and_reads_in_another_process(s3_server, request):
     code = f"""if True:
         import pickle, sys, obstore
         store = pickle.loads(bytes.fromhex(sys.stdin.read()))
-        got = obstore.get(store, {prefix + 't.npy'!r}, options={{"range": (0, {len(data)})}})
+        got = obstore.get(store, {prefix + "t.npy"!r}, options={{"range": (0, {len(data)})}})
         sys.stdout.write(bytes(got.bytes()).hex())
     """
-    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(store).hex(),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(store).hex(), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
-    np.testing.assert_array_equal(np.load(io.BytesIO(bytes.fromhex(out.stdout))),
-                                  np.arange(40, dtype="<f2"))
+    np.testing.assert_array_equal(np.load(io.BytesIO(bytes.fromhex(out.stdout))), np.arange(40, dtype="<f2"))
     assert store.client_options == {"allow_http": "true"}
     assert store.config["endpoint"] == s3_server.endpoint
 
@@ -376,15 +377,14 @@ def test_workers_find_the_server_through_their_environment(s3_server, request):
     code = f"""if True:
         import boto3, obstore, sys
         from obstore.store import S3Store
-        got = bytes(obstore.get(S3Store({s3_server.bucket!r}), {prefix + 'e.npy'!r}).bytes())
+        got = bytes(obstore.get(S3Store({s3_server.bucket!r}), {prefix + "e.npy"!r}).bytes())
         s3 = boto3.client("s3")
-        body = s3.get_object(Bucket={s3_server.bucket!r}, Key={prefix + 'e.npy'!r})["Body"].read()
+        body = s3.get_object(Bucket={s3_server.bucket!r}, Key={prefix + "e.npy"!r})["Body"].read()
         sys.stdout.write(repr((got == body, got.hex())))
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(s3_server.env("readonly"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == repr((True, data.hex()))
     anon = s3_server.env("anonymous")
@@ -402,7 +402,7 @@ def _sockets_of(pid: int) -> list[tuple[str, str, int, bool]]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:["):-1]))
+            inodes.add(int(target[len("socket:[") : -1]))
     found = []
     for proto in ("tcp", "tcp6", "udp", "udp6"):
         with open(f"/proc/net/{proto}") as f:
@@ -414,7 +414,7 @@ def _sockets_of(pid: int) -> list[tuple[str, str, int, bool]]:
                     continue
                 raw = bytes.fromhex(address)
                 # /proc/net holds each 32-bit word of the address in host (little-endian) order
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 ip = ipaddress.ip_address(raw)
                 if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
                     ip = ip.ipv4_mapped
@@ -463,8 +463,9 @@ def test_stop_kill_pause_restart(s3_server_disposable, tmp_path):
     assert group == []
     assert not os.path.exists(folder)
     assert all(_connect_refused(port) for port in ports)
-    assert not [p for p in Path("/tmp").glob("seaweedfs-*.sock")
-                if any(p.name.endswith(f"-{port}.sock") for port in ports)]
+    assert not [
+        p for p in Path("/tmp").glob("seaweedfs-*.sock") if any(p.name.endswith(f"-{port}.sock") for port in ports)
+    ]
     server.stop()  # twice is fine
 
 
@@ -576,8 +577,11 @@ def test_http_ranges(served, http_server):
     server = http_server(root)
     size = len(data)
     cases = {
-        "bytes=0-127": (0, 128), "bytes=128-": (128, size), "bytes=-100": (size - 100, size),
-        f"bytes=10-{size + 50}": (10, size), f"bytes={size - 1}-{size - 1}": (size - 1, size),
+        "bytes=0-127": (0, 128),
+        "bytes=128-": (128, size),
+        "bytes=-100": (size - 100, size),
+        f"bytes=10-{size + 50}": (10, size),
+        f"bytes={size - 1}-{size - 1}": (size - 1, size),
         f"bytes=-{size * 2}": (0, size),
     }
     for header, (a, b) in cases.items():
@@ -666,7 +670,8 @@ def test_http_basic_auth_and_raw_targets(served, http_server):
     status, _, body = _request(server, "GET", "/v%2Enpy?x=1", Authorization=good)
     assert (status, body) == (200, data)
     assert [(r.status, r.target, r.authorization) for r in server.stats.log] == [
-        (401, "/v.npy", None), (200, "/v%2Enpy?x=1", good),
+        (401, "/v.npy", None),
+        (200, "/v%2Enpy?x=1", good),
     ]
     status, _, _ = _request(server, "GET", "/v.npy", Authorization="Basic " + base64.b64encode(b"ann:no").decode())
     assert status == 401
@@ -686,7 +691,12 @@ def test_http_counts_exactly_the_bytes_sent(served, http_server):
     stats = server.reset_stats()
     assert stats.requests == 5 and stats.bytes_sent == sum(b - a for a, b in spans)
     assert [(r.method, r.status, r.bytes_sent) for r in stats.log] == [
-        ("GET", 206, 128), ("GET", 206, 1000), ("GET", 206, 1), ("HEAD", 200, 0), ("GET", 404, 0)]
+        ("GET", 206, 128),
+        ("GET", 206, 1000),
+        ("GET", 206, 1),
+        ("HEAD", 200, 0),
+        ("GET", 404, 0),
+    ]
     assert server.stats.requests == 0
 
 
@@ -764,7 +774,7 @@ def test_proxy_counts_s3_range_reads(s3_server, request):
     with CountingProxy(s3_server.endpoint) as proxy:
         store = s3_server.obstore_store(endpoint=proxy.endpoint)
         got = obstore.get(store, prefix + "big", options={"range": (4096, 4096 + 32768)})
-        assert bytes(got.bytes()) == data[4096:4096 + 32768]
+        assert bytes(got.bytes()) == data[4096 : 4096 + 32768]
         counts = proxy.counts
     assert 32768 < counts.downstream < 32768 + 2048, counts
     assert counts.upstream < 4096
@@ -854,7 +864,8 @@ def test_request_counter_frames_any_split(piece):
     stream = (
         b"GET /b/a.npy HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
         b"GET /b?list-type=2&prefix=p%2F HTTP/1.1\r\nHost: h\r\n\r\n"
-        + b"PUT /b/c HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        + b"PUT /b/c HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
         + b"HEAD /b/c HTTP/1.1\r\nHost: h\r\n\r\n"
         b"GET /b/ HTTP/1.1\r\n\r\n"
     )

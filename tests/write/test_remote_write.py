@@ -73,7 +73,7 @@ class Place(NamedTuple):
 
     def keys(self) -> set[str]:
         found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix).get("Contents", [])
-        return {o["Key"][len(self.prefix):] for o in found}
+        return {o["Key"][len(self.prefix) :] for o in found}
 
     def uploads(self) -> list:
         found = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix).get("Uploads", [])
@@ -158,10 +158,24 @@ def test_plan_parts_refuses_rows_larger_than_a_part():
 
 
 def test_client_kwargs_map_storage_options_and_their_aliases():
-    spec = StoreSpec.of("s3://b", {"aws_endpoint": "http://h:1", "aws_region": "eu-west-3", "aws_access_key_id": "A",
-                                   "aws_secret_access_key": "S", "token": "T", "allow_http": "true"})
-    assert client_kwargs(spec) == {"endpoint_url": "http://h:1", "region_name": "eu-west-3", "aws_access_key_id": "A",
-                                   "aws_secret_access_key": "S", "aws_session_token": "T"}
+    spec = StoreSpec.of(
+        "s3://b",
+        {
+            "aws_endpoint": "http://h:1",
+            "aws_region": "eu-west-3",
+            "aws_access_key_id": "A",
+            "aws_secret_access_key": "S",
+            "token": "T",
+            "allow_http": "true",
+        },
+    )
+    assert client_kwargs(spec) == {
+        "endpoint_url": "http://h:1",
+        "region_name": "eu-west-3",
+        "aws_access_key_id": "A",
+        "aws_secret_access_key": "S",
+        "aws_session_token": "T",
+    }
     assert client_kwargs(StoreSpec.of("s3://b", {})) == {}  # boto3's own chain
 
 
@@ -177,15 +191,21 @@ def test_skip_signature_makes_an_unsigned_client():
 
 @pytest.mark.parametrize(
     ("code", "status", "kind"),
-    [("AccessDenied", 403, PermissionError), ("InvalidAccessKeyId", 403, PermissionError),
-     ("NoSuchBucket", 404, FileNotFoundError), ("NoSuchKey", 404, FileNotFoundError),
-     ("InternalError", 500, OSError)],
+    [
+        ("AccessDenied", 403, PermissionError),
+        ("InvalidAccessKeyId", 403, PermissionError),
+        ("NoSuchBucket", 404, FileNotFoundError),
+        ("NoSuchKey", 404, FileNotFoundError),
+        ("InternalError", 500, OSError),
+    ],
 )
 def test_boto_errors_become_builtin_errors_naming_the_url(code, status, kind):
     from botocore.exceptions import ClientError
 
-    e = ClientError({"Error": {"Code": code, "Message": "secret-bearing text"},
-                     "ResponseMetadata": {"HTTPStatusCode": status}}, "UploadPart")
+    e = ClientError(
+        {"Error": {"Code": code, "Message": "secret-bearing text"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "UploadPart",
+    )
     err = translate_boto(e, "s3://b/k.npy", "uploading part 3")
     assert type(err) is kind
     assert err.filename == "s3://b/k.npy"
@@ -260,8 +280,7 @@ def test_to_npy_fortran_dask_array_over_many_parts(place):
 def test_to_npy_lazy_value(place):
     p, so = place, place.so
     a = np.arange(6 << 18, dtype="<i4").reshape(-1, 64)
-    v = npydask.to_npy(da.from_array(a, chunks=(1 << 14, 64)), p.url("lazy.npy"), storage_options=so,
-                       compute=False)
+    v = npydask.to_npy(da.from_array(a, chunks=(1 << 14, 64)), p.url("lazy.npy"), storage_options=so, compute=False)
     assert p.keys() == set() and p.uploads() == []
     dask.compute(v)
     assert_same(p.load("lazy.npy"), a)
@@ -288,8 +307,9 @@ def test_to_npy_overwrite_false_never_replaces_an_object_that_appears_during_the
     bucket, key, endpoint = p.bucket, p.prefix + "z.npy", so["endpoint"]  # (plain values: dask tokenizes the function)
 
     def appear(block):
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION,
-                              aws_access_key_id=ADMIN[0], aws_secret_access_key=ADMIN[1])
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ADMIN[0], aws_secret_access_key=ADMIN[1]
+        )
         client.put_object(Bucket=bucket, Key=key, Body=b"the other writer")
         return block
 
@@ -328,8 +348,10 @@ def test_to_npy_lazy_part_that_fails_aborts_the_upload(place):
     p.put("t.npy", b"previous contents")
     a = np.arange(4 << 20, dtype="<f4")
     x = da.from_array(a, chunks=5 << 18)
-    x = x.map_blocks(lambda blk, block_info=None: blk.astype("<c8") if block_info[0]["chunk-location"][0] == 1
-                     else blk, dtype=a.dtype)
+    x = x.map_blocks(
+        lambda blk, block_info=None: blk.astype("<c8") if block_info[0]["chunk-location"][0] == 1 else blk,
+        dtype=a.dtype,
+    )
     v = npydask.to_npy(x, p.url("t.npy"), storage_options=so, compute=False)
     with pytest.raises(TypeError, match="s3://.*t.npy.*complex64"):
         dask.compute(v)
@@ -411,8 +433,7 @@ def test_to_npy_on_processes(place):
     p, so = place, place.so
     a = np.random.default_rng(3).random((1 << 20,))
     x = da.from_array(a, chunks=5 << 17)
-    npydask.to_npy(x, p.url("p.npy"), storage_options=so, compute=False).compute(scheduler="processes",
-                                                                                   num_workers=2)
+    npydask.to_npy(x, p.url("p.npy"), storage_options=so, compute=False).compute(scheduler="processes", num_workers=2)
     assert_same(p.load("p.npy"), a)
 
 
@@ -427,8 +448,12 @@ def test_on_a_cluster_with_credentials_only_in_the_workers_environment(place, mo
     env = {"AWS_ACCESS_KEY_ID": ADMIN[0], "AWS_SECRET_ACCESS_KEY": ADMIN[1]}
     a = np.random.default_rng(5).random((3 << 17, 4)).astype("<f4")  # 6 MiB
     p.put("t.npy", b"previous contents")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                  silence_logs=50, env=env) as lc, distributed.Client(lc):
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50, env=env
+        ) as lc,
+        distributed.Client(lc),
+    ):
         npydask.to_npy(da.from_array(a, chunks=(1 << 16, 4)), p.url("c.npy"), storage_options=plain)
         npydask.to_npy_files([a[:10], a[10:30]], p.url("files"), ["a", "b"], storage_options=plain)
         x = da.from_array(a, chunks=(5 << 16, 4)).map_blocks(_failing(1), dtype=a.dtype)
@@ -514,13 +539,11 @@ def test_to_npy_files_overwrite_false(place):
     p, so = place, place.so
     p.put("p/b.npy", b"kept")
     with pytest.raises(FileExistsError) as info:
-        npydask.to_npy_files([np.arange(2), np.arange(3)], p.url("p"), ["a", "b"], storage_options=so,
-                             overwrite=False)
+        npydask.to_npy_files([np.arange(2), np.arange(3)], p.url("p"), ["a", "b"], storage_options=so, overwrite=False)
     assert info.value.filename == p.url("p/b.npy")
     assert p.keys() == {"p/b.npy"}  # nothing written: checked before any work
     # appearing after the check: the create-only PUT refuses it
-    v = npydask.to_npy_files([np.arange(2)], p.url("p"), ["c"], storage_options=so, overwrite=False,
-                             compute=False)
+    v = npydask.to_npy_files([np.arange(2)], p.url("p"), ["c"], storage_options=so, overwrite=False, compute=False)
     p.put("p/c.npy", b"first")
     with pytest.raises(FileExistsError) as info:
         dask.compute(v)
@@ -560,8 +583,15 @@ def test_to_zarr_to_a_url_with_the_same_storage_options(place):
     p, so = place, place.so
     a = np.random.default_rng(4).random((100, 60))
     npydask.to_zarr(da.from_array(a, chunks=(30, 20)), p.url("z/a.zarr"), storage_options=so)
-    v = npydask.to_zarr(da.from_array(a, chunks=(25, 60)), p.url("z"), storage_options=so, name="b.zarr",
-                        compute=False, shards=(50, 60), chunks=(25, 30))
+    v = npydask.to_zarr(
+        da.from_array(a, chunks=(25, 60)),
+        p.url("z"),
+        storage_options=so,
+        name="b.zarr",
+        compute=False,
+        shards=(50, 60),
+        chunks=(25, 30),
+    )
     v.compute(scheduler="processes", num_workers=2)  # the store pickles as its spec
     store = SpecObjectStore(StoreSpec.of(f"s3://{p.bucket}", so), read_only=True)
     np.testing.assert_array_equal(zarr.open_array(store, path=p.prefix + "z/a.zarr", mode="r")[:], a)

@@ -173,8 +173,25 @@ def _filled(shape, dtype) -> np.ndarray:
 
 
 DTYPES = [
-    "?", "i1", "<u2", ">i4", "<i8", ">u8", "<f2", "<f4", ">f8", "g", "<c8", ">c16", "G",
-    "<M8[ns]", ">m8[D]", "S5", "<U3", ">U2", "V3",
+    "?",
+    "i1",
+    "<u2",
+    ">i4",
+    "<i8",
+    ">u8",
+    "<f2",
+    "<f4",
+    ">f8",
+    "g",
+    "<c8",
+    ">c16",
+    "G",
+    "<M8[ns]",
+    ">m8[D]",
+    "S5",
+    "<U3",
+    ">U2",
+    "V3",
     [("a", "<f4"), ("b", ">i2", (2,)), ("c", [("d", "u1"), ("e", "S2")])],
 ]
 
@@ -318,9 +335,12 @@ def _check_leftovers(folder: Path, expected_npy: list[str]) -> None:
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0", silence_logs=50
-    ) as cluster, distributed.Client(cluster, set_as_default=False) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0", silence_logs=50
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as c,
+    ):
         yield c
 
 
@@ -604,8 +624,12 @@ def test_to_npy_files_refuses_bad_names(tmp_path, names, match):
 
 
 def test_check_names_normalises():
-    assert check_names(["x", "./y/z", "w.npy", "a//b"]) == ["x.npy", os.path.join("y", "z.npy"), "w.npy",
-                                                            os.path.join("a", "b.npy")]
+    assert check_names(["x", "./y/z", "w.npy", "a//b"]) == [
+        "x.npy",
+        os.path.join("y", "z.npy"),
+        "w.npy",
+        os.path.join("a", "b.npy"),
+    ]
 
 
 def test_to_npy_files_refuses_a_single_array(tmp_path):
@@ -696,9 +720,12 @@ def test_a_write_whose_worker_dies_leaves_the_target_untouched(tmp_path):
     x = da.from_array(np.arange(4000, dtype="<f8").reshape(40, 100), chunks=(10, 100))
     x = x.map_blocks(_die_on_block_one, dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        with distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster, distributed.Client(cluster) as c:
+        with (
+            distributed.LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            ) as cluster,
+            distributed.Client(cluster) as c,
+        ):
             with pytest.raises(distributed.KilledWorker):
                 c.compute(npydask.to_npy(x, target, compute=False), sync=True)
     assert target.read_bytes() == before  # the old file, byte for byte
@@ -733,11 +760,14 @@ for line in sys.stdin:
 @contextlib.contextmanager
 def _child_writers(n: int):
     """``n`` long-lived processes that each run ``to_npy`` jobs read as JSON lines on stdin."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(npydask.__file__).parent.parent),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(npydask.__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+    )
     children = [
-        subprocess.Popen([sys.executable, "-c", _CHILD_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         for _ in range(n)
     ]
     try:
@@ -822,6 +852,7 @@ def test_concurrent_writers_of_one_target_publish_one_whole_source(tmp_path):
             answer = child.stdout.readline()
             if not answer.startswith("ok"):
                 raise RuntimeError(f"child: {answer}")
+
         return w
 
     def here(value, **kw):
@@ -831,7 +862,10 @@ def test_concurrent_writers_of_one_target_publish_one_whole_source(tmp_path):
         for i in range(2 * RACE_ITERATIONS):
             np.save(p, old)
             writers = [
-                here(x), here(x), here(a), here(a),  # the same array twice, as dask and as numpy
+                here(x),
+                here(x),
+                here(a),
+                here(a),  # the same array twice, as dask and as numpy
                 here(da.from_array(a, chunks=(16, 512))),
                 here(da.from_array(b, chunks=(8, -1))),
                 in_child(children[0], [4, 2048]),  # the same chunks (and dask name) as x
@@ -1124,8 +1158,9 @@ def _views_of(src: np.ndarray, chunks) -> da.Array:
         (lo, hi), (lo2, hi2) = block_info[None]["array-location"]
         return src[lo:hi, lo2:hi2]
 
-    return da.map_blocks(block, chunks=da.core.normalize_chunks(chunks, src.shape), dtype=src.dtype,
-                         meta=np.empty((0, 0), src.dtype))
+    return da.map_blocks(
+        block, chunks=da.core.normalize_chunks(chunks, src.shape), dtype=src.dtype, meta=np.empty((0, 0), src.dtype)
+    )
 
 
 PADDED_IDS = lambda d: f"itemsize{d.itemsize}-{len(d.names)}f"  # noqa: E731
