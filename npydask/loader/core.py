@@ -19,7 +19,7 @@ from npydask.gpu import check_cuda_fork
 from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
 from npydask.loader.window import READING, WindowReader, window_jobs, window_size
-from npydask.plan.sampling import EpochPlan, check_int
+from npydask.plan.sampling import EpochPlan, check_int, check_shuffle
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
 from npydask.samplers.base import dataset_members
 from npydask.samplers.read import reads_spans
@@ -62,11 +62,16 @@ class Loader:
         batches: the epoch's last round is completed with samples from the
         epoch's start (delivered twice in that epoch, as PyTorch's
         ``DistributedSampler`` pads), or dropped with ``drop_last=True``.
-    shuffle : bool
-        Permute the whole list each epoch with a generator seeded only by
-        ``(seed, epoch)``, the same on every shard, before sharding. With a
-        sampler, the sampler's units (a file's ``per_file`` patches) are
-        permuted instead (ignored by ``Grid``).
+    shuffle : bool or "shard"
+        ``True``: permute the whole list each epoch with a generator seeded
+        only by ``(seed, epoch)``, the same on every shard, before sharding.
+        With a sampler, the sampler's units (a file's ``per_file`` patches)
+        are permuted instead (ignored by ``Grid``). ``"shard"`` (without a
+        sampler, with ``stick_to_shard=True``): permute only inside the
+        shard's own range, by a generator seeded with ``(seed, epoch)`` and
+        the range, so a shard reads the same files every epoch, in a new
+        order (DALI's ``random_shuffle`` with ``stick_to_shard``); a node
+        whose processes read one shard keeps the same files in its cache.
     seed : int, optional
         ``None`` is a fixed default, so separate processes agree.
     shard_id, num_shards : int
@@ -148,7 +153,7 @@ class Loader:
         batch_size: int,
         *,
         sampler: Sampler | None = None,
-        shuffle: bool = False,
+        shuffle: bool | str = False,
         seed: int | None = None,
         shard_id: int = 0,
         num_shards: int = 1,
@@ -181,6 +186,7 @@ class Loader:
         if seed is not None:
             seed = check_int("seed", seed, 0)
         check_device(device)
+        shuffle = check_shuffle(shuffle, sampler=sampler is not None, stick_to_shard=bool(stick_to_shard))
         self.sampler = sampler
         self.bound: BoundSampler | None = None
         self.schedule: Schedule | None = None
@@ -208,7 +214,7 @@ class Loader:
             self.plan = EpochPlan(
                 len(dataset),
                 batch_size,
-                bool(shuffle),
+                shuffle,
                 seed,
                 shard_id,
                 num_shards,
@@ -350,8 +356,9 @@ class Loader:
             another dataset (other files, order, shapes or dtype, even of the
             same length, or the same files at other ROIs, with another
             ``.npz`` key or fill value), whose remaining batches would differ.
-            With a sampler: another dataset, sampler, seed or shuffle (the
-            message names each). A state of a loader with a sampler given to
+            With ``shuffle="shard"``, another ``num_shards`` (it changes each
+            shard's range). With a sampler: another dataset, sampler, seed or
+            shuffle (the message names each). A state of a loader with a sampler given to
             one without (or the reverse) is refused, naming it.
         """
         if self.schedule is not None:
@@ -368,6 +375,13 @@ class Loader:
         if missing:
             raise ValueError(f"not a Loader state: missing {missing}; pass what Loader.state_dict() returned")
         saved = {**_LATER_KEYS, **state}
+        if self.plan.shuffle == "shard" and saved["shuffle"] == "shard" and saved["num_shards"] != self.plan.num_shards:
+            raise ValueError(
+                f"the state was saved with shuffle='shard' and num_shards={saved['num_shards']!r}, this loader has "
+                f"num_shards={self.plan.num_shards}: another num_shards changes each shard's range, so the files a "
+                "shard reads would change in the middle of the epoch. Resume with "
+                f"num_shards={saved['num_shards']!r}, or start the next epoch without load_state_dict"
+            )
         keys = (*_STATE_KEYS, *_LATER_KEYS)
         differ = [f"{k}: {saved[k]!r} != {getattr(self.plan, k)!r}" for k in keys if saved[k] != getattr(self.plan, k)]
         if differ:

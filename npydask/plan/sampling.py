@@ -7,7 +7,10 @@ the DALI tables are tested directly:
   With it, the whole list is permuted by a generator seeded only with
   ``(seed, epoch)`` (``seed=None`` is the fixed :data:`DEFAULT_SEED`): every
   shard computes the same permutation, so shards stay disjoint within an
-  epoch, and each epoch differs.
+  epoch, and each epoch differs. With ``shuffle="shard"`` only each shard's
+  own range is permuted, by a generator seeded with ``(seed, epoch,
+  range)`` (:func:`shard_permutation`): a shard reads the same files every
+  epoch, in a new order.
 * **Shards** are contiguous ranges of that order: shard ``k`` of ``S``
   holds positions ``[floor(N*k/S), floor(N*(k+1)/S))``. With
   ``stick_to_shard=True`` (npydask's default) a shard reads its own range
@@ -38,17 +41,88 @@ import numpy as np
 __all__ = [
     "DEFAULT_SEED",
     "EpochPlan",
+    "SHUFFLES",
     "batch_count",
     "check_int",
+    "check_shuffle",
     "epoch_batches",
     "epoch_order",
     "epoch_shard",
+    "shard_permutation",
     "shard_range",
     "shard_samples",
 ]
 
 DEFAULT_SEED = 0
 """The seed ``seed=None`` stands for: fixed, so that separate shard processes agree."""
+
+SHUFFLES = (False, True, "shard")
+"""The values of ``shuffle``: dataset order, the whole list permuted, or each shard's own range permuted."""
+
+
+def check_shuffle(
+    shuffle: object, *, what: str = "Loader", sampler: bool = False, stick_to_shard: bool = True
+) -> bool | str:
+    """``shuffle`` as ``False``, ``True`` or ``"shard"``, for ``what`` (with a ``sampler`` or not).
+
+    Raises
+    ------
+    ValueError
+        Any other value, naming the choices; ``"shard"`` with a sampler (it
+        deals batches across the whole dataset) or with
+        ``stick_to_shard=False`` (the shard's range moves every epoch).
+
+    Examples
+    --------
+    >>> check_shuffle(np.bool_(True)), check_shuffle("shard")
+    (True, 'shard')
+    >>> check_shuffle("shards", what="NpyIterableDataset")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: NpyIterableDataset: shuffle must be one of (False, True, 'shard'): ...
+    """
+    if isinstance(shuffle, (bool, np.bool_)) or (type(shuffle) is int and shuffle in (0, 1)):
+        return bool(shuffle)
+    if not (isinstance(shuffle, str) and shuffle == "shard"):
+        raise ValueError(
+            f"{what}: shuffle must be one of {SHUFFLES}: False (dataset order), True (the whole list permuted "
+            "every epoch, then sharded) or 'shard' (each shard's own range permuted, so a shard reads the same "
+            f"files every epoch); found {shuffle!r}"
+        )
+    if sampler:
+        raise ValueError(
+            f"{what}: shuffle='shard' applies only without sampler=: a sampler deals global batches across the "
+            "whole dataset, so every shard reads from all of it. To give a node its own files, open its share "
+            "with npydask.open_dataset(..., shard_id=, num_shards=) and use shuffle=True over it"
+        )
+    if not stick_to_shard:
+        raise ValueError(
+            f"{what}: shuffle='shard' permutes inside the shard's own range so that it reads the same files every "
+            "epoch, but stick_to_shard=False moves the shard to another range each epoch; use "
+            "stick_to_shard=True with shuffle='shard', or shuffle=True"
+        )
+    return "shard"
+
+
+def shard_permutation(r: range, epoch: int, seed: int | None = None) -> np.ndarray:
+    """The indices of range ``r`` in epoch ``epoch``'s order under ``shuffle="shard"``.
+
+    The generator is seeded with ``(seed, epoch, r.start, r.stop)`` only
+    (``seed=None`` is :data:`DEFAULT_SEED`), so the order depends on the
+    seed, the epoch and the range, the same in every process that reads it.
+
+    Examples
+    --------
+    >>> a, b = shard_permutation(range(3, 9), 0), shard_permutation(range(3, 9), 1)
+    >>> sorted(a.tolist()) == list(range(3, 9)) and a.tolist() != b.tolist()
+    True
+    >>> shard_permutation(range(3, 9), 4, 7).tolist() == shard_permutation(range(3, 9), 4, 7).tolist()
+    True
+    """
+    epoch = check_int("epoch", epoch, 0)
+    seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
+    rng = np.random.default_rng([seed, epoch, r.start, r.stop])
+    return (r.start + rng.permutation(len(r))).astype(np.int64)
 
 
 def check_int(name: str, value: object, low: int) -> int:
@@ -125,8 +199,14 @@ def _count(value: object, name: str) -> int:
     return number
 
 
-def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None = None) -> np.ndarray:
+def epoch_order(
+    n: int, epoch: int, *, shuffle: bool | str = False, seed: int | None = None, within: range | None = None
+) -> np.ndarray:
     """The order of all ``n`` dataset indices in ``epoch`` (before sharding).
+
+    With ``shuffle="shard"`` only the positions ``within`` (the range of
+    the shard that reads them) are permuted (:func:`shard_permutation`);
+    the rest stay in dataset order.
 
     Examples
     --------
@@ -137,9 +217,16 @@ def epoch_order(n: int, epoch: int, *, shuffle: bool = False, seed: int | None =
     True
     >>> epoch_order(8, 3, shuffle=True, seed=7).tolist() == epoch_order(8, 3, shuffle=True, seed=7).tolist()
     True
+    >>> sorted(epoch_order(8, 0, shuffle="shard", within=range(2, 5))[2:5].tolist())
+    [2, 3, 4]
     """
     n = check_int("the dataset length", n, 0)
     epoch = check_int("epoch", epoch, 0)
+    if shuffle == "shard":
+        order = np.arange(n, dtype=np.int64)
+        if within is not None:
+            order[within.start : within.stop] = shard_permutation(within, epoch, seed)
+        return order
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     seed = DEFAULT_SEED if seed is None else check_int("seed", seed, 0)
@@ -193,7 +280,7 @@ def epoch_batches(
     batch_size: int,
     *,
     epoch: int = 0,
-    shuffle: bool = False,
+    shuffle: bool | str = False,
     seed: int | None = None,
     shard_id: int = 0,
     num_shards: int = 1,
@@ -213,7 +300,8 @@ def epoch_batches(
     [[0, 1], [2, 3], [4, 5]]
     """
     shard_id = epoch_shard(shard_id, num_shards, epoch, stick_to_shard=stick_to_shard)
-    order = epoch_order(n, epoch, shuffle=shuffle, seed=seed)
+    within = shard_range(n, shard_id, num_shards) if shuffle == "shard" else None
+    order = epoch_order(n, epoch, shuffle=shuffle, seed=seed, within=within)
     samples = shard_samples(
         order, shard_id=shard_id, num_shards=num_shards, batch_size=batch_size, pad_last_batch=pad_last_batch
     )
@@ -258,7 +346,7 @@ class EpochPlan:
 
     n: int
     batch_size: int
-    shuffle: bool
+    shuffle: bool | str
     seed: int | None
     shard_id: int
     num_shards: int

@@ -13,7 +13,7 @@ from npydask.gpu import check_cuda_fork
 from npydask.loader import check_process, dataset_fingerprint, warn_if_resharded
 from npydask.plan.deal import Deal
 from npydask.plan.resume import ResumeState
-from npydask.plan.sampling import check_int, epoch_order
+from npydask.plan.sampling import check_int, check_shuffle, epoch_order
 from npydask.samplers import Sampler, read_patches
 from npydask.samplers.schedule import unit_size
 from npydask.torch._common import SharedPass, check_dataset, file_samples, first_views, patch_samples
@@ -61,10 +61,13 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
     drop_last : bool
         With a ``sampler``: drop the epoch's short last batch (the same
         value as the DataLoader's ``drop_last``).
-    shuffle : bool
-        Permute the whole list each epoch with a generator seeded only by
-        ``(seed, epoch)``; with a ``sampler``, permute its units (a file's
-        ``per_file`` patches stay adjacent; ``Grid`` ignores it).
+    shuffle : bool or "shard"
+        ``True``: permute the whole list each epoch with a generator seeded
+        only by ``(seed, epoch)``; with a ``sampler``, permute its units (a
+        file's ``per_file`` patches stay adjacent; ``Grid`` ignores it).
+        ``"shard"`` (without a sampler): permute only inside the rank's own
+        range, as :class:`~npydask.Loader`'s ``shuffle="shard"``, so a rank
+        reads the same files every epoch, in a new order.
     seed : int, optional
         ``None`` is a fixed default, so all ranks agree.
     rank, world_size : int, optional
@@ -164,7 +167,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         sampler: Sampler | None = None,
         batch_size: int = 1,
         drop_last: bool = False,
-        shuffle: bool = False,
+        shuffle: bool | str = False,
         seed: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -189,6 +192,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"rank must be in [0, world_size), found rank={rank} world_size={world_size}")
         if seed is not None:
             seed = check_int("seed", seed, 0)
+        shuffle = check_shuffle(shuffle, what="NpyIterableDataset", sampler=bound is not None)
         if bound is None and check_int("interleave", interleave, 1) > 1:
             raise ValueError(
                 f"NpyIterableDataset takes interleave={interleave} only with a sampler (it mixes the patches of "
@@ -200,7 +204,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         self.bound = bound
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
-        self.shuffle = bool(shuffle)
+        self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
@@ -258,8 +262,9 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             batches = self._deal(self._pass.start).worker_batches(*self._worker())
             return np.concatenate(batches) if batches else np.empty(0, np.int64)
         n = len(self.dataset)
-        order = epoch_order(n, self.epoch, shuffle=self.shuffle, seed=self.seed)
         rank, world = self._share()
+        within = split_for(n, rank, world, 0, 1)  # the rank's range: "shard" permutes only inside it
+        order = epoch_order(n, self.epoch, shuffle=self.shuffle, seed=self.seed, within=within)
         share = split_for(n, rank, world, *self._worker())
         return order[share.start : share.stop]
 
@@ -305,7 +310,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
         assert bound is not None
         epoch = self._pass.epoch
         for positions in self._deal(self._pass.start).each(*self._worker()):
-            patches = bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=self.shuffle)
+            patches = bound.patches(epoch, positions.tolist(), seed=self.seed, shuffle=bool(self.shuffle))
             got = read_patches(self.dataset, patches, bound, device=self.device)
             yield from patch_samples(got, self.with_index)
 
@@ -322,7 +327,7 @@ class NpyIterableDataset(torch.utils.data.IterableDataset):
             self._pass.start,
             len(bound),
             self.seed,
-            self.shuffle and not bound.shuffle_ignored,
+            bool(self.shuffle) and not bound.shuffle_ignored,
             bound.sampler.fingerprint(),
             self._dataset_fingerprint(),
             self.interleave,
