@@ -215,7 +215,8 @@ def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int)
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or length < 0:
+        # no larger than the header of the smallest blocks allows: a damaged size is not read into memory
+        if not stat.S_ISREG(st.st_mode) or length < 0 or st.st_size > header_size(length, 1) + length:
             return None
         blob = _read_all(fd, st.st_size)
     except OSError:
