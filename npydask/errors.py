@@ -28,6 +28,7 @@ import zipfile
 from typing import NamedTuple
 
 __all__ = [
+    "CacheFolderError",
     "FileChangedError",
     "GpuUnavailableError",
     "NpyDaskWarning",
@@ -70,6 +71,16 @@ class FileChangedError(OSError):
 
     Raised by a task at compute time instead of returning other data. Re-open
     the file (call ``from_npy`` again) to read its new contents.
+    """
+
+
+class CacheFolderError(OSError):
+    """A cache folder is refused: it is not safe or not fit to hold cached bytes.
+
+    Raised for a relative path, a symlink, a file that is not a directory, a folder owned by
+    another user or open to the group or others, and one on a network file system.
+
+    The message names the folder, why it was refused and what to do.
     """
 
 

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_buffers",),
     ("format",),
     ("plan",),
+    ("cache",),
     ("storage",),
     ("backends",),
     ("reader",),
