@@ -793,6 +793,12 @@ _REWRITE_READS: dict[str, tuple[int, tuple[int, ...], Any]] = {
 }  # fmt: skip
 
 
+_HELD_OFF = {"from_npy-auto-strided", "from_npy-mmap-copy", "read_region-mmap"}
+"""Reads that may copy from a mapping, under a read lease: the writer's open for writing waits until the copy ends,
+so such a read may never overlap a write (each then returns the planned version; where the writer opened the file
+first, no lease is granted and the read goes by pread, which meets the change)."""
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("how", list(_REWRITE_READS))
 def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monkeypatch, how):
@@ -844,7 +850,8 @@ def test_a_rewrite_in_place_during_a_read_never_returns_torn_data(tmp_path, monk
         finally:
             writer.go.set()
             writer.join()
-    assert outcomes["changed"] > 0, outcomes  # the writer did overlap reads
+    if how not in _HELD_OFF:
+        assert outcomes["changed"] > 0, outcomes  # the writer did overlap reads
     assert all(str(tmp_path) in message for message in changed), changed
 
 
