@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from npydask import config, samplers
 from npydask.array import from_npy
+from npydask.cache.spec import Cache
 from npydask.dataset.npy_dataset import NpyDataset
 from npydask.dataset.npy_stack import from_npy_stack
 from npydask.dataset.open import open_dataset
@@ -62,6 +63,7 @@ from npydask.write.zarr_store import zarr_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
     "FileChangedError",
     "GpuUnavailableError",
     "Loader",

@@ -40,6 +40,10 @@ setting                      environment variable                default  meanin
 ``remote_timeout``           ``NPYDASK_REMOTE_TIMEOUT``          30       seconds for one request before a retry
 ``remote_retries``           ``NPYDASK_REMOTE_RETRIES``          3        retries of a failed request (with backoff)
 ``remote_retry_timeout``     ``NPYDASK_REMOTE_RETRY_TIMEOUT``    45       seconds after which retrying stops
+``cache``                    ``NPYDASK_CACHE``                   ``""``   the node cache's absolute folder (off
+                                                                          when empty); read where a task runs
+``cache_max_bytes``          ``NPYDASK_CACHE_MAX_BYTES``         10 GiB   bytes of extents the node cache holds
+``cache_policy``             ``NPYDASK_CACHE_POLICY``            ``pin``  ``pin`` (admit until full, keep) or ``lru``
 ===========================  ==================================  =======  ==========================================
 
 The remote settings are captured with the store (a
@@ -128,6 +132,17 @@ def _one_of(choices: tuple[str, ...]) -> Any:
 PATCH_READS = ("auto", "mapped", "spans")
 """Values of the ``patch_read`` setting."""
 
+CACHE_POLICIES = ("pin", "lru")
+"""Values of the ``cache_policy`` setting."""
+
+
+def _parse_folder(text: str) -> str:
+    """An absolute folder (``~`` expanded); ``""`` is unset before this is called."""
+    value = os.path.expanduser(text.strip())
+    if not os.path.isabs(value):
+        raise ValueError(f"expected an absolute folder such as /local_nvme/npydask-cache, found {text!r}")
+    return os.path.normpath(value)
+
 
 @dataclass(frozen=True)
 class _Setting:
@@ -157,6 +172,9 @@ _SETTINGS: dict[str, _Setting] = {
     "gpu_host_bytes": _Setting("NPYDASK_GPU_HOST_BYTES", _MiB, _SIZE),
     "gpu_chunk_bytes": _Setting("NPYDASK_GPU_CHUNK_BYTES", _GiB, _SIZE, low=1),
     "pool_bytes": _Setting("NPYDASK_POOL_BYTES", 256 * _MiB, _SIZE),
+    "cache": _Setting("NPYDASK_CACHE", "", _parse_folder),
+    "cache_max_bytes": _Setting("NPYDASK_CACHE_MAX_BYTES", 10 * _GiB, _SIZE, low=1),
+    "cache_policy": _Setting("NPYDASK_CACHE_POLICY", "pin", _one_of(CACHE_POLICIES)),
     "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * _KiB, _SIZE),
     "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * _MiB, _SIZE, low=4 * _KiB),
     "remote_header_bytes": _Setting("NPYDASK_REMOTE_HEADER_BYTES", 4096, _SIZE, low=64, high=_GiB),

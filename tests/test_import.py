@@ -13,7 +13,7 @@ def test_import_pulls_in_no_extras():
         "import sys, npydask\n"
         "heavy = [m for m in ('cupy', 'kvikio', 'zarr', 'torch', 'distributed', 'obstore', 'boto3', 'botocore',\n"
         "                     'npydask.xarray', 'ray', 'npydask.ray', 'npydask.testing',\n"
-        "                     'npydask.cache', 'google_crc32c') if m in sys.modules]\n"
+        "                     'npydask.cache.node', 'npydask.cache.checksum', 'google_crc32c') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
