@@ -70,7 +70,7 @@ Usage::
 
     python benchmarks/bench_remote.py [--size tiny|small|full] [--repeat N] [--json out.json]
                                       [--data DIR] [--only roi,sum,small] [--link-mbit MBIT] [--link-via auto|tc|proxy]
-                                      [--slow-budget S]
+                                      [--slow-budget S] [--case standard|cache]
 """
 
 from __future__ import annotations
@@ -250,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how the link is emulated: the kernel's shaper where it can (auto), only it, or the pacing proxy",
     )
     ap.add_argument(
+        "--case",
+        choices=["standard", "cache"],
+        default="standard",
+        help="standard: R1-R4 (default); cache: the node cache's goals (see _remote_cache.py)",
+    )
+    ap.add_argument(
         "--slow-budget",
         type=float,
         default=30.0,
@@ -284,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             bench = Bench(args, size, server, proxy, volumes, small, scratch)
+            if args.case == "cache":
+                return _run_cache_case(args, bench)
             bench.run_all()
         print(
             f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
@@ -295,6 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.data:
             shutil.rmtree(folder, ignore_errors=True)
     return 0 if bench.report() else 1
+
+
+def _run_cache_case(args: Any, bench: Bench) -> int:
+    """``--case cache``: the node cache's goals (:mod:`_remote_cache`), their table, their JSON."""
+    from _remote_cache import CacheCase
+
+    case = CacheCase(bench, clear_npydask_caches)
+    case.run()
+    print(case.report(), flush=True)
+    print(_common.table([[g["goal"], g["measured"], g["target"], g["verdict"]] for g in case.goals],
+                        ["goal", "measured", "target", "verdict"]), flush=True)  # fmt: skip
+    _common.write_json(args.json, {"benchmark": "remote", "case": "cache", "size": args.size, "goals": case.goals,
+                                   "rows": [[str(v) for v in r] for r in case.rows]})  # fmt: skip
+    return 0 if case.wrong == 0 else 1
 
 
 def _obstore_store(bucket: str, options: dict[str, Any]) -> Any:

@@ -52,7 +52,15 @@ import zlib
 from .checksum import BLOCK_SIZE, ChecksumRecord, checksums, verify
 from .keys import EntryKey
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "header_size", "read_extent", "read_extent_part", "write_extent"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "header_size",
+    "read_extent",
+    "read_extent_part",
+    "read_open_extent",
+    "write_extent",
+]
 
 MAGIC = b"NPDXEXT\x00"
 FORMAT_VERSION = 1
@@ -214,6 +222,14 @@ def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int)
     except (OSError, ValueError):
         return None
     try:
+        return read_open_extent(fd, key, offset, length)
+    finally:
+        os.close(fd)
+
+
+def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> bytes | None:
+    """:func:`read_extent` of an extent file the caller opened (and closes)."""
+    try:
         st = os.fstat(fd)
         # no larger than the header of the smallest blocks allows: a damaged size is not read into memory
         if not stat.S_ISREG(st.st_mode) or length < 0 or st.st_size > header_size(length, 1) + length:
@@ -221,8 +237,6 @@ def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int)
         blob = _read_all(fd, st.st_size)
     except OSError:
         return None
-    finally:
-        os.close(fd)
     if blob is None or len(blob) < _FIXED.size:
         return None
     (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack_from(blob)

@@ -79,9 +79,14 @@ def query_digest(query: str) -> str:
     >>> query_digest("versionId=3") == query_digest("versionId=4")
     False
     """
+    if query in ("", "?"):
+        return _EMPTY_QUERY
     pairs = parse_qsl(query.removeprefix("?"), keep_blank_values=True)
     kept = sorted((k, v) for k, v in pairs if not _is_credential(k))
     return hashlib.sha256(urlencode(kept).encode("utf-8")).hexdigest()
+
+
+_EMPTY_QUERY = hashlib.sha256(b"").hexdigest()
 
 
 def cacheable(etag: str | None) -> bool:
@@ -173,8 +178,12 @@ class EntryKey:
         >>> len(name), set(name) <= set("0123456789abcdef")
         (64, True)
         """
-        fields = ["npydask-cache-entry-1", self.store, self.key, self.query, self.size, self.etag]
-        return hashlib.sha256(json.dumps(fields).encode("utf-8")).hexdigest()
+        found: str | None = self.__dict__.get("_entry_name")
+        if found is None:  # (computed once: a read asks for it several times)
+            fields = ["npydask-cache-entry-1", self.store, self.key, self.query, self.size, self.etag]
+            found = hashlib.sha256(json.dumps(fields).encode("utf-8")).hexdigest()
+            object.__setattr__(self, "_entry_name", found)
+        return found
 
     def etag_digest(self) -> bytes:
         """SHA-256 of the ETag alone (32 bytes), recorded in each extent file's header.
@@ -184,4 +193,8 @@ class EntryKey:
         >>> len(EntryKey.of("s3://b", "x.npy", "", 10, '"1"').etag_digest())
         32
         """
-        return hashlib.sha256(self.etag.encode("utf-8")).digest()
+        found: bytes | None = self.__dict__.get("_etag_digest")
+        if found is None:
+            found = hashlib.sha256(self.etag.encode("utf-8")).digest()
+            object.__setattr__(self, "_etag_digest", found)
+        return found

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from npydask.errors import NpyDaskWarning
 
-from .entry import read_extent, read_extent_part, write_extent
+from .entry import read_extent_part, read_open_extent, write_extent
 from .folder import open_cache_folder
 from .keys import EntryKey
 from .ledger import (
@@ -193,16 +193,15 @@ class NodeCache:
     ) -> list[tuple[int, int]]:
         """Copy what the entry holds of ``[start, stop)`` into ``out`` (first byte ``offset``); the runs missing."""
         base = start if offset is None else offset
+        exact = self._exact(f"{entry}/{extent_name(start, stop - start)}", key, start, stop - start)
+        if exact is not None:  # (the extent asked for before: one open, one read)
+            out[start - base : stop - base] = exact
+            return []
         try:
             efd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         except OSError:
             return [(start, stop)]
         try:
-            exact = read_extent(efd, extent_name(start, stop - start), key, start, stop - start)
-            if exact is not None:
-                out[start - base : stop - base] = exact
-                self._used(efd, extent_name(start, stop - start))
-                return []
             held = sorted(
                 (found[0], found[0] + found[1], name)
                 for name in os.listdir(efd)
@@ -231,6 +230,21 @@ class NodeCache:
             return [(start, stop)]
         finally:
             os.close(efd)
+
+    def _exact(self, path: str, key: EntryKey, offset: int, length: int) -> bytes | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            found = read_open_extent(fd, key, offset, length)
+            if found is not None and self.policy == "lru":
+                os.utime(fd)
+            return found
+        except OSError:
+            return found
+        finally:
+            os.close(fd)
 
     def _used(self, efd: int, name: str) -> None:
         if self.policy == "lru":
