@@ -169,13 +169,12 @@ class NodeCache:
         self, entry: str, key: EntryKey, lo: int, hi: int, view: memoryview, fetch: Fetch, label: str, wait_s: float
     ) -> tuple[int, int]:
         try:
-            lock, waited = acquire_range(self.dir_fd, _LOCK, *lock_span(key.entry_name(), lo, hi), wait_s)
+            lock, _ = acquire_range(self.dir_fd, _LOCK, *lock_span(key.entry_name(), lo, hi), wait_s)
         except OSError:
-            lock, waited = None, False
+            lock = None
         try:
-            todo = [(lo, hi)]
-            if waited and lock is not None:  # (another fetched first: look again)
-                todo = self._serve(entry, key, lo, hi, view, offset=lo)
+            # (look again once the lock is held: another may have published since this read missed)
+            todo = self._serve(entry, key, lo, hi, view, offset=lo) if lock is not None else [(lo, hi)]
             fetched = 0
             for a, b in todo:
                 data, exact = fetch(a, b)
