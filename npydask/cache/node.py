@@ -114,7 +114,7 @@ class NodeCache:
         self._low_space_until = 0.0
         self._space_checked = 0.0
         self._pin_scanned = 0.0
-        self._pin_entries: list[_Entry] | None = None
+        self._pin_index: tuple[dict[str, list[_Entry]], list[_Entry]] | None = None
         self._room = threading.Lock()
         atexit.register(self.flush)
         _open.add(self)
@@ -149,7 +149,12 @@ class NodeCache:
             Longest wait for a run another thread or process is fetching; then this one fetches it.
         """
         n = stop - start
-        if n <= 0:
+        if not 0 <= start <= stop <= key.size or len(out) != n:
+            raise ValueError(
+                f"a node cache read of bytes [{start}, {stop}) of {label} into a buffer of {len(out)} bytes: expected "
+                f"0 <= start <= stop <= the object's size {key.size} and a buffer of stop - start bytes"
+            )
+        if n == 0:
             return CacheRead(0, 0, 0)
         entry = _entry_path(key)
         missing = self._serve(entry, key, start, stop, out)
@@ -178,6 +183,8 @@ class NodeCache:
             fetched = 0
             for a, b in todo:
                 data, exact = fetch(a, b)
+                if len(memoryview(data).cast("B")) != b - a:
+                    raise ValueError(f"fetching bytes [{a}, {b}) of {label} gave {len(data)} bytes, expected {b - a}")
                 view[a - lo : b - lo] = data
                 fetched += b - a
                 if exact:
@@ -401,16 +408,12 @@ class NodeCache:
     def _pin_room(self, held: int, n: int, entry: str, mine: str) -> bool:
         """Under ``pin``: remove superseded versions, then entries unused for 7 days (scanned once a minute)."""
         now = time.monotonic()
-        if self._pin_entries is None or now - self._pin_scanned >= _SCAN_EVERY_S:
-            self._pin_entries, self._pin_scanned = _scan(self.dir_fd), now
-        entries = self._pin_entries
-        newest: dict[str, float] = {mine: float("inf")}  # (the version being admitted is the newest)
-        for e in entries:
-            if e.path != entry:
-                newest[e.object] = max(newest.get(e.object, 0.0), e.created)
-        old = time.time() - UNUSED_S
-        victims = [e for e in entries if e.path != entry and (e.created < newest[e.object] or e.mtime < old)]
-        victims.sort(key=lambda e: (e.created >= newest[e.object], e.mtime))
+        if self._pin_index is None or now - self._pin_scanned >= _SCAN_EVERY_S:
+            self._pin_index, self._pin_scanned = _pin_index(_scan(self.dir_fd)), now
+        by_object, stale = self._pin_index
+        victims = [e for e in by_object.get(mine, ()) if e.path != entry] + [e for e in stale if e.path != entry]
+        if not victims:
+            return False  # (the common case of a full cache: nothing to let go, known without a scan)
         goal = self.max_bytes - n
         gone = set()
         for e in victims:
@@ -419,7 +422,8 @@ class NodeCache:
             held -= _remove_entry(self.dir_fd, e.path, self.ledger)
             gone.add(e.path)
         if gone:
-            self._pin_entries = [e for e in entries if e.path not in gone]
+            by_object[mine] = [e for e in by_object.get(mine, ()) if e.path not in gone]
+            stale[:] = [e for e in stale if e.path not in gone]
         return held <= goal
 
     # -- figures -----------------------------------------------------------------------------------
@@ -547,6 +551,20 @@ def _scan(dir_fd: int) -> list[_Entry]:
             )
         )
     return out
+
+
+def _pin_index(entries: list[_Entry]) -> tuple[dict[str, list[_Entry]], list[_Entry]]:
+    """Entries per object, and those ``pin`` lets go first: superseded versions, then the unused, oldest first."""
+    by_object: dict[str, list[_Entry]] = {}
+    for e in entries:
+        by_object.setdefault(e.object, []).append(e)
+    old = time.time() - UNUSED_S
+    superseded = [
+        e for group in by_object.values() if len(group) > 1 for e in group if e.created < max(g.created for g in group)
+    ]
+    seen = {e.path for e in superseded}
+    unused = sorted((e for e in entries if e.mtime < old and e.path not in seen), key=lambda e: e.mtime)
+    return by_object, sorted(superseded, key=lambda e: e.mtime) + unused
 
 
 def _remove_extent(dir_fd: int, entry: str, name: str, length: int, ledger: Ledger) -> int:
