@@ -92,10 +92,10 @@ def _die_on_rename(note: str) -> None:
 
 
 def run(job: dict) -> dict:
-    if job.get("die_on_rename"):
-        _die_on_rename(job["out"] + ".temp")
     cache = node.node_cache(Cache(job["folder"], max_bytes=job["max_bytes"], policy=job["policy"]))
     assert cache is not None
+    if job.get("die_on_rename"):  # (armed once the folder is open: a publish of what the reads fetch)
+        _die_on_rename(job["out"] + ".temp")
     key = EntryKey.of(job["store"], job["key"], "", os.path.getsize(job["object"]), job["etag"])
     fetch = _fetcher(job)
     reads: list[list] = []
