@@ -46,7 +46,6 @@ import random
 import shutil
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,11 +66,11 @@ GiB = 1 << 30
 
 # (small objects, ROI objects of 200 extents, random extents), kills
 SIZES = {
-    "tiny": ((40, 1, 40), 1),
+    "tiny": ((20, 1, 20), 1),
     "small": ((2_000, 2, 2_000), 10),
     "full": ((20_000, 5, 20_000), 10),
 }
-ROI_EXTENTS = 5  # per ROI object at size tiny (200 otherwise)
+ROI_EXTENTS = 3  # per ROI object at size tiny (200 otherwise)
 RANDOM_OBJECT = 64 * MiB
 RANDOM_PER_OBJECT = 100
 PERIOD = MiB + 4099  # object bytes repeat with this period: overlapping extents agree on their bytes
@@ -352,9 +351,8 @@ def run_case(layout, sizes, extents, base: str, repeat: int) -> dict:
 # the kill test
 
 
-def child(layout_name: str, folder: str, seed: int) -> None:
-    """Admit random extents of one object forever (until killed); says 'ready' after the first."""
-    layout = {c.__name__: c for c in LAYOUTS}[layout_name]
+def child(layout, folder: str, seed: int, ready: int) -> None:
+    """Admit random extents of one object forever (until killed); writes to ``ready`` after the first."""
     rng = random.Random(seed)
     cache = layout(folder, {0: RANDOM_OBJECT})
     first = True
@@ -363,7 +361,8 @@ def child(layout_name: str, folder: str, seed: int) -> None:
         offset = rng.randrange(0, RANDOM_OBJECT - length) & ~4095
         cache.admit(0, offset, length)
         if first:
-            print("ready", flush=True)
+            os.write(ready, b"r")
+            os.close(ready)
             first = False
 
 
@@ -372,18 +371,24 @@ def kill_test(layout, base: str, kills: int, seed: int = 7) -> dict:
     rng = random.Random(seed)
     try:
         for k in range(kills):
-            proc = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--child", layout.__name__, folder, str(seed * 100 + k)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
+            # a forked writer (this script runs no threads): no second interpreter to start
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                try:
+                    child(layout, folder, seed * 100 + k, w)
+                finally:
+                    os._exit(1)
+            os.close(w)
+            started = os.read(r, 1)
+            os.close(r)
+            if started != b"r":
+                os.waitpid(pid, 0)
                 raise RuntimeError("the writer did not start")
             time.sleep(rng.uniform(0.0, 0.15))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         t0 = time.perf_counter()
         temps = torn = valid = orphan = 0
         names = os.listdir(folder)
@@ -433,10 +438,6 @@ def kill_test(layout, base: str, kills: int, seed: int = 7) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        child(argv[1], argv[2], int(argv[3]))
-        return 0
     p = _common.parser(__doc__.splitlines()[0], default_repeat=1)
     p.add_argument("--kills", type=int, default=None, help="SIGKILLs of a writer per layout (default by size)")
     p.add_argument("--folder", default=None, help="where to make the cache folders (default: the temp folder)")
