@@ -194,10 +194,6 @@ def test_single_flight_8_threads_then_2_processes(worker, tmp_path):
     assert sorted((lo, hi) for _, _, lo, hi in starts) == wanted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a reader whose lock came unopposed fetches without looking in the cache again (NodeCache._fetch_run)",
-)
 def test_a_reader_that_missed_just_before_a_publish_fetches_nothing(tmp_path, monkeypatch):
     """A thread looks in the cache while another fetches the run, and takes the lock only after the other let it go.
 
