@@ -56,6 +56,7 @@ from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning
 from npydask.format.header import NpyHeader, parse_header
 from npydask.loader import Loader
 from npydask.reader import read_header, read_region
+from npydask.storage.io_counts import io_stats
 from npydask.write.npy import to_npy, to_npy_files
 from npydask.write.zarr import to_zarr
 from npydask.write.zarr_store import zarr_store
@@ -76,6 +77,7 @@ __all__ = [
     "config",
     "from_npy",
     "from_npy_stack",
+    "io_stats",
     "open_dataset",
     "parse_header",
     "read_header",

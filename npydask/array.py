@@ -25,6 +25,7 @@ from dask.array.core import normalize_chunks
 
 from npydask._buffers import empty, raw
 from npydask._keywords import suggest_keywords
+from npydask.cache.spec import cache_choice
 from npydask.graph.build import chunk_array
 from npydask.plan.chunks import auto_chunks, chunk_limit, drop_empty_chunks, regular_grid
 from npydask.plan.region import Box, split_index
@@ -157,6 +158,7 @@ def from_npy(
     device: str = "cpu",
     backend: str = "auto",
     storage_options: dict[str, Any] | None = None,
+    cache: Any = None,
 ) -> da.Array:
     """A lazy dask array equal to ``numpy.load(path)``.
 
@@ -183,6 +185,15 @@ def from_npy(
         obstore's store and client options. They travel inside the tasks
         (keep credentials in the workers' environment); only the bucket,
         endpoint and region enter the name.
+    cache : None, bool, str or npydask.Cache, optional
+        The node cache an object's reads use (local files ignore it: the
+        operating system's page cache keeps them). ``None``: the ``cache``
+        setting (``NPYDASK_CACHE``) read where each task runs; ``False``:
+        off; ``True``: the setting read now (``ValueError`` when it is
+        empty); a folder or :class:`~npydask.Cache`: that one. Objects whose
+        store identifies versions by anything but a strong ETag are read
+        without it, with one :class:`~npydask.errors.NpyDaskWarning`. It
+        does not enter the name.
 
     Returns
     -------
@@ -204,8 +215,9 @@ def from_npy(
         raise TypeError(several_files_advice(path))
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    choice = cache_choice(cache)
     given = fspath(path)  # (advice quotes the path as the user wrote it)
-    resolved = resolve(given, storage_options)
+    resolved = resolve(given, storage_options, choice)
     path, where = resolved.path, resolved.source
     if not resolved.local and backend != "auto":
         raise ValueError(
@@ -219,6 +231,8 @@ def from_npy(
         if advice is None:
             raise
         raise FileNotFoundError(errno.ENOENT, f"no such file; {advice}", given) from e
+    if where.cache_in_use:
+        where.warn_uncached([path], [ref.identity])
     source = NpyFileArray(ref)
     return wrap(source, resolve_chunks(chunks, source, device), device=device, key=key)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from npydask._keywords import suggest_keywords
 from npydask.array import check_device
+from npydask.cache.spec import CacheChoice, cache_choice
 from npydask.config import read_options
 from npydask.dataset.dali_args import refuse_dali_arguments
 from npydask.dataset.npy_dataset import NpyDataset, Skipped
@@ -98,6 +99,7 @@ def open_dataset(
     sort: str | None = None,
     on_error: str = "raise",
     storage_options: dict[str, Any] | None = None,
+    cache: Any = None,
     **dali_only: Any,
 ) -> NpyDataset | MultiKeyDataset:
     """Open a dataset of ``.npy`` files with DALI ``fn.readers.numpy`` semantics.
@@ -200,6 +202,18 @@ def open_dataset(
     storage_options : dict, optional
         For an object-store ``file_root`` or URLs in ``files``/``file_list``:
         obstore's store and client options (see :func:`npydask.from_npy`).
+    cache : None, bool, str or npydask.Cache, optional
+        The node cache the objects' reads use, carried by every task of the
+        dataset (and used by a :class:`~npydask.Loader` over it). ``None``:
+        the ``cache`` setting (``NPYDASK_CACHE``) read where each task runs;
+        ``False``: off; ``True``: the setting read now (``ValueError`` when
+        it is empty); a folder or :class:`~npydask.Cache`: that one. Local
+        files ignore it (the operating system's page cache keeps them).
+        Where the cache is on, objects that cannot use it (a store opened
+        with ``identity="last-modified"`` or ``"none"``, weak or missing
+        ETags) are read without it, with one
+        :class:`~npydask.errors.NpyDaskWarning` naming the first. It does
+        not enter the names of the dataset's arrays.
     **dali_only
         Taken only to explain them: DALI reader arguments that live
         elsewhere in npydask (``random_shuffle``, ``stick_to_shard``,
@@ -234,6 +248,7 @@ def open_dataset(
     (4, (2, 3), 36)
     """
     refuse_dali_arguments(dali_only)
+    choice = cache_choice(cache)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     check_device(device)
@@ -245,7 +260,7 @@ def open_dataset(
 
         keys, key = member_keys(key), None
     (paths, listed), source = select_paths(
-        file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first
+        file_root, file_filter, file_list, files, recursive, storage_options, sort, inodes=first, cache=choice
     )
     check_key(key)
     roi_args = RoiArgs.from_user(
@@ -289,6 +304,8 @@ def open_dataset(
             members[k] = NpyDataset(
                 shared, _context(backend, k, source), device=device, sharding=sharding, start=start, skipped=skipped
             )
+        if shared is not None and source.cache_in_use:
+            source.warn_uncached(shared.paths(), shared.identities())
         return MultiKeyDataset(members)
     if kept is not None:
         table = scan_table(picked, chosen, kept, origin, roi_args, key)
@@ -314,6 +331,8 @@ def open_dataset(
         from npydask.gpu import check_gpu_dtype
 
         check_gpu_dtype(table.header(0).dtype, table.path(0))  # refused at open, not at the first read
+    if source.cache_in_use:
+        source.warn_uncached(table.paths(), table.identities())
     return NpyDataset(
         table, _context(backend, key, source), device=device, sharding=sharding, start=start, skipped=skipped
     )
@@ -328,8 +347,11 @@ def select_paths(
     storage_options: dict[str, Any] | None,
     sort: str | None = None,
     inodes: bool = False,
+    cache: CacheChoice = None,
 ) -> tuple[Selected, Source]:
     """The dataset's paths in read order (with their listing's identities, for a listed prefix), and their source.
+
+    ``cache`` is the node-cache choice an object store's source carries (local files ignore it).
 
     With ``inodes``, a local folder's listing keeps each file's
     :class:`~npydask.storage.identity.InodeIdentity` (``headers="first"``).
@@ -365,7 +387,7 @@ def select_paths(
         # root is absolute)
         listed_absolute = root is not None and files is None and file_list is None and os.path.isabs(root)
         return Selected(paths if listed_absolute else absolute_all(paths), identities), LOCAL
-    where = resolve(probe, storage_options)
+    where = resolve(probe, storage_options, cache)
     probe, source = where.path, where.source
     root = probe if file_root is not None else None
     lister = lister_for(root, source) if root is not None and files is None and file_list is None else None

@@ -16,7 +16,7 @@ from npydask.dataset.multikey import MultiKeyDataset, pick
 from npydask.dataset.zipped import ZippedDataset
 from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
-from npydask.loader.fetch import ClusterFetch, LocalFetch, PatchReader, check_process, read_batch
+from npydask.loader.fetch import ClusterFetch, Counted, LocalFetch, PatchReader, check_process, read_counted
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
 from npydask.loader.window import READING, WindowReader, window_jobs, window_size
 from npydask.plan.sampling import EpochPlan, check_int, check_shuffle
@@ -292,23 +292,27 @@ class Loader:
         return self._fingerprint
 
     def stats(self) -> ReadStats:
-        """What reading the last epoch's patches cost: ``bytes_read``, ``patch_bytes``, ``requests``, ``io_wait_s``.
+        """What reading the latest pass cost: bytes, requests, read time, node-cache hits, throttled requests.
 
         The sums over the batches yielded by the latest pass (the epoch in
         progress while iterating, the whole epoch once it is over; a resumed
-        pass counts from where it resumed). ``bytes_read / patch_bytes`` is
-        the read amplification; ``io_wait_s`` sums the batches' read times
-        (with prefetch threads they overlap the training step). Batches read
-        together (see ``prefetch``) count their reads once, with the first
-        of them.
+        pass counts from where it resumed), counted where the batches are
+        read (prefetch threads, or a cluster's workers: each task returns
+        its figures with its batch). ``io_wait_s`` sums the batches' read
+        times (with prefetch threads they overlap the training step).
 
-        Raises
-        ------
-        ValueError
-            For a loader without ``sampler=`` (its batches are whole files or ROIs).
+        With a sampler, ``bytes_read``, ``patch_bytes`` and ``requests`` are
+        the patch reads' (``bytes_read / patch_bytes`` is the read
+        amplification; batches read together, see ``prefetch``, count their
+        reads once, with the first of them). Without one, ``patch_bytes`` is
+        the bytes of the samples delivered, and ``bytes_read`` and
+        ``requests`` count the object-store range GETs sent (local files
+        count none: the operating system reads them). Either way
+        ``cache_hits``, ``cache_misses`` and ``cache_hit_bytes`` count reads
+        of objects through the node cache (see ``cache=`` of
+        :func:`~npydask.open_dataset`), and ``throttled`` the requests that
+        finally failed with HTTP 503, ``SlowDown`` or a timeout.
         """
-        if self.schedule is None:
-            raise ValueError("Loader.stats() counts a sampler's patch reads; this loader has no sampler=")
         return self._stats
 
     def state_dict(self) -> dict[str, Any]:
@@ -437,9 +441,10 @@ class Loader:
             check_process(pick(dataset, [0]))  # (before a thread starts: in a forked child, a clear error, not a hang)
             if self.device == "gpu":
                 check_cuda_fork()  # (a child forked after CUDA was used: a clear error, not CUDA's)
-        fetch = self._fetch(read_batch)
+        fetch = self._fetch(read_counted)
         ahead = max(1, self.prefetch)
         pending: deque[tuple[np.ndarray, Future[Any] | Any]] = deque()
+        self._stats = ReadStats()
         try:
             position = 0
             while position < len(batches) or pending:
@@ -448,7 +453,9 @@ class Loader:
                     pending.append((indices, fetch.submit(pick(dataset, indices.tolist()))))
                     position += 1
                 indices, future = pending.popleft()
-                batch = fetch.result(future)
+                got: Counted = fetch.result(future)
+                batch = got.batch
+                self._stats += got.stats
                 self._done += 1
                 yield (batch, indices.copy()) if self.with_index else batch
             self.epoch, self._done = epoch + 1, 0

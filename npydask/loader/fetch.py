@@ -9,9 +9,12 @@ iterating thread's CUDA stream.
 
 from __future__ import annotations
 
+import contextvars
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from types import FunctionType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,9 +22,20 @@ from npydask import config
 from npydask.array import NpyFileArray
 from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.plan.region import Box
-from npydask.samplers import BoundSampler, PatchBatch, read_patches
+from npydask.samplers import BoundSampler, PatchBatch, ReadStats, read_patches
+from npydask.storage.io_counts import collect
 
-__all__ = ["ClusterFetch", "DeviceHandOff", "LocalFetch", "PatchReader", "call_read", "check_process", "read_batch"]
+__all__ = [
+    "ClusterFetch",
+    "Counted",
+    "DeviceHandOff",
+    "LocalFetch",
+    "PatchReader",
+    "call_read",
+    "check_process",
+    "read_batch",
+    "read_counted",
+]
 
 
 def check_process(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]) -> None:
@@ -62,6 +76,36 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
         group = FileGroup(views, 0, True)
         return _owned(group[(slice(None),) * len(group.shape)])
     return [_owned(v.read(Box.whole(v.shape))) for v in views]
+
+
+class Counted(NamedTuple):
+    """A batch of whole files and what reading it cost (:func:`read_counted`)."""
+
+    batch: Any
+    stats: ReadStats
+
+
+def read_counted(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]], device: str = "cpu") -> Counted:
+    """:func:`read_batch`, with its cost counted where it runs (a prefetch thread or a cluster's worker).
+
+    ``patch_bytes`` is the bytes of the batch delivered, ``io_wait_s`` the
+    read's wall time; the other figures are the object-store requests the
+    read made (:mod:`npydask.storage.io_counts`): local files count none.
+    """
+    started = time.perf_counter()
+    with collect() as counts:
+        batch = read_batch(views, device)
+    stats = ReadStats(counts.bytes_read, _nbytes(batch), counts.requests, time.perf_counter() - started)
+    return Counted(batch, stats.with_io(counts))
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes of a batch: an array, a list of arrays or a dict of either."""
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, list):
+        return sum(_nbytes(v) for v in batch)
+    return int(batch.nbytes)
 
 
 def _owned(a: np.ndarray) -> np.ndarray:
@@ -148,9 +192,10 @@ class LocalFetch:
     def submit(self, payload: Any) -> Any:
         if self.pool is None:
             return payload  # read in result(), when asked for
+        run = contextvars.copy_context().run  # (reads counted in the iterating context's collectors too)
         if self.handoff is not None:
-            return self.pool.submit(self.handoff.read, self.read, payload, self.device)
-        return self.pool.submit(self.read, payload, self.device)
+            return self.pool.submit(run, self.handoff.read, self.read, payload, self.device)
+        return self.pool.submit(run, self.read, payload, self.device)
 
     def result(self, future: Any) -> Any:
         if self.pool is None:
@@ -173,17 +218,19 @@ class ClusterFetch:
 
     A ``read`` that is an object (a sampler loader's :class:`PatchReader`,
     which carries the dataset) is scattered to the workers once; each task
-    then carries only its payload.
+    then carries only its payload. A function (:func:`read_batch`,
+    :func:`read_counted`) is sent by reference with each task.
     """
 
     def __init__(self, client: Any, device: str, read: Any = read_batch) -> None:
         self.client = client
         self.device = device
-        self.read = read if read is read_batch else client.scatter(read, broadcast=True, hash=False)
+        self.plain = isinstance(read, FunctionType)
+        self.read = read if self.plain else client.scatter(read, broadcast=True, hash=False)
 
     def submit(self, payload: Any) -> Any:
-        if self.read is read_batch:
-            return self.client.submit(read_batch, payload, self.device, pure=False)
+        if self.plain:
+            return self.client.submit(self.read, payload, self.device, pure=False)
         return self.client.submit(call_read, self.read, payload, self.device, pure=False)
 
     def result(self, future: Any) -> Any:

@@ -42,6 +42,7 @@ from npydask.plan.patches import Patch, patch_index
 from npydask.plan.region import Box
 from npydask.reader import FileBoxes, FileRef, maps_boxes, read_boxes_many
 from npydask.samplers.base import BoundSampler, dataset_members
+from npydask.storage.io_counts import IoStats, collect
 
 __all__ = ["PATCH_READS", "PatchBatch", "ReadStats", "read_patches", "read_window", "reads_spans"]
 
@@ -63,17 +64,30 @@ class ReadStats:
     io_wait_s : float
         Seconds spent reading (wall time of the reads, summed over batches;
         with prefetch threads, reads overlap each other and the training step).
+    cache_hits : int
+        Reads of objects served wholly from the node cache (no request sent).
+    cache_misses : int
+        Reads of objects through the node cache that fetched at least one byte run.
+    cache_hit_bytes : int
+        Bytes served from the node cache.
+    throttled : int
+        Requests that finally failed (after retries) with HTTP 503, ``SlowDown`` or a timeout.
 
     Examples
     --------
-    >>> ReadStats(10, 8, 1, 0.5) + ReadStats(6, 4, 2, 0.25)
-    ReadStats(bytes_read=16, patch_bytes=12, requests=3, io_wait_s=0.75)
+    >>> ReadStats(10, 8, 1, 0.5) + ReadStats(6, 4, 2, 0.25, cache_hits=1, cache_hit_bytes=6)
+    ReadStats(bytes_read=16, patch_bytes=12, requests=3, io_wait_s=0.75, cache_hits=1, cache_misses=0, \
+cache_hit_bytes=6, throttled=0)
     """
 
     bytes_read: int = 0
     patch_bytes: int = 0
     requests: int = 0
     io_wait_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_hit_bytes: int = 0
+    throttled: int = 0
 
     def __add__(self, other: ReadStats) -> ReadStats:
         if not isinstance(other, ReadStats):
@@ -83,6 +97,27 @@ class ReadStats:
             self.patch_bytes + other.patch_bytes,
             self.requests + other.requests,
             self.io_wait_s + other.io_wait_s,
+            self.cache_hits + other.cache_hits,
+            self.cache_misses + other.cache_misses,
+            self.cache_hit_bytes + other.cache_hit_bytes,
+            self.throttled + other.throttled,
+        )
+
+    def with_io(self, counts: IoStats) -> ReadStats:
+        """These stats with the node-cache and throttling figures of ``counts`` (a collector's) added.
+
+        Examples
+        --------
+        >>> from npydask.storage.io_counts import IoStats
+        >>> ReadStats(4, 4, 1).with_io(IoStats(cache_hits=2, cache_hit_bytes=8)).cache_hit_bytes
+        8
+        """
+        return dataclasses.replace(
+            self,
+            cache_hits=self.cache_hits + counts.cache_hits,
+            cache_misses=self.cache_misses + counts.cache_misses,
+            cache_hit_bytes=self.cache_hit_bytes + counts.cache_hit_bytes,
+            throttled=self.throttled + counts.throttled,
         )
 
 
@@ -173,7 +208,10 @@ def read_window(
     (``bytes_read``, ``requests``, ``io_wait_s``) is counted once, in the
     first batch's :class:`ReadStats`, and each batch counts its own
     ``patch_bytes``, so the stats of the batches add up to what was read.
-    ``route`` is as in :func:`read_patches`.
+    ``route`` is as in :func:`read_patches`. Objects read through the node
+    cache count as planned in ``bytes_read`` and ``requests`` (the reads
+    asked for); ``cache_hits`` and ``cache_hit_bytes`` say how much of them
+    the cache served without a request.
 
     Raises
     ------
@@ -197,19 +235,22 @@ def read_window(
     reads = ReadStats()
     out: list[dict[str, Any]] = [{} for _ in lists]
     sizes = [0] * len(lists)
-    for key, member in members.items():
-        arrays, cost = _read_member(member, lists, groups, bound.fill_value, route)
-        reads += cost
-        for b, (batch, size) in enumerate(arrays):
-            out[b][key] = batch
-            sizes[b] += size
+    with collect() as counts:  # (the node cache's and throttling figures, where the reads run)
+        for key, member in members.items():
+            arrays, cost = _read_member(member, lists, groups, bound.fill_value, route)
+            reads += cost
+            for b, (batch, size) in enumerate(arrays):
+                out[b][key] = batch
+                sizes[b] += size
+    reads = reads.with_io(counts)
     waited = time.perf_counter() - started
     done = []
     for b, (patches, members_out) in enumerate(zip(lists, out)):
         batch = members_out[""] if list(members_out) == [""] else members_out
         if device == "gpu":
             batch = _to_device(batch)
-        cost = ReadStats(reads.bytes_read, sizes[b], reads.requests, waited) if b == 0 else ReadStats(0, sizes[b])
+        first = dataclasses.replace(reads, patch_bytes=sizes[b], io_wait_s=waited)
+        cost = first if b == 0 else ReadStats(0, sizes[b])
         done.append(PatchBatch(batch, patch_index(patches), cost))
     return done
 

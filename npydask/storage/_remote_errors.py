@@ -19,9 +19,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from npydask.errors import FileChangedError
+from npydask.storage.io_counts import record
 from npydask.storage.urls import redact
 
-__all__ = ["call", "error_for", "translate", "unlistable_key"]
+__all__ = ["call", "error_for", "throttled", "translate", "unlistable_key"]
 
 T = TypeVar("T")
 
@@ -101,9 +102,31 @@ def call(url: str, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -
         return fn(*args, **kwargs)
     except BaseException as e:  # (obstore's panics are BaseExceptions)
         error = translate(e, url, what)
+        if throttled(e, error):
+            record(throttled=1)
         if error is e:
             raise
     raise error
+
+
+def throttled(e: BaseException, error: BaseException) -> bool:
+    """Whether obstore's ``e`` (translated to ``error``) is a request that finally failed with 503, ``SlowDown``
+    or a timeout (after obstore's retries).
+
+    Examples
+    --------
+    >>> class GenericError(Exception): pass
+    >>> GenericError.__module__ = "obstore.exceptions"
+    >>> e = GenericError("...status code: 503 Service Unavailable...<Code>SlowDown</Code>")
+    >>> throttled(e, translate(e, "s3://b/k", "reading")), throttled(ValueError("x"), ValueError("x"))
+    (True, False)
+    """
+    if isinstance(error, TimeoutError):
+        return True
+    if not (type(e).__module__ or "").startswith("obstore"):
+        return False
+    status, code = _facts(str(e))
+    return status == 503 or code == "SlowDown"
 
 
 def translate(e: BaseException, url: str, what: str) -> BaseException:

@@ -23,6 +23,7 @@ install command.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import threading
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from npydask import config
+from npydask.cache.spec import CacheChoice
 from npydask.errors import install_hint
 from npydask.storage.urls import OBJECT_SCHEMES, redact
 
@@ -134,10 +136,14 @@ class StoreSpec(NamedTuple):
     options: tuple[tuple[str, Any], ...]
     """``storage_options`` as sorted ``(key, value)`` pairs (a dict value as sorted pairs too)."""
     settings: RemoteSettings
+    cache: CacheChoice = None
+    """The node cache reads use (:func:`npydask.cache.spec.cache_choice`): a
+    :class:`~npydask.cache.spec.Cache`, ``False`` (off) or ``None`` (the ``cache`` setting where a task
+    runs). Not part of the store: specs that differ only here share one store and connection pool."""
 
     @classmethod
-    def of(cls, base: str, storage_options: dict[str, Any] | None) -> StoreSpec:
-        """The spec for ``base`` with ``storage_options`` and the current settings.
+    def of(cls, base: str, storage_options: dict[str, Any] | None, cache: CacheChoice = None) -> StoreSpec:
+        """The spec for ``base`` with ``storage_options``, the current settings and the node-cache choice ``cache``.
 
         Raises
         ------
@@ -161,7 +167,7 @@ class StoreSpec(NamedTuple):
             if isinstance(v, dict):
                 v = tuple(sorted(v.items()))
             pairs.append((k.lower(), v))
-        return cls(base, tuple(pairs), RemoteSettings.current())
+        return cls(base, tuple(pairs), RemoteSettings.current(), cache)
 
     @property
     def kind(self) -> str:
@@ -290,6 +296,8 @@ def store_for(spec: StoreSpec) -> Any:
         If obstore refuses a ``storage_options`` key or value.
     """
     check_not_forked(spec.base)
+    if spec.cache is not None:
+        spec = spec._replace(cache=None)  # (the cache choice is not the store's: one pool whatever it is)
     found = _stores.get(spec)
     if found is not None:
         return found
@@ -395,8 +403,12 @@ def run_all(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], concurrency:
 
 
 def _run_on(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """Each call on ``pool``; on an error the rest is cancelled, the running ones waited for, the first raised."""
-    futures = [pool.submit(fn, item) for item in items]
+    """Each call on ``pool``; on an error the rest is cancelled, the running ones waited for, the first raised.
+
+    Each call runs in a copy of the submitting context, so what it records
+    (:mod:`npydask.storage.io_counts`) lands in the caller's collectors.
+    """
+    futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
     _, pending = wait(futures, return_when=FIRST_EXCEPTION)
     if pending:
         for f in pending:
@@ -425,7 +437,7 @@ def run_beside(side: Callable[[], object], main: Callable[[], R], concurrency: i
     if concurrency <= 1:
         side()
         return main()
-    future = _pool(concurrency).submit(side)
+    future = _pool(concurrency).submit(contextvars.copy_context().run, side)  # (counted as the caller's)
     try:
         result = main()
     except BaseException as main_error:

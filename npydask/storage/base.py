@@ -277,6 +277,20 @@ class Source(abc.ABC):
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
         """Fill ``dest`` with ``nbytes`` from each ``(path, identity, offset, check)`` in turn (a small-file group)."""
 
+    @property
+    def cache_in_use(self) -> bool:
+        """Whether reads here use a node cache (never for local files: the page cache keeps them)."""
+        return False
+
+    def warn_uncached(self, paths: Sequence[str], identities: Sequence[Identity]) -> None:
+        """Warn once where a node cache is on but some of these files cannot use it (nothing here).
+
+        An object store's source warns, naming the first such object and
+        why, for a store opened without ETag identities, or objects with a
+        weak or no ETag: they are read without the cache.
+        """
+        return  # (deliberately nothing: local files are not cached)
+
     def check_process(self, path: str) -> None:
         """Raise where this process cannot read ``path`` (nothing to check for local files).
 

@@ -44,8 +44,9 @@ from typing import Any, cast
 import numpy as np
 
 from npydask import config
+from npydask.cache.keys import cacheable
 from npydask.config import ReadOptions
-from npydask.errors import FileChangedError
+from npydask.errors import FileChangedError, warn
 from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
 from npydask.plan.patch_runs import Spans
@@ -65,6 +66,8 @@ from npydask.storage._stores import (
 )
 from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
 from npydask.storage.identity import HeaderCheck, ObjectIdentity, header_mismatch
+from npydask.storage.io_counts import record
+from npydask.storage.object_cache import cache_for, cache_on, entry_key, uncached_warning
 from npydask.storage.urls import http_target, redact, split_url
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
@@ -279,6 +282,17 @@ class ObjectSource(Source):
         identity = self.identity(path)
         return _Blocks(self, path, identity, b""), identity.size
 
+    @property
+    def cache_in_use(self) -> bool:
+        """Whether reads use a node cache in this process (``cache=`` given, or the ``cache`` setting)."""
+        return cache_on(self.spec.cache)
+
+    def warn_uncached(self, paths: Sequence[str], identities: Sequence[Identity]) -> None:
+        """One :class:`~npydask.errors.NpyDaskWarning` where the node cache is on but objects cannot use it."""
+        text = uncached_warning(self.identity_mode, paths, identities) if self.cache_in_use else None
+        if text is not None:
+            warn(text)
+
     def check_process(self, path: str) -> None:
         """Raise :class:`RuntimeError` in a child forked from a process that used obstore.
 
@@ -314,8 +328,56 @@ class ObjectSource(Source):
             return url[len(self._prefix) :]
         return split_url(url).key
 
-    def _get(self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str) -> memoryview:
-        """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many."""
+    def _get(
+        self,
+        path: str,
+        identity: ObjectIdentity | None,
+        start: int,
+        stop: int,
+        what: str,
+        into: memoryview | None = None,
+        cached: bool = True,
+    ) -> memoryview:
+        """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many.
+
+        The one road of a read's range GETs. Through the node cache where it
+        is on and the object may use it (:mod:`~npydask.storage.object_cache`):
+        cached runs are taken from it, and only the missing runs are
+        requested, each conditional and checked as without it (a replaced
+        object fails every request made for it); a read wholly cached sends
+        nothing and returns the version opened. ``into`` (``start..stop``
+        long, format ``"B"``) receives the bytes and is returned.
+        """
+        cache = None
+        if cached and identity is not None and self.identity_mode == "etag" and cacheable(identity.etag):
+            cache = cache_for(self.spec.cache)
+        if cache is None:
+            data = self._request(path, identity, start, stop, what)[0]
+            if into is None:
+                return data
+            into[:] = data
+            return into
+        assert identity is not None and identity.etag is not None
+        out = memoryview(bytearray(stop - start)) if into is None else into
+        key = entry_key(self.spec.public(), path, identity.size, identity.etag)
+
+        def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
+            return self._request(path, identity, lo, hi, what)
+
+        got = cache.read(key, start, stop, out, fetch, label=redact(path), wait_s=float(self.spec.settings.timeout))
+        hit = got.fetches == 0
+        record(cache_hits=int(hit), cache_misses=int(not hit), cache_hit_bytes=got.hit_bytes)
+        return out
+
+    def _request(
+        self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
+    ) -> tuple[memoryview, bool]:
+        """One range GET of ``start..stop`` (conditional on ``identity``), checked; and whether it was exact.
+
+        Exact: the response's range is the one requested and its identity
+        the one opened (what the node cache may admit). A response whose
+        size or ETag differs raises :class:`~npydask.errors.FileChangedError`.
+        """
         obstore = import_obstore()
         options: dict[str, Any] = {"range": (start, stop)}
         if identity is not None and identity.etag is not None:
@@ -323,11 +385,12 @@ class ObjectSource(Source):
         what = f"{what} (bytes {start}..{stop})"
         store, key = self.store(path), self.key(path)
 
-        def get() -> tuple[memoryview, Any]:
+        def get() -> tuple[memoryview, Any, Any]:
             result = obstore.get(store, key, options=options)
-            return memoryview(result.bytes()), result.meta
+            return memoryview(result.bytes()), result.meta, result.range
 
-        data, meta = call(path, what, get)
+        data, meta, got = call(path, what, get)
+        record(requests=1, bytes_read=len(data))
         if identity is not None:
             found = ObjectIdentity.of(meta, self.identity_mode)
             if found != identity:
@@ -339,7 +402,7 @@ class ObjectSource(Source):
                 "shorter than when it was opened; open it again",
                 redact(path),
             )
-        return data
+        return data, identity is not None and tuple(got) == (start, stop)
 
     def _read_header(self, path: str, key: str | None) -> tuple[ObjectIdentity, NpyHeader, bytes, Member | None]:
         """One GET of the first ``remote_header_bytes`` (more only when needed): identity, header, raw, member."""
@@ -352,27 +415,50 @@ class ObjectSource(Source):
         return identity, header, raw, member
 
     def _head(self, path: str) -> tuple[ObjectIdentity, _Blocks]:
-        """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them."""
+        """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them.
+
+        Not read through the node cache (opening asks the store what the
+        object is now), but an object this GET read whole is admitted to it.
+        """
         first = self.spec.settings.header_bytes
         obstore = import_obstore()
         store, key = self.store(path), self.key(path)
 
-        def get() -> tuple[bytes, Any] | None:
+        def get() -> tuple[bytes, Any, Any] | None:
             try:
                 result = obstore.get(store, key, options={"range": (0, first)})
             except Exception as e:
                 if _unsatisfiable(e):
                     return None  # (an empty object: no range of it exists)
                 raise
-            return bytes(result.bytes()), result.meta
+            return bytes(result.bytes()), result.meta, result.range
 
         found = call(path, "reading its header", get)
         if found is None:
             identity = self.identity(path)
-            return identity, _Blocks(self, path, identity, b"")
-        data, meta = found
+            return identity, _Blocks(self, path, identity, b"", cached=False)
+        data, meta, got = found
+        record(requests=1, bytes_read=len(data))
         identity = self.opened(path, meta)
-        return identity, _Blocks(self, path, identity, data)
+        if len(data) == identity.size and tuple(got) == (0, identity.size):
+            self._admit_whole(path, identity, data)
+        return identity, _Blocks(self, path, identity, data, cached=False)
+
+    def _admit_whole(self, path: str, identity: ObjectIdentity, data: bytes) -> None:
+        """Keep an object read whole while opening in the node cache (where it is on and the object may use it)."""
+        if not (data and self.identity_mode == "etag" and cacheable(identity.etag)):
+            return
+        cache = cache_for(self.spec.cache)
+        if cache is None:
+            return
+        assert identity.etag is not None
+        key = entry_key(self.spec.public(), path, identity.size, identity.etag)
+        out = memoryview(bytearray(len(data)))
+
+        def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
+            return memoryview(data)[lo:hi], True  # (the response just checked: exactly the whole object)
+
+        cache.read(key, 0, len(data), out, fetch, label=redact(path), wait_s=float(self.spec.settings.timeout))
 
     def _scan(self, path: str, key: str | None) -> Scanned:
         identity, header, raw, member = self._read_header(path, key)
@@ -456,11 +542,18 @@ def changed(path: str, expected: ObjectIdentity, found: ObjectIdentity) -> FileC
 
 
 class _Blocks:
-    """A :data:`npydask.format.npz.Read` over an object: the first GET's bytes, then 64 KiB blocks, conditional."""
+    """A :data:`npydask.format.npz.Read` over an object: the first GET's bytes, then 64 KiB blocks, conditional.
 
-    def __init__(self, source: ObjectSource, path: str, identity: ObjectIdentity, first: bytes) -> None:
+    ``cached=False`` for the reads of opening (a header or zip directory):
+    they ask the store, not the node cache.
+    """
+
+    def __init__(
+        self, source: ObjectSource, path: str, identity: ObjectIdentity, first: bytes, cached: bool = True
+    ) -> None:
         self.source, self.path, self.identity = source, path, identity
         self.first = first
+        self.cached = cached
         self.blocks: dict[int, bytes] = {}
 
     def __call__(self, offset: int, n: int) -> bytes:
@@ -471,7 +564,11 @@ class _Blocks:
         if offset + n <= len(self.first):
             return self.first[offset : offset + n]
         if n > 4 * _BLOCK:  # (a deflated member's pieces: one request each, not cached)
-            return bytes(self.source._get(self.path, self.identity, offset, offset + n, "reading an .npz member"))
+            return bytes(
+                self.source._get(
+                    self.path, self.identity, offset, offset + n, "reading an .npz member", cached=self.cached
+                )
+            )
         out = []
         pos, end = offset, offset + n
         while pos < end:
@@ -481,7 +578,12 @@ class _Blocks:
                 lo = index * _BLOCK
                 block = self.blocks[index] = bytes(
                     self.source._get(
-                        self.path, self.identity, lo, min(lo + _BLOCK, size), "reading a header or zip directory"
+                        self.path,
+                        self.identity,
+                        lo,
+                        min(lo + _BLOCK, size),
+                        "reading a header or zip directory",
+                        cached=self.cached,
                     )
                 )
             lo = index * _BLOCK
@@ -585,6 +687,6 @@ class RangeReader:
 
         def one(job: tuple[memoryview, int]) -> None:
             buf, offset = job
-            buf[:] = source._get(url, identity, offset, offset + len(buf), "reading a region")
+            source._get(url, identity, offset, offset + len(buf), "reading a region", into=buf)
 
         run_all(one, jobs, source.spec.settings.concurrency)

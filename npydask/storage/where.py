@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from npydask.cache.spec import CacheChoice
 from npydask.storage.base import Lister, Source
 from npydask.storage.local import LOCAL, LocalLister
 from npydask.storage.paths import absolute
@@ -66,8 +67,15 @@ def fspath(path: str | os.PathLike[str]) -> str:
     return path
 
 
-def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StoragePath:
+def resolve(
+    path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, cache: CacheChoice = None
+) -> StoragePath:
     """The path to carry (absolute, or the URL as given) with the source that reads it.
+
+    ``cache`` (a :data:`~npydask.cache.spec.CacheChoice`, already checked by
+    :func:`~npydask.cache.spec.cache_choice`) is the node cache an object's
+    reads use; it travels in the source's spec. Local paths ignore it: the
+    operating system's page cache keeps local files.
 
     Raises
     ------
@@ -87,7 +95,7 @@ def resolve(path: str | os.PathLike[str], storage_options: dict[str, Any] | None
         from npydask.storage.object import source_for
 
         import_obstore()
-        return StoragePath(source_for(StoreSpec.of(split_url(path).base, storage_options)), path)
+        return StoragePath(source_for(StoreSpec.of(split_url(path).base, storage_options, cache)), path)
     if storage_options:
         raise ValueError(
             f"{path}: storage_options apply to object-store URLs (s3://, gs://, az://, http(s)://); "
