@@ -58,6 +58,7 @@ NUMBERS = [
     ("gpu_host_bytes", 0, 1 << 62, True),
     ("gpu_chunk_bytes", 1, 1 << 62, True),
     ("pool_bytes", 0, 1 << 62, True),
+    ("cache_max_bytes", 1, 1 << 62, True),
     ("remote_gap_bytes", 0, 1 << 62, True),
     ("remote_part_bytes", 4096, 1 << 62, True),
     ("remote_header_bytes", 64, 1 << 30, True),
@@ -114,7 +115,9 @@ def test_an_empty_variable_or_value_is_unset_for_every_setting(monkeypatch, name
     default = config.get(name)
     monkeypatch.setenv(_env(name), "")
     assert config.get(name) == default
-    other = "spans" if name in ("roi_strategy", "patch_read") else True
+    other = {"roi_strategy": "spans", "patch_read": "spans", "cache": "/tmp/npydask-cache", "cache_policy": "lru"}.get(
+        name, True
+    )
     with config.set(**{name: other}):
         with config.set(**{name: ""}):  # (unset for the block: the environment's or the default)
             assert config.get(name) == default
