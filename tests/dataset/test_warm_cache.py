@@ -1,0 +1,78 @@
+"""``ds.warm_cache()``: a dataset (its shard and ROI) read once through the node cache, then read with no GET.
+
+Objects live on the session's SeaweedFS server, reached through a request-counting proxy; numpy is the
+oracle for what the reads return afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npydask
+from npydask.dataset.warm import WarmSummary
+
+SHAPE = (16, 32, 32)  # 64 KiB: more than the header read, so opening does not read (and cache) it whole
+
+
+@pytest.fixture(scope="module")
+def objects(s3):
+    """``bucket/prefix/v/`` with eight float32 volumes of ``SHAPE``, and the arrays by index."""
+    space = s3.space()
+    arrays = []
+    for i in range(8):
+        a = np.random.default_rng(i).random(SHAPE, dtype="f4")
+        s3.put_npy(f"{space}/v/{i}.npy", a)
+        arrays.append(a)
+    return f"s3://{space}/v/", arrays
+
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    from npydask.testing.counting_proxy import CountingProxy
+
+    monkeypatch.setenv("NPYDASK_REMOTE_HEDGE", "off")
+    with CountingProxy(s3.endpoint) as p:
+        yield p, {**s3.options, "endpoint": p.endpoint}
+
+
+def test_local_files_are_refused(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(4))
+    ds = npydask.open_dataset(str(tmp_path))
+    with pytest.raises(ValueError, match="files are local .*page cache"):
+        ds.warm_cache()
+
+
+def test_a_dataset_with_no_cache_on_is_refused(objects, s3, monkeypatch):
+    url, _ = objects
+    monkeypatch.delenv("NPYDASK_CACHE", raising=False)
+    ds = npydask.open_dataset(url, storage_options=s3.options)  # cache=None, and the setting empty here
+    with pytest.raises(ValueError, match="no node cache is on .*NPYDASK_CACHE"):
+        ds.warm_cache()
+
+
+def test_a_warmed_shard_and_roi_are_then_read_with_no_get(objects, proxy, tmp_path, capsys):
+    url, arrays = objects
+    counter, options = proxy
+    cache = npydask.Cache(str(tmp_path / "cache"))
+    roi = dict(roi_start=[1, 2, 3], roi_shape=[4, 5, 6])
+    ds = npydask.open_dataset(url, storage_options=options, cache=cache, shard_id=1, num_shards=2, **roi)
+    off = npydask.open_dataset(url, storage_options=options, cache=False)
+    with npydask.config.set(cache=cache.folder), pytest.raises(ValueError, match="cache=False"):
+        off.warm_cache()
+    summary = ds.warm_cache()
+    assert isinstance(summary, WarmSummary)
+    assert (summary.files, summary.bytes, summary.folder) == (4, ds.nbytes, cache.folder)
+    assert "warm_cache: 4 / 4 files" in capsys.readouterr().err  # (the progress line, on stderr)
+
+    counter.reset()
+    got = ds.stack().compute()
+    expected = np.stack([a[1:5, 2:7, 3:9] for a in arrays[4:]])
+    np.testing.assert_array_equal(got, expected)
+    assert counter.counts.count("GET") == 0, counter.counts
+
+    # the other shard was not staged: reading it fetches
+    other = npydask.open_dataset(url, storage_options=options, cache=cache, shard_id=0, num_shards=2, **roi)
+    counter.reset()
+    np.testing.assert_array_equal(other.stack().compute(), np.stack([a[1:5, 2:7, 3:9] for a in arrays[:4]]))
+    assert counter.counts.count("GET") > 0
