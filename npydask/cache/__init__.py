@@ -1,7 +1,8 @@
-"""The node cache: bytes of remote objects kept on a node's local disk, as plain values.
+"""The node cache: bytes of remote objects kept on a node's local disk, shared by its processes.
 
 A wing below the object source: it knows entry keys (:mod:`.keys`), the byte runs held
 (:mod:`.extents`), per-block checksums (:mod:`.checksum`), the file of one extent
-(:mod:`.entry`) and the folder that holds them (:mod:`.folder`), and imports nothing of
-the storage layer. ``import npydask`` does not import it.
+(:mod:`.entry`), the folder that holds them (:mod:`.folder`), its shared state (:mod:`.ledger`),
+kernel locks (:mod:`.locks`) and the cache at work (:mod:`.node`), and imports nothing of the
+storage layer. ``import npydask`` imports only :mod:`.spec` (for :class:`npydask.Cache`).
 """

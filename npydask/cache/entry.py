@@ -52,7 +52,7 @@ import zlib
 from .checksum import BLOCK_SIZE, ChecksumRecord, checksums, verify
 from .keys import EntryKey
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "header_size", "read_extent", "write_extent"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "header_size", "read_extent", "read_extent_part", "write_extent"]
 
 MAGIC = b"NPDXEXT\x00"
 FORMAT_VERSION = 1
@@ -254,3 +254,92 @@ def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int)
     if not verify(payload, ChecksumRecord(_ALGORITHM_NAMES[algo], block, n, sums)):
         return None
     return payload
+
+
+def read_extent_part(dir_fd: int, name: str, key: EntryKey, offset: int, length: int, lo: int, hi: int) -> bytes | None:
+    """Bytes ``[lo, hi)`` of the object from the extent file ``name`` (``[offset, offset + length)``), or ``None``.
+
+    Reads the header and only the blocks covering ``[lo, hi)``, verifying those blocks'
+    checksums; ``None`` on the same damage :func:`read_extent` reports (a damaged block outside
+    ``[lo, hi)`` is found by the read that needs it).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> key = EntryKey.of("s3://b", "x.npy", "", 100, '"v1"')
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    ...     write_extent(fd, "e0", key, 10, b"hello world")
+    ...     got = read_extent_part(fd, "e0", key, 10, 11, 16, 21); os.close(fd)
+    >>> got
+    b'world'
+    """
+    if not (offset <= lo <= hi <= offset + length):
+        return None
+    try:
+        _check_name(name)
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except (OSError, ValueError):
+        return None
+    try:
+        return _read_part(fd, key, offset, length, lo, hi)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_part(fd: int, key: EntryKey, offset: int, length: int, lo: int, hi: int) -> bytes | None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size < _FIXED.size:
+        return None
+    fixed = os.pread(fd, _FIXED.size, 0)
+    if len(fixed) != _FIXED.size:
+        return None
+    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack(fixed)
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or algo not in _ALGORITHM_NAMES
+        or reserved != 0
+        or not (0 < block <= BLOCK_SIZE)
+        or blocks != -(-n // block)
+        or n != length
+        or off != offset
+    ):
+        return None
+    end = _FIXED.size + 4 * blocks
+    if st.st_size != end + 4 + n:
+        return None
+    rest = _read_at(fd, end + 4 - _FIXED.size, _FIXED.size)
+    if rest is None:
+        return None
+    head = fixed + rest[:-4]
+    if struct.unpack("<I", rest[-4:])[0] != zlib.crc32(head):
+        return None
+    if key_hash != bytes.fromhex(key.entry_name()) or etag_hash != key.etag_digest() or size != key.size:
+        return None
+    if hi == lo:
+        return b""
+    first, last = (lo - offset) // block, (hi - offset - 1) // block
+    start = first * block
+    payload = _read_at(fd, min(n, (last + 1) * block) - start, end + 4 + start)
+    if payload is None:
+        return None
+    sums = struct.unpack_from(f"<{last - first + 1}I", head, _FIXED.size + 4 * first)
+    record = ChecksumRecord(_ALGORITHM_NAMES[algo], block, len(payload), sums)
+    if not verify(payload, record):
+        return None
+    return payload[lo - offset - start : hi - offset - start]
+
+
+def _read_at(fd: int, n: int, at: int) -> bytes | None:
+    parts = []
+    got = 0
+    while got < n:
+        part = os.pread(fd, n - got, at + got)
+        if not part:
+            return None
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
