@@ -15,6 +15,7 @@ raises ``ValueError`` before any read.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import sys
 import threading
@@ -110,8 +111,9 @@ def warm(views: Sequence[NpyFileArray], folder: str, *, progress: bool = True) -
     """Read every view whole once (its bytes pass through the node cache), dropping the arrays.
 
     Files are read by up to :data:`MAX_THREADS` threads, as many as hold at most
-    :data:`IN_FLIGHT_BYTES` of the largest file each. The first error stops the
-    reads not yet started and is raised.
+    :data:`IN_FLIGHT_BYTES` of the largest file each, each read in a copy of the
+    caller's context. The first error stops the reads not yet started and is
+    raised.
     """
     sizes = [v.nbytes for v in views]
     total = sum(sizes)
@@ -133,7 +135,9 @@ def warm(views: Sequence[NpyFileArray], folder: str, *, progress: bool = True) -
 
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="npydask-warm")
     try:
-        futures: list[Future[None]] = [pool.submit(read, i) for i in range(len(views))]
+        # each read runs in a copy of the caller's context, as dask's threads do, so what the caller
+        # collects there (figures of the reads) sees these reads too
+        futures: list[Future[None]] = [pool.submit(contextvars.copy_context().run, read, i) for i in range(len(views))]
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in finished:
             error = f.exception()

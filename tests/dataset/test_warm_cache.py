@@ -60,10 +60,16 @@ def test_a_warmed_shard_and_roi_are_then_read_with_no_get(objects, proxy, tmp_pa
     off = npydask.open_dataset(url, storage_options=options, cache=False)
     with npydask.config.set(cache=cache.folder), pytest.raises(ValueError, match="cache=False"):
         off.warm_cache()
-    summary = ds.warm_cache()
+    with npydask.io_stats() as cold:  # (the warm's threads read in the caller's context: counted here)
+        summary = ds.warm_cache()
     assert isinstance(summary, WarmSummary)
     assert (summary.files, summary.bytes, summary.folder) == (4, ds.nbytes, cache.folder)
     assert "warm_cache: 4 / 4 files" in capsys.readouterr().err  # (the progress line, on stderr)
+    assert cold.requests >= 4 and cold.cache_misses >= 4 and cold.cache_hits == 0, cold
+    with npydask.io_stats() as warm:
+        ds.warm_cache(progress=False)
+    assert (warm.requests, warm.cache_misses) == (0, 0) and warm.cache_hits >= 4, warm
+    assert capsys.readouterr().err == ""
 
     counter.reset()
     got = ds.stack().compute()
