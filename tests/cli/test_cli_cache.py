@@ -182,3 +182,16 @@ def test_fill_stages_a_shard_then_reads_send_no_get(s3, tmp_path, capsys, monkey
         assert proxy.counts.count("GET") == 0, proxy.counts
     status, out, _ = run(capsys, "cache", "info", folder, "--json")
     assert status == 0 and json.loads(out)["entries"] == 3
+
+
+def test_the_cache_methods_are_the_commands_in_python(filled):
+    folder, fetched = filled
+    cache = npydask.Cache(folder)
+    assert (cache.info().entries, cache.info().bytes) == (3, fetched)
+    for days in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="number of days of 0 or more"):
+            cache.prune(days)
+    with pytest.raises(TypeError, match="number of days"):
+        cache.prune("7")  # type: ignore[arg-type]
+    assert cache.prune(1) == (0, 0)
+    assert cache.clear() == fetched and cache.info().entries == 0
