@@ -82,3 +82,30 @@ def test_a_warmed_shard_and_roi_are_then_read_with_no_get(objects, proxy, tmp_pa
     counter.reset()
     np.testing.assert_array_equal(other.stack().compute(), np.stack([a[1:5, 2:7, 3:9] for a in arrays[:4]]))
     assert counter.counts.count("GET") > 0
+
+
+def test_dict_datasets_warm_every_member_and_refuse_local_files(s3, proxy, tmp_path):
+    import io
+
+    counter, options = proxy
+    space = s3.space()
+    members = []
+    for i in range(3):
+        x, y = np.random.default_rng(i).random(SHAPE, dtype="f4"), np.arange(20_000, dtype="i4") * i
+        buf = io.BytesIO()
+        np.savez(buf, x=x, y=y)
+        s3.put(f"{space}/p/{i}.npz", buf.getvalue())
+        members.append((x, y))
+        np.savez(tmp_path / f"{i}.npz", x=x, y=y)
+    with pytest.raises(ValueError, match="files are local"):
+        npydask.open_dataset(str(tmp_path), file_filter="*.npz", key=["x", "y"]).warm_cache()
+    cache = npydask.Cache(str(tmp_path / "cache"))
+    ds = npydask.open_dataset(f"s3://{space}/p/", file_filter="*.npz", key=["x", "y"], storage_options=options,
+                              cache=cache)  # fmt: skip
+    summary = ds.warm_cache(progress=False)
+    assert (summary.files, summary.bytes) == (6, ds.nbytes)
+    counter.reset()
+    got = ds.stack()
+    np.testing.assert_array_equal(got["x"].compute(), np.stack([x for x, _ in members]))
+    np.testing.assert_array_equal(got["y"].compute(), np.stack([y for _, y in members]))
+    assert counter.counts.count("GET") == 0, counter.counts
