@@ -109,3 +109,36 @@ def test_dict_datasets_warm_every_member_and_refuse_local_files(s3, proxy, tmp_p
     np.testing.assert_array_equal(got["x"].compute(), np.stack([x for x, _ in members]))
     np.testing.assert_array_equal(got["y"].compute(), np.stack([y for _, y in members]))
     assert counter.counts.count("GET") == 0, counter.counts
+
+
+def test_large_files_are_warmed_in_slabs_that_cover_them(s3, proxy, tmp_path, monkeypatch):
+    from npydask.dataset import warm
+
+    counter, options = proxy
+    space = s3.space()
+    c_order = np.random.default_rng(0).random(SHAPE, dtype="f4")
+    f_order = np.asfortranarray(np.random.default_rng(1).random(SHAPE, dtype="f4"))
+    s3.put_npy(f"{space}/c.npy", c_order)
+    s3.put_npy(f"{space}/f.npy", f_order)
+    ds = npydask.open_dataset(files=[f"s3://{space}/c.npy", f"s3://{space}/f.npy"], storage_options=options,
+                              cache=str(tmp_path / "cache"))  # fmt: skip
+    monkeypatch.setattr(warm, "SLAB_BYTES", 8 * 1024)  # (64 KiB files: 8 slabs each, planes in C, columns in F)
+    counter.reset()
+    assert ds.warm_cache(progress=False).files == 2
+    assert counter.counts.count("GET") >= 16  # (a request per slab at least)
+    counter.reset()
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack([c_order, f_order]))
+    assert counter.counts.count("GET") == 0, counter.counts
+
+
+def test_plain_files_are_warmed_whole_so_stacks_loaders_and_single_reads_send_no_get(objects, proxy, tmp_path):
+    url, arrays = objects
+    counter, options = proxy
+    ds = npydask.open_dataset(url, storage_options=options, cache=str(tmp_path / "cache"))
+    ds.warm_cache(progress=False)
+    counter.reset()
+    batches = [b for b in npydask.Loader(ds, batch_size=3)]  # (batches of several files: each from byte 0)
+    np.testing.assert_array_equal(np.concatenate(batches), np.stack(arrays))
+    np.testing.assert_array_equal(ds.stack().compute(), np.stack(arrays))
+    np.testing.assert_array_equal(ds[5][2:9].compute(), arrays[5][2:9])  # (one file: its payload only)
+    assert counter.counts.count("GET") == 0, counter.counts
