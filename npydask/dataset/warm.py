@@ -199,7 +199,7 @@ def warm(views: Sequence[NpyFileArray], folder: str, *, progress: bool = True) -
     try:
         # each read runs in a copy of the caller's context, as dask's threads do, so what the caller
         # collects there (figures of the reads) sees these reads too
-        futures = [pool.submit(contextvars.copy_context().run, read, *job) for job in jobs]
+        futures = [pool.submit(contextvars.copy_context().run, read, i, kind, box) for i, kind, box in jobs]
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in finished:
             error = f.exception()
