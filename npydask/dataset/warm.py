@@ -74,7 +74,8 @@ class WarmSummary:
     def __str__(self) -> str:
         rate = f", {human_bytes(int(self.bytes / self.seconds))}/s" if self.seconds > 0 else ""
         return (
-            f"read {self.files:,} files, {human_bytes(self.bytes)} in {self.seconds:.2f} s{rate} "
+            f"read {self.files:,} file{'' if self.files == 1 else 's'}, {human_bytes(self.bytes)} in "
+            f"{self.seconds:.2f} s{rate} "
             f"through the cache at {self.folder}"
         )
 
