@@ -14,6 +14,8 @@ A :class:`Cache` whose ``max_bytes`` or ``policy`` is ``None`` takes the ``cache
 
 from __future__ import annotations
 
+import importlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Union
@@ -100,6 +102,55 @@ class Cache:
         max_bytes: int = config.get("cache_max_bytes") if self.max_bytes is None else self.max_bytes
         policy: str = config.get("cache_policy") if self.policy is None else self.policy
         return self.folder, max_bytes, policy
+
+    # -- the folder's upkeep: what ``npydask cache info/clear/prune`` do ------------------------
+
+    def info(self) -> Any:
+        """What the folder holds, as ``npydask cache info`` prints it: a frozen ``npydask.cache.node.CacheInfo``.
+
+        Entries, extents, bytes held against the folder's recorded ``max_bytes``,
+        its policy, hits and misses, and entries and bytes per dataset prefix.
+
+        Raises
+        ------
+        OSError
+            :class:`~npydask.errors.CacheFolderError` for a folder refused as a cache (see the class).
+        """
+        return _admin("cache_info")(self.folder)
+
+    def clear(self) -> int:
+        """Remove every entry; returns the bytes removed. The folder's recorded ``max_bytes`` and policy are reset.
+
+        Safe while other processes read through the folder: their reads fetch again.
+        """
+        removed: int = _admin("cache_clear")(self.folder)
+        return removed
+
+    def prune(self, older_than_days: float) -> tuple[int, int]:
+        """Remove the entries unread for ``older_than_days`` days; returns ``(entries, bytes)`` removed.
+
+        Raises
+        ------
+        TypeError
+            ``older_than_days`` is not a number.
+        ValueError
+            ``older_than_days`` is negative or not finite.
+        """
+        if isinstance(older_than_days, bool) or not isinstance(older_than_days, (int, float)):
+            raise TypeError(f"Cache.prune takes a number of days, found {older_than_days!r}")
+        if not math.isfinite(older_than_days) or older_than_days < 0:
+            raise ValueError(f"Cache.prune takes a number of days of 0 or more, found {older_than_days!r}")
+        entries, removed = _admin("cache_prune")(self.folder, older_than_days * 86400.0)
+        return int(entries), int(removed)
+
+
+def _admin(name: str) -> Any:
+    """The folder function ``name`` of :mod:`npydask.cache.node`, imported on first use.
+
+    ``node`` builds on this module (a task's :class:`Cache`), so this module names it only here,
+    by its dotted path: no import cycle, and ``import npydask`` does not load the cache's runtime.
+    """
+    return getattr(importlib.import_module("npydask.cache.node"), name)
 
 
 CacheChoice = Union[Cache, bool, None]

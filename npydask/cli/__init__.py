@@ -1,7 +1,8 @@
 """The ``npydask`` command line: thin argument parsing over the public API.
 
-``info`` (headers only), ``stats`` (on a cluster), ``convert``, ``demo`` and
-``bench``. Results go to stdout; progress and messages to stderr. Bad input
+``info`` (headers only), ``stats`` (on a cluster), ``convert``, ``demo``,
+``bench`` and ``cache`` (a node cache's folder, and staging a dataset in
+it). Results go to stdout; progress and messages to stderr. Bad input
 prints one line on stderr and exits with status 2, before any cluster
 starts; a folder with unreadable files lists them and exits with status 1.
 """
@@ -12,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 
 import npydask
-from npydask.cli import bench, convert, demo, info, stats
+from npydask.cli import bench, cache, convert, demo, info, stats
 from npydask.cli._common import check_scheduler, cli_words, say
 from npydask.cli._errors import UsageError
 
@@ -26,6 +27,7 @@ examples:
   npydask stats scans/ --per-file       min, max, mean, std and count on threads or a cluster
   npydask convert data.npz data/        every .npz member to a .npy file (also to zarr, F to C order)
   npydask bench --size small            the benchmark suite, ratio tables and a JSON file
+  npydask cache info                    what the node cache (NPYDASK_CACHE) holds; also clear, prune, fill
   npydask <command> --quiet             no progress on stderr
   npydask <command> --help              the options of a command
 """
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"npydask {npydask.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (info, stats, convert, demo, bench):
+    for module in (info, stats, convert, demo, bench, cache):
         module.add_parser(sub)
     return parser
 

@@ -40,6 +40,8 @@ __all__ = [
     "SCAN_COUNT_FROM",
     "TINY_BYTES",
     "TINY_FILES",
+    "add_roi_options",
+    "add_shard_options",
     "check_scheduler",
     "cli_words",
     "compute",
@@ -47,6 +49,7 @@ __all__ = [
     "number",
     "on_threads",
     "parse_list",
+    "roi_kwargs",
     "say",
     "size",
     "table",
@@ -341,3 +344,46 @@ def add_selection_options(parser: Any, *, several: bool = False) -> None:
     parser.add_argument("--key", help="member of .npz archives to read (e.g. 'x')")
     add_storage_option(parser)
     add_quiet_option(parser)
+
+
+_ROI_FLAGS: tuple[tuple[str, Callable[[str], Any]], ...] = (
+    ("roi_start", int),
+    ("roi_end", int),
+    ("roi_shape", int),
+    ("rel_roi_start", float),
+    ("rel_roi_end", float),
+    ("rel_roi_shape", float),
+    ("roi_axes", int),
+)
+"""DALI's ROI arguments, as ``--roi-start`` ... flags take them (comma-separated)."""
+
+
+def add_roi_options(parser: Any) -> None:
+    """DALI's ROI arguments (``--roi-start 1,2`` ...), ``--oob`` and ``--fill-value``."""
+    roi = parser.add_argument_group("region of interest (DALI fn.readers.numpy arguments, comma-separated)")
+    for name, kind in _ROI_FLAGS:
+        word = kind.__name__
+        roi.add_argument("--" + name.replace("_", "-"), metavar=word.upper() + "S", help=f"{word}s, e.g. 1,2")
+    roi.add_argument(
+        "--oob", choices=("error", "trim_to_shape", "pad"), default="error", help="out-of-bounds policy (default error)"
+    )
+    roi.add_argument("--fill-value", type=float, default=0.0, help="value of padded cells (default 0)")
+
+
+def roi_kwargs(args: Any) -> dict[str, Any]:
+    """The ROI flags as ``open_dataset``'s keyword arguments (a bad list is a :class:`UsageError`)."""
+    kw: dict[str, Any] = {}
+    for name, kind in _ROI_FLAGS:
+        value = parse_list(getattr(args, name), kind, "--" + name.replace("_", "-"))
+        if value is not None:
+            kw[name] = value
+    kw["out_of_bounds_policy"] = args.oob
+    kw["fill_value"] = args.fill_value
+    return kw
+
+
+def add_shard_options(parser: Any) -> None:
+    """``--shard-id`` and ``--num-shards``: DALI's contiguous shards of the file list, as ``open_dataset`` cuts them."""
+    group = parser.add_argument_group("shard (DALI's shard_id and num_shards: a contiguous part of the file list)")
+    group.add_argument("--shard-id", type=int, default=0, metavar="K", help="the shard to take, from 0 (default 0)")
+    group.add_argument("--num-shards", type=int, default=1, metavar="N", help="shards of the list (default 1)")

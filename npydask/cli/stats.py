@@ -21,14 +21,15 @@ import numpy as np
 
 from npydask.cli._common import (
     add_cluster_options,
+    add_roi_options,
     add_selection_options,
     compute,
     emit_json,
     json_number,
     number,
     on_threads,
-    parse_list,
     report_bad,
+    roi_kwargs,
     table,
 )
 from npydask.cli._errors import UsageError
@@ -61,21 +62,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--per-file", action="store_true", help="also one row per file")
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="read into NumPy or CuPy chunks")
-    roi = p.add_argument_group("region of interest (DALI fn.readers.numpy arguments, comma-separated)")
-    for name, kind in (
-        ("roi-start", "int"),
-        ("roi-end", "int"),
-        ("roi-shape", "int"),
-        ("rel-roi-start", "float"),
-        ("rel-roi-end", "float"),
-        ("rel-roi-shape", "float"),
-        ("roi-axes", "int"),
-    ):
-        roi.add_argument(f"--{name}", metavar=kind.upper() + "S", help=f"{kind}s, e.g. 1,2")
-    roi.add_argument(
-        "--oob", choices=("error", "trim_to_shape", "pad"), default="error", help="out-of-bounds policy (default error)"
-    )
-    roi.add_argument("--fill-value", type=float, default=0.0, help="value of padded cells (default 0)")
+    add_roi_options(p)
     add_cluster_options(p)
     p.set_defaults(func=run)
 
@@ -133,32 +120,13 @@ def combine(rows: np.ndarray) -> tuple[float, float, float, float, float]:
     return float(n), float(rows[:, 1].min()), float(rows[:, 2].max()), mean, math.sqrt(max(m2, 0.0) / n)
 
 
-def _roi_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kw: dict[str, Any] = {}
-    for name, kind in (
-        ("roi_start", int),
-        ("roi_end", int),
-        ("roi_shape", int),
-        ("rel_roi_start", float),
-        ("rel_roi_end", float),
-        ("rel_roi_shape", float),
-        ("roi_axes", int),
-    ):
-        value = parse_list(getattr(args, name), kind, "--" + name.replace("_", "-"))
-        if value is not None:
-            kw[name] = value
-    kw["out_of_bounds_policy"] = args.oob
-    kw["fill_value"] = args.fill_value
-    return kw
-
-
 def _check_dtype(dtype: np.dtype) -> None:
     if dtype.kind not in "biuf":
         raise UsageError(f"stats needs real numbers; the files hold {dtype} ({dtype.str})")
 
 
 def run(args: argparse.Namespace) -> int:
-    roi = _roi_kwargs(args)
+    roi = roi_kwargs(args)
     selection = selection_for(
         args.path,
         args,

@@ -14,6 +14,7 @@ from typing import Any
 import dask.array as da
 
 from npydask.dataset.npy_dataset import NpyDataset
+from npydask.storage.local import LOCAL
 
 __all__ = ["KeyedDatasets"]
 
@@ -68,3 +69,23 @@ class KeyedDatasets:
     def arrays(self) -> list[dict[str, da.Array]]:
         """Every sample as a dict of lazy arrays, in order."""
         return list(self)
+
+    def warm_cache(self, *, progress: bool = True) -> Any:
+        """:meth:`NpyDataset.warm_cache <npydask.dataset.npy_dataset.NpyDataset.warm_cache>` for every key at once.
+
+        Keys whose files are local are left to the page cache; every other key
+        needs a node cache on (else ``ValueError``), and so does one key at least.
+        """
+        from npydask.dataset.warm import cache_folder_of, warm
+
+        views: list[Any] = []
+        folders = []
+        for ds in self._members.values():
+            if ds._context.source is LOCAL:
+                continue
+            folders.append(cache_folder_of(ds._context.source, ds._shown(0) if len(ds) else "an empty dataset"))
+            views += ds.views
+        if not folders:
+            first = self._first()
+            cache_folder_of(first._context.source, first._shown(0) if len(first) else "an empty dataset")
+        return warm(views, folders[0], progress=progress)

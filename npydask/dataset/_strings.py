@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENCODING", "Strings", "encode", "gather", "pack", "starts_of", "unpack"]
+__all__ = ["ENCODING", "Strings", "encode", "gather", "human_bytes", "pack", "starts_of", "unpack"]
 
 ENCODING = ("utf-8", "surrogateescape")
 """How names and strings are stored (``os.fsencode`` on POSIX, independent of the locale)."""
@@ -133,3 +133,17 @@ class Strings:
         h.update(t.data)
         h.update(np.ascontiguousarray(t.ends).tobytes())
         h.update(b"-" if t.missing is None else np.packbits(t.missing).tobytes())
+
+
+def human_bytes(n: int) -> str:
+    """A byte count in binary units, as the dataset's repr shows it.
+
+    >>> human_bytes(512), human_bytes(1536), human_bytes(3 << 30)
+    ('512 B', '1.5 KiB', '3.0 GiB')
+    """
+    size: float = n
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"  # pragma: no cover

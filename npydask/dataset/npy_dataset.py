@@ -18,6 +18,7 @@ import numpy as np
 
 from npydask.array import resolve_chunks, wrap
 from npydask.dataset._exports import adapter
+from npydask.dataset._strings import human_bytes
 from npydask.dataset.scan import dtype_name
 from npydask.dataset.stacking import join
 from npydask.dataset.table import FileTable, Layout
@@ -356,6 +357,27 @@ class NpyDataset:
             ray_remote_args=ray_remote_args,
         )
 
+    def warm_cache(self, *, progress: bool = True) -> Any:
+        """Read every file's output (after ROI) once, so that its bytes are held in the node cache; keep nothing.
+
+        Stages a dataset, or the shard it was cut to, on the node's local disk
+        before training: later reads of these bytes send no request. The reads
+        take the dataset's own read path, a file at a time per thread, several
+        at once. Returns a :class:`~npydask.dataset.warm.WarmSummary` (files,
+        bytes, seconds, folder); ``progress`` shows a line on stderr.
+
+        Raises
+        ------
+        ValueError
+            The files are local (the page cache holds those), or no cache is on
+            for the dataset here (``cache=False``, or ``cache=None`` with the
+            ``cache`` setting, ``NPYDASK_CACHE``, empty).
+        """
+        from npydask.dataset.warm import cache_folder_of, warm
+
+        folder = cache_folder_of(self._context.source, self._shown(0) if len(self) else "an empty dataset")
+        return warm(self.views, folder, progress=progress)
+
     def _need_files(self, what: str) -> None:
         if not len(self):
             raise ValueError(f"cannot {what} an empty dataset")
@@ -484,17 +506,3 @@ def _rebuild(
     skipped: tuple[Skipped, ...] = (),
 ) -> NpyDataset:
     return NpyDataset(table, context, device=device, sharding=sharding, start=start, skipped=skipped)
-
-
-def human_bytes(n: int) -> str:
-    """A byte count in binary units, as the dataset's repr shows it.
-
-    >>> human_bytes(512), human_bytes(1536), human_bytes(3 << 30)
-    ('512 B', '1.5 KiB', '3.0 GiB')
-    """
-    size: float = n
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"  # pragma: no cover

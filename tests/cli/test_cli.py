@@ -220,7 +220,7 @@ def test_stats_table_on_stdout(folder):
 def test_help_and_version():
     out = run("--help")
     assert out.returncode == 0 and "examples:" in out.stdout
-    for command in ("demo", "info", "stats", "convert", "bench"):
+    for command in ("demo", "info", "stats", "convert", "bench", "cache"):
         assert command in out.stdout
         sub = run(command, "--help")
         assert sub.returncode == 0 and "examples:" in sub.stdout
