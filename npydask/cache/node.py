@@ -30,7 +30,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 import warnings
@@ -607,6 +606,19 @@ def _remove_entry(dir_fd: int, entry: str, ledger: Ledger) -> int:
     return freed
 
 
+def _remove_empty_fans(dir_fd: int) -> None:
+    """Remove the entries' fan-out folders and their parent where empty (nothing else is touched)."""
+    for fan in range(256):
+        try:
+            os.rmdir(f"{ENTRIES}/{fan:02x}", dir_fd=dir_fd)
+        except OSError:
+            pass
+    try:
+        os.rmdir(ENTRIES, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 _caches: dict[tuple[int, str, int, str], NodeCache] = {}
 _caches_lock = threading.Lock()
 _open: weakref.WeakSet[NodeCache] = weakref.WeakSet()
@@ -706,7 +718,7 @@ def cache_clear(folder: str) -> int:
     dir_fd, ledger = _open_admin(folder)
     try:
         freed = sum(_remove_entry(dir_fd, path, ledger) for path in list(walk_entries(dir_fd)))
-        shutil.rmtree(os.path.join(folder, ENTRIES), ignore_errors=True)
+        _remove_empty_fans(dir_fd)
         with ledger.lock:
             ledger.write(Counts())
             forget_settings(dir_fd)

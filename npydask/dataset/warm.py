@@ -36,6 +36,7 @@ from npydask.array import NpyFileArray
 from npydask.cache.spec import Cache, CacheChoice
 from npydask.dataset._strings import human_bytes
 from npydask.plan.region import Box
+from npydask.storage.io_counts import collect
 from npydask.storage.local import LOCAL
 
 __all__ = ["IN_FLIGHT_BYTES", "MAX_THREADS", "SLAB_BYTES", "WarmSummary", "cache_folder_of", "slabs", "warm"]
@@ -64,19 +65,27 @@ class WarmSummary:
         Wall time of the reads.
     folder : str
         The cache folder the reads went through.
+    requests : int
+        Range GETs the reads sent (0 when everything was held already).
+    cache_hits, cache_misses : int
+        Reads served wholly from the cache, and reads that fetched at least one byte run.
     """
 
     files: int
     bytes: int
     seconds: float
     folder: str
+    requests: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     def __str__(self) -> str:
         rate = f", {human_bytes(int(self.bytes / self.seconds))}/s" if self.seconds > 0 else ""
         return (
             f"read {self.files:,} file{'' if self.files == 1 else 's'}, {human_bytes(self.bytes)} in "
             f"{self.seconds:.2f} s{rate} "
-            f"through the cache at {self.folder}"
+            f"through the cache at {self.folder}: {self.requests:,} GETs, "
+            f"{self.cache_hits:,} reads held already, {self.cache_misses:,} fetched"
         )
 
 
@@ -196,21 +205,23 @@ def warm(views: Sequence[NpyFileArray], folder: str, *, progress: bool = True) -
             if line is not None:
                 line.update(done[0], done[1], time.perf_counter() - start)
 
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="npydask-warm")
-    try:
-        # each read runs in a copy of the caller's context, as dask's threads do, so what the caller
-        # collects there (figures of the reads) sees these reads too
-        futures = [pool.submit(contextvars.copy_context().run, read, i, kind, box) for i, kind, box in jobs]
-        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in finished:
-            error = f.exception()
-            if error is not None:
-                raise error
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        if line is not None:
-            line.finish(done[0], done[1], time.perf_counter() - start)
-    return WarmSummary(len(views), total, time.perf_counter() - start, folder)
+    with collect() as counts:  # (the reads' requests and cache hits, for the summary)
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="npydask-warm")
+        try:
+            # each read runs in a copy of the caller's context, as dask's threads do, so what the caller
+            # collects there (figures of the reads) sees these reads too
+            futures = [pool.submit(contextvars.copy_context().run, read, i, kind, box) for i, kind, box in jobs]
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in finished:
+                error = f.exception()
+                if error is not None:
+                    raise error
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            if line is not None:
+                line.finish(done[0], done[1], time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return WarmSummary(len(views), total, seconds, folder, counts.requests, counts.cache_hits, counts.cache_misses)
 
 
 class _Progress:

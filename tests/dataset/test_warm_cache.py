@@ -66,9 +66,12 @@ def test_a_warmed_shard_and_roi_are_then_read_with_no_get(objects, proxy, tmp_pa
     assert (summary.files, summary.bytes, summary.folder) == (4, ds.nbytes, cache.folder)
     assert "warm_cache: 4 / 4 files" in capsys.readouterr().err  # (the progress line, on stderr)
     assert cold.requests >= 4 and cold.cache_misses >= 4 and cold.cache_hits == 0, cold
+    assert (summary.requests, summary.cache_misses, summary.cache_hits) == (cold.requests, cold.cache_misses, 0)
     with npydask.io_stats() as warm:
-        ds.warm_cache(progress=False)
+        again = ds.warm_cache(progress=False)
     assert (warm.requests, warm.cache_misses) == (0, 0) and warm.cache_hits >= 4, warm
+    assert (again.requests, again.cache_misses, again.cache_hits) == (0, 0, warm.cache_hits)
+    assert str(again).endswith(f": 0 GETs, {warm.cache_hits} reads held already, 0 fetched")
     assert capsys.readouterr().err == ""
 
     counter.reset()
