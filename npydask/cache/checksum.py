@@ -21,8 +21,17 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ALGORITHMS", "BLOCK_SIZE", "ChecksumRecord", "checksums", "preferred_algorithm", "verify"]
+__all__ = [
+    "ALGORITHMS",
+    "BLOCK_SIZE",
+    "ChecksumRecord",
+    "checksum_function",
+    "checksums",
+    "preferred_algorithm",
+    "verify",
+]
 
 BLOCK_SIZE = 1 << 20
 ALGORITHMS: tuple[str, ...] = ("crc32c", "crc32")
@@ -42,6 +51,17 @@ def _function(algorithm: str) -> Callable[[bytes], int] | None:
     if algorithm == "crc32c":
         return _crc32c()
     raise ValueError(f"unknown checksum algorithm {algorithm!r}: expected one of {', '.join(ALGORITHMS)}")
+
+
+def checksum_function(algorithm: str) -> Callable[[Any], int] | None:
+    """The function computing ``algorithm``'s checksum of a bytes-like value, or ``None`` where it is missing here.
+
+    Examples
+    --------
+    >>> checksum_function("crc32")(b"a") == zlib.crc32(b"a")
+    True
+    """
+    return _function(algorithm)
 
 
 def preferred_algorithm() -> str:

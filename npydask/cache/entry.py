@@ -49,7 +49,7 @@ import stat
 import struct
 import zlib
 
-from .checksum import BLOCK_SIZE, ChecksumRecord, checksums, verify
+from .checksum import BLOCK_SIZE, ChecksumRecord, checksum_function, checksums, verify
 from .keys import EntryKey
 
 __all__ = [
@@ -68,6 +68,8 @@ _ALGORITHM_CODES = {"crc32c": 1, "crc32": 2}
 _ALGORITHM_NAMES = {v: k for k, v in _ALGORITHM_CODES.items()}
 _FIXED = struct.Struct("<8sHBBI32s32sQQQI")
 _TEMP_PREFIX = ".tmp-"
+_CHECKS = {code: fn for code, name in _ALGORITHM_NAMES.items() if (fn := checksum_function(name)) is not None}
+_ONE_READ = 64 << 20  # (extents up to this size are read with one pread; larger ones after an fstat)
 
 
 def header_size(length: int, block_size: int = BLOCK_SIZE) -> int:
@@ -222,19 +224,26 @@ def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int)
     except (OSError, ValueError):
         return None
     try:
-        return read_open_extent(fd, key, offset, length)
+        found = read_open_extent(fd, key, offset, length)
     finally:
         os.close(fd)
+    return None if found is None else bytes(found)
 
 
-def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> bytes | None:
-    """:func:`read_extent` of an extent file the caller opened (and closes)."""
+def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> memoryview | None:
+    """:func:`read_extent` of an extent file the caller opened (and closes): a view of its bytes, or ``None``."""
+    if length < 0:
+        return None
+    expect = header_size(length) + length
     try:
-        st = os.fstat(fd)
-        # no larger than the header of the smallest blocks allows: a damaged size is not read into memory
-        if not stat.S_ISREG(st.st_mode) or length < 0 or st.st_size > header_size(length, 1) + length:
-            return None
-        blob = _read_all(fd, st.st_size)
+        # (one read of the size a file of this extent has, one byte more to see a longer one)
+        blob: bytes | None = os.pread(fd, expect + 1, 0) if expect <= _ONE_READ else b""
+        if blob is None or len(blob) != expect:
+            st = os.fstat(fd)
+            # no larger than the header of the smallest blocks allows: a damaged size is not read into memory
+            if not stat.S_ISREG(st.st_mode) or st.st_size > header_size(length, 1) + length:
+                return None
+            blob = _read_all(fd, st.st_size)
     except OSError:
         return None
     if blob is None or len(blob) < _FIXED.size:
@@ -256,18 +265,27 @@ def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> bytes 
     if crc != zlib.crc32(blob[:end]):
         return None
     if (
-        key_hash != bytes.fromhex(key.entry_name())
+        key_hash != key.entry_digest()
         or etag_hash != key.etag_digest()
         or size != key.size
         or off != offset
         or n != length
     ):
         return None
-    sums = struct.unpack_from(f"<{blocks}I", blob, _FIXED.size)
-    payload = blob[end + 4 :]
-    if not verify(payload, ChecksumRecord(_ALGORITHM_NAMES[algo], block, n, sums)):
+    check = _CHECKS.get(algo)
+    if check is None:
         return None
-    return payload
+    start = end + 4
+    if blocks == 1:  # (the common case, without a loop; google-crc32c takes bytes, not views)
+        payload = blob[start:]
+        if check(payload) & 0xFFFFFFFF != struct.unpack_from("<I", blob, _FIXED.size)[0]:
+            return None
+        return memoryview(payload)
+    sums = struct.unpack_from(f"<{blocks}I", blob, _FIXED.size)
+    for i, expected in enumerate(sums):
+        if check(blob[start + i * block : start + min((i + 1) * block, n)]) & 0xFFFFFFFF != expected:
+            return None
+    return memoryview(blob)[start:]
 
 
 def read_extent_part(dir_fd: int, name: str, key: EntryKey, offset: int, length: int, lo: int, hi: int) -> bytes | None:

@@ -185,6 +185,21 @@ class EntryKey:
             object.__setattr__(self, "_entry_name", found)
         return found
 
+    def entry_digest(self) -> bytes:
+        """:meth:`entry_name` as 32 bytes, recorded in each extent file's header.
+
+        Examples
+        --------
+        >>> k = EntryKey.of("s3://b", "x.npy", "", 10, '"1"')
+        >>> k.entry_digest().hex() == k.entry_name()
+        True
+        """
+        found: bytes | None = self.__dict__.get("_entry_digest")
+        if found is None:
+            found = bytes.fromhex(self.entry_name())
+            object.__setattr__(self, "_entry_digest", found)
+        return found
+
     def etag_digest(self) -> bytes:
         """SHA-256 of the ETag alone (32 bytes), recorded in each extent file's header.
 

@@ -35,7 +35,7 @@ import time
 import warnings
 import weakref
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from npydask.errors import NpyDaskWarning
@@ -169,6 +169,68 @@ class NodeCache:
         self._count(hit=calls == 0, hit_bytes=n - fetched)
         return CacheRead(n - fetched, fetched, calls)
 
+    def serve(self, key: EntryKey, start: int, stop: int, out: memoryview) -> bool:
+        """Fill ``out`` with bytes ``[start, stop)`` of ``key``'s object if the cache holds all of them; whether it did.
+
+        No lock, no fetch: a caller serves what is held in its own thread and sends the rest to
+        :meth:`read` (``out``'s bytes are unspecified when this returns ``False``).
+        """
+        n = stop - start
+        if not 0 <= start <= stop <= key.size or len(out) != n:
+            return False
+        entry = _entry_path(key)
+        if n:
+            exact = self._exact(f"{entry}/{start}-{n}", key, start, n)
+            if exact is not None:
+                out[:] = exact
+            elif self._serve(entry, key, start, stop, out, tried=True):
+                return False
+        self._count(hit=True, hit_bytes=n)
+        self._touch(entry)
+        return True
+
+    def serve_many(self, requests: Sequence[tuple[EntryKey | None, int, int]]) -> list[memoryview | None]:
+        """Each ``(key, start, stop)`` held as one extent asked for before: a view of its bytes, else ``None``.
+
+        The batch form of :meth:`serve` for many small reads (one open and one read each, no
+        lock, no listing); a ``None`` key is skipped. A request answered ``None`` goes to
+        :meth:`read`, which also finds bytes held in other extents.
+        """
+        found: list[memoryview | None] = []
+        dir_fd, flags, lru = (
+            self.dir_fd,
+            os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+            self.policy == "lru",
+        )
+        hits = hit_bytes = 0
+        for key, start, stop in requests:
+            data = None
+            if key is not None and 0 <= start < stop <= key.size:
+                entry = _entry_path(key)
+                try:
+                    fd = os.open(f"{entry}/{start}-{stop - start}", flags, dir_fd=dir_fd)
+                except OSError:
+                    fd = -1
+                if fd >= 0:
+                    try:
+                        data = read_open_extent(fd, key, start, stop - start)
+                        if data is not None and lru:
+                            os.utime(fd)
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(fd)
+                if data is not None:
+                    hits += 1
+                    hit_bytes += stop - start
+                    self._touch(entry)
+            found.append(data)
+        if hits:
+            with self._lock:
+                self._pending[0] += hits
+                self._pending[2] += hit_bytes
+        return found
+
     def _fetch_run(
         self, entry: str, key: EntryKey, lo: int, hi: int, view: memoryview, fetch: Fetch, label: str, wait_s: float
     ) -> tuple[int, int]:
@@ -194,11 +256,18 @@ class NodeCache:
                 lock.release()
 
     def _serve(
-        self, entry: str, key: EntryKey, start: int, stop: int, out: memoryview, offset: int | None = None
+        self,
+        entry: str,
+        key: EntryKey,
+        start: int,
+        stop: int,
+        out: memoryview,
+        offset: int | None = None,
+        tried: bool = False,
     ) -> list[tuple[int, int]]:
         """Copy what the entry holds of ``[start, stop)`` into ``out`` (first byte ``offset``); the runs missing."""
         base = start if offset is None else offset
-        exact = self._exact(f"{entry}/{extent_name(start, stop - start)}", key, start, stop - start)
+        exact = None if tried else self._exact(f"{entry}/{extent_name(start, stop - start)}", key, start, stop - start)
         if exact is not None:  # (the extent asked for before: one open, one read)
             out[start - base : stop - base] = exact
             return []
@@ -236,11 +305,12 @@ class NodeCache:
         finally:
             os.close(efd)
 
-    def _exact(self, path: str, key: EntryKey, offset: int, length: int) -> bytes | None:
+    def _exact(self, path: str, key: EntryKey, offset: int, length: int) -> memoryview | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dir_fd)
         except OSError:
             return None
+        found = None
         try:
             found = read_open_extent(fd, key, offset, length)
             if found is not None and self.policy == "lru":

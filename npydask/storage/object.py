@@ -39,12 +39,12 @@ from __future__ import annotations
 import errno
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from npydask import config
-from npydask.cache.keys import cacheable
+from npydask.cache.keys import EntryKey, cacheable
 from npydask.config import ReadOptions
 from npydask.errors import FileChangedError, warn
 from npydask.format.header import NpyHeader, parse_header
@@ -70,6 +70,9 @@ from npydask.storage.io_counts import record
 from npydask.storage.object_cache import cache_for, cache_on, entry_key, uncached_warning
 from npydask.storage.urls import http_target, redact, split_url
 
+if TYPE_CHECKING:
+    from npydask.cache.node import NodeCache
+
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
 
 _BLOCK = 64 * 1024
@@ -87,6 +90,8 @@ class ObjectSource(Source):
         self.spec = spec
         self._prefix = spec.base + "/"
         self._files: OrderedDict[tuple[str, ObjectIdentity, str | None], RemoteFile] = OrderedDict()
+        self._keys: dict[tuple[str, ObjectIdentity], EntryKey] = {}
+        self._mode = str(spec.option("identity", "etag"))
 
     # -- the interface --------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class ObjectSource(Source):
     @property
     def identity_mode(self) -> str:
         """The store's ``identity`` option (see :data:`IDENTITY_MODES`)."""
-        return str(self.spec.option("identity", "etag"))
+        return self._mode
 
     def identities(self, paths: Sequence[str]) -> list[Identity]:
         """One HEAD per object, ``remote_concurrency`` in flight; the first failure raised."""
@@ -262,16 +267,34 @@ class ObjectSource(Source):
         """Each whole small object in one GET from byte 0, ``remote_concurrency`` at once; headers checked."""
         out = np.frombuffer(dest, np.uint8) if nbytes else None
 
-        def one(i: int) -> None:
+        def one(i: int, data: memoryview | None = None) -> None:
             path, identity, offset, check = items[i]
             # (the items carry identities this source made: ObjectIdentity)
-            data = self._get(path, cast(ObjectIdentity, identity), 0, offset + nbytes, "reading the whole object")
+            if data is None:
+                data = self._get(path, cast(ObjectIdentity, identity), 0, offset + nbytes, "reading the whole object")
             if check is not None and data[: len(check.raw)] != check.raw:
                 raise header_mismatch(redact(path), check, bytes(data[: len(check.raw)]))
             if out is not None:
                 out[i * nbytes : (i + 1) * nbytes] = np.frombuffer(data, np.uint8, nbytes, offset)
 
-        run_all(one, range(len(items)), self.spec.settings.concurrency)
+        pending: Sequence[int] = range(len(items))
+        cache = self.node_cache()
+        if cache is not None:  # (what the node cache holds is read here, without a pool thread each)
+            keys = [
+                (self._entry_key(path, identity) if cacheable(identity.etag) else None, 0, offset + nbytes)
+                for path, identity, offset, _ in cast(Sequence[tuple[str, ObjectIdentity, int, Any]], items)
+            ]
+            pending = []
+            hit_bytes = 0
+            for i, data in enumerate(cache.serve_many(keys)):
+                if data is None:
+                    pending.append(i)
+                else:
+                    one(i, data)
+                    hit_bytes += len(data)
+            if len(pending) < len(items):
+                record(cache_hits=len(items) - len(pending), cache_hit_bytes=hit_bytes)
+        run_all(one, pending, self.spec.settings.concurrency)
 
     def range_read(self, path: str) -> tuple[_Blocks, int]:
         """A :data:`npydask.format.npz.Read` over the object as it is now (one HEAD), and its size.
@@ -348,9 +371,7 @@ class ObjectSource(Source):
         nothing and returns the version opened. ``into`` (``start..stop``
         long, format ``"B"``) receives the bytes and is returned.
         """
-        cache = None
-        if cached and identity is not None and self.identity_mode == "etag" and cacheable(identity.etag):
-            cache = cache_for(self.spec.cache)
+        cache = self._cache(identity) if cached else None
         if cache is None:
             data = self._request(path, identity, start, stop, what)[0]
             if into is None:
@@ -359,7 +380,7 @@ class ObjectSource(Source):
             return into
         assert identity is not None and identity.etag is not None
         out = memoryview(bytearray(stop - start)) if into is None else into
-        key = entry_key(self.spec.public(), path, identity.size, identity.etag)
+        key = self._entry_key(path, identity)
 
         def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
             return self._request(path, identity, lo, hi, what)
@@ -368,6 +389,43 @@ class ObjectSource(Source):
         hit = got.fetches == 0
         record(cache_hits=int(hit), cache_misses=int(not hit), cache_hit_bytes=got.hit_bytes)
         return out
+
+    def _cache(self, identity: ObjectIdentity | None) -> NodeCache | None:
+        """The node cache for reads of an object at ``identity`` here, or ``None`` (off, or not cacheable)."""
+        if identity is None or not cacheable(identity.etag):
+            return None
+        return self.node_cache()
+
+    def node_cache(self) -> NodeCache | None:
+        """This store's node cache here, or ``None`` (off, or objects identified otherwise than by ETag)."""
+        if self._mode != "etag":
+            return None
+        return cache_for(self.spec.cache)
+
+    def _entry_key(self, path: str, identity: ObjectIdentity) -> EntryKey:
+        """The node cache's key of ``path`` at ``identity`` (kept: a read asks for it once per range)."""
+        found = self._keys.get((path, identity))
+        if found is None:
+            assert identity.etag is not None
+            if len(self._keys) > 100_000:
+                self._keys.clear()
+            found = self._keys[(path, identity)] = entry_key(self.spec.public(), path, identity.size, identity.etag)
+        return found
+
+    def _held(
+        self, cache: NodeCache | None, path: str, identity: ObjectIdentity, start: int, stop: int, into: memoryview
+    ) -> bool:
+        """Fill ``into`` from ``cache`` (:meth:`node_cache`), in this thread, if it holds all of ``start..stop``.
+
+        Whether it did. Reads served so send no request and wait on no pool thread; the rest go
+        through :meth:`_get`.
+        """
+        if cache is None or not cacheable(identity.etag):
+            return False
+        if not cache.serve(self._entry_key(path, identity), start, stop, into):
+            return False
+        record(cache_hits=1, cache_hit_bytes=stop - start)
+        return True
 
     def _request(
         self, path: str, identity: ObjectIdentity | None, start: int, stop: int, what: str
@@ -452,7 +510,7 @@ class ObjectSource(Source):
         if cache is None:
             return
         assert identity.etag is not None
-        key = entry_key(self.spec.public(), path, identity.size, identity.etag)
+        key = self._entry_key(path, identity)
         out = memoryview(bytearray(len(data)))
 
         def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
@@ -689,4 +747,6 @@ class RangeReader:
             buf, offset = job
             source._get(url, identity, offset, offset + len(buf), "reading a region", into=buf)
 
-        run_all(one, jobs, source.spec.settings.concurrency)
+        cache = source.node_cache()
+        pending = [job for job in jobs if not source._held(cache, url, identity, job[1], job[1] + len(job[0]), job[0])]
+        run_all(one, pending, source.spec.settings.concurrency)
