@@ -86,12 +86,13 @@ class CacheCase:
         self.rows: list[list[Any]] = []
         self.goals: list[dict[str, Any]] = []
         self.wrong = 0
+        self.made = 0
         self.roi = {"roi_start": bench.size.roi_start, "roi_shape": bench.size.roi_shape}
 
     def folder(self, name: str) -> str:
-        path = os.path.join(self.root, name)
-        shutil.rmtree(path, ignore_errors=True)
-        return path
+        """A fresh cache folder (never one removed and named again: this process keeps caches it opened open)."""
+        self.made += 1
+        return os.path.join(self.root, f"{name}-{self.made}")
 
     def goal(self, text: str, value: float | None, limit: float, *, at_least: bool = False, unit: str = "x") -> None:
         ok = None if value is None else (value >= limit if at_least else value <= limit)

@@ -311,9 +311,9 @@ def _run_cache_case(args: Any, bench: Bench) -> int:
 
     case = CacheCase(bench, clear_npydask_caches)
     case.run()
-    print(case.report(), flush=True)
-    print(_common.table([[g["goal"], g["measured"], g["target"], g["verdict"]] for g in case.goals],
-                        ["goal", "measured", "target", "verdict"]), flush=True)  # fmt: skip
+    case.report()
+    _common.table([[g["goal"], g["measured"], g["target"], g["verdict"]] for g in case.goals],
+                  ["goal", "measured", "target", "verdict"])  # fmt: skip
     _common.write_json(args.json, {"benchmark": "remote", "case": "cache", "size": args.size, "goals": case.goals,
                                    "rows": [[str(v) for v in r] for r in case.rows]})  # fmt: skip
     return 0 if case.wrong == 0 else 1

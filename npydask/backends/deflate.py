@@ -47,7 +47,9 @@ class DeflateBackend(Backend):
         if plan.nbytes == f.header.nbytes:  # the whole member: inflate into place, check its CRC-32
             result, buffer = destination(plan, f.header.dtype, out)
             dest = as_bytes(buffer).data if buffer.nbytes else memoryview(b"")  # (no bytes view of V0)
-            inflate_into(f.read_at, member, f.path, dest, plan.offset, verify=True)
+            pieces = f.piece_reader()
+            inflate_into(pieces, member, f.path, dest, plan.offset, verify=True)
+            pieces.keep()  # (an object's compressed pieces reach the node cache only once its CRC-32 matched)
             return finish(result, buffer)
         if plan.n_runs == 0:
             return np.empty(plan.shape, f.header.dtype) if out is None else out

@@ -54,6 +54,7 @@ from npydask.storage._headers import member_header_in as _member_header_in
 from npydask.storage._headers import member_headers as _member_headers
 from npydask.storage._headers import npy_header
 from npydask.storage._mounts import is_local
+from npydask.storage.base import PieceReader
 from npydask.storage.identity import (
     FileIdentity,
     HeaderCheck,
@@ -321,6 +322,10 @@ class OpenFile:
     def read_at(self, offset: int, n: int) -> bytes:
         """Up to ``n`` bytes from ``offset`` (one ``pread``): the :data:`npydask.format.npz.Read` of this file."""
         return os.pread(self.file.fileno(), n, offset)
+
+    def piece_reader(self) -> PieceReader:
+        """:meth:`read_at` (a local file has nothing to keep)."""
+        return PieceReader(self.read_at)
 
     def direct_file(self) -> io.FileIO | None:
         """A second handle opened with ``O_DIRECT``, or ``None`` where refused (warned once).

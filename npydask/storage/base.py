@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from npydask.plan.region import ReadPlan
 from npydask.storage.identity import HeaderCheck, Identity, Scanned
 
-__all__ = ["Identity", "Item", "Lister", "Listing", "OpenedFile", "Scanned", "Source", "Target"]
+__all__ = ["Identity", "Item", "Lister", "Listing", "OpenedFile", "PieceReader", "Scanned", "Source", "Target"]
 
 Item: TypeAlias = tuple[str, Identity, int, HeaderCheck | None]
 """(path, identity, payload offset, header check) of one file of a group, as :meth:`Source.read_many` reads it."""
@@ -119,6 +119,27 @@ class OpenedFile(Protocol):
 
     def check_unchanged(self) -> None:
         """Raise :class:`~npydask.errors.FileChangedError` if it is no longer the file opened (after a read)."""
+
+    def piece_reader(self) -> PieceReader:
+        """A :meth:`read_at` for reading a deflated member whole, whose fetched pieces are kept only once checked."""
+
+
+class PieceReader:
+    """``read(offset, n)`` as :meth:`OpenedFile.read_at`, and :meth:`keep` once what was read is known good.
+
+    A deflated ``.npz`` member's compressed pieces cannot be checked one by one: only inflating
+    the whole member checks its CRC-32. An object's reader holds the pieces it fetched and keeps
+    them in the node cache when :meth:`keep` is called; a local file's has nothing to keep.
+    """
+
+    def __init__(self, read: Callable[[int, int], bytes]) -> None:
+        self.read = read
+
+    def __call__(self, offset: int, n: int) -> bytes:
+        return self.read(offset, n)
+
+    def keep(self) -> None:
+        """Keep what was read (nothing for a local file)."""
 
 
 class Source(abc.ABC):

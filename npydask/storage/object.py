@@ -64,7 +64,7 @@ from npydask.storage._stores import (
     run_files,
     store_for,
 )
-from npydask.storage.base import Identity, Item, OpenedFile, Scanned, Source
+from npydask.storage.base import Identity, Item, OpenedFile, PieceReader, Scanned, Source
 from npydask.storage.identity import HeaderCheck, ObjectIdentity, header_mismatch
 from npydask.storage.io_counts import record
 from npydask.storage.object_cache import cache_for, cache_on, entry_key, uncached_warning
@@ -176,7 +176,7 @@ class ObjectSource(Source):
         """Per object: one GET of its head, the zip directory read once, every member's header; several at once."""
 
         def one(path: str) -> list[Scanned]:
-            identity, read = self._head(path)
+            identity, read = self._head(path, keep=False)
             found = member_headers(read, identity.size, redact(path), keys)
             return [(identity, header, raw, not member.stored) for header, raw, member in found]
 
@@ -360,6 +360,7 @@ class ObjectSource(Source):
         what: str,
         into: memoryview | None = None,
         cached: bool = True,
+        kept: list[tuple[int, bytes]] | None = None,
     ) -> memoryview:
         """Bytes ``start..stop`` of the object (conditional on ``identity``), checked: exactly that many.
 
@@ -383,7 +384,12 @@ class ObjectSource(Source):
         key = self._entry_key(path, identity)
 
         def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
-            return self._request(path, identity, lo, hi, what)
+            data, exact = self._request(path, identity, lo, hi, what)
+            if kept is None:
+                return data, exact
+            if exact:  # (held back: admitted by the caller once the whole was checked)
+                kept.append((lo, bytes(data)))
+            return data, False
 
         got = cache.read(key, start, stop, out, fetch, label=redact(path), wait_s=float(self.spec.settings.timeout))
         hit = got.fetches == 0
@@ -464,7 +470,7 @@ class ObjectSource(Source):
 
     def _read_header(self, path: str, key: str | None) -> tuple[ObjectIdentity, NpyHeader, bytes, Member | None]:
         """One GET of the first ``remote_header_bytes`` (more only when needed): identity, header, raw, member."""
-        identity, read = self._head(path)
+        identity, read = self._head(path, keep=key is None)
         shown = redact(path)
         if key is None:
             header, raw = npy_header(read, identity.size, shown)
@@ -472,11 +478,12 @@ class ObjectSource(Source):
         header, raw, member = member_header(read, identity.size, shown, key)
         return identity, header, raw, member
 
-    def _head(self, path: str) -> tuple[ObjectIdentity, _Blocks]:
+    def _head(self, path: str, keep: bool) -> tuple[ObjectIdentity, _Blocks]:
         """One GET of the first ``remote_header_bytes``: the identity, and a reader over the object holding them.
 
-        Not read through the node cache (opening asks the store what the
-        object is now), but an object this GET read whole is admitted to it.
+        Not read through the node cache (opening asks the store what the object is now). With
+        ``keep``, an object this GET read whole is admitted to it (a plain ``.npy``: an ``.npz``
+        archive's members are kept only as their reads check them).
         """
         first = self.spec.settings.header_bytes
         obstore = import_obstore()
@@ -498,25 +505,28 @@ class ObjectSource(Source):
         data, meta, got = found
         record(requests=1, bytes_read=len(data))
         identity = self.opened(path, meta)
-        if len(data) == identity.size and tuple(got) == (0, identity.size):
+        if keep and len(data) == identity.size and tuple(got) == (0, identity.size):
             self._admit_whole(path, identity, data)
         return identity, _Blocks(self, path, identity, data, cached=False)
 
     def _admit_whole(self, path: str, identity: ObjectIdentity, data: bytes) -> None:
         """Keep an object read whole while opening in the node cache (where it is on and the object may use it)."""
-        if not (data and self.identity_mode == "etag" and cacheable(identity.etag)):
-            return
-        cache = cache_for(self.spec.cache)
+        if data:
+            self._admit(path, identity, 0, data)
+
+    def _admit(self, path: str, identity: ObjectIdentity, offset: int, data: bytes) -> None:
+        """Keep bytes ``offset..`` of an object, checked by the caller, in the node cache (where it is on)."""
+        cache = self._cache(identity)
         if cache is None:
             return
-        assert identity.etag is not None
         key = self._entry_key(path, identity)
         out = memoryview(bytearray(len(data)))
 
         def fetch(lo: int, hi: int) -> tuple[memoryview, bool]:
-            return memoryview(data)[lo:hi], True  # (the response just checked: exactly the whole object)
+            return memoryview(data)[lo - offset : hi - offset], True  # (the response the caller checked)
 
-        cache.read(key, 0, len(data), out, fetch, label=redact(path), wait_s=float(self.spec.settings.timeout))
+        stop = offset + len(data)
+        cache.read(key, offset, stop, out, fetch, label=redact(path), wait_s=float(self.spec.settings.timeout))
 
     def _scan(self, path: str, key: str | None) -> Scanned:
         identity, header, raw, member = self._read_header(path, key)
@@ -691,14 +701,46 @@ class RemoteFile:
         n = min(n, max(self.identity.size - offset, 0))
         if n <= 0:
             return b""
-        return bytes(self.source._get(self.url, self.identity, offset, offset + n, "reading"))
+        # (a deflated member's pieces reach the node cache only through a whole read's piece_reader)
+        unkept: list[tuple[int, bytes]] | None = [] if self.deflated else None
+        return bytes(self.source._get(self.url, self.identity, offset, offset + n, "reading", kept=unkept))
 
     def range_reader(self) -> RangeReader:
         """A reader of this object's byte ranges (parallel conditional range GETs), for readers of spans."""
         return RangeReader(self.source, self.url, self.identity)
 
+    def piece_reader(self) -> PieceReader:
+        """A :meth:`read_at` whose fetched pieces reach the node cache only by :meth:`~PieceReader.keep`.
+
+        For a deflated member read whole: its pieces are kept once its CRC-32 matched. What the
+        cache holds already is served from it.
+        """
+        return _KeptPieces(self)
+
     def check_unchanged(self) -> None:
         """Nothing to do: every response was checked against the identity as it came."""
+
+
+class _KeptPieces(PieceReader):
+    """The pieces of one read of an object, fetched unkept, kept in the node cache on :meth:`keep`."""
+
+    def __init__(self, f: RemoteFile) -> None:
+        super().__init__(self._read)
+        self.f = f
+        self.fetched: list[tuple[int, bytes]] = []
+
+    def _read(self, offset: int, n: int) -> bytes:
+        f = self.f
+        n = min(n, max(f.identity.size - offset, 0))
+        if n <= 0:
+            return b""
+        return bytes(f.source._get(f.url, f.identity, offset, offset + n, "reading an .npz member", kept=self.fetched))
+
+    def keep(self) -> None:
+        """Admit every piece fetched exactly to the node cache (where it is on)."""
+        for offset, data in self.fetched:
+            self.f.source._admit(self.f.url, self.f.identity, offset, data)
+        self.fetched.clear()
 
 
 class RangeReader:

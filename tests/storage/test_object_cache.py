@@ -280,3 +280,55 @@ def test_http_urls_that_differ_in_signature_share_an_entry_and_servers_without_e
     )
     assert weak is not None and weak.startswith("https://h/b.npy (an http(s) server that sends no strong ETag)")
     assert "weak ETag 'W/\"w\"'" in weak and "1 of the dataset's 2 objects are read without the cache" in weak
+
+
+def _npz_bytes(a: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, x=a)
+    return buf.getvalue()
+
+
+def test_a_deflated_member_is_kept_only_once_its_crc_matched(s3, proxied, tmp_path):
+    """Its compressed pieces are fetched unkept; a whole read that matched the CRC-32 keeps them."""
+    proxy, options, space = proxied
+    a = np.random.default_rng(3).standard_normal((ROWS, COLS)).astype("f4")  # (barely compressible: 64 KiB)
+    s3.put(f"{space}/m.npz", _npz_bytes(a))
+    folder = str(tmp_path / "cache")
+    opened = {"file_filter": "*.npz", "key": "x", "storage_options": options, "cache": folder}
+    ds = npydask.open_dataset(f"s3://{space}/", **opened)
+    roi = npydask.open_dataset(f"s3://{space}/", roi_start=(0, 0), roi_shape=(4, COLS), **opened)
+    part = roi[0]  # (a prefix of the member: inflated, never checked, so never kept)
+    np.testing.assert_array_equal(part.compute(), a[:4])
+    proxy.reset()
+    np.testing.assert_array_equal(part.compute(), a[:4])
+    assert gets(proxy) >= 1 and Cache(folder).info().extents == 0
+    np.testing.assert_array_equal(ds[0].compute(), a)  # (whole: its CRC-32 checked, then kept)
+    assert Cache(folder).info().extents >= 1
+    proxy.reset()
+    np.testing.assert_array_equal(ds[0].compute(), a)
+    assert gets(proxy) == 0
+
+
+def test_a_deflated_member_whose_crc_differs_is_never_kept(s3, proxied, tmp_path):
+    import struct
+    import zipfile
+
+    proxy, options, space = proxied
+    a = np.arange(ROWS * COLS, dtype="f4").reshape(ROWS, COLS)
+    raw = bytearray(_npz_bytes(a))
+    with zipfile.ZipFile(__import__("io").BytesIO(bytes(raw))) as z:
+        info = z.getinfo("x.npy")
+    # the CRC-32 the zip records, in the local header (offset 14) and the central directory, made wrong
+    wrong = struct.pack("<I", info.CRC ^ 1)
+    raw[info.header_offset + 14 : info.header_offset + 18] = wrong
+    central = bytes(raw).rindex(b"PK\x01\x02")
+    raw[central + 16 : central + 20] = wrong
+    s3.put(f"{space}/bad.npz", bytes(raw))
+    folder = str(tmp_path / "cache")
+    ds = npydask.open_dataset(f"s3://{space}/", file_filter="*.npz", key="x", storage_options=options, cache=folder)
+    for _ in range(2):
+        with pytest.raises(npydask.errors.NpzCrcError, match="bad.npz"):
+            ds[0].compute()
+    assert Cache(folder).info().extents == 0
