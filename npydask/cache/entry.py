@@ -49,6 +49,8 @@ import stat
 import struct
 import zlib
 
+import numpy as np
+
 from .checksum import BLOCK_SIZE, ChecksumRecord, checksum_function, checksums, verify
 from .keys import EntryKey
 
@@ -286,6 +288,46 @@ def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> memory
         if check(blob[start + i * block : start + min((i + 1) * block, n)]) & 0xFFFFFFFF != expected:
             return None
     return memoryview(blob)[start:]
+
+
+def read_extent_into(fd: int, key: EntryKey, offset: int, out: memoryview) -> bool:
+    """Read the extent file ``fd`` (opened by the caller) of ``[offset, offset + len(out))`` into ``out``.
+
+    One ``preadv`` puts the header in a small buffer and the bytes straight into ``out``, whose
+    blocks are then checked in place. Returns whether all was valid: ``False`` for the damage
+    :func:`read_extent` reports (``out`` then holds unspecified bytes). Never raises for damage.
+    """
+    length = len(out)
+    head = bytearray(header_size(length))
+    extra = bytearray(1)  # (a byte past the end: a longer file is damage too)
+    try:
+        got = os.preadv(fd, [head, out, extra], 0)
+    except OSError:
+        return False
+    if got != len(head) + length:
+        return False
+    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack_from(head)
+    end = _FIXED.size + 4 * blocks
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or reserved != 0
+        or not (0 < block <= BLOCK_SIZE)
+        or n != length
+        or blocks != -(-n // block)
+        or end + 4 != len(head)
+        or off != offset
+        or size != key.size
+        or key_hash != key.entry_digest()
+        or etag_hash != key.etag_digest()
+    ):
+        return False
+    check = _CHECKS.get(algo)
+    if check is None or struct.unpack_from("<I", head, end)[0] != zlib.crc32(memoryview(head)[:end]):
+        return False
+    data = np.frombuffer(out, np.uint8)  # (google-crc32c reads arrays, not writable views)
+    sums = struct.unpack_from(f"<{blocks}I", head, _FIXED.size)
+    return all(check(data[i * block : (i + 1) * block]) & 0xFFFFFFFF == s for i, s in enumerate(sums))
 
 
 def read_extent_part(dir_fd: int, name: str, key: EntryKey, offset: int, length: int, lo: int, hi: int) -> bytes | None:

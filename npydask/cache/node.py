@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from npydask.errors import NpyDaskWarning
 
-from .entry import read_extent_part, read_open_extent, write_extent
+from .entry import read_extent_into, read_extent_part, read_open_extent, write_extent
 from .folder import open_cache_folder
 from .keys import EntryKey
 from .ledger import (
@@ -179,11 +179,8 @@ class NodeCache:
         if not 0 <= start <= stop <= key.size or len(out) != n:
             return False
         entry = _entry_path(key)
-        if n:
-            exact = self._exact(f"{entry}/{start}-{n}", key, start, n)
-            if exact is not None:
-                out[:] = exact
-            elif self._serve(entry, key, start, stop, out, tried=True):
+        if n and not self._exact_into(f"{entry}/{start}-{n}", key, start, out):
+            if self._serve(entry, key, start, stop, out, tried=True):
                 return False
         self._count(hit=True, hit_bytes=n)
         self._touch(entry)
@@ -304,6 +301,22 @@ class NodeCache:
             return [(start, stop)]
         finally:
             os.close(efd)
+
+    def _exact_into(self, path: str, key: EntryKey, offset: int, out: memoryview) -> bool:
+        """Read the extent file ``path`` of exactly ``[offset, offset + len(out))`` into ``out``; whether valid."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dir_fd)
+        except OSError:
+            return False
+        try:
+            found = read_extent_into(fd, key, offset, out)
+            if found and self.policy == "lru":
+                os.utime(fd)
+            return found
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _exact(self, path: str, key: EntryKey, offset: int, length: int) -> memoryview | None:
         try:
