@@ -34,8 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import npydask  # noqa: E402
+from npydask.cache.admin import cache_info  # noqa: E402
 from npydask.cache.keys import EntryKey  # noqa: E402
-from npydask.cache.node import cache_info, node_cache  # noqa: E402
+from npydask.cache.node import node_cache  # noqa: E402
 
 OBJECTS = {"tiny": 80, "small": 20_000, "full": 20_000}
 EPOCHS = 3

@@ -34,14 +34,14 @@ import threading
 import time
 import warnings
 import weakref
-import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from npydask.errors import NpyDaskWarning
 
-from .entry import read_extent_into, read_extent_part, read_open_extent, write_extent
+from .entry import read_extent_into, read_extent_part, write_extent
 from .folder import open_cache_folder
+from .handles import OpenExtents, default_capacity
 from .keys import EntryKey
 from .ledger import (
     ENTRIES,
@@ -49,29 +49,24 @@ from .ledger import (
     Ledger,
     RecordedSettings,
     extent_name,
-    forget_settings,
     parse_extent_name,
-    read_settings,
     record_settings,
     register,
-    walk_entries,
 )
 from .locks import acquire_range, lock_span
+from .scan import Entry, pin_index, remove_entry, remove_extent, scan, write_meta
 from .spec import Cache, CacheChoice
 
-__all__ = ["CacheInfo", "CacheRead", "NodeCache", "cache_clear", "cache_info", "cache_prune", "node_cache"]
+__all__ = ["CacheRead", "NodeCache", "flush_open", "node_cache"]
 
 Fetch = Callable[[int, int], "tuple[bytes | bytearray | memoryview, bool]"]
 """``fetch(lo, hi)``: exactly ``hi - lo`` bytes of the object, and whether they may be admitted."""
 
-UNUSED_S = 7 * 24 * 3600
-"""Under ``pin``, entries unused this long are removed first when room is needed."""
 LOW_SPACE = 0.05
 """Admission stops while less than this share of the file system is free."""
 _SCAN_EVERY_S = 60.0
 _TOUCH_EVERY_S = 3600.0
 _LOCK = "lock"
-_META = "meta"
 _STOP_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG))
 
 
@@ -106,6 +101,7 @@ class NodeCache:
             os.close(self.dir_fd)
             raise
         self._lock = threading.Lock()
+        self._extents = OpenExtents(self.dir_fd, default_capacity())
         self._pending = [0, 0, 0]  # hits, misses, hit bytes not yet in the ledger
         self._touched: dict[str, float] = {}
         self._stopped: str | None = None
@@ -113,7 +109,7 @@ class NodeCache:
         self._low_space_until = 0.0
         self._space_checked = 0.0
         self._pin_scanned = 0.0
-        self._pin_index: tuple[dict[str, list[_Entry]], list[_Entry]] | None = None
+        self._pin_index: tuple[dict[str, list[Entry]], list[Entry]] | None = None
         self._room = threading.Lock()
         atexit.register(self.flush)
         _open.add(self)
@@ -194,30 +190,14 @@ class NodeCache:
         :meth:`read`, which also finds bytes held in other extents.
         """
         found: list[memoryview | None] = []
-        dir_fd, flags, lru = (
-            self.dir_fd,
-            os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-            self.policy == "lru",
-        )
         hits = hit_bytes = 0
         for key, start, stop in requests:
             data = None
             if key is not None and 0 <= start < stop <= key.size:
                 entry = _entry_path(key)
-                try:
-                    fd = os.open(f"{entry}/{start}-{stop - start}", flags, dir_fd=dir_fd)
-                except OSError:
-                    fd = -1
-                if fd >= 0:
-                    try:
-                        data = read_open_extent(fd, key, start, stop - start)
-                        if data is not None and lru:
-                            os.utime(fd)
-                    except OSError:
-                        pass
-                    finally:
-                        os.close(fd)
-                if data is not None:
+                buf = memoryview(bytearray(stop - start))
+                if self._exact_into(f"{entry}/{start}-{stop - start}", key, start, buf):
+                    data = buf
                     hits += 1
                     hit_bytes += stop - start
                     self._touch(entry)
@@ -264,10 +244,9 @@ class NodeCache:
     ) -> list[tuple[int, int]]:
         """Copy what the entry holds of ``[start, stop)`` into ``out`` (first byte ``offset``); the runs missing."""
         base = start if offset is None else offset
-        exact = None if tried else self._exact(f"{entry}/{extent_name(start, stop - start)}", key, start, stop - start)
-        if exact is not None:  # (the extent asked for before: one open, one read)
-            out[start - base : stop - base] = exact
-            return []
+        whole = out[start - base : stop - base]
+        if not tried and self._exact_into(f"{entry}/{extent_name(start, stop - start)}", key, start, whole):
+            return []  # (the extent asked for before: one read)
         try:
             efd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         except OSError:
@@ -291,7 +270,7 @@ class NodeCache:
                 part = read_extent_part(efd, best[2], key, best[0], best[1] - best[0], pos, end)
                 if part is None:  # (damaged or gone: a miss, and the file removed)
                     held.remove(best)
-                    self._discard(efd, best[2], best[1] - best[0])
+                    self._discard(efd, entry, best[2], best[1] - best[0])
                     continue
                 out[pos - base : end - base] = part
                 self._used(efd, best[2])
@@ -304,35 +283,18 @@ class NodeCache:
 
     def _exact_into(self, path: str, key: EntryKey, offset: int, out: memoryview) -> bool:
         """Read the extent file ``path`` of exactly ``[offset, offset + len(out))`` into ``out``; whether valid."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dir_fd)
-        except OSError:
-            return False
-        try:
-            found = read_extent_into(fd, key, offset, out)
-            if found and self.policy == "lru":
-                os.utime(fd)
-            return found
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
+        lru = self.policy == "lru"
 
-    def _exact(self, path: str, key: EntryKey, offset: int, length: int) -> memoryview | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dir_fd)
-        except OSError:
-            return None
-        found = None
-        try:
-            found = read_open_extent(fd, key, offset, length)
-            if found is not None and self.policy == "lru":
+        def read(fd: int) -> bool:
+            ok = read_extent_into(fd, key, offset, out)
+            if ok and lru:
                 os.utime(fd)
-            return found
+            return ok
+
+        try:
+            return self._extents.use(path, read)
         except OSError:
-            return found
-        finally:
-            os.close(fd)
+            return False
 
     def _used(self, efd: int, name: str) -> None:
         if self.policy == "lru":
@@ -354,8 +316,9 @@ class NodeCache:
         except OSError:
             pass
 
-    def _discard(self, efd: int, name: str, length: int) -> None:
+    def _discard(self, efd: int, entry: str, name: str, length: int) -> None:
         """Remove an extent file; whoever removes it gives its bytes back."""
+        self._extents.forget(f"{entry}/{name}")
         try:
             os.unlink(name, dir_fd=efd)
         except OSError:
@@ -421,11 +384,7 @@ class NodeCache:
                 pass
         efd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         try:
-            if _read_meta(efd) is None:
-                body = {"label": label, "object": object_name(key), "size": key.size, "created": time.time()}
-                text = json.dumps(body, sort_keys=True)
-                body["crc"] = _crc(text)
-                _write_small(efd, _META, json.dumps(body, sort_keys=True).encode())
+            write_meta(efd, label, object_name(key), key.size)
         except BaseException:
             os.close(efd)
             raise
@@ -479,19 +438,19 @@ class NodeCache:
             if self.policy == "pin":
                 return self._pin_room(held, n, entry, object_name(key))
             goal = max(0, self.max_bytes - max(n, self.max_bytes // 10))
-            entries = _scan(self.dir_fd)
+            entries = scan(self.dir_fd)
             extents = sorted((mtime, e.path, name, length) for e in entries for name, length, mtime in e.extents)
             for _, path, name, length in extents:
                 if held <= goal:
                     break
-                held -= _remove_extent(self.dir_fd, path, name, length, self.ledger)
+                held -= remove_extent(self.dir_fd, path, name, length, self.ledger)
             return held + n <= self.max_bytes
 
     def _pin_room(self, held: int, n: int, entry: str, mine: str) -> bool:
         """Under ``pin``: remove superseded versions, then entries unused for 7 days (scanned once a minute)."""
         now = time.monotonic()
         if self._pin_index is None or now - self._pin_scanned >= _SCAN_EVERY_S:
-            self._pin_index, self._pin_scanned = _pin_index(_scan(self.dir_fd)), now
+            self._pin_index, self._pin_scanned = pin_index(scan(self.dir_fd)), now
         by_object, stale = self._pin_index
         victims = [e for e in by_object.get(mine, ()) if e.path != entry] + [e for e in stale if e.path != entry]
         if not victims:
@@ -501,7 +460,7 @@ class NodeCache:
         for e in victims:
             if held <= goal:
                 break
-            held -= _remove_entry(self.dir_fd, e.path, self.ledger)
+            held -= remove_entry(self.dir_fd, e.path, self.ledger)
             gone.add(e.path)
         if gone:
             by_object[mine] = [e for e in by_object.get(mine, ()) if e.path not in gone]
@@ -523,6 +482,10 @@ class NodeCache:
             hits, misses, hit_bytes = self._pending
             self._pending = [0, 0, 0]
         return hits, misses, hit_bytes
+
+    def forget_open(self) -> None:
+        """Close the extent files this process keeps open."""
+        self._extents.forget_all()
 
     def flush(self) -> None:
         """Add this process's hit figures to the folder's ledger."""
@@ -551,155 +514,6 @@ def _add_run(runs: list[tuple[int, int]], lo: int, hi: int) -> None:
 def _entry_path(key: EntryKey) -> str:
     name = key.entry_name()
     return f"{ENTRIES}/{name[:2]}/{name}"
-
-
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def _read_meta(efd: int) -> dict[str, object] | None:
-    try:
-        fd = os.open(_META, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=efd)
-    except OSError:
-        return None
-    try:
-        body = json.loads(os.read(fd, 1 << 16).decode())
-        crc = body.pop("crc")
-        if crc != _crc(json.dumps(body, sort_keys=True)):
-            return None
-        return dict(body)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def _write_small(efd: int, name: str, data: bytes) -> None:
-    temp = f".tmp-{name}-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=efd)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.rename(temp, name, src_dir_fd=efd, dst_dir_fd=efd)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    path: str
-    object: str
-    label: str
-    created: float
-    mtime: float
-    extents: tuple[tuple[str, int, float], ...]
-
-    @property
-    def held(self) -> int:
-        return sum(length for _, length, _ in self.extents)
-
-
-def _scan(dir_fd: int) -> list[_Entry]:
-    out = []
-    for path in walk_entries(dir_fd):
-        try:
-            efd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
-        except OSError:
-            continue
-        try:
-            mtime = os.fstat(efd).st_mtime
-            meta = _read_meta(efd) or {}
-            extents = []
-            for name in os.listdir(efd):
-                found = parse_extent_name(name)
-                if found is None:
-                    continue
-                try:
-                    extents.append((name, found[1], os.stat(name, dir_fd=efd, follow_symlinks=False).st_mtime))
-                except OSError:
-                    continue
-        except OSError:
-            continue
-        finally:
-            os.close(efd)
-        created = meta.get("created")
-        out.append(
-            _Entry(
-                path,
-                str(meta.get("object", path)),
-                str(meta.get("label", "")),
-                float(created) if isinstance(created, (int, float)) else 0.0,
-                mtime,
-                tuple(extents),
-            )
-        )
-    return out
-
-
-def _pin_index(entries: list[_Entry]) -> tuple[dict[str, list[_Entry]], list[_Entry]]:
-    """Entries per object, and those ``pin`` lets go first: superseded versions, then the unused, oldest first."""
-    by_object: dict[str, list[_Entry]] = {}
-    for e in entries:
-        by_object.setdefault(e.object, []).append(e)
-    old = time.time() - UNUSED_S
-    superseded = [
-        e for group in by_object.values() if len(group) > 1 for e in group if e.created < max(g.created for g in group)
-    ]
-    seen = {e.path for e in superseded}
-    unused = sorted((e for e in entries if e.mtime < old and e.path not in seen), key=lambda e: e.mtime)
-    return by_object, sorted(superseded, key=lambda e: e.mtime) + unused
-
-
-def _remove_extent(dir_fd: int, entry: str, name: str, length: int, ledger: Ledger) -> int:
-    try:
-        os.unlink(f"{entry}/{name}", dir_fd=dir_fd)
-    except OSError:
-        return 0
-    with ledger.lock:
-        found = ledger.current()
-        ledger.write(Counts(max(0, found.held - length), found.hits, found.misses, found.hit_bytes))
-    return length
-
-
-def _remove_entry(dir_fd: int, entry: str, ledger: Ledger) -> int:
-    """Remove an entry folder's extents and the folder; the bytes given back."""
-    freed = 0
-    try:
-        efd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError:
-        return 0
-    try:
-        names = os.listdir(efd)
-    except OSError:
-        names = []
-    finally:
-        os.close(efd)
-    for name in names:
-        found = parse_extent_name(name)
-        if found is not None:
-            freed += _remove_extent(dir_fd, entry, name, found[1], ledger)
-        else:
-            try:
-                os.unlink(f"{entry}/{name}", dir_fd=dir_fd)
-            except OSError:
-                pass
-    try:
-        os.rmdir(entry, dir_fd=dir_fd)
-    except OSError:
-        pass
-    return freed
-
-
-def _remove_empty_fans(dir_fd: int) -> None:
-    """Remove the entries' fan-out folders and their parent where empty (nothing else is touched)."""
-    for fan in range(256):
-        try:
-            os.rmdir(f"{ENTRIES}/{fan:02x}", dir_fd=dir_fd)
-        except OSError:
-            pass
-    try:
-        os.rmdir(ENTRIES, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 _caches: dict[tuple[int, str, int, str], NodeCache] = {}
@@ -736,94 +550,13 @@ def node_cache(choice: CacheChoice) -> NodeCache | None:
     return found
 
 
-# -- administration -----------------------------------------------------------------------------
+def flush_open(folder: str) -> None:
+    """Settle this process's caches of ``folder`` before it is looked after: hit figures to its ledger, files closed.
 
-
-@dataclass(frozen=True)
-class CacheInfo:
-    """What a cache folder holds (``npydask cache info``)."""
-
-    folder: str
-    entries: int
-    extents: int
-    bytes: int
-    """Bytes of extents held (their files' names summed)."""
-    max_bytes: int | None
-    """As recorded in the folder (``None`` before a process used it)."""
-    policy: str | None
-    hits: int
-    misses: int
-    hit_bytes: int
-    by_prefix: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    """Per dataset prefix (the objects' URLs up to their last ``/``): ``(entries, bytes)``."""
-
-
-def _open_admin(folder: str) -> tuple[int, Ledger]:
+    The extent files they keep open are closed, so entries removed next (``clear``, ``prune``)
+    are not read on through descriptors opened before.
+    """
     for cache in list(_open):
         if cache.folder == os.path.normpath(folder):
             cache.flush()
-    dir_fd = open_cache_folder(folder)
-    return dir_fd, Ledger(dir_fd)
-
-
-def cache_info(folder: str) -> CacheInfo:
-    """What the cache folder ``folder`` holds: entries, extents and bytes (per dataset prefix), bounds, hits."""
-    dir_fd, ledger = _open_admin(folder)
-    try:
-        recorded = read_settings(dir_fd)
-        entries = _scan(dir_fd)
-        with ledger.lock:
-            counts = ledger.read() or Counts()
-        by_prefix: dict[str, tuple[int, int]] = {}
-        for e in entries:
-            prefix = e.label.rsplit("/", 1)[0] if "/" in e.label else (e.label or "(unknown)")
-            k, b = by_prefix.get(prefix, (0, 0))
-            by_prefix[prefix] = (k + 1, b + e.held)
-        return CacheInfo(
-            folder,
-            len(entries),
-            sum(len(e.extents) for e in entries),
-            sum(e.held for e in entries),
-            None if recorded is None else recorded.max_bytes,
-            None if recorded is None else recorded.policy,
-            counts.hits,
-            counts.misses,
-            counts.hit_bytes,
-            dict(sorted(by_prefix.items())),
-        )
-    finally:
-        ledger.close()
-        os.close(dir_fd)
-
-
-def cache_clear(folder: str) -> int:
-    """Remove every entry of the cache folder and its recorded bounds; the bytes of extents removed."""
-    dir_fd, ledger = _open_admin(folder)
-    try:
-        freed = sum(_remove_entry(dir_fd, path, ledger) for path in list(walk_entries(dir_fd)))
-        _remove_empty_fans(dir_fd)
-        with ledger.lock:
-            ledger.write(Counts())
-            forget_settings(dir_fd)
-        return freed
-    finally:
-        ledger.close()
-        os.close(dir_fd)
-
-
-def cache_prune(folder: str, older_than_s: float) -> tuple[int, int]:
-    """Remove the entries unused for ``older_than_s`` seconds; ``(entries, bytes)`` removed."""
-    if older_than_s < 0:
-        raise ValueError(f"older_than must be 0 or more, found {older_than_s!r}")
-    dir_fd, ledger = _open_admin(folder)
-    try:
-        cutoff = time.time() - older_than_s
-        removed = freed = 0
-        for e in _scan(dir_fd):
-            if max([e.mtime, *(m for _, _, m in e.extents)]) < cutoff:
-                freed += _remove_entry(dir_fd, e.path, ledger)
-                removed += 1
-        return removed, freed
-    finally:
-        ledger.close()
-        os.close(dir_fd)
+            cache.forget_open()

@@ -106,7 +106,7 @@ class Cache:
     # -- the folder's upkeep: what ``npydask cache info/clear/prune`` do ------------------------
 
     def info(self) -> Any:
-        """What the folder holds, as ``npydask cache info`` prints it: a frozen ``npydask.cache.node.CacheInfo``.
+        """What the folder holds, as ``npydask cache info`` prints it: a frozen ``npydask.cache.admin.CacheInfo``.
 
         Entries, extents, bytes held against the folder's recorded ``max_bytes``,
         its policy, hits and misses, and entries and bytes per dataset prefix.
@@ -145,12 +145,12 @@ class Cache:
 
 
 def _admin(name: str) -> Any:
-    """The folder function ``name`` of :mod:`npydask.cache.node`, imported on first use.
+    """The folder function ``name`` of :mod:`npydask.cache.admin`, imported on first use.
 
-    ``node`` builds on this module (a task's :class:`Cache`), so this module names it only here,
+    ``admin`` builds on this module (a task's :class:`Cache`), so this module names it only here,
     by its dotted path: no import cycle, and ``import npydask`` does not load the cache's runtime.
     """
-    return getattr(importlib.import_module("npydask.cache.node"), name)
+    return getattr(importlib.import_module("npydask.cache.admin"), name)
 
 
 CacheChoice = Union[Cache, bool, None]

@@ -132,7 +132,7 @@ def _cache(folder: str) -> Any:
 
 
 def info_payload(info: Any) -> dict[str, Any]:
-    """A :class:`~npydask.cache.node.CacheInfo` as ``npydask cache info --json`` prints it."""
+    """A :class:`~npydask.cache.admin.CacheInfo` as ``npydask cache info --json`` prints it."""
     prefixes = sorted(info.by_prefix.items(), key=lambda kv: (-kv[1][1], kv[0]))
     return {
         "folder": info.folder,

@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "source_for"]
 
+_WARM_STREAK = 64
+"""Reads served by the node cache in a row after which a stack's files are read in the calling thread."""
+
 _BLOCK = 64 * 1024
 """Read-ahead of a header's or zip directory's reads past the first GET."""
 
@@ -92,6 +95,7 @@ class ObjectSource(Source):
         self._files: OrderedDict[tuple[str, ObjectIdentity, str | None], RemoteFile] = OrderedDict()
         self._keys: dict[tuple[str, ObjectIdentity], EntryKey] = {}
         self._mode = str(spec.option("identity", "etag"))
+        self._streak = 0  # (reads served by the node cache in a row, lately; a heuristic, updated racily)
 
     # -- the interface --------------------------------------------------------------------------
 
@@ -261,6 +265,11 @@ class ObjectSource(Source):
 
     def read_runs_many(self, jobs: Sequence[tuple[Any, ...]]) -> None:
         """:meth:`read_runs` of up to ``_FILES_AT_ONCE`` objects at once (their requests share the request pool)."""
+        if self._streak >= _WARM_STREAK and self.node_cache() is not None:
+            # (the node cache has served every read lately: its hits are CPU work, which threads only fight over)
+            for job in jobs:
+                self.read_runs(*job)
+            return
         run_files(lambda job: self.read_runs(*job), jobs)
 
     def read_many(self, items: Sequence[Item], dest: memoryview, nbytes: int) -> None:
@@ -429,8 +438,10 @@ class ObjectSource(Source):
         if cache is None or not cacheable(identity.etag):
             return False
         if not cache.serve(self._entry_key(path, identity), start, stop, into):
+            self._streak = 0
             return False
         record(cache_hits=1, cache_hit_bytes=stop - start)
+        self._streak += 1
         return True
 
     def _request(

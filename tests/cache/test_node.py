@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from npydask import Cache
+from npydask.cache.admin import cache_clear, cache_info, cache_prune
 from npydask.cache.keys import EntryKey
 from npydask.cache.ledger import walk_extents
-from npydask.cache.node import NodeCache, cache_clear, cache_info, cache_prune, node_cache
+from npydask.cache.node import NodeCache, node_cache
 from npydask.errors import NpyDaskWarning
 
 SIZE = 1 << 20

@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npydask.cache.admin import cache_info
 from npydask.cache.keys import EntryKey
-from npydask.cache.node import cache_info, node_cache
+from npydask.cache.node import node_cache
 from npydask.cache.spec import Cache
 from npydask.errors import CacheFolderError, NpyDaskWarning
 
