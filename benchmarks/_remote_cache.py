@@ -385,7 +385,8 @@ class CacheCase:
         expected = self.small_expected()
         rng = random.Random(5)
         env = {**os.environ, "NPYDASK_REMOTE_HEDGE": "off"}
-        for k in range(KILLS):
+        kills = getattr(self.b.args, "kills", KILLS)
+        for k in range(kills):
             procs = [
                 subprocess.Popen(
                     [
@@ -414,9 +415,9 @@ class CacheCase:
                 self.wrong += 1
                 print(f"  cache the surviving filler failed ({procs[1].returncode})", flush=True)
         self.clear()
-        self.check(self.small_stack(self.b.direct, npydask.Cache(folder)), expected, "killed: after 10 kills")
+        self.check(self.small_stack(self.b.direct, npydask.Cache(folder)), expected, f"killed: after {kills} kills")
         info = npydask.Cache(folder).info()
-        self.rows.append([f"after {KILLS} SIGKILLs: entries / objects", info.entries, n, info.entries / n])
+        self.rows.append([f"after {kills} SIGKILLs: entries / objects", info.entries, n, info.entries / n])
 
     def _full(self) -> None:
         if os.geteuid() != 0 or shutil.which("mount") is None:

@@ -70,7 +70,7 @@ Usage::
 
     python benchmarks/bench_remote.py [--size tiny|small|full] [--repeat N] [--json out.json]
                                       [--data DIR] [--only roi,sum,small] [--link-mbit MBIT] [--link-via auto|tc|proxy]
-                                      [--slow-budget S] [--case standard|cache]
+                                      [--slow-budget S] [--case standard|cache] [--kills N]
 """
 
 from __future__ import annotations
@@ -254,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["standard", "cache"],
         default="standard",
         help="standard: R1-R4 (default); cache: the node cache's goals (see _remote_cache.py)",
+    )
+    ap.add_argument(
+        "--kills",
+        type=int,
+        default=10,
+        metavar="N",
+        help="--case cache: SIGKILLs of a process filling the cache beside another (default 10)",
     )
     ap.add_argument(
         "--slow-budget",

@@ -295,3 +295,28 @@ def test_scale_benchmark_refuses_to_fill_the_disk(tmp_path, monkeypatch):
     small = bench_scale.file_set(str(tmp_path), 1_000)  # under 1 GiB: twice its size is enough
     monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda where: usage._replace(free=20 << 20))
     assert bench_scale.make_files(small, 25.0)[0] == 1_000
+
+
+@pytest.mark.timeout(300)
+def test_remote_cache_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_remote.py --case cache: every goal measured, every read compared with numpy's (no wrong data)."""
+    stdout, data = _run_tiny(
+        "bench_remote.py",
+        tmp_path,
+        1,
+        280,
+        "--case",
+        "cache",
+        "--kills",
+        "2",
+        "--link-via",
+        "proxy",
+        "--link-mbit",
+        "200",
+    )
+    verdicts = {g["goal"]: g["verdict"] for g in data["goals"]}
+    assert len(verdicts) == 12 and all(v in ("PASS", "FAIL") for v in verdicts.values()), verdicts
+    # correctness and traffic hold at any size: no wrong bytes, bad folders refused, one GET per extent shared
+    for text, verdict in verdicts.items():
+        if text.startswith(("correctness", "sharing", "bytes of a cold epoch", 'shuffle="shard"')):
+            assert verdict == "PASS", (text, data["goals"])
