@@ -178,6 +178,28 @@ def write_extent(
     os.fsync(dir_fd)
 
 
+def _fixed(buf: bytes | bytearray, key: EntryKey, offset: int, length: int) -> tuple[int, int, int] | None:
+    """``(algorithm code, block size, blocks)`` of a header's fixed part when it is whole and names this extent."""
+    if len(buf) < _FIXED.size:
+        return None
+    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack_from(buf)
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or algo not in _ALGORITHM_NAMES
+        or reserved != 0
+        or not (0 < block <= BLOCK_SIZE)
+        or n != length
+        or blocks != -(-n // block)
+        or off != offset
+        or size != key.size
+        or key_hash != key.entry_digest()
+        or etag_hash != key.etag_digest()
+    ):
+        return None
+    return algo, block, blocks
+
+
 def _read_all(fd: int, n: int) -> bytes | None:
     parts = []
     got = 0
@@ -248,31 +270,12 @@ def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> memory
             blob = _read_all(fd, st.st_size)
     except OSError:
         return None
-    if blob is None or len(blob) < _FIXED.size:
+    if blob is None or (fixed := _fixed(blob, key, offset, length)) is None:
         return None
-    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack_from(blob)
-    if (
-        magic != MAGIC
-        or version != FORMAT_VERSION
-        or algo not in _ALGORITHM_NAMES
-        or reserved != 0
-        or not (0 < block <= BLOCK_SIZE)
-        or blocks != -(-n // block)
-    ):
-        return None
+    algo, block, blocks = fixed
+    n = length
     end = _FIXED.size + 4 * blocks
-    if len(blob) != end + 4 + n:
-        return None
-    (crc,) = struct.unpack_from("<I", blob, end)
-    if crc != zlib.crc32(blob[:end]):
-        return None
-    if (
-        key_hash != key.entry_digest()
-        or etag_hash != key.etag_digest()
-        or size != key.size
-        or off != offset
-        or n != length
-    ):
+    if len(blob) != end + 4 + n or struct.unpack_from("<I", blob, end)[0] != zlib.crc32(blob[:end]):
         return None
     check = _CHECKS.get(algo)
     if check is None:
@@ -306,21 +309,12 @@ def read_extent_into(fd: int, key: EntryKey, offset: int, out: memoryview) -> bo
         return False
     if got != len(head) + length:
         return False
-    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack_from(head)
+    fixed = _fixed(head, key, offset, length)
+    if fixed is None:
+        return False
+    algo, block, blocks = fixed
     end = _FIXED.size + 4 * blocks
-    if (
-        magic != MAGIC
-        or version != FORMAT_VERSION
-        or reserved != 0
-        or not (0 < block <= BLOCK_SIZE)
-        or n != length
-        or blocks != -(-n // block)
-        or end + 4 != len(head)
-        or off != offset
-        or size != key.size
-        or key_hash != key.entry_digest()
-        or etag_hash != key.etag_digest()
-    ):
+    if end + 4 != len(head):
         return False
     check = _CHECKS.get(algo)
     if check is None or struct.unpack_from("<I", head, end)[0] != zlib.crc32(memoryview(head)[:end]):
@@ -368,20 +362,11 @@ def _read_part(fd: int, key: EntryKey, offset: int, length: int, lo: int, hi: in
     if not stat.S_ISREG(st.st_mode) or st.st_size < _FIXED.size:
         return None
     fixed = os.pread(fd, _FIXED.size, 0)
-    if len(fixed) != _FIXED.size:
+    found = _fixed(fixed, key, offset, length)
+    if found is None:
         return None
-    (magic, version, algo, reserved, block, key_hash, etag_hash, size, off, n, blocks) = _FIXED.unpack(fixed)
-    if (
-        magic != MAGIC
-        or version != FORMAT_VERSION
-        or algo not in _ALGORITHM_NAMES
-        or reserved != 0
-        or not (0 < block <= BLOCK_SIZE)
-        or blocks != -(-n // block)
-        or n != length
-        or off != offset
-    ):
-        return None
+    algo, block, blocks = found
+    n = length
     end = _FIXED.size + 4 * blocks
     if st.st_size != end + 4 + n:
         return None
@@ -390,8 +375,6 @@ def _read_part(fd: int, key: EntryKey, offset: int, length: int, lo: int, hi: in
         return None
     head = fixed + rest[:-4]
     if struct.unpack("<I", rest[-4:])[0] != zlib.crc32(head):
-        return None
-    if key_hash != bytes.fromhex(key.entry_name()) or etag_hash != key.etag_digest() or size != key.size:
         return None
     if hi == lo:
         return b""
