@@ -56,8 +56,9 @@ import json, sys, numpy as np, npydask
 url, folder, n, opts = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 ds = npydask.open_dataset(url, storage_options=opts, cache=npydask.Cache(folder))
 print("opened", flush=True)
-for k in np.random.default_rng(int(sys.argv[5])).permutation(len(ds.files))[:n]:
-    ds[int(k)].compute()
+order = np.random.default_rng(int(sys.argv[5])).permutation(len(ds.files))[:n]
+for part in np.array_split(order, max(1, n // 64)):  # (64 objects a read: many points to be killed at)
+    ds[part.tolist()].stack().compute(scheduler="sync")
 print("done", flush=True)
 """
 
@@ -234,8 +235,10 @@ class CacheCase:
         self.b.proxy.reset()
 
         def one(seed: int) -> None:
-            for k in np.random.default_rng(seed).permutation(n):
-                self.check(ds[int(k)].compute(scheduler="sync"), expected[k], "8 threads sharing")
+            order = np.random.default_rng(seed).permutation(n)
+            for part in np.array_split(order, max(1, n // 64)):  # (64 objects a read, each thread its order)
+                got = ds[part.tolist()].stack().compute(scheduler="sync")
+                self.check(got, expected[part], "8 threads sharing")
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(one, range(8)))
@@ -487,11 +490,13 @@ def _key(path: str) -> str:
 
 
 def _read_all(ds: Any, seed: int) -> np.ndarray:
-    """Every object of ``ds`` read one by one in a seeded order on a worker; returned in file order."""
+    """Every object of ``ds`` read 64 at a time in a seeded order on a worker; returned in file order."""
     n = len(ds.files)
     out: list[Any] = [None] * n
-    for k in np.random.default_rng(seed).permutation(n):
-        out[int(k)] = ds[int(k)].compute(scheduler="sync")
+    order = np.random.default_rng(seed).permutation(n)
+    for part in np.array_split(order, max(1, n // 64)):  # (64 objects a read)
+        for k, got in zip(part.tolist(), ds[part.tolist()].stack().compute(scheduler="sync")):
+            out[k] = got
     return np.stack(out)
 
 

@@ -41,7 +41,7 @@ from npydask.errors import NpyDaskWarning
 
 from .entry import read_extent_into, read_extent_part, write_extent
 from .folder import open_cache_folder
-from .handles import OpenExtents, default_capacity
+from .handles import OpenExtents
 from .keys import EntryKey
 from .ledger import (
     ENTRIES,
@@ -101,7 +101,7 @@ class NodeCache:
             os.close(self.dir_fd)
             raise
         self._lock = threading.Lock()
-        self._extents = OpenExtents(self.dir_fd, default_capacity())
+        self._extents = OpenExtents(self.dir_fd)
         self._pending = [0, 0, 0]  # hits, misses, hit bytes not yet in the ledger
         self._touched: dict[str, float] = {}
         self._stopped: str | None = None
