@@ -194,8 +194,8 @@ class CacheCase:
             (_, _), (second, _) = self._epochs(loader, 2)
             payload = second.cache_hit_bytes + second.bytes_read
             shares[policy] = second.cache_hit_bytes / payload if payload else 0.0
-            held = cache.info().bytes
-            optimum = held / payload if payload else None
+            if policy == "pin":  # (the most a cache of this size serves: what pin holds, over the epoch's bytes)
+                optimum = cache.info().bytes / payload if payload else None
             self.rows.append(
                 [
                     f"hit rate, seeded whole-list shuffle, {policy}: epoch 2 share from the cache",
