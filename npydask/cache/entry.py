@@ -200,18 +200,6 @@ def _fixed(buf: bytes | bytearray, key: EntryKey, offset: int, length: int) -> t
     return algo, block, blocks
 
 
-def _read_all(fd: int, n: int) -> bytes | None:
-    parts = []
-    got = 0
-    while got < n:
-        part = os.pread(fd, n - got, got)
-        if not part:
-            return None
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 def read_extent(dir_fd: int, name: str, key: EntryKey, offset: int, length: int) -> bytes | None:
     """The bytes of the extent file ``name``, or ``None`` if it is missing, damaged or of another extent.
 
@@ -267,7 +255,7 @@ def read_open_extent(fd: int, key: EntryKey, offset: int, length: int) -> memory
             # no larger than the header of the smallest blocks allows: a damaged size is not read into memory
             if not stat.S_ISREG(st.st_mode) or st.st_size > header_size(length, 1) + length:
                 return None
-            blob = _read_all(fd, st.st_size)
+            blob = _read_at(fd, st.st_size, 0)
     except OSError:
         return None
     if blob is None or (fixed := _fixed(blob, key, offset, length)) is None:

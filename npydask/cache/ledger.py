@@ -26,7 +26,6 @@ import fcntl
 import json
 import os
 import secrets
-import stat
 import struct
 import time
 import zlib
@@ -225,17 +224,24 @@ class Ledger:
     def current(self) -> Counts:
         """The figures, recounted first when the ledger is new or damaged (call under :attr:`lock`)."""
         found = self.read()
-        if found is None:
-            found = Counts(held=sum(length for _, _, length in walk_extents(self.dir_fd)))
-            self.write(found)
-        return found
+        return self.recount() if found is None else found
 
-    def recount(self) -> Counts:
-        """Count the bytes held again from the extent files' names (call under :attr:`lock`)."""
+    def recount(self, temporaries_of: frozenset[int] = frozenset()) -> Counts:
+        """Count the bytes held again from the extent files' names, the hit figures kept (call under :attr:`lock`).
+
+        Temporaries of the processes ``temporaries_of`` (dead ones) found on the way are removed.
+        """
         old = self.read() or Counts()
-        found = Counts(sum(length for _, _, length in walk_extents(self.dir_fd)), old.hits, old.misses, old.hit_bytes)
+        held = sum(length for _, _, length in walk_extents(self.dir_fd, temporaries_of))
+        found = Counts(held, old.hits, old.misses, old.hit_bytes)
         self.write(found)
         return found
+
+    def give_back(self, n: int) -> None:
+        """Count ``n`` bytes fewer held (an extent removed, or a reservation not used); takes :attr:`lock`."""
+        with self.lock:
+            found = self.current()
+            self.write(Counts(max(0, found.held - n), found.hits, found.misses, found.hit_bytes))
 
 
 def _names(dir_fd: int, path: str) -> list[str]:
@@ -321,15 +327,13 @@ def register(dir_fd: int, ledger: Ledger) -> int:
     _remove_stale_new(dir_fd)
     with ledger.lock:
         if dead or ledger.read() is None:
-            old = ledger.read() or Counts()
-            held = sum(length for _, _, length in walk_extents(dir_fd, frozenset(dead)))
+            ledger.recount(frozenset(dead))
             for name in _names(dir_fd, "."):
                 if name.startswith(_TEMP) and _temp_pid(name) in dead:
                     try:
                         os.unlink(name, dir_fd=dir_fd)
                     except OSError:
                         pass
-            ledger.write(Counts(held, old.hits, old.misses, old.hit_bytes))
     return fd
 
 
@@ -352,11 +356,3 @@ def _remove_stale_new(dir_fd: int) -> None:
             pass
         finally:
             os.close(fd)
-
-
-def is_regular(dir_fd: int, path: str) -> bool:
-    """Whether ``path`` is a regular file (not a link)."""
-    try:
-        return stat.S_ISREG(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False

@@ -154,7 +154,7 @@ class NodeCache:
         entry = _entry_path(key)
         missing = self._serve(entry, key, start, stop, out)
         if not missing:
-            self._count(hit=True, hit_bytes=n)
+            self._count(hits=1, hit_bytes=n)
             self._touch(entry)
             return CacheRead(n, 0, 0)
         fetched = calls = 0
@@ -162,7 +162,7 @@ class NodeCache:
             got, made = self._fetch_run(entry, key, lo, hi, out[lo - start : hi - start], fetch, label, wait_s)
             fetched += got
             calls += made
-        self._count(hit=calls == 0, hit_bytes=n - fetched)
+        self._count(hits=int(calls == 0), misses=int(calls > 0), hit_bytes=n - fetched)
         return CacheRead(n - fetched, fetched, calls)
 
     def serve(self, key: EntryKey, start: int, stop: int, out: memoryview) -> bool:
@@ -175,10 +175,10 @@ class NodeCache:
         if not 0 <= start <= stop <= key.size or len(out) != n:
             return False
         entry = _entry_path(key)
-        if n and not self._exact_into(f"{entry}/{start}-{n}", key, start, out):
+        if n and not self._exact_into(f"{entry}/{extent_name(start, n)}", key, start, out):
             if self._serve(entry, key, start, stop, out, tried=True):
                 return False
-        self._count(hit=True, hit_bytes=n)
+        self._count(hits=1, hit_bytes=n)
         self._touch(entry)
         return True
 
@@ -196,16 +196,14 @@ class NodeCache:
             if key is not None and 0 <= start < stop <= key.size:
                 entry = _entry_path(key)
                 buf = memoryview(bytearray(stop - start))
-                if self._exact_into(f"{entry}/{start}-{stop - start}", key, start, buf):
+                if self._exact_into(f"{entry}/{extent_name(start, stop - start)}", key, start, buf):
                     data = buf
                     hits += 1
                     hit_bytes += stop - start
                     self._touch(entry)
             found.append(data)
         if hits:
-            with self._lock:
-                self._pending[0] += hits
-                self._pending[2] += hit_bytes
+            self._count(hits=hits, hit_bytes=hit_bytes)
         return found
 
     def _fetch_run(
@@ -323,9 +321,7 @@ class NodeCache:
             os.unlink(name, dir_fd=efd)
         except OSError:
             return
-        with self.ledger.lock:
-            found = self.ledger.current()
-            self.ledger.write(Counts(max(0, found.held - length), found.hits, found.misses, found.hit_bytes))
+        self.ledger.give_back(length)
 
     # -- admitting ---------------------------------------------------------------------------------
 
@@ -345,13 +341,13 @@ class NodeCache:
                 except FileNotFoundError:
                     exists = False
                 if exists:
-                    self._give_back(n)
+                    self.ledger.give_back(n)
                     return
                 write_extent(efd, name, key, offset, data)
             finally:
                 os.close(efd)
         except (OSError, ValueError) as e:
-            self._give_back(n)
+            self.ledger.give_back(n)
             if isinstance(e, OSError) and e.errno in _STOP_ERRNOS:
                 self._stop(f"writing to it failed ({os.strerror(e.errno or 0)})")
 
@@ -369,11 +365,6 @@ class NodeCache:
                 )
             )
             return fits
-
-    def _give_back(self, n: int) -> None:
-        with self.ledger.lock:
-            found = self.ledger.current()
-            self.ledger.write(Counts(max(0, found.held - n), found.hits, found.misses, found.hit_bytes))
 
     def _entry_fd(self, entry: str, key: EntryKey, label: str) -> int:
         parts = entry.split("/")
@@ -469,9 +460,11 @@ class NodeCache:
 
     # -- figures -----------------------------------------------------------------------------------
 
-    def _count(self, *, hit: bool, hit_bytes: int) -> None:
+    def _count(self, *, hits: int = 0, misses: int = 0, hit_bytes: int = 0) -> None:
+        """Add reads' hit figures to this process's pending ones (the ledger gets them every 1,000 reads)."""
         with self._lock:
-            self._pending[0 if hit else 1] += 1
+            self._pending[0] += hits
+            self._pending[1] += misses
             self._pending[2] += hit_bytes
             due = self._pending[0] + self._pending[1] >= 1000
         if due:

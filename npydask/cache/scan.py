@@ -18,7 +18,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
-from .ledger import ENTRIES, Counts, Ledger, parse_extent_name, walk_entries
+from .ledger import ENTRIES, Ledger, parse_extent_name, walk_entries
 
 __all__ = [
     "UNUSED_S",
@@ -138,9 +138,7 @@ def remove_extent(dir_fd: int, entry: str, name: str, length: int, ledger: Ledge
         os.unlink(f"{entry}/{name}", dir_fd=dir_fd)
     except OSError:
         return 0
-    with ledger.lock:
-        found = ledger.current()
-        ledger.write(Counts(max(0, found.held - length), found.hits, found.misses, found.hit_bytes))
+    ledger.give_back(length)
     return length
 
 

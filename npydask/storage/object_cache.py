@@ -58,11 +58,12 @@ def cache_for(choice: CacheChoice) -> NodeCache | None:
     ValueError
         For a folder that records another ``max_bytes`` or ``policy``.
     """
-    if not cache_on(choice):
+    spec = choice if isinstance(choice, Cache) else Cache.from_settings() if choice is None else None
+    if spec is None:
         return None  # (the cache's runtime is not imported where it is off)
     from npydask.cache.node import node_cache
 
-    return node_cache(choice)
+    return node_cache(spec)  # (the setting read once here, not again by node_cache)
 
 
 def entry_key(store: str, url: str, size: int, etag: str) -> EntryKey:
