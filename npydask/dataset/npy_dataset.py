@@ -22,6 +22,7 @@ from npydask.dataset._strings import human_bytes
 from npydask.dataset.scan import dtype_name
 from npydask.dataset.stacking import join
 from npydask.dataset.table import FileTable, Layout
+from npydask.dataset.traffic import plan_dataset
 from npydask.dataset.views import Context, FileViews, per_file_shapes
 from npydask.format.header import NpyHeader
 from npydask.plan.chunks import chunk_limit
@@ -377,6 +378,29 @@ class NpyDataset:
 
         folder = cache_folder_of(self._context.source, self._shown(0) if len(self) else "an empty dataset")
         return warm(self.views, folder, progress=progress)
+
+    def traffic_plan(self, epochs: int = 1, *, cache_bytes: int | str | None = None, prices: Any = None) -> Any:
+        """What opening this dataset and computing ``ds.stack()`` ``epochs`` times send to the store, counted now.
+
+        The reads are the stack's with its default chunks (``ds.arrays()``
+        where shapes differ): small files several per task, each object in
+        one GET; larger files and ROIs as merged range GETs. Reads nothing
+        (headers are held); local files are planned as if they were objects.
+        ``cache_bytes`` models a node cache of that size (``pin``): bytes held
+        are hits and send nothing. ``prices``: ``{"get": P, "list": P, "gb": P}``
+        (per 1,000 requests, per 10^9 bytes). Returns a :class:`~npydask.TrafficPlan`.
+
+        Examples
+        --------
+        >>> import numpy as np, npydask, tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> for i in range(3): np.save(os.path.join(root, f"{i}.npy"), np.zeros(100, "f4"))
+        >>> plan = npydask.open_dataset(root).traffic_plan(2, prices={"get": 0.0004})
+        >>> plan.whole_object_gets, plan.epochs[0].whole_object_bytes, plan.open_header_requests
+        (6, 1584, 3)
+        """
+        self._need_files("plan the traffic of")
+        return plan_dataset(self, epochs, cache_bytes=cache_bytes, prices=prices)
 
     def _need_files(self, what: str) -> None:
         if not len(self):

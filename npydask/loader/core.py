@@ -18,6 +18,7 @@ from npydask.errors import NpyDaskWarning
 from npydask.gpu import check_cuda_fork
 from npydask.loader.fetch import ClusterFetch, Counted, LocalFetch, PatchReader, check_process, read_counted
 from npydask.loader.fingerprint import CHECKED, dataset_fingerprint, describe_difference, warn_if_resharded
+from npydask.loader.traffic import plan_loader
 from npydask.loader.window import READING, WindowReader, window_jobs, window_size
 from npydask.plan.sampling import EpochPlan, check_int, check_shuffle
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, Sampler
@@ -314,6 +315,38 @@ class Loader:
         finally failed with HTTP 503, ``SlowDown`` or a timeout.
         """
         return self._stats
+
+    def traffic_plan(self, epochs: int = 1, *, cache_bytes: int | str | None = None, prices: Any = None) -> Any:
+        """What opening the dataset and the next ``epochs`` epochs of this loader (its shard) send to the store.
+
+        Counted now, from the headers the dataset holds, the batches' order
+        (the sampler's seeded draws, the shards, the look-ahead windows) and
+        the remote settings, by the planners the reads use; nothing is read
+        but a ``Foreground`` sampler's label index, which must exist.
+        Epochs are whole, from :attr:`epoch`. ``cache_bytes`` models a node
+        cache of that size under ``pin``; ``prices`` is
+        ``{"get": P, "list": P, "gb": P}`` (per 1,000 requests, per 10^9
+        bytes). Local files are planned as if they were objects. Returns a
+        :class:`~npydask.TrafficPlan` (see :mod:`npydask.loader.traffic`).
+
+        Raises
+        ------
+        ValueError
+            A ``Foreground`` sampler whose label index is missing or stale
+            (the message says how to build it), or a bad argument.
+
+        Examples
+        --------
+        >>> import numpy as np, npydask, tempfile, os
+        >>> from npydask.samplers import Uniform
+        >>> root = tempfile.mkdtemp()
+        >>> for i in range(4): np.save(os.path.join(root, f"{i}.npy"), np.zeros((64, 64), "u1"))
+        >>> loader = npydask.Loader(npydask.open_dataset(root), 2, sampler=Uniform((8, 64)))
+        >>> plan = loader.traffic_plan(2)
+        >>> [(e.range_gets, e.bytes) for e in plan.epochs]
+        [(4, 2048), (4, 2048)]
+        """
+        return plan_loader(self, epochs, cache_bytes=cache_bytes, prices=prices)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: its epoch, batches yielded in it, the plan and the dataset they depend on.

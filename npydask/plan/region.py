@@ -37,8 +37,10 @@ __all__ = [
     "grid_offsets",
     "normalize_box",
     "plan_read",
+    "region_spans",
     "same_layout",
     "split_index",
+    "split_span",
 ]
 
 
@@ -284,6 +286,44 @@ class ReadPlan:
             inner_shape=self.outer_shape[level:] + (self.run_nbytes,),
             inner_strides=self.outer_strides[level:] + (1,),
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def region_spans(plan: ReadPlan, max_gap: int, max_span: int) -> tuple[Coalesced, tuple[int, ...]]:
+    """The spans a region read of ``plan`` asks for, and their offsets: runs merged across gaps of at most ``max_gap``.
+
+    A span grows to at most ``max_span`` bytes, or one run where a run is
+    longer. The one rule behind every region read (a local file's preads, an
+    object's range GETs, :mod:`npydask.plan.traffic`'s counts); memoised, as
+    a dataset's ROIs share plans.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from npydask.format.header import NpyHeader
+    >>> h = NpyHeader((1, 0), (4, 100), np.dtype("u1"), False, 128, 400)
+    >>> co, offsets = region_spans(plan_read(h, Box((0, 0), (4, 10))), 100, 1 << 30)
+    >>> co.n_spans, co.span_nbytes, offsets
+    (1, 310, (128,))
+    >>> region_spans(plan_read(h, Box((0, 0), (4, 10))), 10, 1 << 30)[1]
+    (128, 228, 328, 428)
+    """
+    co = plan.coalesce(max_gap, max(max_span, plan.run_nbytes))
+    return co, tuple(co.offsets())
+
+
+def split_span(offset: int, length: int, part: int) -> list[FileSpan]:
+    """A span of ``length`` bytes at ``offset`` cut into requests of at most ``part`` bytes, in order.
+
+    How an object's range GETs split a long span (``remote_part_bytes``);
+    an empty span is no request.
+
+    Examples
+    --------
+    >>> split_span(100, 25, 10)
+    [FileSpan(offset=100, length=10), FileSpan(offset=110, length=10), FileSpan(offset=120, length=5)]
+    """
+    return [FileSpan(offset + lo, min(part, length - lo)) for lo in range(0, length, max(1, part))]
 
 
 def file_strides(header: NpyHeader) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from npydask.plan.patches import Patch
 from npydask.plan.sampling import check_int
 from npydask.samplers._candidates import identity_text, load_entries, params_of, scan_label, write_entries
 from npydask.samplers.base import Sampler, UnitBound, check_patch_shape
+from npydask.storage.urls import redact
 
 __all__ = ["Foreground", "ForegroundBound"]
 
@@ -264,6 +265,41 @@ class ForegroundBound(UnitBound):
                     self._load_all(self.sampler.index)
                     found = self._cache[file]
         return found
+
+    def load_index(self) -> None:
+        """Take every file's candidates from the ``index`` file, reading no label (a traffic plan's draws).
+
+        Raises
+        ------
+        ValueError
+            Without ``index=``, or when the index file is missing or lacks a
+            label file (or holds another version of it): the message names the
+            file and how to build the index.
+        """
+        index = self.sampler.index
+        how = (
+            "build it once by drawing from the sampler with index= set (iterating one batch of a Loader, or "
+            "Foreground(..., index=PATH).bind(dataset).patch(0, 0)): that scans every label file and writes it"
+        )
+        if index is None:
+            raise ValueError(
+                f"a traffic plan of a Foreground sampler reads its label index, and this sampler has none: pass "
+                f"index=PATH to Foreground and {how}"
+            )
+        views = self.labels.views
+        source = views.context.source
+        table = self.labels.table
+        loaded = load_entries(index, self._params, source)
+        if not loaded.entries:
+            raise ValueError(f"{redact(index)}: no foreground index there (made with these parameters); {how}")
+        for file, (path, ident) in enumerate(zip(table.paths(), table.identities())):
+            entry = loaded.entries.get(source.display(path))
+            if entry is None or entry[0] != identity_text(ident) or entry[1].extent != self.extents[file]:
+                raise ValueError(
+                    f"{redact(index)}: the foreground index holds no entry for the label file "
+                    f"{source.display(path)} as it is now; {how}"
+                )
+            self._cache.setdefault(file, entry[1])
 
     def _scan(self, file: int) -> Candidates:
         return scan_label(self.labels.views[file], len(self.patch_shape), self._params)

@@ -194,6 +194,10 @@ class Schedule:
         self._settle()
         return self._epoch, self.deal().each(self.done)
 
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This shard's batches of a whole epoch (a pass from position 0), as positions (int64)."""
+        return self._deal.batches()
+
     def remaining(self) -> list[np.ndarray]:
         """This shard's batches of the current pass not taken yet, as positions (int64), all made at once."""
         return list(self.begin()[1])

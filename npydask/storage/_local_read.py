@@ -34,10 +34,10 @@ import numpy as np
 from npydask._buffers import scratch_pieces
 from npydask.config import ReadOptions
 from npydask.plan.patch_runs import Spans
-from npydask.plan.region import ReadPlan, align_span
+from npydask.plan.region import ReadPlan, align_span, region_spans
 from npydask.storage._handles import OpenFile, acquire, pread_exact
 from npydask.storage._iovec import read_iovecs
-from npydask.storage._runs import BATCH_BYTES, coalesced, grid, pread_strategy, read_plan
+from npydask.storage._runs import BATCH_BYTES, grid, pread_strategy, read_plan
 from npydask.storage.identity import FileIdentity, HeaderCheck, check_unchanged
 
 __all__ = [
@@ -132,7 +132,7 @@ def scratch_spans(plan: ReadPlan, options: ReadOptions) -> ScratchSpans | None:
     """
     if options.direct_io or plan.n_runs <= 1 or pread_strategy(plan, options) != "spans":
         return None
-    co, offsets = coalesced(plan, options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
+    co, offsets = region_spans(plan, options.gap_bytes, options.max_span_bytes)
     if len(co.inner_shape) == 1 or co.n_spans * co.span_nbytes > BATCH_BYTES:
         return None
     scratch, parts = scratch_pieces(co.span_nbytes, co.n_spans)

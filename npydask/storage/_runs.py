@@ -10,7 +10,6 @@ the gaps thrown away); :func:`read_plan` walks the spans and asks a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -19,9 +18,9 @@ import numpy as np
 from npydask._buffers import pieces, scratch_pieces
 from npydask.config import ReadOptions
 from npydask.plan.read_strategy import choose
-from npydask.plan.region import Coalesced, ReadPlan
+from npydask.plan.region import Coalesced, ReadPlan, region_spans
 
-__all__ = ["BATCH_BYTES", "RangeReader", "coalesced", "grid", "pread_strategy", "read_plan"]
+__all__ = ["BATCH_BYTES", "RangeReader", "grid", "pread_strategy", "read_plan"]
 
 BATCH_BYTES = 16 * 1024 * 1024
 
@@ -66,7 +65,7 @@ def read_plan(reader: RangeReader, plan: ReadPlan, options: ReadOptions, raw: np
     (:class:`npydask.storage.object.RangeReader`); this is the one planner
     both use, coalescing runs closer than ``options.gap_bytes``.
     """
-    co, offsets = coalesced(plan, options.gap_bytes, max(options.max_span_bytes, plan.run_nbytes))
+    co, offsets = region_spans(plan, options.gap_bytes, options.max_span_bytes)
     per_span = len(raw) // co.n_spans
     if len(co.inner_shape) == 1:  # every span is one run: read straight into place
         reader.read_many(pieces(raw, per_span, co.n_spans), per_span, offsets)
@@ -81,13 +80,6 @@ def read_plan(reader: RangeReader, plan: ReadPlan, options: ReadOptions, raw: np
         n = min(batch, co.n_spans - first)
         reader.read_many(parts, size, offsets[first : first + n])  # (zip stops at the offsets)
         np.copyto(dest[first : first + n], grid(scratch, co, n))
-
-
-@functools.lru_cache(maxsize=1024)
-def coalesced(plan: ReadPlan, max_gap: int, max_span: int) -> tuple[Coalesced, tuple[int, ...]]:
-    """The spans of ``plan`` and their offsets, memoised (a dataset's ROIs share plans)."""
-    co = plan.coalesce(max_gap, max_span)
-    return co, tuple(co.offsets())
 
 
 def grid(scratch: np.ndarray, co: Coalesced, n: int) -> np.ndarray:

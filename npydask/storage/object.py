@@ -50,7 +50,7 @@ from npydask.errors import FileChangedError, warn
 from npydask.format.header import NpyHeader, parse_header
 from npydask.format.npz import Member
 from npydask.plan.patch_runs import Spans
-from npydask.plan.region import ReadPlan
+from npydask.plan.region import ReadPlan, split_span
 from npydask.storage._headers import member_header, member_headers, npy_header
 from npydask.storage._remote_errors import call
 from npydask.storage._runs import read_plan
@@ -775,8 +775,8 @@ class RangeReader:
         jobs = []
         for bufs, offset in zip(iovecs, offsets):
             buf = bufs[0].cast("B") if bufs[0].format != "B" else bufs[0]
-            for lo in range(0, size, part):
-                jobs.append((buf[lo : min(lo + part, size)], offset + lo))
+            for at, n in split_span(offset, size, part):  # (the split a traffic plan counts)
+                jobs.append((buf[at - offset : at - offset + n], at))
         self._get_all(jobs)
 
     def read_spans(self, dest: np.ndarray, offsets: Sequence[int], lengths: Sequence[int]) -> int:
@@ -786,8 +786,8 @@ class RangeReader:
         jobs = []
         at = 0
         for offset, n in zip(offsets, lengths):
-            for lo in range(0, n, part):
-                jobs.append((buf[at + lo : at + min(lo + part, n)], offset + lo))
+            for lo, k in split_span(offset, n, part):
+                jobs.append((buf[at + lo - offset : at + lo - offset + k], lo))
             at += n
         self._get_all(jobs)
         return len(jobs)
