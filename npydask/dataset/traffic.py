@@ -105,7 +105,7 @@ def group_requests(views: Sequence[NpyFileArray], inner: Box, settings: RemoteSe
 
 
 def _plain_run(header: Any, inner: Box, dtype: np.dtype) -> int | None:
-    """The end of ``inner``'s one run (its GET from byte 0 ends there) when it is one run already laid out as ``dtype``."""
+    """Where the GET from byte 0 of ``inner`` ends, when ``inner`` is one run already laid out as ``dtype``."""
     if not (header.dtype.str == dtype.str and header.dtype == dtype):
         return None
     plan = plan_read(header, inner)

@@ -191,7 +191,7 @@ class Prices:
 
     @classmethod
     def of(cls, value: Prices | dict[str, Any] | None) -> Prices | None:
-        """``value`` as :class:`Prices`: a ``Prices``, a dict with keys among ``"get"``, ``"list"``, ``"gb"``, or ``None``.
+        """``value`` as :class:`Prices`: a ``Prices``, a dict of ``"get"``, ``"list"``, ``"gb"``, or ``None``.
 
         Raises
         ------
