@@ -1,10 +1,11 @@
 """The ``npydask`` command line: thin argument parsing over the public API.
 
 ``info`` (headers only), ``stats`` (on a cluster), ``convert``, ``demo``,
-``bench`` and ``cache`` (a node cache's folder, and staging a dataset in
-it). Results go to stdout; progress and messages to stderr. Bad input
-prints one line on stderr and exits with status 2, before any cluster
-starts; a folder with unreadable files lists them and exits with status 1.
+``bench``, ``cache`` (a node cache's folder, and staging a dataset in
+it) and ``plan`` (the requests and bytes reading a dataset would send).
+Results go to stdout; progress and messages to stderr. Bad input prints
+one line on stderr and exits with status 2, before any cluster starts;
+a folder with unreadable files lists them and exits with status 1.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 import npydask
-from npydask.cli import bench, cache, convert, demo, info, stats
+from npydask.cli import bench, cache, convert, demo, info, plan, stats
 from npydask.cli._common import check_scheduler, cli_words, say
 from npydask.cli._errors import UsageError
 
@@ -28,6 +29,7 @@ examples:
   npydask convert data.npz data/        every .npz member to a .npy file (also to zarr, F to C order)
   npydask bench --size small            the benchmark suite, ratio tables and a JSON file
   npydask cache info                    what the node cache (NPYDASK_CACHE) holds; also clear, prune, fill
+  npydask plan s3://bucket/scans/       the requests and bytes opening and reading it would send
   npydask <command> --quiet             no progress on stderr
   npydask <command> --help              the options of a command
 """
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"npydask {npydask.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (info, stats, convert, demo, bench, cache):
+    for module in (info, stats, convert, demo, bench, cache, plan):
         module.add_parser(sub)
     return parser
 

@@ -542,10 +542,7 @@ def count_traffic(
     first_epoch : int
         The number of the first epoch.
     """
-    if cache_bytes is not None and (
-        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
-    ):
-        raise ValueError(f"cache_bytes must be a number of bytes >= 0 (an int) or None, found {cache_bytes!r}")
+    cache_bytes = check_cache_bytes(cache_bytes)
     model = None if cache_bytes is None else PinModel(cache_bytes)
     header_gets = header_bytes = 0
     for o in objects:
