@@ -133,7 +133,9 @@ def stack_requests(dataset: Any, settings: RemoteSettings) -> Iterator[Request]:
             yield from view_requests(view, Box(tuple(a for a, _ in corner), tuple(b for _, b in corner)), settings)
 
 
-def plan_dataset(dataset: Any, epochs: int = 1, *, cache_bytes: int | None = None, prices: Any = None) -> TrafficPlan:
+def plan_dataset(
+    dataset: Any, epochs: int = 1, *, cache_bytes: int | str | None = None, prices: Any = None
+) -> TrafficPlan:
     """:meth:`NpyDataset.traffic_plan <npydask.dataset.npy_dataset.NpyDataset.traffic_plan>`: opening, then
     ``epochs`` computes of the stack."""
     epochs = check_int("epochs", epochs, 0)

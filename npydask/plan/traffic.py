@@ -382,7 +382,7 @@ class TrafficPlan:
             f"{_size(self.open_bytes)}" + ("" if self.open_cost is None else f", cost {self.open_cost:.6g}"),
         ]
         head = ("epoch", "range GETs", "bytes", "whole-object GETs", "whole-object bytes", "cache hits", "cost")
-        rows = [head]
+        rows: list[tuple[str, ...]] = [head]
         for e in self.epochs:
             rows.append(
                 _row(
