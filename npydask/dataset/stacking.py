@@ -40,7 +40,7 @@ from npydask.plan.region import Box, ReadPlan, plan_read, same_layout, split_ind
 from npydask.reader import shared_facts
 from npydask.storage.base import Item
 
-__all__ = ["LIGHT_FILE_TASKS", "FileGroup", "join", "joined_dtype"]
+__all__ = ["LIGHT_FILE_TASKS", "FileGroup", "join", "joined_dtype", "plain_run"]
 
 LIGHT_FILE_TASKS = 16_384
 """Files times tasks up to which a cluster's tasks each carry every file's facts (~50 B a file pickled:
@@ -223,7 +223,7 @@ class FileGroup:
                 if id(h) in runs:
                     run = runs[id(h)]
                 else:
-                    run = runs[id(h)] = _plain_run(h, inner, self.dtype)
+                    run = runs[id(h)] = plain_run(h, inner, self.dtype)
             if run is not None:
                 batch.append((ref.path, ref.identity, run[0], ref.check))
                 continue
@@ -263,7 +263,7 @@ class FileGroup:
         if plain and t.roi_id is None and t.rois[0] is None:
             used = [0] if t.header_id is None else np.unique(t.header_id).tolist()
             for h in used:
-                runs[h] = _plain_run(t.headers[h][0], inner, self.dtype)
+                runs[h] = plain_run(t.headers[h][0], inner, self.dtype)
             if all(runs[h] is not None for h in used):
                 # the common case: every file one plain run (one open, one preadv, one fstat, one close each)
                 source.read_many(t.items([r[0] if r else 0 for r in runs]), flat, row)  # type: ignore[index]
@@ -278,7 +278,7 @@ class FileGroup:
             if plain and t.rois[r] is None:
                 run = runs[h]
                 if run is False:
-                    run = runs[h] = _plain_run(t.headers[h][0], inner, self.dtype)
+                    run = runs[h] = plain_run(t.headers[h][0], inner, self.dtype)
             if run is not None:
                 batch.append((path, ident, run[0], checks[h]))
                 continue
@@ -403,8 +403,12 @@ def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
     return a.str == b.str and a == b
 
 
-def _plain_run(header: NpyHeader, inner: Box, dtype: np.dtype) -> tuple[int, int] | None:
-    """(offset, nbytes) when ``inner`` of a file with ``header`` is one run already laid out as ``dtype``."""
+def plain_run(header: NpyHeader, inner: Box, dtype: np.dtype) -> tuple[int, int] | None:
+    """(offset, nbytes) when ``inner`` of a file with ``header`` is one run already laid out as ``dtype``.
+
+    A group reads such a part of a plain object in one GET from byte 0 through it (a whole small
+    object in one request); :mod:`npydask.dataset.traffic` plans the same.
+    """
     if not _same_dtype(header.dtype, dtype):
         return None
     plan = plan_read(header, inner)

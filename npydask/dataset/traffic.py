@@ -26,8 +26,8 @@ import numpy as np
 
 from npydask import config
 from npydask.array import NpyFileArray
-from npydask.dataset.stacking import joined_dtype
-from npydask.plan.region import Box, plan_read, same_layout
+from npydask.dataset.stacking import joined_dtype, plain_run
+from npydask.plan.region import Box, plan_read
 from npydask.plan.sampling import check_int
 from npydask.plan.traffic import (
     ObjectFacts,
@@ -96,22 +96,12 @@ def group_requests(views: Sequence[NpyFileArray], inner: Box, settings: RemoteSe
     for view in views:
         ref = view.ref
         if view.roi is None and ref.key is None and not ref.options.direct_io:
-            run = _plain_run(ref.header, inner, dtype)
+            run = plain_run(ref.header, inner, dtype)
             if run is not None:
-                out.append(Request(ref.path, 0, run, True))
+                out.append(Request(ref.path, 0, run[0] + run[1], True))
                 continue
         out += view_requests(view, inner, settings)
     return out
-
-
-def _plain_run(header: Any, inner: Box, dtype: np.dtype) -> int | None:
-    """Where the GET from byte 0 of ``inner`` ends, when ``inner`` is one run already laid out as ``dtype``."""
-    if not (header.dtype.str == dtype.str and header.dtype == dtype):
-        return None
-    plan = plan_read(header, inner)
-    if not (plan.is_contiguous and same_layout(plan)):
-        return None
-    return plan.offset + plan.nbytes
 
 
 def stack_requests(dataset: Any, settings: RemoteSettings) -> Iterator[Request]:
