@@ -55,7 +55,7 @@ from npydask.dataset.zipped import zip_datasets
 from npydask.errors import FileChangedError, GpuUnavailableError, NpyDaskWarning, NpyFormatError, RoiError
 from npydask.format.header import NpyHeader, parse_header
 from npydask.loader import Loader
-from npydask.plan.traffic import TrafficPlan
+from npydask.plan.traffic_plan import TrafficPlan
 from npydask.reader import read_header, read_region
 from npydask.storage.io_counts import io_stats
 from npydask.write.npy import to_npy, to_npy_files
