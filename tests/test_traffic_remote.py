@@ -136,3 +136,28 @@ def test_small_objects_are_planned_as_whole_object_gets_exactly(s3, proxy):
     e = plan.epochs[0]
     assert (e.whole_object_gets, e.range_gets) == (counter.counts.count("GET"), 0) == (12, 0)  # (5 + 5 + 2 files)
     assert e.whole_object_bytes == counts.bytes_read
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_a_node_cache_serves_what_the_plan_says(volumes, proxy, tmp_path, share):
+    """Two epochs through a node cache holding ``share`` of an epoch's bytes (pin): what is sent and served."""
+    root, _, _ = volumes
+    counter, options = proxy
+    with npydask.config.set(**SETTINGS):
+        probe = npydask.open_dataset(f"{root}/img/", storage_options=options)
+    loader = npydask.Loader(probe, 4, sampler=Uniform((6, 12, 16), per_file=3), shuffle=True, seed=7, prefetch=0)
+    epoch_bytes = loader.traffic_plan().bytes
+    size = int(epoch_bytes * share) + 1
+    cache = npydask.Cache(str(tmp_path / "cache"), max_bytes=size)
+    with npydask.config.set(**SETTINGS):
+        ds = npydask.open_dataset(f"{root}/img/", storage_options=options, cache=cache)
+    loader = npydask.Loader(ds, 4, sampler=Uniform((6, 12, 16), per_file=3), shuffle=True, seed=7, prefetch=0)
+    plan = loader.traffic_plan(2, cache_bytes=size)
+    for e in plan.epochs:
+        counter.reset()
+        with npydask.io_stats() as counts:
+            assert len(list(loader)) == 4
+        _check(e, counter, counts)
+        # (near a full cache, which extents get in depends on the order concurrent reads finish)
+        assert abs(e.cache_hit_bytes - counts.cache_hit_bytes) <= 0.1 * counts.bytes_read, (e, counts)
+    assert plan.cache_hit_bytes > 0
