@@ -11,6 +11,7 @@ import pytest
 
 import npydask
 from npydask.config import read_options
+from npydask.dataset.traffic import objects_of
 from npydask.format.header import NpyHeader
 from npydask.plan.patch_runs import plan_boxes
 from npydask.plan.region import Box, plan_read, split_span
@@ -262,3 +263,15 @@ def test_a_dataset_plan_is_its_stack_read_once_an_epoch(volumes):
     wide = ds.traffic_plan()  # (64 KiB gaps: a span per file)
     assert (wide.range_gets, wide.whole_object_gets) == (4, 0)
     assert ds.traffic_plan(cache_bytes="1 MiB", epochs=2).epochs[1].range_gets == 0
+
+
+def test_files_of_other_shapes_are_planned_as_their_own_arrays(tmp_path):
+    for i, n in enumerate((1000, 3000, 500)):
+        np.save(tmp_path / f"r{i}.npy", np.zeros(n, "<i8"))
+    ds = npydask.open_dataset(str(tmp_path))
+    with npydask.config.set(remote_part_bytes=10_000):
+        plan = npydask.open_dataset(str(tmp_path)).traffic_plan()
+    # each file alone (ds.arrays()): its payload by range GETs of at most 10,000 bytes, never whole objects
+    assert (plan.range_gets, plan.bytes, plan.whole_object_gets) == (1 + 3 + 1, ds.nbytes, 0)
+    assert plan.open_header_requests == 3 and [o.size for o in objects_of(ds)] == [8128, 24128, 4128]
+    assert plan.open_bytes == 4096 * 3
