@@ -468,6 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows (default {','.join(ROWS)})")
     ap.add_argument("--prefetch", type=int, default=4, metavar="N", help="npydask Loader prefetch (default 4)")
     ap.add_argument("--link-via", choices=["auto", "tc", "proxy"], default="auto", help="how the link is emulated")
+    ap.add_argument(
+        "--accelerators",
+        metavar="N,N",
+        help="run each row at these accelerator counts only (no search, no goals): to look into one figure",
+    )
     ap.add_argument("--worker", help=argparse_hidden())
     args = ap.parse_args(argv)
     if args.worker:
@@ -520,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(args, size, server, proxy, how, keys, d)
             summary = []
             for row in rows:
+                if args.accelerators:
+                    for n in (int(v) for v in args.accelerators.split(",")):
+                        bench.run(row, n, c)
+                    continue
                 one = bench.run(row, 1, c)
                 most = bench.most(row, c, lambda r: r.au >= AU_SUSTAINED)
                 warm = bench.most(row, c, lambda r: r.warm >= AU_WARM)

@@ -16,9 +16,7 @@ path with at most one segment, or a query with ``list-type=``: S3's
 framed otherwise (``Transfer-Encoding: chunked``) stops being counted there
 and is reported in :attr:`ProxyCounts.unframed`.
 
-Faults
-------
-The proxy also plays a slow or throttling store (:class:`Faults`), set at
+**Faults.** The proxy also plays a slow or throttling store (:class:`Faults`), set at
 construction or changed while it runs (:meth:`CountingProxy.set_faults`, safe
 from any thread). Each request, once its head has arrived, is held back
 before it is forwarded, so its response starts that much later and no other
