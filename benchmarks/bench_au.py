@@ -484,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows: unknown {unknown}; expected some of {','.join(ROWS)}")
     if args.max_accelerators < 1:
         ap.error("--max-accelerators must be >= 1")
+    import importlib.util
+
+    if "baseline" in rows and importlib.util.find_spec("torch") is None:
+        rows.remove("baseline")
+        print("# the baseline row needs PyTorch, not installed here: skipped", flush=True)
     size = SIZES[args.size]
     env = _common.environment()
     _common.print_environment(env)

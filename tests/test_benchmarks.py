@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -329,14 +330,16 @@ def test_au_benchmark_runs_at_tiny_size(tmp_path):
     assert "goal" in stdout and data["wrong"] == 0
     assert "counting proxy" in data["facts"]["link"] and data["facts"]["page cache dropped"] in (True, False)
     runs = {(r["row"], r["n"]): r for r in data["runs"]}
-    assert {row for row, _ in runs} == {"whole", "patches", "baseline"}
-    one = {row: runs[row, 1] for row in ("whole", "patches", "baseline")}
+    rows = ("whole", "patches", "baseline") if importlib.util.find_spec("torch") else ("whole", "patches")
+    assert {row for row, _ in runs} == set(rows)
+    one = {row: runs[row, 1] for row in rows}
     assert all(r["gets"] > 0 and r["steps"] == 3 * 2 and 0 < r["au"] <= 1 for r in one.values()), one
     dataset = data["facts"]["dataset bytes"]
     # whole samples: epoch 1 from the server, epochs 2-3 wholly from the node cache; the baseline GETs every epoch
     cold, *warm = one["whole"]["by_epoch"]
     assert cold["bytes_read"] >= dataset and cold["cache_hits"] == 0
     assert all(e["bytes_read"] == 0 and e["cache_hits"] == 8 * 2 for e in warm), warm  # (8 samples of 2 members)
-    assert dataset <= one["whole"]["bytes_down"] < one["baseline"]["bytes_down"]
-    assert one["baseline"]["bytes_down"] >= 3 * dataset
+    assert one["whole"]["bytes_down"] >= dataset
+    if "baseline" in one:
+        assert one["baseline"]["bytes_down"] >= 3 * dataset > one["whole"]["bytes_down"]
     assert {g["verdict"] for g in data["goals"]} <= {"PASS", "FAIL", "n/a"} and len(data["goals"]) == 3
