@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -320,3 +321,25 @@ def test_remote_cache_benchmark_runs_at_tiny_size(tmp_path):
     for text, verdict in verdicts.items():
         if text.startswith(("correctness", "sharing", "bytes of a cold epoch", 'shuffle="shard"')):
             assert verdict == "PASS", (text, data["goals"])
+
+
+@pytest.mark.timeout(240)
+def test_au_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_au.py: every row's accelerators read the right samples; the node cache serves epochs 2-3."""
+    stdout, data = _run_tiny("bench_au.py", tmp_path, 1, 200, "--max-accelerators", "2", "--link-via", "proxy")
+    assert "goal" in stdout and data["wrong"] == 0
+    assert "counting proxy" in data["facts"]["link"] and data["facts"]["page cache dropped"] in (True, False)
+    runs = {(r["row"], r["n"]): r for r in data["runs"]}
+    rows = ("whole", "patches", "baseline") if importlib.util.find_spec("torch") else ("whole", "patches")
+    assert {row for row, _ in runs} == set(rows)
+    one = {row: runs[row, 1] for row in rows}
+    assert all(r["gets"] > 0 and r["steps"] == 3 * 2 and 0 < r["au"] <= 1 for r in one.values()), one
+    dataset = data["facts"]["dataset bytes"]
+    # whole samples: epoch 1 from the server, epochs 2-3 wholly from the node cache; the baseline GETs every epoch
+    cold, *warm = one["whole"]["by_epoch"]
+    assert cold["bytes_read"] >= dataset and cold["cache_hits"] == 0
+    assert all(e["bytes_read"] == 0 and e["cache_hits"] == 8 * 2 for e in warm), warm  # (8 samples of 2 members)
+    assert one["whole"]["bytes_down"] >= dataset
+    if "baseline" in one:
+        assert one["baseline"]["bytes_down"] >= 3 * dataset > one["whole"]["bytes_down"]
+    assert {g["verdict"] for g in data["goals"]} <= {"PASS", "FAIL", "n/a"} and len(data["goals"]) == 3
