@@ -407,3 +407,37 @@ def test_an_older_state_without_rois_resumes_with_a_warning_and_checks_the_rest(
         loader.load_state_dict(dict(state, batches_done=4))
     with pytest.warns(npydask.NpyDaskWarning), pytest.raises(ValueError, match="file names"):
         npydask.Loader(ds[::-1], 2).load_state_dict(state)
+
+
+def test_the_look_ahead_reads_an_epochs_first_batch_alone_then_opens(folder, monkeypatch):
+    """Batch 0 is read before any other starts (over a link it would share the bandwidth and come last);
+    then each batch taken lets one more be read, up to ``prefetch`` in flight."""
+    import threading
+    import time
+
+    from npydask.loader import core
+
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    real = core.read_counted
+
+    def traced(views, device="cpu"):
+        first = views[0].ref.path
+        with lock:
+            events.append(("start", first))
+        if len(events) == 1:
+            time.sleep(0.2)  # (the others, were they sent with it, would start meanwhile)
+        got = real(views, device)
+        with lock:
+            events.append(("end", first))
+        return got
+
+    monkeypatch.setattr(core, "read_counted", traced)
+    loader = npydask.Loader(npydask.open_dataset(folder), 2, prefetch=4)
+    assert epoch(loader) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert events[0][0] == "start" and events[1] == ("end", events[0][1])  # batch 0 alone
+    in_flight = most = 0
+    for kind, _ in events:
+        in_flight += 1 if kind == "start" else -1
+        most = max(most, in_flight)
+    assert most <= 4

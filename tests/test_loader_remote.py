@@ -164,3 +164,36 @@ def test_the_loader_reads_objects_equal_to_numpy(objects, s3):
             np.testing.assert_array_equal(batch, np.stack([arrays[i] for i in index]))
             seen += index.tolist()
         assert sorted(seen) == list(range(N))
+
+
+def test_a_batch_of_objects_of_several_shapes_and_members_is_read_at_once(s3, monkeypatch):
+    """A batch's files (and each ``.npz`` member's) are fetched together, not one after another; values as numpy's."""
+    import io
+    import threading
+
+    import npydask
+    from npydask.loader import fetch
+
+    space = s3.space()
+    arrays = []
+    for i in range(4):
+        x, y = np.arange(6 * (i + 1), dtype="<f4").reshape(i + 1, 6), np.full((i + 2,), i, np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, x=x, y=y)
+        s3.put(f"{space}/npz/{i}.npz", buf.getvalue())
+        arrays.append({"x": x, "y": y})
+    ds = npydask.open_dataset(f"s3://{space}/npz", file_filter="*.npz", key=["x", "y"], storage_options=s3.options)
+    together = threading.Barrier(8, timeout=20)  # (8 files' reads: each waits for all, so none finishes alone)
+    whole = fetch._whole
+
+    def met(view):
+        together.wait()  # (breaks, failing the test, if the reads ran one after another)
+        return whole(view)
+
+    monkeypatch.setattr(fetch, "_whole", met)
+    loader = npydask.Loader(ds, 4, prefetch=0, with_index=True)
+    ((batch, index),) = list(loader)
+    for k in ("x", "y"):
+        assert len(batch[k]) == 4
+        for got, i in zip(batch[k], index):
+            np.testing.assert_array_equal(got, arrays[i][k])

@@ -161,3 +161,26 @@ def test_a_node_cache_serves_what_the_plan_says(volumes, proxy, tmp_path, share)
         # (near a full cache, which extents get in depends on the order concurrent reads finish)
         assert abs(e.cache_hit_bytes - counts.cache_hit_bytes) <= 0.1 * counts.bytes_read, (e, counts)
     assert plan.cache_hit_bytes > 0
+
+
+def test_reading_npz_members_after_opening_sends_no_zip_directory_or_header_requests(s3, proxy):
+    """Opening reads each archive's directory and member headers once; the reads then ask only for member bytes."""
+    import io
+
+    counter, options = proxy
+    space = s3.space()
+    arrays = []
+    for i in range(6):
+        x, y = np.arange(300, dtype="<f4") + i, np.full((7, 5), i, np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, x=x, y=y)
+        s3.put(f"{space}/z/{i}.npz", buf.getvalue())
+        arrays.append((x, y))
+    ds = npydask.open_dataset(f"s3://{space}/z", file_filter="*.npz", key=["x", "y"], storage_options=options)
+    counter.reset()
+    for _ in range(2):
+        for batch in npydask.Loader(ds, 3, prefetch=0):
+            assert set(batch) == {"x", "y"}
+    assert counter.counts.count("GET") == 2 * 6 * 2  # (two epochs, one GET per member read: its bytes)
+    got = ds.stack()
+    np.testing.assert_array_equal(got["x"].compute(), np.stack([x for x, _ in arrays]))

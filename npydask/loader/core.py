@@ -95,7 +95,12 @@ class Loader:
         last round of batches (the short batch with it) instead of wrapping it.
     prefetch : int
         Batches read ahead: threads of this process, or tasks on ``client``'s
-        workers. 0 reads each batch when it is asked for. With a sampler,
+        workers. 0 reads each batch when it is asked for. The look-ahead
+        opens one batch at a time: an epoch's first batch is read alone (over
+        a link it would otherwise share the bandwidth with the others and
+        arrive when they all do), then each batch taken lets one more be
+        read, up to ``prefetch``. Whole files of objects in a batch are read
+        at once (each member's stack, or each file where shapes differ). With a sampler,
         no ``client`` and patches read as byte spans (objects, the
         ``patch_read="spans"`` setting, ``backend="pread"``), ``prefetch >= 4``
         reads batches in windows of ``prefetch // 2``, each file once with
@@ -480,11 +485,13 @@ class Loader:
         self._stats = ReadStats()
         try:
             position = 0
+            opened = 1  # (the look-ahead opens a batch at a time: the first one is read alone, so it comes first)
             while position < len(batches) or pending:
-                while position < len(batches) and len(pending) < ahead:
+                while position < len(batches) and len(pending) < opened:
                     indices = batches[position]
                     pending.append((indices, fetch.submit(pick(dataset, indices.tolist()))))
                     position += 1
+                opened = min(ahead, opened + 1)
                 indices, future = pending.popleft()
                 got: Counted = fetch.result(future)
                 batch = got.batch
@@ -520,10 +527,12 @@ class Loader:
         fetch = self._fetch(PatchReader(self.dataset, bound, schedule.seed, schedule.shuffle))
         ahead = max(1, self.prefetch)
         pending: deque[Any] = deque()
+        opened = 1  # (as in __iter__: the first batch read alone)
         try:
             while True:
-                while len(pending) < ahead and (positions := next(batches, None)) is not None:
+                while len(pending) < opened and (positions := next(batches, None)) is not None:
                     pending.append(fetch.submit((epoch, positions)))
+                opened = min(ahead, opened + 1)
                 if not pending:
                     break
                 got: PatchBatch = fetch.result(pending.popleft())

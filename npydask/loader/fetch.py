@@ -10,9 +10,11 @@ iterating thread's CUDA stream.
 from __future__ import annotations
 
 import contextvars
+import os
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from types import FunctionType
 from typing import Any, NamedTuple
 
@@ -60,10 +62,20 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
     Stacked batches are in native byte order (as ``numpy.stack`` makes them)
     and writable; ``device="gpu"`` gives CuPy arrays. A dict of views per
     ``.npz`` member gives a dict of batches (the members of a file share its
-    descriptor: one open per file).
+    descriptor: one open per file). Objects (a source whose requests wait on
+    the network) are read at once: each member's stack, or each file of a
+    member whose shapes differ, is one job of up to ``_READS_AT_ONCE`` in flight.
     """
-    if isinstance(views, dict):
-        return {k: read_batch(v, device) for k, v in views.items()}
+    members = views if isinstance(views, dict) else {"": views}
+    if device == "gpu" or not _concurrent(members):
+        read = {k: _read_member(v, device) for k, v in members.items()}
+    else:
+        read = _read_at_once(members)
+    return read if isinstance(views, dict) else read[""]
+
+
+def _read_member(views: Sequence[NpyFileArray], device: str) -> Any:
+    """One member's batch (see :func:`read_batch`), its files read one after another."""
     shapes = {v.shape for v in views}
     if device == "gpu":
         from npydask.gpu import on_device
@@ -73,9 +85,78 @@ def read_batch(views: Sequence[NpyFileArray] | dict[str, Sequence[NpyFileArray]]
             return group[(slice(None),) * len(group.shape)]
         return [on_device(v)[(slice(None),) * v.ndim] for v in views]
     if len(shapes) == 1:
-        group = FileGroup(views, 0, True)
-        return _owned(group[(slice(None),) * len(group.shape)])
-    return [_owned(v.read(Box.whole(v.shape))) for v in views]
+        return _stacked(views)
+    return [_whole(v) for v in views]
+
+
+def _stacked(views: Sequence[NpyFileArray]) -> np.ndarray:
+    group = FileGroup(views, 0, True)
+    return _owned(group[(slice(None),) * len(group.shape)])
+
+
+def _whole(view: NpyFileArray) -> np.ndarray:
+    return _owned(view.read(Box.whole(view.shape)))
+
+
+def _concurrent(members: dict[str, Sequence[NpyFileArray]]) -> bool:
+    """Whether the files are read by requests that wait on the network (objects), so reading them at once pays."""
+    first = next((v for v in members.values() if v), None)
+    return first is not None and bool(first[0].ref.source.concurrent) and sum(map(len, members.values())) > 1
+
+
+_READS_AT_ONCE = 8
+"""Jobs of one batch of objects read at once (each sends its own range GETs: the request pool bounds those)."""
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _batch_pool() -> ThreadPoolExecutor:
+    """This process's pool for the jobs of batches of objects (a forked child gets its own).
+
+    Its jobs never submit to it (they use the request pools below it), so it cannot wait on itself.
+    """
+    pid = os.getpid()
+    pool = _pools.get(pid)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(pid)
+            if pool is None:
+                _pools.clear()
+                pool = _pools[pid] = ThreadPoolExecutor(_READS_AT_ONCE, thread_name_prefix="npydask-batch")
+    return pool
+
+
+def _read_at_once(members: dict[str, Sequence[NpyFileArray]]) -> dict[str, Any]:
+    """Each member's batch, every stack (or file, where shapes differ) a job; all jobs at once, in order.
+
+    On an error the jobs not started are cancelled and the running ones waited for; the first error is raised.
+    """
+    jobs: list[tuple[str, bool, Any]] = []  # (member, whether a whole stack, what to read)
+    for k, views in members.items():
+        if len({v.shape for v in views}) == 1:
+            jobs.append((k, True, views))
+        else:
+            jobs.extend((k, False, v) for v in views)
+    pool = _batch_pool()
+    futures = [
+        pool.submit(contextvars.copy_context().run, _stacked if stack else _whole, what) for _, stack, what in jobs
+    ]
+    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    if pending:
+        for f in pending:
+            f.cancel()
+        wait(pending)
+    for f in futures:
+        if not f.cancelled() and f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+    out: dict[str, Any] = {k: [] for k in members}
+    for (k, stack, _), f in zip(jobs, futures):
+        if stack:
+            out[k] = f.result()
+        else:
+            out[k].append(f.result())
+    return out
 
 
 class Counted(NamedTuple):

@@ -78,6 +78,9 @@ __all__ = ["ObjectIdentity", "ObjectSource", "RemoteFile", "clear_sources", "sou
 _WARM_STREAK = 64
 """Reads served by the node cache in a row after which a stack's files are read in the calling thread."""
 
+_FILES_KEPT = 8192
+"""Objects and ``.npz`` members opened (headers, member places) a source remembers: a header and a few numbers each."""
+
 _BLOCK = 64 * 1024
 """Read-ahead of a header's or zip directory's reads past the first GET."""
 
@@ -182,6 +185,8 @@ class ObjectSource(Source):
         def one(path: str) -> list[Scanned]:
             identity, read = self._head(path, keep=False)
             found = member_headers(read, identity.size, redact(path), keys)
+            for k, (header, raw, member) in zip(keys, found):  # (kept: reading a member needs no zip directory)
+                self._keep(RemoteFile(self, path, identity, header, raw, member), k)
             return [(identity, header, raw, not member.stored) for header, raw, member in found]
 
         return run_each(one, paths, self.spec.settings.concurrency)
@@ -214,13 +219,18 @@ class ObjectSource(Source):
             ident, header, raw, member = self._read_header(path, key)
             if expected is not None and ident != expected:
                 raise changed(path, expected, ident)
-            hit = RemoteFile(self, path, ident, header, raw, member)
-            self._files[(path, ident, key)] = hit
-            while len(self._files) > 256:
-                self._files.popitem(last=False)
+            hit = self._keep(RemoteFile(self, path, ident, header, raw, member), key)
         if check is not None and hit.raw != check.raw:
             raise header_mismatch(redact(path), check, hit.raw)
         return hit
+
+    def _keep(self, f: RemoteFile, key: str | None) -> RemoteFile:
+        """Remember ``f`` (an object or ``.npz`` member opened) for :meth:`open`, the oldest forgotten past
+        ``_FILES_KEPT``."""
+        self._files[(f.url, f.identity, key)] = f
+        while len(self._files) > _FILES_KEPT:
+            self._files.popitem(last=False)
+        return f
 
     def read_runs(
         self,
