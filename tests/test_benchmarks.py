@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

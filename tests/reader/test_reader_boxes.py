@@ -25,6 +25,8 @@ from npydask.storage.where import resolve
 from npydask.testing import drop_page_cache
 from npydask.testing.conformance import assert_same_array, sample_array
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 DTYPES = ["?", "u1", "<i2", ">i4", "<f2", ">f4", "<f8", ">c16", "<M8[ms]", "S3", "<U2", "V5",
           np.dtype([("a", "<i2"), ("b", ">f8")], align=True)]  # fmt: skip
 
