@@ -8,7 +8,8 @@ and whether requests waited for the limit) and hands each to
 * it starts at :data:`START` (64) and stays between :data:`LOWEST` (4) and
   :data:`HIGHEST` (256);
 * while requests wait for the limit and throughput grows (by 5% or more
-  over the last window) the limit grows by a quarter;
+  over the last window) the limit grows by a quarter (the first window
+  only sets the mark to compare with);
 * when throughput stops growing while latency rises (by 10% or more:
   obstore's retries and back-off show as latency, and so does a link
   whose bandwidth is spent, by Little's law) the limit halves;
@@ -27,8 +28,10 @@ Examples
 >>> c.limit
 64
 >>> c.window(Window(work=1e8, seconds=1.0, latency=0.01, saturated=True))
+64
+>>> c.window(Window(work=2e8, seconds=1.0, latency=0.01, saturated=True))
 80
->>> c.window(Window(work=1e8, seconds=1.0, latency=0.02, saturated=True))
+>>> c.window(Window(work=2e8, seconds=1.0, latency=0.02, saturated=True))
 40
 >>> c.throttled()
 20
@@ -108,10 +111,10 @@ class Controller:
         with self._lock:
             last, self._last = self._last, w
             cut, self._cut = self._cut, False
-            if cut or not w.saturated:
+            if cut or not w.saturated or last is None:
                 self._held = 0
                 return self.limit  # (a throttled halving stands; an unreached limit says nothing)
-            if last is None or w.throughput >= last.throughput * GAIN:
+            if w.throughput >= last.throughput * GAIN:
                 return self._grow()
             if w.latency >= last.latency * RISE:
                 self._held = 0

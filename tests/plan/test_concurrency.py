@@ -15,7 +15,7 @@ def test_it_starts_at_64_and_grows_while_throughput_grows_up_to_256():
     c = Controller()
     assert c.limit == START == 64
     limits = [c.window(_w(100 * 1.1**k, 0.01)) for k in range(30)]
-    assert limits[:3] == [80, 100, 125]
+    assert limits[:4] == [64, 80, 100, 125]  # (the first window is the mark to compare with)
     assert all(b >= a for a, b in zip(limits, limits[1:]))
     assert limits[-1] == HIGHEST == 256
 
@@ -23,9 +23,9 @@ def test_it_starts_at_64_and_grows_while_throughput_grows_up_to_256():
 def test_it_halves_when_throughput_stops_growing_while_latency_rises():
     c = Controller()
     c.window(_w(100, 0.010))
-    assert c.limit == 80
-    assert c.window(_w(101, 0.012)) == 40  # (flat throughput, latency +20%: the store is saturated)
-    assert c.window(_w(100, 0.008)) == 40  # (flat, latency fell: held)
+    assert c.window(_w(200, 0.010)) == 80
+    assert c.window(_w(201, 0.012)) == 40  # (flat throughput, latency +20%: the store is saturated)
+    assert c.window(_w(200, 0.008)) == 40  # (flat, latency fell: held)
     for _ in range(10):
         c.window(_w(100, 0.1 * 1.5**_))
     assert c.limit == LOWEST == 4  # (never below 4)
@@ -52,9 +52,9 @@ def test_a_throttled_failure_halves_once_per_window():
 
 def test_it_probes_after_holding_a_while():
     c = Controller(start=16)
-    c.window(_w(100, 0.01))  # (first window: grows to 20)
+    c.window(_w(100, 0.01))  # (the first window: the mark)
     limits = [c.window(_w(100, 0.01)) for _ in range(PROBE_AFTER)]
-    assert limits[:-1] == [20] * (PROBE_AFTER - 1) and limits[-1] == 25
+    assert limits[:-1] == [16] * (PROBE_AFTER - 1) and limits[-1] == 20
 
 
 def test_bounds_and_a_start_outside_them():
@@ -62,6 +62,7 @@ def test_bounds_and_a_start_outside_them():
     assert Controller(start=1).limit == LOWEST
     c = Controller(start=5, lowest=4)
     c.window(_w(1, 1))
+    c.window(_w(2, 1))
     assert c.limit == 7  # (ceil(5 * 1.25): grows by at least one)
 
 

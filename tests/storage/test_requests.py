@@ -213,3 +213,19 @@ def test_a_late_get_of_a_real_store_is_hedged_the_hedge_wins_and_the_held_reques
             time.sleep(0.02)
         counts = proxy.counts
         assert counts.tail == 1 and counts.cancelled == 1, counts  # (the client closed the loser's connection)
+
+
+def test_under_auto_a_refused_get_is_sent_again_after_the_halving_and_a_pinned_limit_raises(fake):
+    slow_down = ObstoreError("GET ...: status code: 503 Service Unavailable <Code>SlowDown</Code>")
+    store = fake([(0.0, slow_down), (0.0, slow_down), (0.0, None)])
+    s = Scheduler()
+    answer = s.get(None, "k", {}, 4, Policy.of("off", 0.03, "auto"))
+    assert bytes(answer.data) == b"\x02" * 4 and answer.sent == 3 and store.sent == 3
+    assert s.controller.limit == 32  # (halved once in the window)
+    fake([(0.0, slow_down)])
+    with pytest.raises(ObstoreError):
+        s.get(None, "k", {}, 4, Policy.of("off", 0.03, 16))  # (a pinned limit: obstore's retries only)
+    store = fake([(0.0, slow_down)])
+    with pytest.raises(ObstoreError):
+        s.get(None, "k", {}, 4, Policy.of("off", 0.03, "auto"))
+    assert store.sent == 4  # (sent again 3 times, then its error)

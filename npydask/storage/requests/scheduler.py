@@ -8,7 +8,8 @@ each one's answer. It keeps, for the whole process:
   or with ``"auto"`` the limit of a closed-loop
   :class:`~npydask.plan.concurrency.Controller` fed with windows of
   completed requests and with the requests that finally failed with 503,
-  ``SlowDown`` or a timeout;
+  ``SlowDown`` or a timeout (a 503 or ``SlowDown`` is then sent again, up to
+  :data:`REQUEUES` times, once the limit has halved);
 * latency histories per size class and a token bucket
   (:mod:`npydask.plan.hedging`): a range GET not answered after its class's
   hedge delay is sent again, the same conditional request, if the bucket
@@ -30,7 +31,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from npydask.plan.concurrency import Controller, Meter
@@ -38,7 +39,11 @@ from npydask.plan.hedging import HedgeMode, LatencyHistory, TokenBucket, parse_h
 from npydask.storage._remote_errors import throttled, translate
 from npydask.storage.requests import _loop
 
-__all__ = ["Answer", "Policy", "Scheduler", "scheduler"]
+__all__ = ["REQUEUES", "Answer", "Policy", "Scheduler", "scheduler"]
+
+REQUEUES = 3
+"""Under ``remote_concurrency="auto"``: times a request refused with 503 or ``SlowDown`` (after obstore's own
+retries) is sent again, after the limit halved."""
 
 
 @dataclass(frozen=True)
@@ -151,43 +156,63 @@ class Scheduler:
             self.controller.window(w)
             self._wake()  # (the limit may have grown)
 
-    def _failed(self, e: BaseException, policy: Policy) -> None:
-        """A request finally failed: a throttled one halves an ``"auto"`` limit."""
-        if policy.limit is None and isinstance(e, Exception):
-            try:
-                hit = throttled(e, translate(e, "", ""))
-            except Exception:  # (a message translate cannot read: not throttling)
-                hit = False
-            if hit:
-                self.controller.throttled()
+    def _failed(self, e: BaseException, policy: Policy) -> bool:
+        """A request finally failed: a throttled one halves an ``"auto"`` limit; whether to send it again.
+
+        Under ``"auto"``, a request refused with 503 or ``SlowDown`` (not a timeout: it took its
+        time already) is sent again after the halving, up to :data:`REQUEUES` times: the limit that
+        caused it is gone.
+        """
+        if policy.limit is not None or not isinstance(e, Exception):
+            return False
+        try:
+            error = translate(e, "", "")
+            hit = throttled(e, error)
+        except Exception:  # (a message translate cannot read: not throttling)
+            return False
+        if hit:
+            self.controller.throttled()
+        return hit and not isinstance(error, TimeoutError)
 
     async def _head(self, store: Any, key: str, policy: Policy) -> Any:
         import obstore
 
         pinned = policy.limit if policy.limit is not None else 0
-        await self._acquire(self._limit_now(pinned))
-        try:
-            start = time.monotonic()
+        for attempt in range(REQUEUES + 1):
+            await self._acquire(self._limit_now(pinned))
             try:
+                start = time.monotonic()
                 meta = await obstore.head_async(store, key)
+                self._done(0, time.monotonic() - start, policy)
+                return meta
             except Exception as e:
-                self._failed(e, policy)
-                raise
-            self._done(0, time.monotonic() - start, policy)
-            return meta
-        finally:
-            self._release()
+                if not self._failed(e, policy) or attempt == REQUEUES:
+                    raise
+            finally:
+                self._release()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get(self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy) -> Answer:
         pinned = policy.limit if policy.limit is not None else 0
-        await self._acquire(self._limit_now(pinned))
-        try:
-            self.bucket.gain(policy.budget)
-            return await self._hedged(store, key, options, nbytes, policy)
-        finally:
-            self._release()
+        sent = [0]
+        for attempt in range(REQUEUES + 1):
+            await self._acquire(self._limit_now(pinned))
+            try:
+                self.bucket.gain(policy.budget)
+                answer = await self._hedged(store, key, options, nbytes, policy, sent)
+                return replace(answer, sent=sent[0])
+            except Exception as e:
+                if not self._failed(e, policy) or attempt == REQUEUES:
+                    raise
+            finally:
+                self._release()
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _hedged(self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy) -> Answer:
+    async def _hedged(
+        self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy, sent: list[int]
+    ) -> Answer:
+        """One GET, and its hedge if it is late; ``sent[0]`` counts the GETs sent."""
+        sent[0] += 1
         first = asyncio.ensure_future(_one(store, key, options))
         tasks = [first]
         starts = {first: time.monotonic()}
@@ -196,6 +221,7 @@ class Scheduler:
             if delay is not None:
                 await asyncio.wait(tasks, timeout=delay)
                 if not first.done() and self.bucket.take():
+                    sent[0] += 1
                     hedge = asyncio.ensure_future(_one(store, key, options))
                     tasks.append(hedge)
                     starts[hedge] = time.monotonic()
@@ -213,7 +239,6 @@ class Scheduler:
                         return Answer(data, meta, tuple(got), len(tasks), len(tasks) > 1, won)
             error = first.exception()
             assert error is not None
-            self._failed(error, policy)
             raise error
         finally:
             for task in tasks:
