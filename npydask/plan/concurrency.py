@@ -10,7 +10,7 @@ and whether requests waited for the limit) and hands each to
 * while requests wait for the limit and throughput grows (by 5% or more
   over the last window) the limit grows by a quarter (the first window
   only sets the mark to compare with);
-* when throughput stops growing while latency rises (by 10% or more:
+* when throughput stops growing while latency rises (by 20% or more:
   obstore's retries and back-off show as latency, and so does a link
   whose bandwidth is spent, by Little's law) the limit halves;
 * a request that finally failed with 503, ``SlowDown`` or a timeout halves
@@ -60,7 +60,7 @@ GROW = 1.25
 GAIN = 1.05
 """Throughput grown by this factor or more counts as growing."""
 
-RISE = 1.10
+RISE = 1.20
 """Latency grown by this factor or more counts as rising."""
 
 PROBE_AFTER = 8
