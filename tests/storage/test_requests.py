@@ -30,8 +30,13 @@ class _Result:
         self.range = (0, len(data))
         self._data = data
 
-    async def bytes_async(self) -> bytes:
+    def bytes(self) -> bytes:
         return self._data
+
+    def bytes_async(self) -> asyncio.Future:
+        found: asyncio.Future = asyncio.get_running_loop().create_future()
+        found.set_result(self._data)
+        return found
 
 
 class _Store:
@@ -45,7 +50,10 @@ class _Store:
         self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()
 
-    async def get_async(self, store: object, key: str, options: dict | None = None) -> _Result:
+    def get_async(self, store: object, key: str, options: dict | None = None) -> asyncio.Future:
+        return asyncio.ensure_future(self._get(store, key, options))  # (obstore's: a future, cancellable)
+
+    async def _get(self, store: object, key: str, options: dict | None = None) -> _Result:
         with self._lock:
             n = self.sent
             self.sent += 1
@@ -65,9 +73,11 @@ class _Store:
             raise outcome
         return _Result(bytes([n]) * 4)
 
-    async def head_async(self, store: object, key: str) -> dict:
-        result = await self.get_async(store, key)
-        return result.meta
+    def head_async(self, store: object, key: str) -> asyncio.Future:
+        async def head() -> dict:
+            return (await self._get(store, key)).meta
+
+        return asyncio.ensure_future(head())
 
 
 class ObstoreError(Exception):
@@ -151,7 +161,7 @@ def test_when_one_fails_the_other_is_waited_for_and_when_both_fail_the_first_err
 def test_a_pinned_limit_holds_the_requests_in_flight(fake):
     store = fake([(0.02, None)])
     s = Scheduler()
-    pinned = Policy.of("off", 0.03, 3)
+    pinned = Policy.of("auto", 0.03, 3)  # (no latency known: no hedge)
     threads = [threading.Thread(target=lambda: [s.get(None, "k", {}, 4, pinned) for _ in range(5)]) for _ in range(8)]
     for t in threads:
         t.start()
@@ -165,7 +175,7 @@ def test_a_throttled_failure_halves_the_auto_limit_not_a_pinned_one(fake):
     fake([(0.0, ObstoreError("GET ...: status code: 503 Service Unavailable <Code>SlowDown</Code>"))])
     s = Scheduler()
     with pytest.raises(ObstoreError):
-        s.get(None, "k", {}, 4, Policy.of("off", 0.03, 16))
+        s.get(None, "k", {}, 4, Policy.of("auto", 0.03, 16))
     assert s.controller.limit == 64
     with pytest.raises(ObstoreError):
         s.head(None, "k", AUTO)
@@ -181,7 +191,7 @@ def test_the_process_has_one_loop_and_one_scheduler():
 
     assert scheduler_module.scheduler() is scheduler_module.scheduler()
     assert _loop.loop() is _loop.loop()
-    assert _loop.run(asyncio.sleep(0, result=7)) == 7
+    assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, result=7), _loop.loop()).result() == 7
 
 
 # -- end to end: SeaweedFS behind a proxy with a slow tail ----------------------------------------------------------
@@ -224,8 +234,23 @@ def test_under_auto_a_refused_get_is_sent_again_after_the_halving_and_a_pinned_l
     assert s.controller.limit == 32  # (halved once in the window)
     fake([(0.0, slow_down)])
     with pytest.raises(ObstoreError):
-        s.get(None, "k", {}, 4, Policy.of("off", 0.03, 16))  # (a pinned limit: obstore's retries only)
+        s.get(None, "k", {}, 4, Policy.of("auto", 0.03, 16))  # (a pinned limit: obstore's retries only)
     store = fake([(0.0, slow_down)])
     with pytest.raises(ObstoreError):
         s.get(None, "k", {}, 4, Policy.of("off", 0.03, "auto"))
     assert store.sent == 4  # (sent again 3 times, then its error)
+
+
+def test_hedging_off_with_a_fixed_limit_sends_blocking_calls_without_the_loop(monkeypatch):
+    import obstore
+
+    calls = []
+    monkeypatch.setattr(obstore, "get", lambda store, key, options=None: calls.append(("get", key)) or _Result(b"abcd"))
+    monkeypatch.setattr(obstore, "head", lambda store, key: calls.append(("head", key)) or {"size": 4})
+    s = Scheduler()
+    answer = s.get(None, "k", {"range": (0, 4)}, 4, Policy.of("off", 0.03, 8))
+    assert bytes(answer.data) == b"abcd" and (answer.sent, answer.hedged) == (1, False)
+    assert s.head(None, "h", Policy.of("off", 0.03, 8)) == {"size": 4}
+    assert calls == [("get", "k"), ("head", "h")]
+    assert Policy.of("off", 0.03, 8).blocking and not Policy.of("auto", 0.03, 8).blocking
+    assert not Policy.of("off", 0.03, "auto").blocking  # (auto's limit is the loop's)

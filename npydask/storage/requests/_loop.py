@@ -1,11 +1,11 @@
 """One asyncio event loop per process, in a daemon thread, for obstore's async requests.
 
 A blocking ``obstore.get`` in a thread cannot be stopped once sent; a
-coroutine awaiting ``obstore.get_async`` can: cancelling the asyncio future
-drops obstore's Rust future, which closes its connection. The request
-threads submit coroutines here (:func:`run`) and block on their results. A
-forked child gets a loop of its own (the parent's thread does not exist in
-it).
+request sent with ``obstore.get_async`` can: cancelling its asyncio future
+drops obstore's Rust future, which closes its connection. The scheduler
+(:mod:`npydask.storage.requests.scheduler`) sends requests on this loop and
+the request threads block on their answers. A forked child gets a loop of
+its own (the parent's thread does not exist in it).
 """
 
 from __future__ import annotations
@@ -13,12 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
-__all__ = ["loop", "run"]
-
-T = TypeVar("T")
+__all__ = ["loop"]
 
 _lock = threading.Lock()
 _loops: dict[int, asyncio.AbstractEventLoop] = {}
@@ -46,17 +42,3 @@ def loop() -> asyncio.AbstractEventLoop:
             _loops.clear()  # (a forked child's copy of its parent's loop has no thread: dropped)
             _loops[pid] = found
     return found
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on the request loop and wait for its result (its exception raised here).
-
-    Not to be called from the loop's own thread (it would wait on itself).
-    """
-    ev = loop()
-    future = asyncio.run_coroutine_threadsafe(coro, ev)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()  # (this thread was interrupted: the request is dropped)
-        raise

@@ -18,7 +18,10 @@ each one's answer. It keeps, for the whole process:
   fails while the other still runs, the other is waited for; when both
   fail, the first's error is raised.
 
-Hedges do not wait for the limit (the bucket bounds them). Each call
+Hedges do not wait for the limit (the bucket bounds them). With hedging
+off and a fixed limit there is nothing to cancel or control: requests are
+then blocking obstore calls in the calling thread, as cheap as before the
+scheduler (:attr:`Policy.blocking`). Each call
 returns an :class:`Answer` that says what was sent, and the caller records
 the figures (:func:`npydask.storage.io_counts.record`) in its own context.
 """
@@ -31,13 +34,15 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
 from typing import Any
 
 from npydask.plan.concurrency import Controller, Meter
 from npydask.plan.hedging import HedgeMode, LatencyHistory, TokenBucket, parse_hedge
 from npydask.storage._remote_errors import throttled, translate
 from npydask.storage.requests import _loop
+from npydask.storage.requests._attempt import Attempt
 
 __all__ = ["REQUEUES", "Answer", "Policy", "Scheduler", "scheduler"]
 
@@ -60,6 +65,12 @@ class Policy:
         """The policy of the ``remote_hedge``, ``remote_hedge_budget`` and ``remote_concurrency`` settings."""
         return cls(parse_hedge(hedge), float(budget), None if concurrency == "auto" else int(concurrency))
 
+    @property
+    def blocking(self) -> bool:
+        """Hedging off and a fixed limit: nothing to cancel or control, so requests are blocking obstore calls
+        in the calling thread (the request pool's width is the limit), without the loop's cost per request."""
+        return not self.hedge.on and self.limit is not None
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -80,49 +91,82 @@ class Answer:
 
 
 class Scheduler:
-    """This process's requests in flight, latency histories, hedge bucket and concurrency controller."""
+    """This process's requests in flight, latency histories, hedge bucket and concurrency controller.
+
+    Requests are driven by callbacks on the loop (no coroutine per request beside obstore's own):
+    a request waits for a slot, its GET starts as a task, a timer may start its hedge, and the
+    tasks' done-callbacks settle it.
+    """
 
     def __init__(self, budget: float = 0.03) -> None:
         self.history = LatencyHistory()
         self.bucket = TokenBucket(budget)
         self.controller = Controller()
         self.in_flight = 0
-        self._waiters: deque[tuple[asyncio.Future[None], int]] = deque()
+        self._waiters: deque[_Request] = deque()
         self._meter = Meter(time.monotonic())
         self._saturated = False
+        self._inbox: deque[_Request] = deque()
+        self._inbox_lock = threading.Lock()
+        self._draining = False
 
     # -- what the request threads call ------------------------------------------------------------
 
     def get(self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy) -> Answer:
         """One range GET (``options`` as obstore's ``get`` takes them), hedged by ``policy``; blocks."""
-        return _loop.run(self._get(store, key, options, nbytes, policy))
+        if policy.blocking:
+            import obstore
+
+            result = obstore.get(store, key, options=options)  # type: ignore[arg-type]
+            return Answer(result.bytes(), result.meta, tuple(result.range))
+        answer: Answer = self._run(_Request(self, store, key, options, nbytes, policy))
+        return answer
 
     def head(self, store: Any, key: str, policy: Policy) -> Any:
         """One HEAD: obstore's ``ObjectMeta``; blocks."""
-        return _loop.run(self._head(store, key, policy))
+        if policy.blocking:
+            import obstore
+
+            return obstore.head(store, key)
+        return self._run(_Request(self, store, key, None, 0, policy))
 
     def limit(self, policy: Policy) -> int:
         """The limit of requests in flight ``policy`` runs under now."""
         return policy.limit if policy.limit is not None else self.controller.limit
 
+    def _run(self, request: _Request) -> Any:
+        """Hand ``request`` to the loop (one wake-up for a burst of them) and wait for its answer."""
+        ev = _loop.loop()
+        with self._inbox_lock:
+            self._inbox.append(request)
+            wake, self._draining = not self._draining, True
+        if wake:
+            ev.call_soon_threadsafe(self._drain)
+        try:
+            return request.wait()
+        except BaseException:
+            if not request.settled:  # (this thread was interrupted: the request is dropped)
+                ev.call_soon_threadsafe(request.abandon)
+            raise
+
     # -- on the loop ---------------------------------------------------------------------------------
 
-    async def _acquire(self, limit: int) -> None:
-        if self.in_flight >= limit or self._waiters:
+    def _drain(self) -> None:
+        with self._inbox_lock:
+            requests = list(self._inbox)
+            self._inbox.clear()
+            self._draining = False
+        for request in requests:
+            self._admit(request)
+
+    def _admit(self, request: _Request) -> None:
+        """Start ``request`` if a slot is free, else queue it (first come, first served)."""
+        if self.in_flight < self.limit(request.policy) and not self._waiters:
+            self.in_flight += 1
+            request.start()
+        else:
             self._saturated = True
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append((waiter, limit))
-            try:
-                await waiter  # (the slot is handed over: in_flight already counts it)
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._release()
-                else:
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove((waiter, limit))
-                raise
-            return
-        self.in_flight += 1
+            self._waiters.append(request)
 
     def _release(self) -> None:
         self.in_flight -= 1
@@ -131,18 +175,15 @@ class Scheduler:
     def _wake(self) -> None:
         """Hand free slots to waiters, first come first served."""
         while self._waiters:
-            waiter, limit = self._waiters[0]
-            if waiter.done():
+            request = self._waiters[0]
+            if request.settled:
                 self._waiters.popleft()
                 continue
-            if self.in_flight >= self._limit_now(limit):
+            if self.in_flight >= self.limit(request.policy):
                 break
             self._waiters.popleft()
             self.in_flight += 1
-            waiter.set_result(None)
-
-    def _limit_now(self, pinned: int) -> int:
-        return pinned if pinned > 0 else self.controller.limit
+            request.start()
 
     def _done(self, nbytes: int, seconds: float, policy: Policy) -> None:
         """A request completed: into the controller's window (``"auto"`` only)."""
@@ -174,86 +215,123 @@ class Scheduler:
             self.controller.throttled()
         return hit and not isinstance(error, TimeoutError)
 
-    async def _head(self, store: Any, key: str, policy: Policy) -> Any:
-        import obstore
 
-        pinned = policy.limit if policy.limit is not None else 0
-        for attempt in range(REQUEUES + 1):
-            await self._acquire(self._limit_now(pinned))
-            try:
-                start = time.monotonic()
-                meta = await obstore.head_async(store, key)
-                self._done(0, time.monotonic() - start, policy)
-                return meta
-            except Exception as e:
-                if not self._failed(e, policy) or attempt == REQUEUES:
-                    raise
-            finally:
-                self._release()
-        raise AssertionError("unreachable")  # pragma: no cover
+class _Request:
+    """One range GET (or HEAD: ``options`` is ``None``) in the scheduler: its attempts, its hedge, its answer.
 
-    async def _get(self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy) -> Answer:
-        pinned = policy.limit if policy.limit is not None else 0
-        sent = [0]
-        for attempt in range(REQUEUES + 1):
-            await self._acquire(self._limit_now(pinned))
-            try:
-                self.bucket.gain(policy.budget)
-                answer = await self._hedged(store, key, options, nbytes, policy, sent)
-                return replace(answer, sent=sent[0])
-            except Exception as e:
-                if not self._failed(e, policy) or attempt == REQUEUES:
-                    raise
-            finally:
-                self._release()
-        raise AssertionError("unreachable")  # pragma: no cover
+    The calling thread waits in :meth:`wait`; everything else runs on the request loop.
+    """
 
-    async def _hedged(
-        self, store: Any, key: str, options: dict[str, Any], nbytes: int, policy: Policy, sent: list[int]
-    ) -> Answer:
-        """One GET, and its hedge if it is late; ``sent[0]`` counts the GETs sent."""
-        sent[0] += 1
-        first = asyncio.ensure_future(_one(store, key, options))
-        tasks = [first]
-        starts = {first: time.monotonic()}
+    def __init__(
+        self, owner: Scheduler, store: Any, key: str, options: dict[str, Any] | None, nbytes: int, policy: Policy
+    ) -> None:
+        self.owner, self.policy = owner, policy
+        self.store, self.key, self.options, self.nbytes = store, key, options, nbytes
+        self.attempts: list[Attempt] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.sent = self.tries = 0
+        self.holding = self.settled = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._answered = threading.Lock()
+        self._answered.acquire()  # (released once answered: the cheapest wake-up between threads)
+
+    def wait(self) -> Any:
+        """Block until answered; the answer, or its error raised."""
+        self._answered.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def start(self) -> None:
+        """Send the request (a slot is held for it); a GET's hedge timer set."""
+        self.holding = True
+        self.tries += 1
         try:
-            delay = policy.hedge.delay(self.history, nbytes)
-            if delay is not None:
-                await asyncio.wait(tasks, timeout=delay)
-                if not first.done() and self.bucket.take():
-                    sent[0] += 1
-                    hedge = asyncio.ensure_future(_one(store, key, options))
-                    tasks.append(hedge)
-                    starts[hedge] = time.monotonic()
-            pending = set(tasks)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in tasks:  # (in order: the first's answer wins a tie)
-                    if task in done and task.exception() is None:
-                        data, meta, got, seconds = task.result()
-                        self.history.add(nbytes, seconds)
-                        self._done(nbytes, seconds, policy)
-                        for other in pending:  # (a loser's latency: at least this long)
-                            self.history.add(nbytes, time.monotonic() - starts[other])
-                        won = task is not first
-                        return Answer(data, meta, tuple(got), len(tasks), len(tasks) > 1, won)
-            error = first.exception()
-            assert error is not None
-            raise error
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()  # (drops obstore's Rust future: its connection is closed)
+            if self.options is not None:
+                owner = self.owner
+                owner.bucket.gain(self.policy.budget)
+                delay = self.policy.hedge.delay(owner.history, self.nbytes)
+                if delay is not None:
+                    self.timer = asyncio.get_running_loop().call_later(delay, self._hedge)
+            self._send()
+        except BaseException as e:  # (never leave the caller waiting)
+            self._settle(None, e)
 
+    def _send(self) -> None:
+        self.sent += 1
+        self.attempts.append(Attempt(self.store, self.key, self.options, self._finished))
 
-async def _one(store: Any, key: str, options: dict[str, Any]) -> tuple[Any, Any, Any, float]:
-    """One GET: the body, the meta, the range and the seconds it took."""
-    import obstore
+    def _hedge(self) -> None:
+        """The delay passed: send the same request again if the first is still out and the bucket allows."""
+        self.timer = None
+        if self.settled or len(self.attempts) != 1 or self.attempts[0].done:
+            return
+        if self.owner.bucket.take():
+            try:
+                self._send()
+            except BaseException as e:  # (never leave the caller waiting)
+                self._settle(None, e)
 
-    start = time.monotonic()
-    result = await obstore.get_async(store, key, options=options)  # type: ignore[arg-type]
-    data = await result.bytes_async()
-    return data, result.meta, result.range, time.monotonic() - start
+    def _finished(self, attempt: Attempt) -> None:
+        if self.settled or attempt not in self.attempts:
+            return
+        try:
+            if attempt.error is None:
+                self._won(attempt)
+                return
+            if any(not a.done for a in self.attempts):
+                return  # (the other may still answer)
+            error = self.attempts[0].error or attempt.error
+            self._free()
+            if self.owner._failed(error, self.policy) and self.tries <= REQUEUES:
+                self.attempts = []
+                self.owner._admit(self)  # (sent again once a slot of the halved limit is free)
+                return
+            self._settle(None, error)
+        except BaseException as e:  # (never leave the caller waiting)
+            self._settle(None, e)
+
+    def _won(self, attempt: Attempt) -> None:
+        owner, now = self.owner, time.monotonic()
+        seconds = attempt.value[-1]
+        if self.options is not None:
+            owner.history.add(self.nbytes, seconds)
+            for other in self.attempts:
+                if other is not attempt and not other.done:  # (a loser's latency: at least this long)
+                    owner.history.add(self.nbytes, now - other.start)
+        owner._done(self.nbytes, seconds, self.policy)
+        if self.options is None:
+            self._settle(attempt.value[0], None)
+            return
+        data, meta, got, _ = attempt.value
+        won = attempt is not self.attempts[0]
+        self._settle(Answer(data, meta, tuple(got), self.sent, len(self.attempts) > 1, won), None)
+
+    def _free(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.holding:
+            self.holding = False
+            self.owner._release()
+
+    def _settle(self, value: Any, error: BaseException | None) -> None:
+        """Answer the caller, cancel what is still out (drops obstore's Rust future: its connection closes)."""
+        self._free()
+        for attempt in self.attempts:
+            attempt.cancel()
+        if self.settled:
+            return
+        self.settled = True
+        self.value, self.error = value, error
+        self._answered.release()
+
+    def abandon(self) -> None:
+        """The caller gave up: cancel everything."""
+        with contextlib.suppress(ValueError):
+            self.owner._waiters.remove(self)
+        self._settle(None, CancelledError())
 
 
 _lock = threading.Lock()
