@@ -36,6 +36,7 @@ class Attempt:
         self.error: BaseException | None = None
         self.result: Any = None
         self.start = time.monotonic()
+        self.future: Any  # (typed as coroutines by obstore's stubs: they are asyncio futures, with callbacks)
         if options is None:
             self.future = obstore.head_async(store, key)
             self.future.add_done_callback(self._meta)

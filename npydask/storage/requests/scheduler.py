@@ -118,7 +118,8 @@ class Scheduler:
             import obstore
 
             result = obstore.get(store, key, options=options)  # type: ignore[arg-type]
-            return Answer(result.bytes(), result.meta, tuple(result.range))
+            start, stop = result.range
+            return Answer(result.bytes(), result.meta, (start, stop))
         answer: Answer = self._run(_Request(self, store, key, options, nbytes, policy))
         return answer
 
