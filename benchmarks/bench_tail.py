@@ -33,7 +33,8 @@ would in a training job):
 
 Usage::
 
-    python benchmarks/bench_tail.py [--size tiny|small|full] [--loops N] [--rate R] [--json out.json]
+    python benchmarks/bench_tail.py [--size tiny|small|full] [--loops N] [--rate R] [--tail-delay S]
+                                    [--json out.json]
 
 ``--repeat`` is accepted for the house pattern and ignored (each case is
 one long run of many batches). Where SeaweedFS's ``weed`` is missing or
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = _common.parser(__doc__.split("\n", 1)[0], default_size="small", default_repeat=1)
     ap.add_argument("--loops", type=int, default=4, help="batch loops side by side (default 4)")
     ap.add_argument(
+        "--tail-delay", type=float, default=TAIL_DELAY, help=f"seconds a late GET is late (default {TAIL_DELAY:g})"
+    )
+    ap.add_argument(
         "--rate", type=float, default=0.0, help="requests a second above which the proxy answers 503 (default: by size)"
     )
     args = ap.parse_args(argv)
@@ -248,11 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             ds_auto = bench.open(remote_hedge="auto")
             bench.batches("warm-up (hedging auto)", ds_auto, max(8, n_batches // 10), seed=9)
             control = bench.batches("control: no fault, hedging off", ds_off, n_batches)
-            proxy.set_faults(tail_share=TAIL_SHARE, tail_delay=TAIL_DELAY, seed=7)
-            off = bench.batches("tail 1% x 2 s, hedging off", ds_off, n_batches)
+            proxy.set_faults(tail_share=TAIL_SHARE, tail_delay=args.tail_delay, seed=7)
+            late = f"tail 1% x {args.tail_delay:g} s"
+            off = bench.batches(f"{late}, hedging off", ds_off, n_batches)
             proxy.set_faults(seed=8)
             proxy.set_faults(seed=7)  # (the same draws again)
-            auto = bench.batches("tail 1% x 2 s, hedging auto", ds_auto, n_batches)
+            auto = bench.batches(f"{late}, hedging auto", ds_auto, n_batches)
             proxy.set_faults(tail_share=0.0, slowdown=SLOWDOWN)
             slow = bench.batches("every GET 200 ms late, hedging auto", ds_auto, max(8, n_batches // 4))
             proxy.set_faults(slowdown=0.0, delay=ROUND_TRIP, max_request_rate=rate)

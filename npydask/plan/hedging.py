@@ -66,6 +66,9 @@ BUCKET_START = 1.0
 BUCKET_MAX = 5.0
 """Tokens a bucket holds at most."""
 
+REFRESH = 25
+"""New latencies of a class after which its delay is computed again."""
+
 HEDGE_MODES = ("auto", "off")
 """The ``remote_hedge`` setting's words (else a number of seconds: a fixed delay)."""
 
@@ -116,8 +119,8 @@ def hedge_delay(latencies: Sequence[float]) -> float | None:
 class LatencyHistory:
     """The last :data:`HISTORY` latencies of each size class, and each class's hedge delay (thread-safe).
 
-    The delay is computed again after every 10 new latencies of a class (a
-    percentile sorts the history), so asking for it is cheap.
+    The delay is computed again after every :data:`REFRESH` new latencies of a class (a
+    percentile sorts the history), so recording and asking are cheap.
     """
 
     def __init__(self, keep: int = HISTORY) -> None:
@@ -136,7 +139,7 @@ class LatencyHistory:
                 found = self._classes[c] = deque(maxlen=self._keep)
             found.append(float(seconds))
             self._fresh[c] = self._fresh.get(c, 0) + 1
-            if self._fresh[c] >= 10 or len(found) == MIN_KNOWN:
+            if self._fresh[c] >= REFRESH or len(found) == MIN_KNOWN:
                 self._fresh[c] = 0
                 self._delays[c] = hedge_delay(found)
 

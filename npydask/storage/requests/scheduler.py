@@ -93,9 +93,9 @@ class Answer:
 class Scheduler:
     """This process's requests in flight, latency histories, hedge bucket and concurrency controller.
 
-    Requests are driven by callbacks on the loop (no coroutine per request beside obstore's own):
-    a request waits for a slot, its GET starts as a task, a timer may start its hedge, and the
-    tasks' done-callbacks settle it.
+    Requests are driven by callbacks on the loop (no task or coroutine per request): a request
+    waits for a slot, its GET is sent (an :class:`~npydask.storage.requests._attempt.Attempt`), a
+    timer may send its hedge, and the attempts' done-callbacks settle it.
     """
 
     def __init__(self, budget: float = 0.03) -> None:
