@@ -207,12 +207,15 @@ class Bench:
         ds = self.open(remote_concurrency=concurrency)
         idx = [i % len(self.arrays) for i in range(n)]  # (an object may come again: its own GET)
         t0 = time.perf_counter()
+        failed: OSError | None = None
         with npydask.io_stats() as s:
             try:
                 got = ds[idx].stack().compute()
             except OSError as e:
-                print(f"# remote_concurrency={concurrency!r}: failed: {e}", flush=True)
-                return 0.0, 1, s.throttled, 0
+                failed = e
+        if failed is not None:  # (s is filled once the block has exited)
+            print(f"# remote_concurrency={concurrency!r}: failed: {failed}", flush=True)
+            return 0.0, 1, s.throttled, 0
         took = time.perf_counter() - t0
         wrong = int(not np.array_equal(got, np.stack([self.arrays[i] for i in idx])))
         return n / took, 0, s.throttled, wrong
