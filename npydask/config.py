@@ -35,10 +35,10 @@ setting                      environment variable                default  meanin
 ``remote_gap_bytes``         ``NPYDASK_REMOTE_GAP_BYTES``        64 KiB   runs closer than this are one range request
 ``remote_part_bytes``        ``NPYDASK_REMOTE_PART_BYTES``       8 MiB    larger spans are split into parallel requests
 ``remote_header_bytes``      ``NPYDASK_REMOTE_HEADER_BYTES``     4 KiB    the first range read for a header
-``remote_concurrency``       ``NPYDASK_REMOTE_CONCURRENCY``      ``auto`` requests in flight per process: ``auto``
+``remote_concurrency``       ``NPYDASK_REMOTE_CONCURRENCY``      auto     requests in flight per process: ``auto``
                                                                           (a closed loop from 64, between 4 and
                                                                           256) or a number
-``remote_hedge``             ``NPYDASK_REMOTE_HEDGE``            ``auto`` a range GET not answered in time is sent
+``remote_hedge``             ``NPYDASK_REMOTE_HEDGE``            auto     a range GET not answered in time is sent
                                                                           again: ``auto`` (after twice its size
                                                                           class's p90), ``off``, or seconds
 ``remote_hedge_budget``      ``NPYDASK_REMOTE_HEDGE_BUDGET``     0.03     hedges per request, at most
