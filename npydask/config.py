@@ -35,7 +35,13 @@ setting                      environment variable                default  meanin
 ``remote_gap_bytes``         ``NPYDASK_REMOTE_GAP_BYTES``        64 KiB   runs closer than this are one range request
 ``remote_part_bytes``        ``NPYDASK_REMOTE_PART_BYTES``       8 MiB    larger spans are split into parallel requests
 ``remote_header_bytes``      ``NPYDASK_REMOTE_HEADER_BYTES``     4 KiB    the first range read for a header
-``remote_concurrency``       ``NPYDASK_REMOTE_CONCURRENCY``      64       requests in flight per process
+``remote_concurrency``       ``NPYDASK_REMOTE_CONCURRENCY``      auto     requests in flight per process: ``auto``
+                                                                          (a closed loop from 64, between 4 and
+                                                                          256) or a number
+``remote_hedge``             ``NPYDASK_REMOTE_HEDGE``            auto     a range GET not answered in time is sent
+                                                                          again: ``auto`` (after twice its size
+                                                                          class's p90), ``off``, or seconds
+``remote_hedge_budget``      ``NPYDASK_REMOTE_HEDGE_BUDGET``     0.03     hedges per request, at most
 ``remote_connect_timeout``   ``NPYDASK_REMOTE_CONNECT_TIMEOUT``  5        seconds to connect before a retry
 ``remote_timeout``           ``NPYDASK_REMOTE_TIMEOUT``          30       seconds for one request before a retry
 ``remote_retries``           ``NPYDASK_REMOTE_RETRIES``          3        retries of a failed request (with backoff)
@@ -144,11 +150,75 @@ def _parse_folder(text: str) -> str:
     return os.path.normpath(value)
 
 
+def _parse_concurrency(text: str) -> str | int:
+    """``"auto"`` or a number of requests (1 to 4096)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _concurrency(int(text.strip()))
+    except ValueError as e:
+        raise ValueError(f"expected 'auto' or a number of requests from 1 to 4,096, found {text!r}") from e
+
+
+def _concurrency(value: Any) -> str | int:
+    """A ``remote_concurrency`` value given as a Python value: ``"auto"`` or an int from 1 to 4096."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected 'auto' or a number of requests (an int), found {value!r}")
+    if not 1 <= value <= 4096:
+        raise ValueError(f"expected 'auto' or a number of requests from 1 to 4,096, found {value!r}")
+    return value
+
+
+def _parse_hedge(text: str) -> str | float:
+    """``"auto"``, ``"off"`` or seconds (a fixed hedge delay)."""
+    word = text.strip().lower()
+    if word in ("auto", "off"):
+        return word
+    try:
+        seconds = float(word)
+    except ValueError:
+        raise ValueError(f"expected 'auto', 'off' or a delay in seconds such as 0.05, found {text!r}") from None
+    return _hedge(seconds)
+
+
+def _hedge(value: Any) -> str | float:
+    """A ``remote_hedge`` value given as a Python value."""
+    if value in ("auto", "off"):
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected 'auto', 'off' or a delay in seconds (a number), found {value!r}")
+    if not 0 < value <= 3600:  # (NaN fails too)
+        raise ValueError(f"expected 'auto', 'off' or a delay from 0 (excluded) to 3,600 s, found {value!r}")
+    return float(value)
+
+
+def _parse_fraction(text: str) -> float:
+    """A number from 0 to 1."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a number from 0 to 1 such as 0.03, found {text!r}") from None
+    return _fraction(value)
+
+
+def _fraction(value: Any) -> float:
+    """A number from 0 to 1 given as a Python value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number from 0 to 1 such as 0.03, found {value!r}")
+    if not 0 <= value <= 1:  # (NaN fails too)
+        raise ValueError(f"expected a number from 0 to 1 such as 0.03, found {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class _Setting:
     env: str
     default: Any
     parse: Any
+    accept: Any = None
+    """Settings of several types: checks a value given as a Python value (not a string)."""
     low: int = 0
     """Numbers: the smallest value that works."""
     high: int = 1 << 62
@@ -178,7 +248,9 @@ _SETTINGS: dict[str, _Setting] = {
     "remote_gap_bytes": _Setting("NPYDASK_REMOTE_GAP_BYTES", 64 * _KiB, _SIZE),
     "remote_part_bytes": _Setting("NPYDASK_REMOTE_PART_BYTES", 8 * _MiB, _SIZE, low=4 * _KiB),
     "remote_header_bytes": _Setting("NPYDASK_REMOTE_HEADER_BYTES", 4096, _SIZE, low=64, high=_GiB),
-    "remote_concurrency": _Setting("NPYDASK_REMOTE_CONCURRENCY", 64, _COUNT, low=1, high=4096, unit="requests"),
+    "remote_concurrency": _Setting("NPYDASK_REMOTE_CONCURRENCY", "auto", _parse_concurrency, _concurrency),
+    "remote_hedge": _Setting("NPYDASK_REMOTE_HEDGE", "auto", _parse_hedge, _hedge),
+    "remote_hedge_budget": _Setting("NPYDASK_REMOTE_HEDGE_BUDGET", 0.03, _parse_fraction, _fraction),
     "remote_connect_timeout": _Setting("NPYDASK_REMOTE_CONNECT_TIMEOUT", 5, _COUNT, low=1, high=86400, unit="s"),
     "remote_timeout": _Setting("NPYDASK_REMOTE_TIMEOUT", 30, _COUNT, low=1, high=86400, unit="s"),
     "remote_retries": _Setting("NPYDASK_REMOTE_RETRIES", 3, _COUNT, high=100, unit="retries"),
@@ -239,6 +311,13 @@ def _check(name: str, value: Any) -> Any:
             return _MISSING  # (an empty value is unset, as an empty environment variable is)
         try:
             return _in_range(setting, setting.parse(value))
+        except ValueError as e:
+            raise ValueError(f"setting {name!r} = {value!r}: {e}") from e
+    if setting.accept is not None:
+        try:
+            return setting.accept(value)
+        except TypeError as e:
+            raise TypeError(f"setting {name!r} = {value!r}: {e}") from e
         except ValueError as e:
             raise ValueError(f"setting {name!r} = {value!r}: {e}") from e
     if type(setting.default) is str:

@@ -56,6 +56,8 @@ class Requests:
     """Counts the obstore calls npydask makes (by function name), in this process."""
 
     NAMES = ("get", "head", "list", "list_with_delimiter", "put")
+    ASYNC = {"get_async": "get", "head_async": "head"}
+    """obstore's coroutines the request scheduler sends range GETs and HEADs with, counted as their blocking twins."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import obstore
@@ -65,6 +67,8 @@ class Requests:
         self._lock = threading.Lock()  # (calls come from npydask's request threads)
         for name in self.NAMES:
             monkeypatch.setattr(obstore, name, self._counting(name, getattr(obstore, name)))
+        for name, counted in self.ASYNC.items():
+            monkeypatch.setattr(obstore, name, self._counting(counted, getattr(obstore, name)))
 
     def _counting(self, name: str, real: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:

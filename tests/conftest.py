@@ -152,3 +152,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if isinstance(item, pytest.DoctestItem) and ("xarray" in item.name or "npydask/xarray" in str(item.fspath)):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def no_hedging():
+    """Hedging off (``NPYDASK_REMOTE_HEDGE=off``) for a module that counts requests or bytes: a hedge adds a request.
+
+    Module-scoped, so the module's own datasets, opened by module fixtures, are opened without it too
+    (``pytestmark = pytest.mark.usefixtures("no_hedging")``).
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NPYDASK_REMOTE_HEDGE", "off")
+        yield

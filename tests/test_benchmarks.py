@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -188,6 +190,17 @@ def test_link_shaper_paces_one_port_and_restores_loopback(tmp_path, http_server)
     assert subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout == before
     body, took = download()
     assert body == data and took < 0.3, took  # unshaped again
+
+
+@pytest.mark.timeout(240)
+def test_tail_benchmark_runs_at_tiny_size(tmp_path):
+    """bench_tail.py: every case and goal measured (hedging set per case, whatever the environment), every batch
+    compared with numpy's."""
+    stdout, data = _run_tiny("bench_tail.py", tmp_path, 1, 200, "--tail-delay", "0.3")
+    assert data["results_agree"] is True and "goal" in stdout
+    cases = {c["case"]: c for c in data["cases"]}
+    assert cases["tail 1% x 0.3 s, hedging off"]["hedges"] == 0 and cases["control: no fault, hedging off"]["GETs"] > 0
+    assert len(data["sweep"]) == 3 and all(g["verdict"] in ("PASS", "FAIL", "info") for g in data["goals"])
 
 
 def test_remote_benchmark_skips_cleanly_without_weed(tmp_path, monkeypatch, capsys):

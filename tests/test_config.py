@@ -62,7 +62,6 @@ NUMBERS = [
     ("remote_gap_bytes", 0, 1 << 62, True),
     ("remote_part_bytes", 4096, 1 << 62, True),
     ("remote_header_bytes", 64, 1 << 30, True),
-    ("remote_concurrency", 1, 4096, False),
     ("remote_connect_timeout", 1, 86400, False),
     ("remote_timeout", 1, 86400, False),
     ("remote_retries", 0, 100, False),
@@ -73,6 +72,58 @@ NUMBERS = [
 def test_the_table_covers_every_number_setting():
     numbers = {name for name, s in config._SETTINGS.items() if type(s.default) is int}
     assert numbers == {row[0] for row in NUMBERS}
+
+
+@pytest.mark.parametrize(
+    ("name", "default", "good", "bad_text", "bad_values"),
+    [
+        (
+            "remote_concurrency",
+            "auto",
+            {"auto": "auto", " AUTO ": "auto", "1": 1, "4096": 4096, "16": 16},
+            ["0", "4097", "-1", "lots", "1.5"],
+            [0, 4097, 1.5, True, "fast"],
+        ),
+        (
+            "remote_hedge",
+            "auto",
+            {"auto": "auto", "off": "off", "OFF": "off", "0.05": 0.05, "2": 2.0},
+            ["0", "-1", "nan", "inf", "soon"],
+            [0, -0.1, float("nan"), True, "soon"],
+        ),
+        (
+            "remote_hedge_budget",
+            0.03,
+            {"0": 0.0, "0.1": 0.1, "1": 1.0},
+            ["-0.1", "1.5", "nan", "lots"],
+            [-0.1, 1.5, float("nan"), True, "x"],
+        ),
+    ],
+)
+def test_request_settings_take_a_word_or_a_number_and_refuse_the_rest(
+    monkeypatch, name, default, good, bad_text, bad_values
+):
+    env = _env(name)
+    monkeypatch.delenv(env, raising=False)
+    assert config.get(name) == default
+    for text, value in good.items():
+        monkeypatch.setenv(env, text)
+        assert config.get(name) == value
+        monkeypatch.delenv(env)
+        with config.set(**{name: text}):
+            assert config.get(name) == value
+        if not isinstance(value, str):
+            with config.set(**{name: value}):
+                assert config.get(name) == value
+    for text in bad_text:
+        monkeypatch.setenv(env, text)
+        with pytest.raises(ValueError, match=re.escape(f"{env}={text!r}: expected")):
+            config.get(name)
+    monkeypatch.delenv(env)
+    for value in bad_values:
+        with pytest.raises((TypeError, ValueError), match=re.escape(f"setting {name!r} = {value!r}: expected")):
+            config.set(**{name: value})
+    assert config.get(name) == default  # (nothing refused was kept)
 
 
 def _env(name):
@@ -115,9 +166,15 @@ def test_an_empty_variable_or_value_is_unset_for_every_setting(monkeypatch, name
     default = config.get(name)
     monkeypatch.setenv(_env(name), "")
     assert config.get(name) == default
-    other = {"roi_strategy": "spans", "patch_read": "spans", "cache": "/tmp/npydask-cache", "cache_policy": "lru"}.get(
-        name, True
-    )
+    other = {
+        "roi_strategy": "spans",
+        "patch_read": "spans",
+        "cache": "/tmp/npydask-cache",
+        "cache_policy": "lru",
+        "remote_concurrency": 8,
+        "remote_hedge": "off",
+        "remote_hedge_budget": 0.5,
+    }.get(name, True)
     with config.set(**{name: other}):
         with config.set(**{name: ""}):  # (unset for the block: the environment's or the default)
             assert config.get(name) == default

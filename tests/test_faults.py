@@ -44,6 +44,8 @@ from npydask.format.header import MAX_HEADER_BYTES, MAX_PREAMBLE
 from npydask.storage import _handles
 from npydask.testing.strategies import assert_same_array
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ["pread", "mmap", "auto"]
 IS_ROOT = os.geteuid() == 0

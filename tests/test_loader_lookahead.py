@@ -20,6 +20,8 @@ from npydask.plan.lookahead import plan_window, windows
 from npydask.plan.patches import Patch
 from npydask.samplers import Grid, Uniform
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 ARRAYS = [np.random.default_rng(i).standard_normal((10 + i, 16, 18)).astype("<f4") for i in range(5)]
 GRID = Grid((6, 6, 6), overlap=0.25, fill_value=-1)
 

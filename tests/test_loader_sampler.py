@@ -13,6 +13,8 @@ import npydask
 from npydask.plan.patches import Patch
 from npydask.samplers import Grid, ReadStats, Stitcher, Uniform
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 ARRAYS = [np.random.default_rng(i).standard_normal((2, 12 + i, 14, 10)).astype(">f4") for i in range(7)]
 
 

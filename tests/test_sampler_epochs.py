@@ -19,6 +19,8 @@ import npydask
 from npydask.samplers import Grid, Uniform
 from npydask.torch import NpyIterableDataset
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 SHAPES = [(10 + i, 9) for i in range(9)]
 
 

@@ -298,7 +298,7 @@ class Loader:
         return self._fingerprint
 
     def stats(self) -> ReadStats:
-        """What reading the latest pass cost: bytes, requests, read time, node-cache hits, throttled requests.
+        """What reading the latest pass cost: bytes, requests, read time, node-cache hits, throttled requests, hedges.
 
         The sums over the batches yielded by the latest pass (the epoch in
         progress while iterating, the whole epoch once it is over; a resumed
@@ -316,8 +316,11 @@ class Loader:
         count none: the operating system reads them). Either way
         ``cache_hits``, ``cache_misses`` and ``cache_hit_bytes`` count reads
         of objects through the node cache (see ``cache=`` of
-        :func:`~npydask.open_dataset`), and ``throttled`` the requests that
-        finally failed with HTTP 503, ``SlowDown`` or a timeout.
+        :func:`~npydask.open_dataset`), ``throttled`` the requests that
+        finally failed with HTTP 503, ``SlowDown`` or a timeout, ``hedges`` the
+        range GETs sent again because the first was late (the ``remote_hedge``
+        setting; without a sampler they are in ``requests`` too) and
+        ``hedges_won`` those whose answer was used.
         """
         return self._stats
 

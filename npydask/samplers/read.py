@@ -72,12 +72,17 @@ class ReadStats:
         Bytes served from the node cache.
     throttled : int
         Requests that finally failed (after retries) with HTTP 503, ``SlowDown`` or a timeout.
+    hedges : int
+        Range GETs sent again because the first was not answered within the hedge delay (the
+        ``remote_hedge`` setting).
+    hedges_won : int
+        Hedges whose answer was the one used (the first request was cancelled).
 
     Examples
     --------
     >>> ReadStats(10, 8, 1, 0.5) + ReadStats(6, 4, 2, 0.25, cache_hits=1, cache_hit_bytes=6)
     ReadStats(bytes_read=16, patch_bytes=12, requests=3, io_wait_s=0.75, cache_hits=1, cache_misses=0, \
-cache_hit_bytes=6, throttled=0)
+cache_hit_bytes=6, throttled=0, hedges=0, hedges_won=0)
     """
 
     bytes_read: int = 0
@@ -88,6 +93,8 @@ cache_hit_bytes=6, throttled=0)
     cache_misses: int = 0
     cache_hit_bytes: int = 0
     throttled: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
 
     def __add__(self, other: ReadStats) -> ReadStats:
         if not isinstance(other, ReadStats):
@@ -101,10 +108,12 @@ cache_hit_bytes=6, throttled=0)
             self.cache_misses + other.cache_misses,
             self.cache_hit_bytes + other.cache_hit_bytes,
             self.throttled + other.throttled,
+            self.hedges + other.hedges,
+            self.hedges_won + other.hedges_won,
         )
 
     def with_io(self, counts: IoStats) -> ReadStats:
-        """These stats with the node-cache and throttling figures of ``counts`` (a collector's) added.
+        """These stats with the node-cache, throttling and hedging figures of ``counts`` (a collector's) added.
 
         Examples
         --------
@@ -118,6 +127,8 @@ cache_hit_bytes=6, throttled=0)
             cache_misses=self.cache_misses + counts.cache_misses,
             cache_hit_bytes=self.cache_hit_bytes + counts.cache_hit_bytes,
             throttled=self.throttled + counts.throttled,
+            hedges=self.hedges + counts.hedges,
+            hedges_won=self.hedges_won + counts.hedges_won,
         )
 
 

@@ -143,7 +143,7 @@ def translate(e: BaseException, url: str, what: str) -> BaseException:
     ('FileNotFoundError', 's3://b/k.npy?sig=x')
     """
     module = type(e).__module__ or ""
-    if type(e).__name__ == "PanicException":
+    if type(e).__name__ in ("PanicException", "RustPanic"):  # (a panic in a blocking call, in an async one)
         return OSError(
             errno.EIO,
             f"the object store client (obstore) failed internally (a panic) while {what}: check the URL and "

@@ -102,6 +102,11 @@ PUBLIC_KEYS = ("endpoint", "region")
 INSTALL = install_hint("obstore")
 
 
+AUTO_POOL = 256
+"""Threads of a request pool under ``remote_concurrency="auto"``: the controller's largest limit, so jobs wait on
+the scheduler's limit, never on the pool."""
+
+
 class RemoteSettings(NamedTuple):
     """The remote settings (:mod:`npydask.config`) as a task carries them."""
 
@@ -110,21 +115,33 @@ class RemoteSettings(NamedTuple):
     retries: int
     retry_timeout: int
     concurrency: int
+    """Threads of the request pool (and jobs in flight): the ``remote_concurrency`` number, or
+    :data:`AUTO_POOL` for ``"auto"`` (the scheduler limits the requests)."""
     part_bytes: int
     header_bytes: int
+    limit: str | int = "auto"
+    """The ``remote_concurrency`` setting: ``"auto"`` or a number of requests in flight per process."""
+    hedge: str | float = "auto"
+    """The ``remote_hedge`` setting: ``"auto"``, ``"off"`` or seconds."""
+    hedge_budget: float = 0.03
+    """The ``remote_hedge_budget`` setting."""
 
     @classmethod
     def current(cls) -> RemoteSettings:
         """A snapshot of the current settings."""
         get = config.get
+        limit = get("remote_concurrency")
         return cls(
             get("remote_connect_timeout"),
             get("remote_timeout"),
             get("remote_retries"),
             get("remote_retry_timeout"),
-            max(1, get("remote_concurrency")),
+            AUTO_POOL if limit == "auto" else max(1, limit),
             max(1, get("remote_part_bytes")),
             max(64, get("remote_header_bytes")),
+            limit,
+            get("remote_hedge"),
+            get("remote_hedge_budget"),
         )
 
 

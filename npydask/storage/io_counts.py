@@ -1,4 +1,4 @@
-"""Counting what reads of objects cost: requests, bytes, node-cache hits, throttled requests.
+"""Counting what reads of objects cost: requests, bytes, node-cache hits, throttled requests, hedges.
 
 The object source records each range GET it sends and each read the node
 cache served (:func:`record`) into every collector open in the calling
@@ -32,9 +32,9 @@ class IoStats:
     Attributes
     ----------
     requests : int
-        Range GETs sent to object stores (each retry of obstore's own is not counted apart).
+        Range GETs sent to object stores, hedges included (each retry of obstore's own is not counted apart).
     bytes_read : int
-        Bytes those GETs returned.
+        Bytes of the answers used (a cancelled hedge's or loser's bytes are not counted).
     cache_hits : int
         Reads served wholly from the node cache (no request).
     cache_misses : int
@@ -43,11 +43,17 @@ class IoStats:
         Bytes served from the node cache.
     throttled : int
         Requests that finally failed (after obstore's retries) with HTTP 503, ``SlowDown`` or a timeout.
+    hedges : int
+        Range GETs sent again because the first was not answered within the hedge delay (in ``requests``
+        too; see the ``remote_hedge`` setting).
+    hedges_won : int
+        Hedges whose answer was the one used (the first request was cancelled).
 
     Examples
     --------
     >>> IoStats(requests=2, bytes_read=10)
-    IoStats(requests=2, bytes_read=10, cache_hits=0, cache_misses=0, cache_hit_bytes=0, throttled=0)
+    IoStats(requests=2, bytes_read=10, cache_hits=0, cache_misses=0, cache_hit_bytes=0, throttled=0, hedges=0, \
+hedges_won=0)
     """
 
     requests: int = 0
@@ -56,6 +62,8 @@ class IoStats:
     cache_misses: int = 0
     cache_hit_bytes: int = 0
     throttled: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
 
 
 FIGURES = tuple(f.name for f in fields(IoStats))
@@ -73,6 +81,8 @@ def record(
     cache_misses: int = 0,
     cache_hit_bytes: int = 0,
     throttled: int = 0,
+    hedges: int = 0,
+    hedges_won: int = 0,
 ) -> None:
     """Add these figures to every collector open in the calling context (nothing when none is).
 
@@ -94,6 +104,8 @@ def record(
             c.cache_misses += cache_misses
             c.cache_hit_bytes += cache_hit_bytes
             c.throttled += throttled
+            c.hedges += hedges
+            c.hedges_won += hedges_won
 
 
 @contextmanager

@@ -68,6 +68,7 @@ from npydask.storage.base import Identity, Item, OpenedFile, PieceReader, Scanne
 from npydask.storage.identity import HeaderCheck, ObjectIdentity, header_mismatch
 from npydask.storage.io_counts import record
 from npydask.storage.object_cache import cache_for, cache_on, entry_key, uncached_warning
+from npydask.storage.requests import Answer, Policy, scheduler
 from npydask.storage.urls import http_target, redact, split_url
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class ObjectSource(Source):
         self._keys: dict[tuple[str, ObjectIdentity], EntryKey] = {}
         self._mode = str(spec.option("identity", "etag"))
         self._streak = 0  # (reads served by the node cache in a row, lately; a heuristic, updated racily)
+        s = spec.settings
+        self._policy = Policy.of(s.hedge, s.hedge_budget, s.limit)
 
     # -- the interface --------------------------------------------------------------------------
 
@@ -127,9 +130,10 @@ class ObjectSource(Source):
         return gap
 
     def identity(self, path: str) -> ObjectIdentity:
-        """One HEAD request."""
+        """One HEAD request (through the request scheduler: :mod:`npydask.storage.requests`)."""
         store = self.store(path)
-        meta = call(path, "asking for its size and ETag", import_obstore().head, store, self.key(path))
+        import_obstore()
+        meta = call(path, "asking for its size and ETag", scheduler().head, store, self.key(path), self._policy)
         return self.opened(path, meta)
 
     def opened(self, path: str, meta: Any) -> ObjectIdentity:
@@ -462,20 +466,18 @@ class ObjectSource(Source):
         Exact: the response's range is the one requested and its identity
         the one opened (what the node cache may admit). A response whose
         size or ETag differs raises :class:`~npydask.errors.FileChangedError`.
+        Sent through the request scheduler (:mod:`npydask.storage.requests`),
+        which may hedge it: the same conditional request sent again.
         """
-        obstore = import_obstore()
+        import_obstore()
         options: dict[str, Any] = {"range": (start, stop)}
         if identity is not None and identity.etag is not None:
             options["if_match"] = identity.etag
         what = f"{what} (bytes {start}..{stop})"
         store, key = self.store(path), self.key(path)
-
-        def get() -> tuple[memoryview, Any, Any]:
-            result = obstore.get(store, key, options=options)
-            return memoryview(result.bytes()), result.meta, result.range
-
-        data, meta, got = call(path, what, get)
-        record(requests=1, bytes_read=len(data))
+        answer = call(path, what, scheduler().get, store, key, options, stop - start, self._policy)
+        data, meta, got = memoryview(answer.data), answer.meta, answer.range
+        _count(answer, len(data))
         if identity is not None:
             found = ObjectIdentity.of(meta, self.identity_mode)
             if found != identity:
@@ -507,24 +509,23 @@ class ObjectSource(Source):
         archive's members are kept only as their reads check them).
         """
         first = self.spec.settings.header_bytes
-        obstore = import_obstore()
+        import_obstore()
         store, key = self.store(path), self.key(path)
 
-        def get() -> tuple[bytes, Any, Any] | None:
+        def get() -> Answer | None:
             try:
-                result = obstore.get(store, key, options={"range": (0, first)})
+                return scheduler().get(store, key, {"range": (0, first)}, first, self._policy)
             except Exception as e:
                 if _unsatisfiable(e):
                     return None  # (an empty object: no range of it exists)
                 raise
-            return bytes(result.bytes()), result.meta, result.range
 
         found = call(path, "reading its header", get)
         if found is None:
             identity = self.identity(path)
             return identity, _Blocks(self, path, identity, b"", cached=False)
-        data, meta, got = found
-        record(requests=1, bytes_read=len(data))
+        data, meta, got = bytes(found.data), found.meta, found.range
+        _count(found, len(data))
         identity = self.opened(path, meta)
         if keep and len(data) == identity.size and tuple(got) == (0, identity.size):
             self._admit_whole(path, identity, data)
@@ -612,6 +613,11 @@ def _with_header(options: tuple[tuple[str, Any], ...], name: str, value: str) ->
     headers[name] = value
     found["default_headers"] = tuple(sorted(headers.items()))
     return tuple(sorted(found.items()))
+
+
+def _count(answer: Answer, nbytes: int) -> None:
+    """Record a range GET's figures: every GET sent (a hedge too), the bytes of the answer used."""
+    record(requests=answer.sent, bytes_read=nbytes, hedges=int(answer.hedged), hedges_won=int(answer.hedge_won))
 
 
 def _unsatisfiable(e: BaseException) -> bool:

@@ -20,6 +20,8 @@ from npydask.cache.ledger import ENTRIES
 from npydask.cache.node import NodeCache
 from npydask.cli import main
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 
 def run(capsys, *argv):
     status = main(list(argv))

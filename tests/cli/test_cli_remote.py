@@ -20,6 +20,8 @@ import pytest
 import npydask
 from npydask.cli import main
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 SHAPES = [(4, 5)] * 5
 
 

@@ -15,6 +15,8 @@ import npydask
 from npydask.dataset import index as index_mod
 from npydask.errors import NpyDaskWarning
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 
 @pytest.fixture
 def folder(tmp_path):

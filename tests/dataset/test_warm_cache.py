@@ -12,6 +12,8 @@ import pytest
 import npydask
 from npydask.dataset.warm import WarmSummary
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 SHAPE = (16, 32, 32)  # 64 KiB: more than the header read, so opening does not read (and cache) it whole
 
 

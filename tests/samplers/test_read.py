@@ -14,6 +14,8 @@ from npydask.plan.patches import Patch
 from npydask.samplers import Grid, PatchBatch, ReadStats, Uniform, read_patches
 from npydask.testing import drop_page_cache
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 
 def save(root, arrays, name="f"):
     os.makedirs(root, exist_ok=True)

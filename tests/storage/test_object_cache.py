@@ -25,7 +25,10 @@ from npydask.storage.io_counts import collect, record
 from npydask.storage.object import source_for
 from npydask.storage.object_cache import uncached_warning
 
-pytestmark = pytest.mark.filterwarnings("error")
+pytestmark = [
+    pytest.mark.filterwarnings("error"),
+    pytest.mark.usefixtures("no_hedging"),
+]  # (counts requests: a hedge adds one)
 
 ROWS, COLS = 64, 256  # float32: 64 KiB of payload, beyond the 4 KiB header GET
 

@@ -45,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.usefixtures("no_hedging")  # (counts requests: a hedge adds one)
+
 obstore = pytest.importorskip("obstore")
 boto3 = pytest.importorskip("boto3")
 from botocore.exceptions import ClientError  # noqa: E402
