@@ -136,6 +136,11 @@ def depths(size: Size, seed: int = 0) -> list[int]:
     return [max(math.ceil(size.clip / per_plane), round(b / per_plane)) for b in np.maximum(drawn, size.clip)]
 
 
+def payload_bytes(size: Size, d: list[int]) -> int:
+    """The bytes of the samples' arrays (``x`` and ``y``), without the archives' headers and directories."""
+    return sum(n * size.plane[0] * size.plane[1] * 5 for n in d)
+
+
 def sample_bytes(index: int, depth: int, plane: tuple[int, int]) -> bytes:
     """One stored ``.npz``: ``x`` random float32, ``y`` the file's number (mod 251) everywhere."""
     rng = np.random.default_rng(1000 + index)
@@ -602,7 +607,7 @@ def report(args: Any, size: Size, bench: Any, summary: list[dict[str, Any]], c: 
             "benchmark": "au",
             "size": args.size,
             "facts": {"link": how, "round trip s": ROUND_TRIP, "compute s": c, "samples": size.samples,
-                      "dataset bytes": total,
+                      "dataset bytes": total, "payload bytes": payload_bytes(size, bench.depths),
                       "prefetch": args.prefetch, "page cache dropped": all(bench.dropped)},
             "runs": [r.__dict__ for r in runs],
             "summary": summary,
