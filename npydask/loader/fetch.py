@@ -10,11 +10,9 @@ iterating thread's CUDA stream.
 from __future__ import annotations
 
 import contextvars
-import os
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from types import FunctionType
 from typing import Any, NamedTuple
 
@@ -25,6 +23,7 @@ from npydask.array import NpyFileArray
 from npydask.dataset.stacking import FileGroup, joined_dtype
 from npydask.plan.region import Box
 from npydask.samplers import BoundSampler, PatchBatch, ReadStats, read_patches
+from npydask.storage import run_on
 from npydask.storage.io_counts import collect
 
 __all__ = [
@@ -107,25 +106,6 @@ def _concurrent(members: dict[str, Sequence[NpyFileArray]]) -> bool:
 _READS_AT_ONCE = 8
 """Jobs of one batch of objects read at once (each sends its own range GETs: the request pool bounds those)."""
 
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def _batch_pool() -> ThreadPoolExecutor:
-    """This process's pool for the jobs of batches of objects (a forked child gets its own).
-
-    Its jobs never submit to it (they use the request pools below it), so it cannot wait on itself.
-    """
-    pid = os.getpid()
-    pool = _pools.get(pid)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(pid)
-            if pool is None:
-                _pools.clear()
-                pool = _pools[pid] = ThreadPoolExecutor(_READS_AT_ONCE, thread_name_prefix="npydask-batch")
-    return pool
-
 
 def _read_at_once(members: dict[str, Sequence[NpyFileArray]]) -> dict[str, Any]:
     """Each member's batch, every stack (or file, where shapes differ) a job; all jobs at once, in order.
@@ -138,24 +118,13 @@ def _read_at_once(members: dict[str, Sequence[NpyFileArray]]) -> dict[str, Any]:
             jobs.append((k, True, views))
         else:
             jobs.extend((k, False, v) for v in views)
-    pool = _batch_pool()
-    futures = [
-        pool.submit(contextvars.copy_context().run, _stacked if stack else _whole, what) for _, stack, what in jobs
-    ]
-    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-    if pending:
-        for f in pending:
-            f.cancel()
-        wait(pending)
-    for f in futures:
-        if not f.cancelled() and f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
+    read = run_on("npydask-batch", _READS_AT_ONCE, lambda job: (_stacked if job[1] else _whole)(job[2]), jobs)
     out: dict[str, Any] = {k: [] for k in members}
-    for (k, stack, _), f in zip(jobs, futures):
+    for (k, stack, _), got in zip(jobs, read):
         if stack:
-            out[k] = f.result()
+            out[k] = got
         else:
-            out[k].append(f.result())
+            out[k].append(got)
     return out
 
 

@@ -59,7 +59,7 @@ from npydask.storage._local_write import (
 from npydask.storage._mounts import fs_type, is_local
 from npydask.storage._remote_errors import translate
 from npydask.storage._runs import RangeReader, pread_strategy, read_plan
-from npydask.storage._stores import StoreSpec, import_obstore, run_each
+from npydask.storage._stores import StoreSpec, import_obstore, run_each, run_on
 from npydask.storage.identity import (
     CTIME_MARGIN_NS,
     FileIdentity,
@@ -119,6 +119,7 @@ __all__ = [
     "reader",
     "remove_quietly",
     "run_each",
+    "run_on",
     "scan_file",
     "scratch_spans",
     "temporary_name",

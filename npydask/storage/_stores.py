@@ -478,7 +478,15 @@ def run_files(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """
     if len(items) <= 1:
         return [fn(item) for item in items]
-    return _run_on(_pool(_FILES_AT_ONCE, "npydask-remote-files"), fn, items)
+    return run_on("npydask-remote-files", _FILES_AT_ONCE, fn, items)
+
+
+def run_on(name: str, width: int, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``fn`` over ``items`` on this process's pool ``name`` of ``width`` threads, errors as :func:`run_all`'s.
+
+    For work above the request pools that waits on them: its own pool, which its jobs never submit to.
+    """
+    return _run_on(_pool(width, name), fn, items)
 
 
 def run_each(fn: Callable[[T], R], items: Sequence[T], concurrency: int) -> list[R | BaseException]:
